@@ -1,0 +1,1 @@
+"""Thin adapters that point harness frameworks at the agl sidecar."""

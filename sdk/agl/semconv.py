@@ -1,0 +1,136 @@
+"""The span contract: every span name, attribute, header and environment variable agl uses.
+
+docs/spans.md is the prose version of this module. The sidecar, the SDK and the trainer import these
+constants; no other module spells an attribute name. `gen_ai.*` names follow the OpenTelemetry GenAI
+semantic conventions; `agl.*` names are agl's own.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- Span names -------------------------------------------------------------------------------
+SPAN_ROLLOUT: Final = "agl.rollout"
+SPAN_REWARD: Final = "agl.reward"
+# A model call's span is named "{operation} {model}", as the GenAI conventions ask.
+OPERATION_CHAT: Final = "chat"
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+
+
+def call_span_name(operation: str, model: str) -> str:
+    """The name of a model call's span: `chat tiny`, `text_completion tiny`."""
+    return f"{operation} {model}" if model else operation
+
+
+# --- OpenTelemetry GenAI semantic conventions -------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+# Opt-in message capture (the conventions make content opt-in): JSON strings.
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+ERROR_TYPE: Final = "error.type"
+
+PROVIDER_VLLM: Final = "vllm"
+
+# --- Rollout identity (on call, rollout and reward spans) -------------------------------------
+ROLLOUT_ID: Final = "agl.rollout.id"
+TASK_ID: Final = "agl.task.id"
+ATTEMPT: Final = "agl.attempt"
+ROLLOUT_MODE: Final = "agl.rollout.mode"  # "train" | "val"
+ROLLOUT_STATUS: Final = "agl.rollout.status"  # "succeeded" | "failed"
+
+MODE_TRAIN: Final = "train"
+MODE_VAL: Final = "val"
+MODES: Final = (MODE_TRAIN, MODE_VAL)
+STATUS_SUCCEEDED: Final = "succeeded"
+STATUS_FAILED: Final = "failed"
+
+# --- Model call spans (made by the sidecar) ---------------------------------------------------
+CALL_SEQ: Final = "agl.call.seq"  # int: order of the call inside its rollout, from 0
+CALL_API: Final = "agl.call.api"  # which front protocol the harness spoke, see API_*
+CALL_END_REASON: Final = "agl.call.end_reason"  # see END_*
+CALL_HELD_MS: Final = "agl.call.held_ms"  # double: time held while training paused the sidecar
+CALL_UPSTREAM: Final = "agl.call.upstream"  # the replica that served the call
+PROMPT_TOKEN_IDS: Final = "agl.prompt.token_ids"  # int[]: the prompt, or its suffix (see PROMPT_REF_*)
+# A prompt sent as a reference: prompt = full_sequence(call PROMPT_REF_CALL_SEQ)[:PROMPT_REF_LENGTH]
+# + PROMPT_TOKEN_IDS, where full_sequence is that call's prompt + choice-0 completion tokens.
+PROMPT_REF_CALL_SEQ: Final = "agl.prompt.ref.call_seq"  # int
+PROMPT_REF_LENGTH: Final = "agl.prompt.ref.length"  # int
+PROMPT_LENGTH: Final = "agl.prompt.length"  # int: the full prompt's length in tokens
+COMPLETION_TOKEN_IDS: Final = "agl.completion.token_ids"  # int[]: choice 0
+COMPLETION_LOGPROBS: Final = "agl.completion.logprobs"  # double[]: choice 0, one per token
+COMPLETION_CHOICES: Final = "agl.completion.choices"  # int: number of choices (n)
+POLICY_VERSION: Final = "agl.policy.version"  # int: the weights that served the call
+TOKENS_SOURCE: Final = "agl.tokens.source"  # "engine" | "absent"
+
+TOKENS_FROM_ENGINE: Final = "engine"
+TOKENS_ABSENT: Final = "absent"
+
+API_CHAT_COMPLETIONS: Final = "openai.chat_completions"
+API_COMPLETIONS: Final = "openai.completions"
+API_RESPONSES: Final = "openai.responses"
+API_ANTHROPIC_MESSAGES: Final = "anthropic.messages"
+
+END_COMPLETED: Final = "completed"
+END_CLIENT_DISCONNECTED: Final = "client_disconnected"
+END_UPSTREAM_ERROR: Final = "upstream_error"
+END_HELD_TIMEOUT: Final = "held_timeout"
+
+
+def completion_token_ids_key(choice: int) -> str:
+    """Attribute holding choice `choice`'s completion token IDs (choice 0 has no index)."""
+    return COMPLETION_TOKEN_IDS if choice == 0 else f"agl.completion.{choice}.token_ids"
+
+
+def completion_logprobs_key(choice: int) -> str:
+    """Attribute holding choice `choice`'s per-token logprobs (choice 0 has no index)."""
+    return COMPLETION_LOGPROBS if choice == 0 else f"agl.completion.{choice}.logprobs"
+
+
+def completion_finish_reason_key(choice: int) -> str:
+    """Attribute holding the finish reason of choice `choice` > 0 (choice 0's is the first of
+    gen_ai.response.finish_reasons)."""
+    return f"agl.completion.{choice}.finish_reason"
+
+
+# --- Reward spans (made by the SDK, the sidecar's reward endpoint, or a grader) ---------------
+REWARD_VALUE: Final = "agl.reward.value"  # double
+REWARD_NAME: Final = "agl.reward.name"  # str; the trainer trains on DEFAULT_REWARD_NAME by default
+DEFAULT_REWARD_NAME: Final = "reward"
+
+# --- Propagation ------------------------------------------------------------------------------
+HEADER_ROLLOUT_ID: Final = "x-agl-rollout-id"
+HEADER_TASK_ID: Final = "x-agl-task-id"
+HEADER_ATTEMPT: Final = "x-agl-attempt"
+HEADER_MODE: Final = "x-agl-mode"
+BAGGAGE_ROLLOUT_ID: Final = ROLLOUT_ID  # W3C baggage keys reuse the attribute names
+BAGGAGE_TASK_ID: Final = TASK_ID
+BAGGAGE_ATTEMPT: Final = ATTEMPT
+BAGGAGE_MODE: Final = ROLLOUT_MODE
+ROLLOUT_PATH_PREFIX: Final = "/rollouts"  # /rollouts/{id}[/attempts/{n}]/v1/...
+
+# --- Environment (set by runners, read by the SDK and harnesses) ------------------------------
+ENV_ROLLOUT_ID: Final = "AGL_ROLLOUT_ID"
+ENV_TASK_ID: Final = "AGL_TASK_ID"
+ENV_ATTEMPT: Final = "AGL_ATTEMPT"
+ENV_MODE: Final = "AGL_ROLLOUT_MODE"
+ENV_TASK: Final = "AGL_TASK"  # the task as JSON
+ENV_OTLP_ENDPOINT: Final = "AGL_OTLP_ENDPOINT"
+ENV_OTLP_HEADERS: Final = "AGL_OTLP_HEADERS"
+ENV_SERVICE_NAME: Final = "AGL_SERVICE_NAME"
+ENV_EXIT_FLUSH_TIMEOUT: Final = "AGL_EXIT_FLUSH_TIMEOUT_S"
+ENV_TRACEPARENT: Final = "TRACEPARENT"  # W3C trace context handed to a child process
+
+# Scope name of every tracer agl creates.
+INSTRUMENTATION_SCOPE: Final = "agl"

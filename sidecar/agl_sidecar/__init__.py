@@ -1,0 +1,3 @@
+"""agl-sidecar: the proxy a harness points its model endpoint at."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Front protocols the sidecar speaks besides OpenAI chat completions (translated to chat)."""

@@ -1,0 +1,62 @@
+"""The seam between the sidecar's chat-completions core and other front protocols.
+
+A harness may speak Anthropic Messages or the OpenAI Responses API. An adapter translates its
+request to an OpenAI chat-completions request; the core sends that to the engine exactly as for a
+chat call (asking for token IDs and logprobs, recording the span, stripping what the harness did
+not ask for) and hands the chat response, or each parsed stream chunk, back to the adapter, which
+translates it to the harness's protocol. The core never knows which protocol the harness spoke,
+beyond `api` (recorded as the span's agl.call.api).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class ProtocolError(Exception):
+    """A request the adapter cannot translate: answered with `status` in the protocol's error format."""
+
+    def __init__(self, status: int, message: str, error_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+
+
+class StreamTranslator(Protocol):
+    """Turns a chat-completions chunk stream into the protocol's stream, one chunk at a time."""
+
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        """SSE bytes to send for one chat.completion.chunk (already parsed), possibly none."""
+        ...
+
+    def finish(self) -> list[bytes]:
+        """SSE bytes that close the stream after the last chunk."""
+        ...
+
+
+class ProtocolAdapter(Protocol):
+    """One front protocol. `path` is relative to `/v1` (for instance "/messages")."""
+
+    api: str  # one of agl.semconv.API_*
+    path: str
+    # True for requests that only count tokens (Anthropic's count_tokens): the core sends the chat
+    # request to the engine's POST /tokenize instead of generating, records no call span, and
+    # passes the tokenize response to from_chat_response.
+    tokenize_only: bool
+
+    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completions request for `body`; raises ProtocolError for a malformed body."""
+        ...
+
+    def from_chat_response(self, chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """The protocol's response for the chat response `chat` to the original request `body`."""
+        ...
+
+    def stream_translator(self, body: dict[str, Any]) -> StreamTranslator:
+        """A translator for one streamed call of the original request `body`."""
+        ...
+
+    def error_body(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+        """An error in the protocol's own format (the sidecar sends it with `status`)."""
+        ...

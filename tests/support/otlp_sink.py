@@ -1,0 +1,131 @@
+"""A real OTLP/HTTP receiver for tests: decodes ExportTraceServiceRequest protobuf (or JSON) with
+opentelemetry-proto and keeps every span, so tests assert on what actually went over the wire."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+
+def any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [any_value(item) for item in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind) if kind else None
+
+
+@dataclass
+class ReceivedSpan:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    kind: int
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    status_code: int
+    raw_attribute_kinds: dict[str, str] = field(default_factory=dict)
+
+
+class OTLPSink:
+    """`with OTLPSink() as sink:` listens on 127.0.0.1; `sink.endpoint` is the base URL."""
+
+    def __init__(self, fail_with: int | None = None) -> None:
+        self.spans: list[ReceivedSpan] = []
+        self.requests = 0
+        self.fail_with = fail_with  # answer every request with this status (to simulate an outage)
+        self._cond = threading.Condition()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if sink.fail_with is not None:
+                    self.send_response(sink.fail_with)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                request = ExportTraceServiceRequest()
+                if "json" in self.headers.get("content-type", ""):
+                    json_format.Parse(body, request)
+                else:
+                    request.ParseFromString(body)
+                sink._add(request)
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _add(self, request: ExportTraceServiceRequest) -> None:
+        with self._cond:
+            self.requests += 1
+            for resource_spans in request.resource_spans:
+                resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append(
+                            ReceivedSpan(
+                                name=span.name,
+                                trace_id=span.trace_id.hex(),
+                                span_id=span.span_id.hex(),
+                                parent_span_id=span.parent_span_id.hex(),
+                                kind=span.kind,
+                                attributes={kv.key: any_value(kv.value) for kv in span.attributes},
+                                resource=resource,
+                                status_code=span.status.code,
+                                raw_attribute_kinds={
+                                    kv.key: kv.value.WhichOneof("value") or "" for kv in span.attributes
+                                },
+                            )
+                        )
+            self._cond.notify_all()
+
+    def wait_for(
+        self, predicate: Callable[[list[ReceivedSpan]], bool], timeout: float = 10.0
+    ) -> list[ReceivedSpan]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self.spans):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out waiting for spans; have {[s.name for s in self.spans]}")
+                self._cond.wait(remaining)
+            return list(self.spans)
+
+    def named(self, name: str) -> list[ReceivedSpan]:
+        with self._cond:
+            return [span for span in self.spans if span.name == name]
+
+    def __enter__(self) -> OTLPSink:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()

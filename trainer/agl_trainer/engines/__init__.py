@@ -1,0 +1,1 @@
+"""Inference engines: `embedded` (a small transformers server for CPU machines) and `vllm`."""

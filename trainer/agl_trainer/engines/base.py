@@ -1,0 +1,45 @@
+"""What the training loop needs from an inference engine, whatever serves the model.
+
+An engine serves an OpenAI-compatible API with vLLM's wire format (token IDs and logprobs on
+request) at one or more base URLs, which the loop hands to the sidecar as upstreams. Between
+rollouts the loop pushes new weights into it in place, without a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """New policy weights. `state_dict` holds CPU tensors under Hugging Face names; `directory`
+    holds the same weights saved with save_pretrained (engines in other processes read it)."""
+
+    version: int
+    state_dict: Mapping[str, torch.Tensor] | None = None
+    directory: Path | None = None
+
+
+class InferenceEngine(Protocol):
+    @property
+    def urls(self) -> list[str]:
+        """Base URLs (scheme://host:port, no /v1) of the engine's OpenAI-compatible servers."""
+        ...
+
+    def start(self) -> None:
+        """Start (or attach to) the servers and return once every one answers its health check."""
+        ...
+
+    def stop(self) -> None:
+        """Stop what start() started; safe to call twice."""
+        ...
+
+    def update_weights(self, update: WeightUpdate) -> float:
+        """Load new weights in place (generation is paused by the caller) and drop any cache
+        computed with the old weights. Returns the seconds it took."""
+        ...
