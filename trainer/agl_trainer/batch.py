@@ -54,6 +54,8 @@ class RolloutResult:
     task_id: str
     reward: float
     samples: list[Sample]
+    attempt: int = 0
+    end_cause: str = "ok"  # how the rollout ended (agl_trainer.store.records.CAUSES)
 
 
 @dataclass

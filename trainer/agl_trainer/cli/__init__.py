@@ -40,7 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # A subcommand that sets `_accepts_extra` (e.g. `agl train`, whose config keys are flags) gets
+    # the arguments argparse does not know in `args.extra`; any other subcommand rejects them.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "_accepts_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # in order, for subcommands that need it
     run = getattr(args, "run", None)
     if run is None:
         parser.print_help()

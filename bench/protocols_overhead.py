@@ -1,0 +1,331 @@
+"""What the Anthropic Messages and Responses fronts cost, against the chat-completions path.
+
+    python bench/protocols_overhead.py [--quick]
+
+Part 1, translation CPU per call (in-process, no network): agl's adapters against litellm's own
+translation of the same call, the path litellm's proxy takes for /v1/messages and /v1/responses to
+an OpenAI-compatible model (request in, litellm `ModelResponse` / `ModelResponseStream` objects,
+response out). A tool-calling request with history; a vLLM-shaped tool-call response; a 40-chunk
+text stream. Prints microseconds per call and litellm / agl.
+
+Part 2, through agl-sidecar over loopback (fake vLLM and sidecar in their own processes): the same
+question as chat completions direct to the engine (the reference), chat through the sidecar,
+Anthropic Messages and Responses through the sidecar; streaming and not; concurrency 1 (latency)
+and 32 (throughput). Targets are interleaved in small blocks (the machine is shared). Prints the
+latency each path adds over direct and its ratio to the chat path's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+PY = sys.executable
+
+FAKE = """
+import sys, uvloop
+sys.path.insert(0, {root!r})
+from aiohttp import web
+from tests.support.fake_vllm import FakeVLLM
+app = FakeVLLM().build_app()
+async def traces(request):
+    await request.read()
+    return web.Response(body=b"", content_type="application/x-protobuf")
+app.router.add_post("/v1/traces", traces)
+web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
+"""
+
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
+        ],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "18C"}]},
+    {"role": "assistant", "content": "It is 18C in Paris."},
+    {"role": "user", "content": "And in Oslo?"},
+]
+TOOL = {
+    "name": "get_weather",
+    "description": "Weather",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+ANTHROPIC_BODY = {
+    "model": "tiny",
+    "max_tokens": 256,
+    "system": "Be brief.",
+    "tools": [TOOL],
+    "messages": HISTORY,
+}
+RESPONSES_BODY = {
+    "model": "tiny",
+    "instructions": "Be brief.",
+    "max_output_tokens": 256,
+    "tools": [{"type": "function", "name": "get_weather", "parameters": TOOL["input_schema"]}],
+    "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city":"Paris"}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+        {"role": "assistant", "content": "It is 18C in Paris."},
+        {"role": "user", "content": "And in Oslo?"},
+    ],
+}
+
+
+def per_call_us(fn: Callable[[], Any], seconds: float) -> float:
+    fn()  # warm
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        fn()
+        calls += 1
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def translation_costs(seconds: float) -> None:
+    from agl_sidecar.protocols.anthropic import MESSAGES
+    from agl_sidecar.protocols.responses import ResponsesAdapter
+    from litellm import ModelResponse
+    from litellm.llms.anthropic.messages.adapters.streaming_iterator import AnthropicStreamWrapper
+    from litellm.llms.anthropic.messages.adapters.transformation import AnthropicAdapter
+    from litellm.responses.litellm_completion_transformation.transformation import (
+        LiteLLMCompletionResponsesConfig,
+    )
+    from litellm.types.utils import ModelResponseStream
+
+    from tests.protocols.wire import stream_fixture, tool_call_response
+
+    chat = tool_call_response("Let me check.")
+    chunks = stream_fixture("chat_stream_token_ids_logprobs_usage") * 3  # ~40 chunks
+    chunks = [c for c in chunks if c["choices"]] + [chunks[-1]]
+    responses = ResponsesAdapter()
+    adapter = AnthropicAdapter()
+
+    def agl_messages() -> None:
+        MESSAGES.to_chat_request(ANTHROPIC_BODY)
+        MESSAGES.from_chat_response(chat, ANTHROPIC_BODY)
+
+    def litellm_messages() -> None:
+        adapter.translate_completion_input_params_with_tool_mapping(
+            dict(ANTHROPIC_BODY), custom_llm_provider="hosted_vllm"
+        )
+        dict(adapter.translate_completion_output_params(ModelResponse(**copy.deepcopy(chat))))
+
+    def agl_messages_stream() -> None:
+        translator = MESSAGES.stream_translator(ANTHROPIC_BODY)
+        for chunk in chunks:
+            translator.feed(chunk)
+        translator.finish()
+
+    def litellm_messages_stream() -> None:
+        stream = iter([ModelResponseStream(**copy.deepcopy(c)) for c in chunks])
+        for _ in AnthropicStreamWrapper(completion_stream=stream, model="tiny").anthropic_sse_wrapper():
+            pass
+
+    def agl_responses() -> None:
+        body = dict(RESPONSES_BODY)
+        responses.to_chat_request(body)
+        responses.from_chat_response(chat, body)
+
+    def litellm_responses() -> None:
+        params = {k: v for k, v in RESPONSES_BODY.items() if k not in ("model", "input")}
+        LiteLLMCompletionResponsesConfig.transform_responses_api_request_to_chat_completion_request(
+            model="tiny",
+            input=RESPONSES_BODY["input"],
+            responses_api_request=params,
+            custom_llm_provider="hosted_vllm",
+        )
+        LiteLLMCompletionResponsesConfig.transform_chat_completion_response_to_responses_api_response(
+            request_input=RESPONSES_BODY["input"],
+            responses_api_request=params,
+            chat_completion_response=copy.deepcopy(chat),
+        ).model_dump()
+
+    def agl_responses_stream() -> None:
+        translator = responses.stream_translator(RESPONSES_BODY)
+        for chunk in chunks:
+            translator.feed(chunk)
+        translator.finish()
+
+    print("Part 1: translation CPU per call (request + response), us")
+    print(f"{'':34}{'agl':>10}{'litellm':>10}{'litellm/agl':>13}")
+    pairs = [
+        ("anthropic, non-stream (tool call)", agl_messages, litellm_messages),
+        (f"anthropic, stream ({len(chunks)} chunks)", agl_messages_stream, litellm_messages_stream),
+        ("responses, non-stream (tool call)", agl_responses, litellm_responses),
+        (f"responses, stream ({len(chunks)} chunks)", agl_responses_stream, None),
+    ]
+    for name, ours, theirs in pairs:
+        ours_us = per_call_us(ours, seconds)
+        if theirs is None:
+            print(f"{name:34}{ours_us:10.0f}{'n/a':>10}{'':>13}")
+            continue
+        theirs_us = per_call_us(theirs, seconds)
+        print(f"{name:34}{ours_us:10.0f}{theirs_us:10.0f}{theirs_us / ours_us:12.2f}x")
+    print("  (litellm's Responses stream iterator needs its CustomStreamWrapper around a live call: not run)")
+
+
+# --- part 2 ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_up(session: Any, url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url) as reply:
+                await reply.read()
+                return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def one_call(session: Any, url: str, body: bytes, stream: bool) -> float:
+    started = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as reply:
+        if stream:
+            async for _ in reply.content.iter_any():
+                pass
+        else:
+            await reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"{url}: HTTP {reply.status}: {await reply.text()}")
+    return time.perf_counter() - started
+
+
+async def block(
+    session: Any, url: str, body: bytes, stream: bool, calls: int, concurrency: int
+) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    remaining = calls
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            latencies.append(await one_call(session, url, body, stream))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - started
+
+
+def bodies(stream: bool) -> dict[str, tuple[str, bytes]]:
+    question = [{"role": "user", "content": "What is the weather in Paris today? " * 20}]
+    chat = {"model": "tiny", "messages": question, "max_tokens": 64, "stream": stream}
+    direct = {**chat, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+    anthropic = {"model": "tiny", "max_tokens": 64, "messages": question, "stream": stream}
+    responses = {"model": "tiny", "input": question[0]["content"], "max_output_tokens": 64, "stream": stream}
+    return {
+        "direct (chat)": ("engine", "/v1/chat/completions", direct),
+        "sidecar chat": ("sidecar", "/v1/chat/completions", chat),
+        "sidecar anthropic": ("sidecar", "/v1/messages", anthropic),
+        "sidecar responses": ("sidecar", "/v1/responses", responses),
+    }  # type: ignore[return-value]
+
+
+def start_servers(spool: str) -> tuple[list[subprocess.Popen], str, str]:
+    """The fake vLLM (also the span sink) and agl-sidecar, each in its own process."""
+    engine_port, sidecar_port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    fake = subprocess.Popen([PY, "-c", FAKE.format(root=str(ROOT), port=engine_port)])
+    flags = [
+        "--upstream",
+        engine,
+        "--listen",
+        f"127.0.0.1:{sidecar_port}",
+        "--otlp-endpoint",
+        engine,
+        "--spool-dir",
+        spool,
+    ]
+    sidecar = subprocess.Popen([PY, "-m", "agl_sidecar.cli", *flags], stdout=subprocess.DEVNULL)
+    return [fake, sidecar], engine, f"http://127.0.0.1:{sidecar_port}"
+
+
+async def through_sidecar(engine: str, sidecar: str, quick: bool) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await wait_up(session, engine + "/health")
+        await wait_up(session, sidecar + "/healthz")
+        print("\nPart 2: through agl-sidecar (fake vLLM, 64 output tokens); added = p50 - direct's p50")
+        rounds, per_block = (3, 20) if quick else (8, 40)
+        for stream in (False, True):
+            targets = {name: ((engine if where == "engine" else sidecar) + path, json.dumps(body).encode())
+                       for name, (where, path, body) in bodies(stream).items()}  # fmt: skip
+            for url, body in targets.values():  # warm: the adapters import litellm on first use
+                await one_call(session, url, body, stream)
+            for concurrency in (1, 32):
+                lat: dict[str, list[float]] = {n: [] for n in targets}
+                busy: dict[str, float] = {n: 0.0 for n in targets}
+                for _ in range(rounds):
+                    for name, (url, body) in targets.items():
+                        calls = per_block * (4 if concurrency > 1 else 1)
+                        got, took = await block(session, url, body, stream, calls, concurrency)
+                        lat[name] += got
+                        busy[name] += took
+                report(stream, concurrency, lat, busy)
+
+
+def report(stream: bool, concurrency: int, lat: dict[str, list[float]], busy: dict[str, float]) -> None:
+    base = statistics.median(lat["direct (chat)"])
+    chat_added = statistics.median(lat["sidecar chat"]) - base
+    print(f"stream={stream!s:5} concurrency={concurrency}")
+    for name, values in lat.items():
+        p50 = statistics.median(values)
+        p99 = sorted(values)[int(0.99 * (len(values) - 1))]
+        line = f"  {name:20} p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms  {len(values) / busy[name]:7.0f} req/s"
+        if name != "direct (chat)":
+            added = p50 - base
+            line += f"  added {added * 1e3:6.2f} ms"
+            if name != "sidecar chat" and chat_added > 0:
+                line += f"  ({added / chat_added:.2f}x chat's)"
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer calls (under a minute)")
+    args = parser.parse_args()
+    translation_costs(0.5 if args.quick else 2.0)
+    with tempfile.TemporaryDirectory() as spool:
+        procs, engine, sidecar = start_servers(spool)
+        try:
+            asyncio.run(through_sidecar(engine, sidecar, args.quick))
+        finally:
+            for proc in reversed(procs):  # the sidecar first: it flushes spans to the fake's sink
+                proc.terminate()
+                proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()

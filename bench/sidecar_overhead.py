@@ -1,0 +1,279 @@
+"""What agl-sidecar adds to a model call, against a minimal pass-through proxy (the floor).
+
+    python bench/sidecar_overhead.py [--quick]
+
+Over loopback, in one run: a fake vLLM upstream (tests/support/fake_vllm.py, vLLM's wire format);
+"direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
+written below: forwards, asks for token IDs, reads and strips them); agl-sidecar (exporting spans to an
+OTLP receiver). Prompts of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets
+are interleaved in small blocks, since a call right after a slow one runs slow on a shared machine.
+Prints added p50/p99 latency against direct, throughput, RSS and the ratios against the floor.
+The litellm proxy and Agent Lightning's gateway are not run here (see the printed notes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+FAKE = """
+import sys, asyncio, uvloop
+sys.path.insert(0, {root!r})
+from aiohttp import web
+from tests.support.fake_vllm import FakeVLLM
+app = FakeVLLM().build_app()
+web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
+"""
+
+SINK = """
+import uvloop
+from aiohttp import web
+async def traces(request):  # an OTLP/HTTP span sink: read, acknowledge
+    await request.read()
+    return web.Response(body=b"", content_type="application/x-protobuf")
+app = web.Application(client_max_size=1 << 28)
+app.router.add_post("/v1/traces", traces)
+web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
+"""
+
+FLOOR = """
+import asyncio, orjson, uvloop, aiohttp
+from aiohttp import web
+UP = {upstream!r}
+async def start(app):
+    app["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+async def stop(app):
+    await app["s"].close()
+def strip(obj):
+    obj["prompt_token_ids"] = None
+    for c in obj.get("choices", ()):
+        c["token_ids"] = None
+        c["logprobs"] = None
+async def chat(request):
+    body = orjson.loads(await request.read())
+    body["return_token_ids"] = True
+    body["logprobs"] = True
+    body["top_logprobs"] = 0
+    async with request.app["s"].post(UP + "/v1/chat/completions", data=orjson.dumps(body),
+                                     headers={{"Content-Type": "application/json"}}) as up:
+        if not body.get("stream"):
+            data = orjson.loads(await up.read())
+            tokens = [c.get("token_ids") for c in data["choices"]], data.get("prompt_token_ids")
+            strip(data)
+            return web.Response(body=orjson.dumps(data), content_type="application/json")
+        out = web.StreamResponse(headers={{"Content-Type": "text/event-stream; charset=utf-8"}})
+        await out.prepare(request)
+        buf = b""
+        async for part in up.content.iter_any():
+            buf += part
+            *events, buf = buf.split(b"\\n\\n")
+            chunks = []
+            for e in events:
+                if e.startswith(b"data: {{"):
+                    obj = orjson.loads(e[6:])
+                    strip(obj)
+                    e = b"data: " + orjson.dumps(obj)
+                chunks.append(e + b"\\n\\n")
+            await out.write(b"".join(chunks))
+        await out.write_eof()
+        return out
+app = web.Application(client_max_size=1 << 28)
+app.router.add_post("/v1/chat/completions", chat)
+app.on_startup.append(start)
+app.on_cleanup.append(stop)
+web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def wait_up(url: str, session) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url) as r:
+                await r.read()
+                return
+        except Exception:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def one_call(session, url: str, body: bytes, stream: bool) -> float:
+    started = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        if stream:
+            async for _ in r.content.iter_any():
+                pass
+        else:
+            await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}")
+    return time.perf_counter() - started
+
+
+async def run_block(session, url: str, body: bytes, stream: bool, calls: int, concurrency: int) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    remaining = calls
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            latencies.append(await one_call(session, url, body, stream))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - started
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def main(quick: bool) -> None:
+    import aiohttp
+    import msgspec
+
+    procs: list[subprocess.Popen] = []
+    fake_port, floor_port, sidecar_port, sink_port = free_port(), free_port(), free_port(), free_port()
+    quiet_port = free_port()
+    upstream = f"http://127.0.0.1:{fake_port}"
+    spool = tempfile.mkdtemp(prefix="agl-bench-spool-")
+    try:
+        procs.append(subprocess.Popen([PY, "-c", FAKE.format(root=str(ROOT), port=fake_port)]))
+        procs.append(subprocess.Popen([PY, "-c", FLOOR.format(upstream=upstream, port=floor_port)]))
+        procs.append(subprocess.Popen([PY, "-c", SINK.format(port=sink_port)]))
+        time.sleep(1.0)  # let the other processes finish importing before timing the sidecar's start
+        started = time.perf_counter()
+        sidecar = subprocess.Popen(
+            [PY, "-m", "agl_sidecar.cli", "--upstream", upstream, "--listen", f"127.0.0.1:{sidecar_port}",
+             "--otlp-endpoint", f"http://127.0.0.1:{sink_port}", "--spool-dir", spool],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+        procs.append(sidecar)
+        line = sidecar.stdout.readline()  # type: ignore[union-attr]
+        ready_s = time.perf_counter() - started
+        print(f"agl-sidecar ready in {ready_s:.2f} s ({line.strip()})")
+        # The same sidecar without an export endpoint: what span export itself costs.
+        procs.append(subprocess.Popen(
+            [PY, "-m", "agl_sidecar.cli", "--upstream", upstream, "--listen", f"127.0.0.1:{quiet_port}",
+             "--spool-dir", spool], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+        ))
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+            await wait_up(upstream + "/health", session)
+            await wait_up(f"http://127.0.0.1:{floor_port}/v1/chat/completions", session)
+            await wait_up(f"http://127.0.0.1:{sidecar_port}/healthz", session)
+            await wait_up(f"http://127.0.0.1:{quiet_port}/healthz", session)
+            idle_rss = rss_mb(sidecar.pid)
+            cpu_before = {name: cpu_s(p.pid) for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar))}
+            calls_made = {"floor": 0, "agl-sidecar": 0}
+            targets = {
+                "direct": upstream + "/v1/chat/completions",
+                "floor": f"http://127.0.0.1:{floor_port}/v1/chat/completions",
+                "agl-sidecar": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
+                "agl-noexport": f"http://127.0.0.1:{quiet_port}/v1/chat/completions",
+            }
+            print(f"idle RSS: agl-sidecar {idle_rss:.0f} MB, floor {rss_mb(procs[1].pid):.0f} MB")
+            print("litellm proxy: not run (needs litellm[proxy] in a separate venv; ENVIRONMENT.md measured ~6-16 ms added)")
+            print("Agent Lightning gateway: not set up here (optional peer), skipped")
+            header = f"{'case':<24}{'target':<13}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>9}"
+            print(header)
+            blocks = 3 if quick else 8
+            for chars in (2000, 30000):
+                for stream in (False, True):
+                    for concurrency in (1, 64):
+                        per_block = (8 if concurrency == 1 else 64) if quick else (24 if concurrency == 1 else 192)
+                        if chars == 30000 and concurrency == 64:
+                            per_block //= 2
+                        content = ("lorem ipsum " * (chars // 12 + 1))[:chars]
+                        plain = {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                                 "max_tokens": 32, "stream": stream}
+                        with_ids = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+                        bodies = {"direct": msgspec.json.encode(with_ids)}
+                        bodies["floor"] = bodies["agl-sidecar"] = bodies["agl-noexport"] = msgspec.json.encode(plain)
+                        lat: dict[str, list[float]] = {t: [] for t in targets}
+                        wall: dict[str, float] = {t: 0.0 for t in targets}
+                        for name, url in targets.items():  # warm-up
+                            await run_block(session, url, bodies[name], stream, 2, 1)
+                        for _ in range(blocks):
+                            for name, url in targets.items():
+                                values, seconds = await run_block(session, url, bodies[name], stream, per_block, concurrency)
+                                lat[name] += values
+                                wall[name] += seconds
+                                if name in calls_made:
+                                    calls_made[name] += len(values)
+                        case = f"{chars // 1000}k {'stream' if stream else 'unary'} c={concurrency}"
+                        base50, base99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
+                        added = {}
+                        for name in targets:
+                            p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
+                            rps = len(lat[name]) / wall[name]
+                            added[name] = (p50 - base50, rps)
+                            print(f"{case:<24}{name:<13}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
+                                  f"{(p99 - base99) * 1e3:9.2f}{rps:9.1f}")
+                        floor_added, floor_rps = added["floor"]
+                        agl_added, agl_rps = added["agl-sidecar"]
+                        ratio = agl_added / floor_added if floor_added > 0 else float("nan")
+                        target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
+                        print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
+                              f"{agl_rps / floor_rps:.0%} ({target})")
+            busy_rss = rss_mb(sidecar.pid)
+            for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar)):
+                used = cpu_s(p.pid) - cpu_before[name]
+                print(f"CPU per call, whole run: {name} {used / max(calls_made[name], 1) * 1e3:.3f} ms")
+            async with session.get(f"http://127.0.0.1:{sidecar_port}/agl/v1/state") as r:
+                counters = (await r.json())["counters"]
+            print(f"RSS after the run: agl-sidecar {busy_rss:.0f} MB (idle {idle_rss:.0f} MB), floor {rss_mb(procs[1].pid):.0f} MB")
+            print(f"spans exported {counters['spans_exported']}, spooled {counters['spans_spooled']}, "
+                  f"failed {counters['spans_failed']}, bytes exported {counters['bytes_exported']}")
+    finally:
+        for p in reversed(procs):  # the sidecar first: it flushes its spans to the sink on the way out
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(spool, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or ""), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer calls per case (finishes in about a minute)")
+    args = parser.parse_args()
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import uvloop
+
+    uvloop.run(main(args.quick))

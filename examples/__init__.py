@@ -1,0 +1,1 @@
+"""Runnable example tasks and harnesses (importable from the repository root)."""

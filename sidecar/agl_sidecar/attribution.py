@@ -1,0 +1,101 @@
+"""Which rollout a call belongs to, and which trace its span joins.
+
+First match wins: the URL prefix `/rollouts/{id}[/attempts/{n}]`, the `x-agl-rollout-id` header, the
+W3C baggage entry `agl.rollout.id`, then an API key mapped to a rollout in the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from agl import semconv
+
+
+@dataclass(slots=True)
+class Identity:
+    rollout_id: str | None = None
+    task_id: str | None = None
+    attempt: int | None = None
+    mode: str | None = None
+
+
+@dataclass(slots=True)
+class TraceParent:
+    trace_id: bytes
+    span_id: bytes
+
+
+def parse_baggage(header: str) -> dict[str, str]:
+    """W3C baggage `k=v;props,k2=v2` as a dict (values percent-decoded, properties dropped)."""
+    entries: dict[str, str] = {}
+    for item in header.split(","):
+        key, sep, rest = item.partition("=")
+        if not sep:
+            continue
+        entries[key.strip()] = unquote(rest.split(";", 1)[0].strip())
+    return entries
+
+
+def parse_traceparent(header: str | None) -> TraceParent | None:
+    """`00-<32 hex trace id>-<16 hex span id>-<flags>`; None when absent or malformed."""
+    if not header:
+        return None
+    parts = header.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
+    except ValueError:
+        return None
+    if trace_id == bytes(16) or span_id == bytes(8):
+        return None
+    return TraceParent(trace_id, span_id)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The API key a client sent: `Authorization: Bearer KEY` or `x-api-key: KEY` (Anthropic)."""
+    auth = headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key")
+
+
+def resolve(
+    headers: Mapping[str, str],
+    path_rollout_id: str | None,
+    path_attempt: str | None,
+    api_key_rollouts: Mapping[str, str],
+) -> Identity:
+    """The call's rollout identity from the first source that names a rollout; task, attempt and
+    mode are filled from headers and baggage whichever source named the rollout."""
+    baggage_header = headers.get("baggage")
+    baggage = parse_baggage(baggage_header) if baggage_header else {}
+    identity = Identity()
+    if path_rollout_id:
+        identity.rollout_id = path_rollout_id
+        identity.attempt = _int_or_none(path_attempt)
+    elif headers.get(semconv.HEADER_ROLLOUT_ID):
+        identity.rollout_id = headers[semconv.HEADER_ROLLOUT_ID]
+    elif baggage.get(semconv.BAGGAGE_ROLLOUT_ID):
+        identity.rollout_id = baggage[semconv.BAGGAGE_ROLLOUT_ID]
+    elif api_key_rollouts:
+        key = bearer_token(headers)
+        if key is not None:
+            identity.rollout_id = api_key_rollouts.get(key)
+    identity.task_id = headers.get(semconv.HEADER_TASK_ID) or baggage.get(semconv.BAGGAGE_TASK_ID)
+    if identity.attempt is None:
+        identity.attempt = _int_or_none(headers.get(semconv.HEADER_ATTEMPT) or baggage.get(semconv.BAGGAGE_ATTEMPT))
+    mode = headers.get(semconv.HEADER_MODE) or baggage.get(semconv.BAGGAGE_MODE)
+    identity.mode = mode if mode in semconv.MODES else None
+    return identity

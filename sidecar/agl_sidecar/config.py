@@ -1,0 +1,168 @@
+"""The sidecar's configuration: one typed Struct, filled from defaults < YAML file < environment
+(AGL_SIDECAR_*) < command line, and validated with errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agl import semconv
+from agl_sidecar.routing import validate_upstream
+
+ENV_PREFIX = "AGL_SIDECAR_"
+DEFAULT_LISTEN = "127.0.0.1:8400"
+
+
+def default_spool_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "agl-sidecar", "spool")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key and the fix."""
+
+
+class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    upstream: list[str] = []
+    listen: str = DEFAULT_LISTEN
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "http/protobuf"
+    otlp_headers: dict[str, str] = {}
+    # gzip | none | auto (gzip unless the endpoint is on loopback, where compressing only costs CPU)
+    otlp_compression: str = "auto"
+    admin_token: str | None = None
+    api_key: str | None = None
+    rollout_api_keys: dict[str, str] = {}
+    max_hold_s: float = 600.0
+    spool_dir: str = msgspec.field(default_factory=default_spool_dir)
+    spool_max_bytes: int = 8 * 1024**3
+    export_batch_bytes: int = 3 * 1024 * 1024
+    export_memory_bytes: int = 64 * 1024 * 1024
+    export_interval_s: float = 0.25
+    health_interval_s: float = 5.0
+    upstream_timeout_s: float | None = None
+    prompt_ref_memory_bytes: int = 256 * 1024 * 1024
+    sampling: dict[str, dict[str, Any]] = {}
+    default_mode: str | None = None
+    capture_messages: bool = False
+    inject_token_ids: bool = True
+    upstream_api_key: str | None = None
+    litellm_params: dict[str, Any] = {}
+    policy_version: int = 0
+    service_name: str = "agl-sidecar"
+    log_level: str = "warning"
+
+    @property
+    def compress_export(self) -> bool:
+        if self.otlp_compression != "auto":
+            return self.otlp_compression == "gzip"
+        from urllib.parse import urlsplit
+
+        host = urlsplit(self.otlp_endpoint or "").hostname or ""
+        return host not in ("127.0.0.1", "localhost", "::1")
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+
+# Keys given as lists when repeated on the command line / comma-separated in the environment.
+_LIST_KEYS = {"upstream"}
+_DICT_KEYS = {"otlp_headers", "rollout_api_keys"}
+
+
+def env_values(environ: dict[str, str]) -> dict[str, Any]:
+    """AGL_SIDECAR_<KEY> variables as config values (lists comma-separated, maps k=v,k=v)."""
+    values: dict[str, Any] = {}
+    for name in SidecarConfig.__struct_fields__:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None or raw == "":
+            continue
+        if name in _LIST_KEYS:
+            values[name] = [item.strip() for item in raw.split(",") if item.strip()]
+        elif name in _DICT_KEYS:
+            pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+            values[name] = {k.strip(): v.strip() for k, v in pairs}
+        else:
+            values[name] = raw
+    return values
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read the file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of settings at the top level")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build(*layers: dict[str, Any]) -> SidecarConfig:
+    """Merge layers (later wins) and validate."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in layer.items() if v is not None})
+    try:
+        config = msgspec.convert(merged, SidecarConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(exc)) from None
+    validate(config)
+    return config
+
+
+def _explain(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    if text.startswith("Object contains unknown field"):
+        field = text.split("`")[1] if "`" in text else "?"
+        known = ", ".join(SidecarConfig.__struct_fields__)
+        return f"unknown setting {field!r}; known settings: {known}"
+    where = text.rsplit("at `$.", 1)
+    key = where[1].rstrip("`") if len(where) == 2 else "?"
+    return f"setting {key!r}: {where[0].rstrip(' -')}"
+
+
+def validate(config: SidecarConfig) -> None:
+    if not config.upstream:
+        raise ConfigError("no upstream: pass --upstream URL (a vLLM server, e.g. http://127.0.0.1:8000) "
+                          "or --upstream litellm:<provider/model>, or set AGL_SIDECAR_UPSTREAM")
+    for url in config.upstream:
+        problem = validate_upstream(url)
+        if problem:
+            raise ConfigError(f"setting 'upstream': {problem}")
+    host, _, port = config.listen.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"setting 'listen': {config.listen!r} must be HOST:PORT, e.g. 127.0.0.1:8400")
+    if config.otlp_endpoint is not None and not config.otlp_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"setting 'otlp_endpoint': {config.otlp_endpoint!r} must be a URL such as http://127.0.0.1:4318"
+        )
+    if config.otlp_compression not in ("gzip", "none", "auto"):
+        raise ConfigError(f"setting 'otlp_compression': {config.otlp_compression!r} must be gzip, none or auto")
+    if config.otlp_protocol not in ("http/protobuf", "grpc"):
+        raise ConfigError(f"setting 'otlp_protocol': {config.otlp_protocol!r} must be 'http/protobuf' or 'grpc'")
+    for key in ("max_hold_s", "export_interval_s", "health_interval_s"):
+        if getattr(config, key) <= 0:
+            raise ConfigError(f"setting {key!r} must be > 0, got {getattr(config, key)}")
+    if not 4096 <= config.export_batch_bytes <= 4 * 1024 * 1024:
+        raise ConfigError("setting 'export_batch_bytes' must be between 4096 and 4194304 (collectors refuse more)")
+    for mode, overrides in config.sampling.items():
+        if mode not in semconv.MODES:
+            raise ConfigError(f"setting 'sampling': mode {mode!r} is not one of {list(semconv.MODES)}")
+        for key, value in overrides.items():
+            if not isinstance(value, int | float | str | bool | list) or isinstance(value, dict):
+                raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} is not a JSON scalar or list")
+    if config.default_mode is not None and config.default_mode not in semconv.MODES:
+        raise ConfigError(f"setting 'default_mode': {config.default_mode!r} is not one of {list(semconv.MODES)}")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError("setting 'log_level' must be one of debug, info, warning, error")

@@ -1,0 +1,94 @@
+"""What the harness speaks. The core produces OpenAI chat/completions bytes (already stripped of what
+the harness did not ask for); a front delivers them: as-is for OpenAI clients, or translated by a
+protocol adapter (Anthropic Messages, the Responses API) for the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from agl_sidecar import wire
+from agl_sidecar.protocols.base import ProtocolAdapter, StreamTranslator
+
+JSON = "application/json"
+SSE = "text/event-stream; charset=utf-8"
+
+
+class OpenAIFront:
+    """Passes the engine's OpenAI responses through."""
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+
+    def error(self, status: int, message: str, error_type: str, param: str | None = None) -> web.Response:
+        return web.Response(status=status, body=wire.error_body(message, error_type, param, status), content_type=JSON)
+
+    def upstream_error(self, status: int, body: bytes, content_type: str | None) -> web.Response:
+        headers = {"Content-Type": content_type} if content_type else None
+        return web.Response(status=status, body=body, headers=headers)
+
+    def unary(self, body: bytes) -> bytes:
+        return body
+
+    def start_stream(self) -> None:
+        pass
+
+    def stream(self, events: list[bytes]) -> bytes:
+        """`events` are complete SSE event payloads (`data: ...`) without the blank-line separator."""
+        return b"\n\n".join(events) + b"\n\n"
+
+    def end_stream(self) -> bytes:
+        return b""
+
+
+class AdapterFront:
+    """Translates chat responses and chunks to another protocol through its adapter."""
+
+    def __init__(self, adapter: ProtocolAdapter, original: dict[str, Any]) -> None:
+        self.adapter = adapter
+        self.api = adapter.api
+        self.original = original
+        self._translator: StreamTranslator | None = None
+
+    def error(self, status: int, message: str, error_type: str, param: str | None = None) -> web.Response:
+        body = self.adapter.error_body(status, message, error_type)
+        return web.Response(status=status, body=msgspec.json.encode(body), content_type=JSON)
+
+    def upstream_error(self, status: int, body: bytes, content_type: str | None) -> web.Response:
+        message = body.decode(errors="replace")
+        error_type = "api_error"
+        try:
+            parsed = msgspec.json.decode(body)
+            if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+                message = str(parsed["error"].get("message", message))
+                error_type = str(parsed["error"].get("type") or error_type)
+        except msgspec.DecodeError:
+            pass
+        return self.error(status, message, error_type)
+
+    def unary(self, body: bytes) -> bytes:
+        chat = msgspec.json.decode(body)
+        return msgspec.json.encode(self.adapter.from_chat_response(chat, self.original))
+
+    def start_stream(self) -> None:
+        self._translator = self.adapter.stream_translator(self.original)
+
+    def stream(self, events: list[bytes]) -> bytes:
+        assert self._translator is not None
+        out: list[bytes] = []
+        for event in events:
+            if not event.startswith(b"data: ") or event[6:].strip() == b"[DONE]":
+                continue
+            try:
+                chunk = msgspec.json.decode(event[6:])
+            except msgspec.DecodeError:
+                continue
+            if isinstance(chunk, dict):
+                out += self._translator.feed(chunk)
+        return b"".join(out)
+
+    def end_stream(self) -> bytes:
+        assert self._translator is not None
+        return b"".join(self._translator.finish())

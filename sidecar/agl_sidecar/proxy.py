@@ -1,0 +1,588 @@
+"""The hot path: one model call from the harness to the engine and back.
+
+The request is typed once (msgspec, only the fields the sidecar reads) and forwarded as bytes with
+`return_token_ids` / logprobs appended when the harness did not ask for them. The response is typed
+once to record token IDs and logprobs, then the fields the harness did not ask for are nulled in the
+original bytes, so the harness receives what the engine would have sent it without the sidecar.
+Streams are passed on as they arrive, each read's complete SSE events in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from agl import semconv
+from agl_sidecar import wire
+from agl_sidecar.attribution import Identity, parse_traceparent
+from agl_sidecar.gate import HeldTooLong
+from agl_sidecar.routing import NoUpstream, Upstream
+from agl_sidecar.spans import CallRecord
+
+if TYPE_CHECKING:
+    from agl_sidecar.app import Sidecar
+    from agl_sidecar.fronts import AdapterFront, OpenAIFront
+
+    Front = OpenAIFront | AdapterFront
+
+log = logging.getLogger("agl_sidecar.proxy")
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+UPSTREAM_PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+OPERATIONS = {CHAT: semconv.OPERATION_CHAT, COMPLETIONS: semconv.OPERATION_TEXT_COMPLETION}
+
+K_TOKEN_IDS = b'"token_ids":'
+K_PROMPT_TOKEN_IDS = b'"prompt_token_ids":'
+K_LOGPROBS = b'"logprobs":'
+DATA = b"data: "
+DONE = b"[DONE]"
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def decode_request(kind: str, body: bytes) -> wire.Request:
+    """The typed request, or BadRequest naming what is wrong."""
+    decoder = wire.chat_request if kind == CHAT else wire.completion_request
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        param = wire.error_param(exc)
+        text = str(exc)
+        if text.startswith("Object missing required field"):
+            field = text.split("`")[1] if "`" in text else None
+            return _raise(f"missing required field '{field}'", field)
+        return _raise(f"invalid request body: {text}", param)
+    except msgspec.DecodeError as exc:
+        if not body.strip():
+            return _raise("empty request body: send a JSON object", None)
+        return _raise(f"request body is not valid JSON: {exc}", None)
+
+
+def _raise(message: str, param: str | None) -> Any:
+    raise BadRequest(message, param)
+
+
+class Flags:
+    """What the harness asked the engine for, i.e. what must reach it."""
+
+    __slots__ = ("token_ids", "logprobs")
+
+    def __init__(self, kind: str, request: wire.Request) -> None:
+        self.token_ids = bool(request.return_token_ids)
+        if kind == CHAT:
+            self.logprobs = bool(request.logprobs)
+        else:
+            self.logprobs = request.logprobs is not None
+
+    @property
+    def strips(self) -> bool:
+        return not (self.token_ids and self.logprobs)
+
+
+def upstream_body(
+    body: bytes, kind: str, request: wire.Request, inject: bool, overrides: dict[str, Any]
+) -> bytes:
+    """The request for the engine: the harness's bytes plus the token flags and sampling overrides.
+
+    Keys the harness did not send are appended before the closing brace (no re-encoding); when a key
+    it did send must change, the body is re-encoded so it holds each key once."""
+    add: dict[str, Any] = {}
+    if inject:
+        if not request.return_token_ids:
+            add["return_token_ids"] = True
+        if kind == CHAT:
+            if not request.logprobs:
+                add["logprobs"] = True
+                if request.top_logprobs is None:
+                    add["top_logprobs"] = 0
+        elif request.logprobs is None:
+            add["logprobs"] = 1
+    add.update(overrides)
+    if not add:
+        return body
+    rewrite = bool(overrides) or request.return_token_ids is False or (kind == CHAT and request.logprobs is False)
+    if rewrite:
+        data = msgspec.json.decode(body)
+        data.update(add)
+        return msgspec.json.encode(data)
+    end = body.rfind(b"}")
+    head = body[:end].rstrip()
+    extra = b",".join(b'"' + key.encode() + b'":' + msgspec.json.encode(value) for key, value in add.items())
+    return head + (b"" if head.endswith(b"{") else b",") + extra + b"}"
+
+
+class Proxy:
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    # --- entry ---------------------------------------------------------------------------------
+    async def handle(self, request: web.Request, kind: str, front: Front, body: bytes | None = None) -> web.StreamResponse:
+        sidecar = self.sidecar
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await self._handle(request, kind, front, body)
+            status = response.status
+            return response
+        except asyncio.CancelledError:
+            status = 499
+            sidecar.metrics.client_disconnects += 1
+            raise
+        finally:
+            sidecar.metrics.observe(front.api, status, time.perf_counter() - started)
+
+    async def _handle(self, request: web.Request, kind: str, front: Front, body: bytes | None) -> web.StreamResponse:
+        sidecar = self.sidecar
+        if body is None:
+            body = await request.read()
+        try:
+            parsed = decode_request(kind, body)
+        except BadRequest as exc:
+            return front.error(400, exc.message, "invalid_request_error", exc.param)
+        if parsed.n is not None and parsed.n < 1:
+            return front.error(400, f"'n' must be >= 1, got {parsed.n}", "invalid_request_error", "n")
+        identity = sidecar.identity(request)
+        mode = identity.mode or sidecar.config.default_mode
+        overrides = sidecar.config.sampling.get(mode, {}) if mode else {}
+        call = CallRecord(
+            api=front.api,
+            operation=OPERATIONS[kind],
+            identity=identity,
+            trace_parent=parse_traceparent(request.headers.get("traceparent")),
+            start_ns=time.time_ns(),
+            model=parsed.model or "",
+            stream=bool(parsed.stream),
+            temperature=overrides.get("temperature", parsed.temperature),
+            top_p=overrides.get("top_p", parsed.top_p),
+            max_tokens=overrides.get("max_tokens", parsed.max_tokens),
+            n=parsed.n,
+        )
+        if sidecar.config.capture_messages and kind == CHAT:
+            call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]
+        call.seq = sidecar.recorder.next_seq(identity)
+        try:
+            call.policy_version, call.held_ms = await sidecar.gate.enter()
+        except HeldTooLong:
+            sidecar.metrics.held_timeouts += 1
+            call.end_reason = semconv.END_HELD_TIMEOUT
+            call.error_type = "held_timeout"
+            call.error_message = "held longer than max_hold_s while training paused the sidecar"
+            call.policy_version = sidecar.gate.policy_version
+            sidecar.recorder.finish(call)
+            response = front.error(
+                503,
+                f"the model is being updated and this call waited over {sidecar.config.max_hold_s:g} s; retry shortly",
+                "service_unavailable",
+            )
+            response.headers["Retry-After"] = str(max(1, int(sidecar.config.max_hold_s // 10) or 1))
+            return response
+        except asyncio.CancelledError:
+            call.end_reason = semconv.END_CLIENT_DISCONNECTED
+            call.error_type = "client_disconnected"
+            sidecar.recorder.finish(call)
+            raise
+        try:
+            return await self._dispatch(request, kind, front, body, parsed, call, overrides)
+        except asyncio.CancelledError:  # the client went away while the engine worked
+            if not call.finished:
+                call.end_reason = semconv.END_CLIENT_DISCONNECTED
+                call.error_type = "client_disconnected"
+                sidecar.recorder.finish(call)
+            raise
+        except Exception as exc:  # a sidecar bug: answer clearly, keep the record
+            log.exception("agl-sidecar: call failed inside the sidecar")
+            if not call.finished:
+                call.end_reason = semconv.END_UPSTREAM_ERROR
+                call.error_type = type(exc).__name__
+                call.error_message = str(exc)[:500]
+                sidecar.recorder.finish(call)
+            return front.error(500, f"agl-sidecar internal error: {type(exc).__name__}: {exc}", "internal_error")
+        finally:
+            sidecar.gate.leave()
+
+    async def _dispatch(
+        self,
+        request: web.Request,
+        kind: str,
+        front: Front,
+        body: bytes,
+        parsed: wire.Request,
+        call: CallRecord,
+        overrides: dict[str, Any],
+    ) -> web.StreamResponse:
+        sidecar = self.sidecar
+        try:
+            upstream = sidecar.router.pick(call.identity.rollout_id)
+        except NoUpstream:
+            return self._fail(call, front, 502, "no upstream is configured", "upstream_unreachable")
+        if upstream.litellm_model is not None:
+            from agl_sidecar.litellm_upstream import complete_via_litellm
+
+            return await complete_via_litellm(sidecar, request, kind, front, body, parsed, call, upstream, overrides)
+        out_body = upstream_body(body, kind, parsed, sidecar.config.inject_token_ids, overrides)
+        headers = {"Content-Type": "application/json"}
+        auth = sidecar.upstream_authorization(request)
+        if auth:
+            headers["Authorization"] = auth
+        tried: tuple[Upstream, ...] = ()
+        # A pooled keep-alive connection the engine already closed (vLLM's default keep-alive is
+        # 5 s) fails before any response arrives: resend once on a fresh connection.
+        stale_connection_retries = 1
+        while True:
+            call.upstream = upstream.url
+            upstream.in_flight += 1
+            try:
+                upstream_response = await sidecar.session.post(
+                    upstream.url + UPSTREAM_PATHS[kind], data=out_body, headers=headers
+                )
+            except aiohttp.ClientConnectorError as exc:
+                upstream.in_flight -= 1
+                sidecar.router.mark_down(upstream, f"connection failed: {exc}")
+                tried += (upstream,)
+                try:
+                    upstream = sidecar.router.pick(call.identity.rollout_id, exclude=tried)
+                except NoUpstream:
+                    return self._fail(
+                        call, front, 502, f"upstream {upstream.url} is unreachable ({exc})", "upstream_unreachable"
+                    )
+                continue
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                upstream.in_flight -= 1
+                if stale_connection_retries:
+                    stale_connection_retries -= 1
+                    continue
+                return self._fail(call, front, 502, f"upstream {upstream.url} failed: {exc!r}", "upstream_error")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                upstream.in_flight -= 1
+                return self._fail(call, front, 502, f"upstream {upstream.url} failed: {exc!r}", "upstream_error")
+            except BaseException:  # cancelled: the client went away before the engine answered
+                upstream.in_flight -= 1
+                raise
+            break
+        try:
+            if upstream_response.status != 200:
+                data = await upstream_response.read()
+                call.end_reason = semconv.END_UPSTREAM_ERROR
+                call.error_type = str(upstream_response.status)
+                call.error_message = data[:500].decode(errors="replace")
+                sidecar.metrics.upstream_errors += 1
+                sidecar.recorder.finish(call)
+                return front.upstream_error(
+                    upstream_response.status, data, upstream_response.headers.get("Content-Type")
+                )
+            flags = Flags(kind, parsed)
+            if parsed.stream:
+                return await self._stream(request, kind, front, upstream_response, flags, call)
+            return await self._unary(request, kind, front, upstream_response, flags, call)
+        finally:
+            upstream.in_flight -= 1
+            upstream_response.close()
+
+    def _fail(self, call: CallRecord, front: Front, status: int, message: str, error_type: str) -> web.Response:
+        self.sidecar.metrics.upstream_errors += 1
+        call.end_reason = semconv.END_UPSTREAM_ERROR
+        call.error_type = error_type
+        call.error_message = message
+        self.sidecar.recorder.finish(call)
+        return front.error(status, message, error_type)
+
+    # --- non-streaming -------------------------------------------------------------------------
+    async def _unary(
+        self,
+        request: web.Request,
+        kind: str,
+        front: Front,
+        upstream_response: aiohttp.ClientResponse,
+        flags: Flags,
+        call: CallRecord,
+    ) -> web.StreamResponse:
+        try:
+            data = await upstream_response.read()
+        except asyncio.CancelledError:
+            call.end_reason = semconv.END_CLIENT_DISCONNECTED
+            call.error_type = "client_disconnected"
+            self.sidecar.recorder.finish(call)
+            raise
+        except aiohttp.ClientError as exc:
+            return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
+        try:
+            out = record_unary(kind, data, flags, call, self.sidecar.config.capture_messages)
+        except msgspec.MsgspecError:
+            out = data  # not an OpenAI body: pass it on untouched, record no tokens
+            call.tokens_absent = True
+        response = web.Response(
+            status=200,
+            body=front.unary(out),
+            headers={"Content-Type": upstream_response.headers.get("Content-Type", "application/json")},
+        )
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionResetError:
+            self.sidecar.metrics.client_disconnects += 1
+            call.end_reason = semconv.END_CLIENT_DISCONNECTED
+            call.error_type = "client_disconnected"
+            self.sidecar.recorder.finish(call)
+            return response
+        except asyncio.CancelledError:
+            call.end_reason = semconv.END_CLIENT_DISCONNECTED
+            call.error_type = "client_disconnected"
+            self.sidecar.recorder.finish(call)
+            raise
+        self.sidecar.recorder.finish(call)
+        return response
+
+    # --- streaming -----------------------------------------------------------------------------
+    async def _stream(
+        self,
+        request: web.Request,
+        kind: str,
+        front: Front,
+        upstream_response: aiohttp.ClientResponse,
+        flags: Flags,
+        call: CallRecord,
+    ) -> web.StreamResponse:
+        content_type = upstream_response.headers.get("Content-Type", "text/event-stream; charset=utf-8")
+        response = web.StreamResponse(status=200, headers={"Content-Type": content_type})
+        recorder = StreamRecorder(kind, flags, call)
+        front.start_stream()
+        pending = b""
+        try:
+            await response.prepare(request)
+            async for data in upstream_response.content.iter_any():
+                pending += data
+                if b"\n\n" not in pending:
+                    continue
+                events = pending.split(b"\n\n")
+                pending = events.pop()
+                out = front.stream([recorder.event(event) for event in events if event])
+                if out:
+                    await response.write(out)
+            if pending.strip():
+                await response.write(front.stream([recorder.event(pending.strip())]))
+            tail = front.end_stream()
+            if tail:
+                await response.write(tail)
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away: closing the upstream stops the engine
+            self.sidecar.metrics.client_disconnects += 1
+            call.end_reason = semconv.END_CLIENT_DISCONNECTED
+            call.error_type = "client_disconnected"
+            self.sidecar.recorder.finish(call)
+            return response  # aiohttp finishes a response to a gone client quietly
+        except asyncio.CancelledError:  # counted by handle()
+            call.end_reason = semconv.END_CLIENT_DISCONNECTED
+            call.error_type = "client_disconnected"
+            self.sidecar.recorder.finish(call)
+            raise
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            call.end_reason = semconv.END_UPSTREAM_ERROR
+            call.error_type = "upstream_stream_broken"
+            call.error_message = repr(exc)
+            self.sidecar.metrics.upstream_errors += 1
+            self.sidecar.recorder.finish(call)
+            return response
+        self.sidecar.recorder.finish(call)
+        return response
+
+
+def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture: bool) -> bytes:
+    """Record the response's ids, tokens and logprobs on `call`; return the body for the harness."""
+    strip: list[tuple[bytes, msgspec.Raw]] = []
+    if kind == CHAT:
+        parsed = wire.chat_response.decode(data)
+        prompt_raw = parsed.prompt_token_ids
+        if not flags.token_ids:
+            strip.append((K_PROMPT_TOKEN_IDS, prompt_raw))
+        for c in parsed.choices:
+            choice = call.choice(c.index)
+            choice.finish_reason = c.finish_reason
+            ids = wire.token_ids(c.token_ids)
+            if ids is None:
+                call.tokens_absent = True
+            else:
+                choice.token_ids = ids
+            choice.logprobs = wire.chat_logprobs(c.logprobs) or []
+            if not flags.token_ids:
+                strip.append((K_TOKEN_IDS, c.token_ids))
+            if not flags.logprobs:
+                strip.append((K_LOGPROBS, c.logprobs))
+        if capture:
+            call.output_messages = msgspec.json.encode(
+                [msgspec.json.decode(c.message) for c in parsed.choices]
+            ).decode()
+    else:
+        parsed = wire.completion_response.decode(data)
+        prompt_raw = parsed.choices[0].prompt_token_ids if parsed.choices else wire.NULL
+        for c in parsed.choices:
+            choice = call.choice(c.index)
+            choice.finish_reason = c.finish_reason
+            ids = wire.token_ids(c.token_ids)
+            if ids is None:
+                call.tokens_absent = True
+            else:
+                choice.token_ids = ids
+            choice.logprobs = wire.legacy_logprobs(c.logprobs) or []
+            if not flags.token_ids:
+                strip.append((K_TOKEN_IDS, c.token_ids))
+                strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
+            if not flags.logprobs:
+                strip.append((K_LOGPROBS, c.logprobs))
+    call.prompt_ids = wire.token_ids(prompt_raw)
+    call.response_id = parsed.id
+    call.response_model = parsed.model
+    if parsed.usage is not None:
+        call.input_tokens = parsed.usage.prompt_tokens
+        call.output_tokens = parsed.usage.completion_tokens
+    return wire.null_out(data, strip) if strip else data
+
+
+class StreamRecorder:
+    """Assembles token IDs and logprobs from a stream's chunks and strips each event."""
+
+    __slots__ = ("kind", "flags", "call", "_decode")
+
+    def __init__(self, kind: str, flags: Flags, call: CallRecord) -> None:
+        self.kind = kind
+        self.flags = flags
+        self.call = call
+        self._decode = wire.chat_chunk.decode if kind == CHAT else wire.completion_chunk.decode
+
+    def event(self, event: bytes) -> bytes:
+        if not event.startswith(DATA):
+            return event
+        payload = event[6:]
+        if payload == DONE:
+            return event
+        if self.kind == CHAT:
+            fast = self._chat_fast(payload)
+            if fast is not None:
+                return fast
+        try:
+            chunk = self._decode(payload)
+        except msgspec.MsgspecError:
+            return event
+        call = self.call
+        if chunk.error is not None:
+            call.end_reason = semconv.END_UPSTREAM_ERROR
+            call.error_type = "upstream_stream_error"
+            call.error_message = chunk.error.message or ""
+            return event
+        if call.response_id is None:
+            call.response_id = chunk.id
+            call.response_model = chunk.model
+        if chunk.usage is not None:
+            call.input_tokens = chunk.usage.prompt_tokens
+            call.output_tokens = chunk.usage.completion_tokens
+        strip: list[tuple[bytes, msgspec.Raw]] = []
+        flags = self.flags
+        if self.kind == CHAT and call.prompt_ids is None:
+            prompt = wire.token_ids(chunk.prompt_token_ids)
+            if prompt is not None:
+                call.prompt_ids = prompt
+        if self.kind == CHAT and not flags.token_ids:
+            strip.append((K_PROMPT_TOKEN_IDS, chunk.prompt_token_ids))
+        for c in chunk.choices:
+            choice = call.choice(c.index)
+            if c.finish_reason is not None:
+                choice.finish_reason = c.finish_reason
+            ids = wire.token_ids(c.token_ids)
+            if ids:
+                choice.token_ids += ids
+            if self.kind == CHAT:
+                logprobs = wire.chat_logprobs(c.logprobs)
+            else:
+                logprobs = wire.legacy_logprobs(c.logprobs)
+                if call.prompt_ids is None and c.index == 0:
+                    call.prompt_ids = wire.token_ids(c.prompt_token_ids)
+                if not flags.token_ids:
+                    strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
+            if logprobs:
+                choice.logprobs += logprobs
+            if not flags.token_ids:
+                strip.append((K_TOKEN_IDS, c.token_ids))
+            if not flags.logprobs:
+                strip.append((K_LOGPROBS, c.logprobs))
+        if strip:
+            return DATA + wire.null_out(payload, strip)
+        return event
+
+
+    def _chat_fast(self, payload: bytes) -> bytes | None:
+        """The common chat chunk (at most one choice) in one typed decode, its stripped fields found
+        by markers: vLLM writes `"logprobs":{...}` right before `,"finish_reason":`, and `"key":` /
+        `,"key":` with unescaped quotes cannot occur inside a JSON string. None: use the general path."""
+        try:
+            chunk = wire.typed_chat_chunk.decode(payload)
+        except msgspec.MsgspecError:
+            return None
+        if chunk.error is not None or len(chunk.choices) > 1:
+            return None
+        call = self.call
+        flags = self.flags
+        # Locate every value to strip before recording anything: on a miss the general path
+        # handles the chunk from scratch.
+        cuts: list[tuple[int, int]] = []
+        if chunk.prompt_token_ids is not None and not flags.token_ids:
+            at = payload.rfind(b'"prompt_token_ids":[')
+            if at < 0:
+                return None
+            cuts.append((at + 19, payload.index(b"]", at) + 1))
+        for c in chunk.choices:
+            if c.token_ids is not None and not flags.token_ids:
+                at = payload.rfind(b'"token_ids":[')
+                if at < 0:
+                    return None
+                cuts.append((at + 12, payload.index(b"]", at) + 1))
+            if c.logprobs is not None and not flags.logprobs:
+                at = payload.find(b'"logprobs":{')
+                end = payload.find(b',"finish_reason":', at)
+                if at < 0 or end < 0:
+                    return None
+                cuts.append((at + 11, end))
+        if chunk.prompt_token_ids is not None and call.prompt_ids is None:
+            call.prompt_ids = chunk.prompt_token_ids
+        for c in chunk.choices:
+            choice = call.choice(c.index)
+            if c.finish_reason is not None:
+                choice.finish_reason = c.finish_reason
+            if c.token_ids:
+                choice.token_ids += c.token_ids
+            if c.logprobs is not None and c.logprobs.content:
+                choice.logprobs += [entry.logprob for entry in c.logprobs.content]
+        if call.response_id is None:
+            call.response_id = chunk.id
+            call.response_model = chunk.model
+        if chunk.usage is not None:
+            call.input_tokens = chunk.usage.prompt_tokens
+            call.output_tokens = chunk.usage.completion_tokens
+        if not cuts:
+            return DATA + payload
+        cuts.sort()
+        out = [DATA]
+        position = 0
+        for begin, end in cuts:
+            out.append(payload[position:begin])
+            out.append(b"null")
+            position = end
+        out.append(payload[position:])
+        return b"".join(out)
+
+
+def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Identity:
+    from agl_sidecar.attribution import resolve
+
+    info = request.match_info
+    return resolve(request.headers, info.get("rollout_id"), info.get("attempt"), api_key_rollouts)

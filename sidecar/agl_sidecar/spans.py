@@ -1,0 +1,333 @@
+"""Spans the sidecar makes: one per model call, plus reward and rollout-end spans.
+
+`CallRecord` collects what one call observed; `SpanRecorder.finish` turns it into an encoded OTLP
+span (attribute names from agl.semconv only) and hands it to the exporter. It also numbers the calls
+of each rollout (agl.call.seq, arrival order, per process) and sends a prompt that extends the
+rollout's previous call (prompt + choice-0 completion) as a reference plus the new suffix, so the
+bytes exported grow with a rollout's tokens rather than with their square.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl import semconv
+from agl_sidecar import otlp
+from agl_sidecar.attribution import Identity, TraceParent
+from agl_sidecar.exporter import SpanExporter
+
+# Short prompts are cheaper to send whole than to reference.
+MIN_REFERENCE_TOKENS = 16
+
+
+@dataclass(slots=True)
+class Choice:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class CallRecord:
+    api: str
+    operation: str
+    identity: Identity
+    trace_parent: TraceParent | None
+    start_ns: int
+    model: str = ""
+    stream: bool = False
+    seq: int | None = None
+    provider: str = semconv.PROVIDER_VLLM
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    n: int | None = None
+    policy_version: int | None = None
+    held_ms: float = 0.0
+    upstream: str | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    prompt_ids: list[int] | None = None
+    choices: dict[int, Choice] = field(default_factory=dict)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    end_reason: str = semconv.END_COMPLETED
+    error_type: str | None = None
+    error_message: str = ""
+    input_messages: str | None = None
+    output_messages: str | None = None
+    tokens_absent: bool = False
+    finished: bool = False  # its span was made (a call is recorded once, whatever path ends it)
+
+    def choice(self, index: int) -> Choice:
+        found = self.choices.get(index)
+        if found is None:
+            found = self.choices[index] = Choice()
+        return found
+
+
+class _LastSequences:
+    """Per rollout, the last finished call's seq and full token sequence (as encoded int-array
+    elements): a bounded LRU by bytes, since a 35k-token sequence is ~200 KB."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[int, otlp.IntArray]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, rollout_id: str) -> tuple[int, otlp.IntArray] | None:
+        item = self._items.get(rollout_id)
+        if item is not None:
+            self._items.move_to_end(rollout_id)
+        return item
+
+    def forget(self, rollout_id: str) -> None:
+        old = self._items.pop(rollout_id, None)
+        if old is not None:
+            self._bytes -= len(old[1].elements)
+
+    def put(self, rollout_id: str, seq: int, sequence: otlp.IntArray) -> None:
+        old = self._items.pop(rollout_id, None)
+        if old is not None:
+            self._bytes -= len(old[1].elements)
+        if len(sequence.elements) > self.max_bytes:
+            return
+        self._items[rollout_id] = (seq, sequence)
+        self._bytes += len(sequence.elements)
+        while self._bytes > self.max_bytes and self._items:
+            _, (_, evicted) = self._items.popitem(last=False)
+            self._bytes -= len(evicted.elements)
+
+
+class _Rollouts:
+    """Per rollout: the next call seq and when its first call arrived (bounded LRU)."""
+
+    def __init__(self, max_rollouts: int = 200_000) -> None:
+        self.max_rollouts = max_rollouts
+        self._items: OrderedDict[str, list[int]] = OrderedDict()
+
+    def next_seq(self, rollout_id: str) -> int:
+        item = self._items.get(rollout_id)
+        if item is None:
+            item = self._items[rollout_id] = [0, time.time_ns()]
+            if len(self._items) > self.max_rollouts:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(rollout_id)
+        seq = item[0]
+        item[0] += 1
+        return seq
+
+    def first_seen_ns(self, rollout_id: str) -> int | None:
+        item = self._items.get(rollout_id)
+        return item[1] if item is not None else None
+
+    def forget(self, rollout_id: str) -> None:
+        self._items.pop(rollout_id, None)
+
+
+# IDs need uniqueness, not secrecy (the OTel SDK also uses random.getrandbits); os.urandom is a
+# syscall per ID.
+_random = random.Random(int.from_bytes(os.urandom(16)))
+
+
+def new_trace_id() -> bytes:
+    return (_random.getrandbits(128) or 1).to_bytes(16)  # all-zero IDs are invalid
+
+
+def new_span_id() -> bytes:
+    return (_random.getrandbits(64) or 1).to_bytes(8)
+
+
+class SpanRecorder:
+    def __init__(self, exporter: SpanExporter, prompt_ref_max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.exporter = exporter
+        self.rollouts = _Rollouts()
+        self._last = _LastSequences(prompt_ref_max_bytes)
+        self._static: dict[tuple[Any, ...], bytes] = {}
+        self.calls_recorded = 0
+
+    def next_seq(self, identity: Identity) -> int | None:
+        return self.rollouts.next_seq(identity.rollout_id) if identity.rollout_id else None
+
+    # --- model calls ---------------------------------------------------------------------------
+    def finish(self, call: CallRecord) -> None:
+        if call.finished:
+            return
+        call.finished = True
+        end_ns = time.time_ns()
+        identity = call.identity
+        has_tokens = call.prompt_ids is not None and not call.tokens_absent
+        # Attributes that repeat across calls are encoded once per distinct combination.
+        static_key = (
+            call.operation, call.provider, call.model, call.stream, call.api, call.end_reason, call.upstream,
+            call.response_model, has_tokens, identity.mode,
+        )
+        static = self._static.get(static_key)
+        if static is None:
+            static = otlp.attributes(9, [
+                (semconv.GEN_AI_OPERATION_NAME, call.operation),
+                (semconv.GEN_AI_PROVIDER_NAME, call.provider),
+                (semconv.GEN_AI_REQUEST_MODEL, call.model),
+                (semconv.GEN_AI_REQUEST_STREAM, call.stream),
+                (semconv.GEN_AI_RESPONSE_MODEL, call.response_model),
+                (semconv.ROLLOUT_MODE, identity.mode),
+                (semconv.CALL_API, call.api),
+                (semconv.CALL_END_REASON, call.end_reason),
+                (semconv.CALL_UPSTREAM, call.upstream),
+                (semconv.TOKENS_SOURCE, semconv.TOKENS_FROM_ENGINE if has_tokens else semconv.TOKENS_ABSENT),
+            ])
+            if len(self._static) < 1024:
+                self._static[static_key] = static
+        attrs: list[tuple[str, Any]] = [
+            (semconv.GEN_AI_REQUEST_TEMPERATURE, _float(call.temperature)),
+            (semconv.GEN_AI_REQUEST_TOP_P, _float(call.top_p)),
+            (semconv.GEN_AI_REQUEST_MAX_TOKENS, call.max_tokens),
+            (semconv.GEN_AI_REQUEST_CHOICE_COUNT, call.n),
+            (semconv.GEN_AI_RESPONSE_ID, call.response_id),
+            (semconv.ROLLOUT_ID, identity.rollout_id),
+            (semconv.TASK_ID, identity.task_id),
+            (semconv.ATTEMPT, identity.attempt),
+            (semconv.CALL_SEQ, call.seq),
+            (semconv.CALL_HELD_MS, float(call.held_ms)),
+            (semconv.POLICY_VERSION, call.policy_version),
+            (semconv.ERROR_TYPE, call.error_type),
+            (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
+            (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
+        ]
+        indices = sorted(call.choices)
+        if indices:
+            finish = [call.choices[i].finish_reason or "" for i in indices]
+            attrs.append((semconv.GEN_AI_RESPONSE_FINISH_REASONS, finish))
+            attrs.append((semconv.COMPLETION_CHOICES, len(indices)))
+        input_tokens = call.input_tokens if call.input_tokens is not None else (
+            len(call.prompt_ids) if call.prompt_ids is not None else None
+        )
+        output_tokens = call.output_tokens
+        if output_tokens is None and has_tokens:
+            output_tokens = sum(len(c.token_ids) for c in call.choices.values())
+        attrs.append((semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens))
+        attrs.append((semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens))
+        if has_tokens:
+            attrs.extend(self._token_attributes(call))
+        status = otlp.STATUS_ERROR if call.error_type else otlp.STATUS_UNSET
+        parent = call.trace_parent
+        span = otlp.span(
+            trace_id=parent.trace_id if parent else new_trace_id(),
+            span_id=new_span_id(),
+            parent_span_id=parent.span_id if parent else None,
+            name=semconv.call_span_name(call.operation, call.model),
+            kind=otlp.SPAN_KIND_CLIENT,
+            start_ns=call.start_ns,
+            end_ns=end_ns,
+            attrs=attrs,
+            encoded_attrs=static,
+            status_code=status,
+            status_message=call.error_message,
+        )
+        self.calls_recorded += 1
+        self.exporter.submit(span)
+
+    def _token_attributes(self, call: CallRecord) -> list[tuple[str, Any]]:
+        assert call.prompt_ids is not None
+        prompt = otlp.IntArray.of(call.prompt_ids)
+        attrs: list[tuple[str, Any]] = [(semconv.PROMPT_LENGTH, prompt.length)]
+        rollout_id = call.identity.rollout_id
+        previous = self._last.get(rollout_id) if rollout_id else None
+        if (
+            previous is not None
+            and previous[1].length >= MIN_REFERENCE_TOKENS
+            and prompt.length >= previous[1].length
+            and prompt.elements.startswith(previous[1].elements)
+        ):
+            ref_seq, ref = previous
+            suffix = otlp.IntArray(prompt.elements[len(ref.elements) :], prompt.length - ref.length)
+            attrs += [
+                (semconv.PROMPT_REF_CALL_SEQ, ref_seq),
+                (semconv.PROMPT_REF_LENGTH, ref.length),
+                (semconv.PROMPT_TOKEN_IDS, suffix),
+            ]
+        else:
+            attrs.append((semconv.PROMPT_TOKEN_IDS, prompt))
+        first: otlp.IntArray | None = None
+        for index in sorted(call.choices):
+            choice = call.choices[index]
+            ids = otlp.IntArray.of(choice.token_ids)
+            if index == 0:
+                first = ids
+            attrs.append((semconv.completion_token_ids_key(index), ids))
+            if choice.logprobs:
+                attrs.append((semconv.completion_logprobs_key(index), otlp.DoubleArray(choice.logprobs)))
+            if index > 0:
+                attrs.append((semconv.completion_finish_reason_key(index), choice.finish_reason or ""))
+        if rollout_id and call.seq is not None and first is not None:
+            self._last.put(rollout_id, call.seq, prompt + first)
+        return attrs
+
+    # --- rewards and rollout ends --------------------------------------------------------------
+    def reward(
+        self,
+        identity: Identity,
+        value: float,
+        name: str,
+        call_seq: int | None,
+        parent: TraceParent | None,
+        extra: dict[str, Any],
+    ) -> None:
+        now = time.time_ns()
+        attrs: list[tuple[str, Any]] = list(extra.items())
+        attrs += [
+            (semconv.ROLLOUT_ID, identity.rollout_id),
+            (semconv.TASK_ID, identity.task_id),
+            (semconv.ATTEMPT, identity.attempt),
+            (semconv.REWARD_NAME, name),
+            (semconv.REWARD_VALUE, float(value)),
+            (semconv.CALL_SEQ, call_seq),
+        ]
+        self._internal_span(semconv.SPAN_REWARD, now, now, attrs, parent)
+
+    def rollout_end(self, identity: Identity, status: str, parent: TraceParent | None) -> None:
+        now = time.time_ns()
+        assert identity.rollout_id is not None
+        start = self.rollouts.first_seen_ns(identity.rollout_id) or now
+        attrs: list[tuple[str, Any]] = [
+            (semconv.ROLLOUT_ID, identity.rollout_id),
+            (semconv.TASK_ID, identity.task_id),
+            (semconv.ATTEMPT, identity.attempt if identity.attempt is not None else 0),
+            (semconv.ROLLOUT_MODE, identity.mode or semconv.MODE_TRAIN),
+            (semconv.ROLLOUT_STATUS, status),
+        ]
+        code = otlp.STATUS_ERROR if status == semconv.STATUS_FAILED else otlp.STATUS_UNSET
+        self._last.forget(identity.rollout_id)  # an ended rollout makes no more calls to reference
+        self._internal_span(semconv.SPAN_ROLLOUT, start, now, attrs, parent, code)
+
+    def _internal_span(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attrs: list[tuple[str, Any]],
+        parent: TraceParent | None,
+        status_code: int = otlp.STATUS_UNSET,
+    ) -> None:
+        span = otlp.span(
+            trace_id=parent.trace_id if parent else new_trace_id(),
+            span_id=new_span_id(),
+            parent_span_id=parent.span_id if parent else None,
+            name=name,
+            kind=otlp.SPAN_KIND_INTERNAL,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            attrs=attrs,
+            status_code=status_code,
+        )
+        self.exporter.submit(span)
+
+
+def _float(value: float | None) -> float | None:
+    return float(value) if value is not None else None

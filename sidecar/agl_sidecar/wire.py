@@ -1,0 +1,233 @@
+"""The OpenAI / vLLM wire formats, typed once at the edge with msgspec.
+
+Structs decode only what the sidecar reads; everything else is skipped by the decoder and passed on
+as the original bytes. Fields the sidecar may strip from a response are `Raw`: the exact bytes of the
+value, which locate it in the body for byte-level removal and decode typed only when recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import Raw, Struct
+
+NULL = Raw(b"null")
+
+
+# --- requests ----------------------------------------------------------------------------------
+class StreamOptions(Struct):
+    include_usage: bool | None = None
+
+
+class ChatRequest(Struct):
+    messages: list[Raw]
+    model: str | None = None
+    stream: bool | None = False
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    return_token_ids: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stream_options: StreamOptions | None = None
+
+
+class CompletionRequest(Struct):
+    prompt: Raw
+    model: str | None = None
+    stream: bool | None = False
+    n: int | None = None
+    logprobs: int | None = None
+    return_token_ids: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stream_options: StreamOptions | None = None
+
+
+Request = ChatRequest | CompletionRequest
+
+
+# --- responses ---------------------------------------------------------------------------------
+class Usage(Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class ChatChoice(Struct):
+    index: int = 0
+    finish_reason: str | None = None
+    message: Raw = NULL
+    logprobs: Raw = NULL
+    token_ids: Raw = NULL
+
+
+class ChatResponse(Struct):
+    id: str | None = None
+    model: str | None = None
+    choices: list[ChatChoice] = []
+    usage: Usage | None = None
+    prompt_token_ids: Raw = NULL
+
+
+class ChatChunkChoice(Struct):
+    index: int = 0
+    finish_reason: str | None = None
+    logprobs: Raw = NULL
+    token_ids: Raw = NULL
+
+
+class UpstreamError(Struct):
+    message: str | None = None
+
+
+class ChatChunk(Struct):
+    id: str | None = None
+    model: str | None = None
+    choices: list[ChatChunkChoice] = []
+    usage: Usage | None = None
+    prompt_token_ids: Raw = NULL
+    error: UpstreamError | None = None
+
+
+class TypedChunkChoice(Struct):
+    index: int = 0
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class TypedChatChunk(Struct):
+    """A chat chunk decoded in one pass, for the stream fast path (values located by markers)."""
+
+    id: str | None = None
+    model: str | None = None
+    choices: list[TypedChunkChoice] = []
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+    error: UpstreamError | None = None
+
+
+class CompletionChoice(Struct):
+    index: int = 0
+    finish_reason: str | None = None
+    logprobs: Raw = NULL
+    token_ids: Raw = NULL
+    prompt_token_ids: Raw = NULL
+
+
+class CompletionResponse(Struct):
+    id: str | None = None
+    model: str | None = None
+    choices: list[CompletionChoice] = []
+    usage: Usage | None = None
+    error: UpstreamError | None = None
+
+
+# Typed views of the Raw fields, decoded only to record them.
+class TokenLogprob(Struct):
+    logprob: float
+
+
+class ChatLogprobs(Struct):
+    content: list[TokenLogprob] | None = None
+
+
+class LegacyLogprobs(Struct):
+    token_logprobs: list[float | None] = []
+
+
+_ints = msgspec.json.Decoder(list[int] | None)
+_chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None)
+_legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None)
+
+
+def token_ids(raw: Raw) -> list[int] | None:
+    return _ints.decode(raw)
+
+
+def chat_logprobs(raw: Raw) -> list[float] | None:
+    parsed = _chat_logprobs.decode(raw)
+    if parsed is None or parsed.content is None:
+        return None
+    return [entry.logprob for entry in parsed.content]
+
+
+def legacy_logprobs(raw: Raw) -> list[float] | None:
+    parsed = _legacy_logprobs.decode(raw)
+    if parsed is None:
+        return None
+    return [value if value is not None else float("nan") for value in parsed.token_logprobs]
+
+
+chat_request = msgspec.json.Decoder(ChatRequest)
+completion_request = msgspec.json.Decoder(CompletionRequest)
+chat_response = msgspec.json.Decoder(ChatResponse)
+chat_chunk = msgspec.json.Decoder(ChatChunk)
+typed_chat_chunk = msgspec.json.Decoder(TypedChatChunk)
+completion_response = msgspec.json.Decoder(CompletionResponse)
+completion_chunk = completion_response
+
+encode = msgspec.json.encode
+decode_any = msgspec.json.decode
+
+
+def null_out(body: bytes, fields: list[tuple[bytes, Raw]]) -> bytes:
+    """`body` with each `"key":<raw value>` replaced by `"key":null`.
+
+    The pattern `"key":` with an unescaped closing quote cannot occur inside a JSON string, so a
+    match is always the field itself. Each value is located by a short needle (key + the value's
+    first bytes) and confirmed by comparing the whole value, then the body is spliced once: no copy
+    of a 200 KB token array is made to search for it."""
+    cuts: list[tuple[int, int]] = []
+    for key, raw in fields:
+        value = bytes(raw)
+        if value == b"null":
+            continue
+        needle = key + value[:48]
+        start = 0
+        while True:
+            at = body.find(needle, start)
+            if at < 0:
+                break
+            begin = at + len(key)
+            end = begin + len(value)
+            if (begin, end) not in cuts and body[begin:end] == value:
+                cuts.append((begin, end))  # identical values (equal choices) each get their own cut
+                break
+            start = at + 1
+    if not cuts:
+        return body
+    cuts.sort()
+    out: list[bytes] = []
+    position = 0
+    for begin, end in cuts:
+        if begin < position:  # the same field listed twice
+            continue
+        out.append(body[position:begin])
+        out.append(b"null")
+        position = end
+    out.append(body[position:])
+    return b"".join(out)
+
+
+def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
+    """An OpenAI-style error body."""
+    return msgspec.json.encode({"error": {"message": message, "type": error_type, "param": param, "code": code}})
+
+
+def error_param(exc: msgspec.ValidationError) -> str | None:
+    """The field a msgspec validation error names (`... - at `$.max_tokens``) as `max_tokens`."""
+    text = str(exc)
+    marker = "at `$."
+    at = text.rfind(marker)
+    if at < 0:
+        return None
+    return text[at + len(marker) :].rstrip("`")
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return msgspec.to_builtins(value)

@@ -1,0 +1,86 @@
+"""The data path across components: a harness's calls through the real sidecar, its spans over
+OTLP into the trainer's real receiver and store, and out as one training sample whose tokens are
+exactly the engine's. Each part has its own tests; this one checks they agree on the wire."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from agl_sidecar.config import build
+from agl_sidecar.server import BackgroundSidecar
+from agl_trainer.assembly import AssemblyConfig, assemble
+from agl_trainer.batch import TrainingBatch
+from agl_trainer.receiver import Receiver, ReceiverConfig
+from agl_trainer.store import RolloutStore
+from tests.support.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def scripted_reply(body: dict, choice: int) -> str:
+    return "call k3" if len(body["messages"]) == 1 else "v7"
+
+
+def test_a_two_call_rollout_becomes_one_exact_sample(tmp_path: Path) -> None:
+    store_path = tmp_path / "store.sqlite"
+    receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
+    try:
+        with FakeVLLM(reply=scripted_reply) as engine, BackgroundSidecar(
+            build(
+                {
+                    "upstream": [engine.base_url],
+                    "listen": "127.0.0.1:0",
+                    "otlp_endpoint": receiver.url,
+                    "spool_dir": str(tmp_path / "spool"),
+                    "export_interval_s": 0.05,
+                    "policy_version": 4,
+                }
+            )
+        ) as sidecar:
+            client = openai.OpenAI(base_url=f"{sidecar.url}/rollouts/r-e2e/v1", api_key="unused")
+            messages = [{"role": "user", "content": "look up k3"}]
+            first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16)
+            messages += [
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "tool", "content": "v7", "tool_call_id": "t0"},
+            ]
+            # Streamed, so both paths of the sidecar feed the same sample.
+            stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, stream=True)
+            second_text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+            httpx.post(f"{sidecar.url}/rollouts/r-e2e/reward", json={"value": 0.5}).raise_for_status()
+            httpx.post(
+                f"{sidecar.url}/rollouts/r-e2e/end", json={"status": "succeeded", "task_id": "task-1", "mode": "train"}
+            ).raise_for_status()
+
+            store = RolloutStore(store_path, grace_s=0.0)
+            wait_until(lambda: len(store.ready_rollouts(mode="train")) == 1)
+            ready = store.ready_rollouts(mode="train")
+            result = assemble(store, ready, AssemblyConfig())
+    finally:
+        receiver.stop()
+
+    (rollout,) = result.rollouts
+    assert rollout.reward == 0.5
+    (sample,) = rollout.samples  # the second prompt extends the first exactly: merged
+    assert sample.call_seqs == [0, 1]
+    first_prompt = chat_prompt_ids([{"role": "user", "content": "look up k3"}])
+    first_completion = encode("call k3") + [IM_END]  # vLLM reports the EOS it generated
+    second_prompt = chat_prompt_ids(messages)
+    second_completion = encode("v7") + [IM_END]
+    assert second_prompt[: len(first_prompt) + len(first_completion)] == first_prompt + first_completion
+    assert sample.token_ids == second_prompt + second_completion
+    trained = [token for token, mask in zip(sample.token_ids, sample.loss_mask) if mask]
+    assert trained == first_completion + second_completion
+    assert {v for v, m in zip(sample.policy_versions, sample.loss_mask) if m} == {4}
+    assert second_text == "v7"  # the harness got the streamed text
+    batch = TrainingBatch.from_rollouts(result.rollouts)
+    assert int(batch.loss_mask.sum()) == len(first_completion) + len(second_completion)

@@ -1,0 +1,99 @@
+"""Concurrent requests are batched, and batching does not change any request's answer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+PROMPTS = ["hello", "The quick brown fox jumps over the lazy dog", "What is 2 + 2?", "a b c", "def main():"]
+
+
+def _body(i: int, greedy: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "prompt": PROMPTS[i % len(PROMPTS)] * (1 + i % 3),  # different lengths: left padding in the batch
+        "max_tokens": 4 + i % 7,  # different lengths: rows leave the batch at different steps
+        "return_token_ids": True,
+        "logprobs": 0,
+    }
+    body.update({"temperature": 0} if greedy else {"seed": 100 + i, "temperature": 0.9, "top_p": 0.95})
+    return body
+
+
+async def _all(base_url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=120, limits=httpx.Limits(max_connections=100)
+    ) as client:
+        responses = await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+    return [r.json()["choices"][0] for r in responses]
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "seeded"])
+async def test_concurrent_answers_equal_single_answers(base_url: str, engine: Any, greedy: bool) -> None:
+    bodies = [_body(i, greedy) for i in range(24)]
+    steps_before = engine._scheduler.steps
+    together = await _all(base_url, bodies)
+    steps_together = engine._scheduler.steps - steps_before
+    alone = []
+    for body in bodies:
+        alone += await _all(base_url, [body])
+    for one, many in zip(alone, together):
+        assert many["token_ids"] == one["token_ids"]
+        assert many["finish_reason"] == one["finish_reason"]
+        for a, b in zip(many["logprobs"]["token_logprobs"], one["logprobs"]["token_logprobs"]):
+            assert abs(a - b) < 1e-4  # same numbers up to float noise from padding
+    generated = sum(len(c["token_ids"]) for c in together)
+    # batched: far fewer forward steps than tokens (one at a time would need one step per token)
+    assert steps_together < generated / 3
+
+
+async def test_requests_joining_a_running_batch(base_url: str) -> None:
+    """A request that arrives while others generate joins mid-way and still gets its own answer."""
+    long = {"model": "tiny", "prompt": "hello", "max_tokens": 60, "temperature": 0, "return_token_ids": True}
+    shorts = [_body(i, greedy=True) for i in range(8)]
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        long_task = asyncio.create_task(client.post("/v1/completions", json=long))
+        short_answers = []
+        for body in shorts:  # staggered arrivals
+            short_answers.append((await client.post("/v1/completions", json=body)).json()["choices"][0])
+        long_answer = (await long_task).json()["choices"][0]
+    alone_long = (await _all(base_url, [long]))[0]
+    assert long_answer["token_ids"] == alone_long["token_ids"]
+    for body, answer in zip(shorts, short_answers):
+        assert answer["token_ids"] == (await _all(base_url, [body]))[0]["token_ids"]
+
+
+async def test_a_client_that_leaves_frees_its_rows(base_url: str, engine: Any) -> None:
+    import time
+
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 500, "stream": True, "ignore_eos": True}
+    steps_before = engine._scheduler.steps
+    async with (
+        httpx.AsyncClient(base_url=base_url, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        async for _ in response.aiter_lines():
+            break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while engine._scheduler._live and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert engine._scheduler._live == []
+    assert engine._scheduler.steps - steps_before < 400  # it left long before its 500 tokens
+
+
+async def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(base_url: str, engine: Any) -> None:
+    import time
+
+    from agl_trainer.engines.embedded_batching import SamplingParams, Sequence
+
+    broken = Sequence([10**6], SamplingParams(max_tokens=2), sink=asyncio.Queue())  # no such embedding row
+    engine._scheduler.submit([broken])
+    deadline = time.monotonic() + 30
+    while not broken.finished and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert broken.finish_reason == "error" and "index" in str(broken.stop_reason).lower()
+    assert (await _all(base_url, [_body(0, greedy=True)]))[0]["finish_reason"] == "length"

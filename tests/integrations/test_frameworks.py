@@ -1,0 +1,184 @@
+"""The real frameworks from PyPI (anthropic, openai-agents, langchain-openai + langgraph,
+mini-swe-agent), set up with agl_integrations inside `agl.rollout()`, through the real agl sidecar
+to a faithful engine (the fake vLLM; for tool calls a scripted upstream in vLLM's tool-call wire
+shape). Every call's span, at a real OTLP receiver, is attributed to the rollout, sits under the
+rollout's span in its trace (the helpers' URL prefix and headers at work) and holds the engine's
+token IDs; the harness's reward arrives too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import agl
+import pytest
+from agl import semconv
+from agl_integrations import sidecar_endpoint
+from agl_sidecar.server import BackgroundSidecar
+
+from tests.integrations.conftest import weather_upstream
+from tests.support.fake_vllm import FakeVLLM
+from tests.support.otlp_sink import OTLPSink, ReceivedSpan
+
+
+def rollout_spans(
+    sink: OTLPSink, rollout_id: str, calls: int
+) -> tuple[ReceivedSpan, ReceivedSpan, list[ReceivedSpan]]:
+    """The rollout's span, its reward span, and its `calls` call spans (in call order)."""
+    assert agl.flush()
+
+    def ours(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+        return [s for s in spans if s.attributes.get(semconv.ROLLOUT_ID) == rollout_id]
+
+    spans = ours(sink.wait_for(lambda s: len(ours(s)) >= calls + 2))
+    (rollout,) = [s for s in spans if s.name == semconv.SPAN_ROLLOUT]
+    (reward,) = [s for s in spans if s.name == semconv.SPAN_REWARD]
+    call_spans = sorted(
+        (s for s in spans if s.name == "chat tiny"), key=lambda s: s.attributes[semconv.CALL_SEQ]
+    )
+    assert len(call_spans) == calls
+    return rollout, reward, call_spans
+
+
+def assert_attributed(rollout: ReceivedSpan, call_spans: list[ReceivedSpan], api: str) -> None:
+    """Every call span is in the rollout's trace, under its span, and holds the engine's tokens."""
+    for seq, span in enumerate(call_spans):
+        assert span.attributes[semconv.CALL_SEQ] == seq and span.attributes[semconv.CALL_API] == api
+        assert span.trace_id == rollout.trace_id and span.parent_span_id == rollout.span_id
+        assert span.attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_FROM_ENGINE
+        assert span.attributes[semconv.COMPLETION_TOKEN_IDS] and span.attributes[semconv.PROMPT_LENGTH] > 0
+
+
+def test_endpoint_needs_a_url_and_prefixes_the_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ValueError, match="OPENAI_BASE_URL"):
+        sidecar_endpoint()
+    assert sidecar_endpoint("http://h:1").base_url == "http://h:1/v1"
+    rollout = agl.rollout(rollout_id="r9", attempt=2)
+    endpoint = sidecar_endpoint("http://h:1/", rollout=rollout)
+    assert (
+        endpoint.base_url == "http://h:1/rollouts/r9/attempts/2/v1"
+        and endpoint.root_url == "http://h:1/rollouts/r9/attempts/2"
+    )
+    assert endpoint.headers[semconv.HEADER_ROLLOUT_ID] == "r9"
+    # a runner's OPENAI_BASE_URL already carries the prefix: kept as is
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://h:1/rollouts/r9/v1")
+    assert sidecar_endpoint(rollout=rollout).base_url == "http://h:1/rollouts/r9/v1"
+
+
+def test_anthropic_sdk(
+    sink: OTLPSink, engine: FakeVLLM, sidecar_for: Callable[[str], BackgroundSidecar]
+) -> None:
+    from agl_integrations.anthropic_sdk import anthropic_client
+
+    sidecar = sidecar_for(engine.base_url)
+    with agl.rollout(task_id="t-anthropic") as rollout:
+        client = anthropic_client(sidecar.url)
+        message = client.messages.create(
+            model="tiny", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+        )
+        with client.messages.stream(
+            model="tiny", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+        ) as s:
+            streamed = s.get_final_message()
+        agl.emit_reward(1.0)
+    assert (
+        message.content[0].text and streamed.content[0].text == message.content[0].text
+    )  # deterministic engine
+    span, reward, calls = rollout_spans(sink, rollout.rollout_id, calls=2)
+    assert_attributed(span, calls, semconv.API_ANTHROPIC_MESSAGES)
+    assert [c.attributes[semconv.GEN_AI_RESPONSE_ID] for c in calls] == [message.id, streamed.id]
+    assert reward.attributes[semconv.REWARD_VALUE] == 1.0
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_openai_agents_sdk(sink: OTLPSink, api: str, sidecar_for: Callable[[str], BackgroundSidecar]) -> None:
+    from agents import Agent, Runner, function_tool
+    from agl_integrations.openai_agents import run_config
+
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather of a city."""
+        asked.append(city)
+        return f"18 {unit}"
+
+    agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather])
+    with weather_upstream() as upstream, agl.rollout(task_id="t-agents") as rollout:
+        sidecar = sidecar_for(upstream.url)
+        result = Runner.run_sync(
+            agent, "Weather in Paris?", run_config=run_config("tiny", sidecar.url, api=api)
+        )
+        agl.emit_reward(1.0 if "18C" in result.final_output else 0.0)
+    assert asked == ["Paris"] and result.final_output == "It is 18C in Paris."
+    span, reward, calls = rollout_spans(sink, rollout.rollout_id, calls=2)
+    assert_attributed(
+        span, calls, semconv.API_RESPONSES if api == "responses" else semconv.API_CHAT_COMPLETIONS
+    )
+    second = upstream.chat_requests[1]["messages"]
+    assert second[0] == {"role": "system", "content": "Answer with the weather."}
+    assert second[-1]["role"] == "tool" and "18 celsius" in json.dumps(second[-1]["content"])
+    assert calls[0].attributes[semconv.COMPLETION_TOKEN_IDS] == [40, 41, 42, 43, 2]  # the tool call's tokens
+    assert reward.attributes[semconv.REWARD_VALUE] == 1.0
+
+
+def test_langgraph_react_agent(sink: OTLPSink, sidecar_for: Callable[[str], BackgroundSidecar]) -> None:
+    from agl_integrations.langchain import chat_model
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather of a city."""
+        return f"18 {unit} in {city}"
+
+    with weather_upstream() as upstream, agl.rollout(task_id="t-langgraph") as rollout:
+        sidecar = sidecar_for(upstream.url)
+        graph = create_react_agent(chat_model("tiny", sidecar.url), [get_weather])
+        state = graph.invoke({"messages": [("user", "Weather in Paris?")]})
+        agl.emit_reward(0.5)
+    assert state["messages"][-1].content == "It is 18C in Paris."
+    assert any(getattr(m, "content", "") == "18 celsius in Paris" for m in state["messages"])
+    span, reward, calls = rollout_spans(sink, rollout.rollout_id, calls=2)
+    assert_attributed(span, calls, semconv.API_CHAT_COMPLETIONS)
+    assert upstream.chat_requests[0]["tools"][0]["function"]["name"] == "get_weather"
+    assert reward.attributes[semconv.REWARD_VALUE] == 0.5
+
+
+def test_mini_swe_agent(
+    sink: OTLPSink, tmp_path: Path, sidecar_for: Callable[[str], BackgroundSidecar]
+) -> None:
+    import yaml
+    from agl_integrations.mini_swe_agent import swe_model
+    from minisweagent import config as swe_config
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.environments.local import LocalEnvironment
+
+    def act(body: dict, choice: int) -> str:
+        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        command = (
+            "echo fixed > answer.txt"
+            if step == 0
+            else "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer.txt"
+        )
+        return f"THOUGHT: step {step}\n\n```mswea_bash_command\n{command}\n```"
+
+    agent_config = yaml.safe_load((Path(swe_config.__file__).parent / "mini_textbased.yaml").read_text())[
+        "agent"
+    ]
+    agent_config.update(step_limit=5, cost_limit=0)
+    work = tmp_path / "repo"
+    work.mkdir()
+    with FakeVLLM(reply=act) as fake, agl.rollout(task_id="t-swe") as rollout:
+        sidecar = sidecar_for(fake.base_url)
+        model = swe_model("tiny", sidecar.url, model_kwargs={"max_tokens": 256})
+        result = DefaultAgent(model, LocalEnvironment(cwd=str(work)), **agent_config).run(
+            "Write 'fixed' to answer.txt"
+        )
+        agl.emit_reward(1.0 if (work / "answer.txt").read_text().strip() == "fixed" else 0.0)
+    assert result["exit_status"] == "Submitted" and result["submission"].strip() == "fixed"
+    span, reward, calls = rollout_spans(sink, rollout.rollout_id, calls=2)
+    assert_attributed(span, calls, semconv.API_CHAT_COMPLETIONS)
+    assert reward.attributes[semconv.REWARD_VALUE] == 1.0

@@ -1,0 +1,76 @@
+"""`agl train` config: YAML + flags, validated with errors that name the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agl_trainer.config import ConfigError, load_config, parse_overrides, read_tasks, validate
+
+
+def test_yaml_then_flags(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"id": "a"}\n{"task_id": "b", "x": 1}\n')
+    (tmp_path / "model").mkdir()
+    (tmp_path / "c.yaml").write_text(
+        f"tasks: {tmp_path / 't.jsonl'}\nmodel: {{path: {tmp_path / 'model'}}}\n"
+        "harness: {function: m:f}\nloop: {batch_rollouts: 16, group_size: 4}\n"
+    )
+    config = load_config(
+        tmp_path / "c.yaml",
+        ["--loop.group_size", "8", "--backend.lr=3e-4", "--set", "loop.mode=sync", "--sampling.train.temperature", "0.7"],
+    )
+    assert config.loop.group_size == 8 and config.loop.batch_rollouts == 16
+    assert config.backend.lr == pytest.approx(3e-4)  # a YAML-1.1 string like 3e-4 is read as a number
+    assert config.loop.mode == "sync" and config.sampling.train.temperature == 0.7
+    assert config.sampling.val.temperature == 0.0  # greedy evaluation unless told otherwise
+    assert [t["id"] for t in read_tasks(config.tasks)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"loop": {"group_size": 0}}, "config key loop.group_size: expected int >= 1"),
+        ({"loop": {"mode": "async"}}, "config key loop.mode: invalid enum value 'async' (fix: one of sync, collocated-async"),
+        ({"loop": {"batch_rollout": 8}}, "config key loop.batch_rollout: unknown key (fix: did you mean loop.batch_rollouts?)"),
+        ({"harness": {"timeout_s": "soon"}}, "config key harness.timeout_s: expected float, got str"),
+        ({"harness": 3}, "config key harness: expected object, got int"),
+    ],
+)
+def test_type_errors_name_the_key(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        validate(raw)
+    assert message in str(error.value)
+
+
+def test_cross_checks(tmp_path: Path) -> None:
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    base = [f"--tasks={tasks}", f"--model.path={tmp_path}"]
+    with pytest.raises(ConfigError, match="set exactly one of harness.command"):
+        load_config(None, base)
+    with pytest.raises(ConfigError, match="config key harness.command: .*does not exist"):
+        load_config(None, [*base, "--harness.command=./missing-harness.sh"])
+    with pytest.raises(ConfigError, match="not module:function"):
+        load_config(None, [*base, "--harness.function=just_a_name"])
+    with pytest.raises(ConfigError, match="config key tasks: .*does not exist"):
+        load_config(None, ["--tasks=/nope.jsonl", f"--model.path={tmp_path}", "--harness.function=m:f"])
+    with pytest.raises(ConfigError, match="verl trains with vllm"):
+        load_config(None, [*base, "--harness.function=m:f", "--backend.name=verl"])
+
+
+def test_bad_tasks_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"id": "a"}\nnot json\n')
+    with pytest.raises(ConfigError, match="line 2: not JSON"):
+        read_tasks(path)
+    path.write_text('{"id": "a"}\n{"id": "a"}\n')
+    with pytest.raises(ConfigError, match="duplicate task id 'a'"):
+        read_tasks(path)
+
+
+def test_flag_parsing_errors() -> None:
+    with pytest.raises(ConfigError, match="--set needs KEY=VALUE"):
+        list(parse_overrides(["--set", "loop.mode"]))
+    with pytest.raises(ConfigError, match="needs a value"):
+        list(parse_overrides(["--loop.mode"]))

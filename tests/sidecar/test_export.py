@@ -1,0 +1,147 @@
+"""Span export: zero spans lost across an endpoint outage (spool + replay, also across a restart),
+through a real collector (rotel), and gRPC."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agl import semconv
+from agl_sidecar.config import build
+from agl_sidecar.server import BackgroundSidecar
+from tests.support.otlp_sink import OTLPSink
+
+MESSAGES = [{"role": "user", "content": "go"}]
+ROTEL = Path(sys.executable).parent.parent / "lib" / "python3.11" / "site-packages" / "rotel" / "rotel-agent"
+
+
+def _calls(url: str, count: int, rollout: str = "x") -> None:
+    for _ in range(count):
+        r = httpx.post(f"{url}/rollouts/{rollout}/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
+        assert r.status_code == 200
+
+
+def _wait(predicate, timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def test_endpoint_down_then_up_loses_no_span(fake, make_sidecar, tmp_path):
+    with OTLPSink(fail_with=503) as sink:
+        sidecar = make_sidecar(
+            upstream=[fake.base_url], otlp_endpoint=sink.endpoint, spool_dir=str(tmp_path / "s"), otlp_compression="gzip"
+        )
+        counters = sidecar.sidecar.exporter.counters
+        _calls(sidecar.url, 30)
+        _wait(lambda: counters.spans_spooled >= 30)
+        assert sink.spans == [] and list((tmp_path / "s").glob("*.otlp.gz"))
+        sink.fail_with = None  # the endpoint comes back
+        spans = sink.wait_for(lambda spans: len(spans) >= 30, timeout=20)
+        assert sorted(s.attributes[semconv.CALL_SEQ] for s in spans) == list(range(30))
+        _wait(lambda: counters.spool_files == 0)
+        assert counters.spans_failed == 0 and counters.spans_replayed == 30
+        assert not list((tmp_path / "s").glob("*.otlp.gz"))
+        _calls(sidecar.url, 1)  # live export works again
+        sink.wait_for(lambda spans: len(spans) >= 31)
+
+
+def test_spool_survives_a_restart(fake, tmp_path):
+    spool = str(tmp_path / "spool")
+    with OTLPSink(fail_with=503) as down:
+        settings = {"upstream": [fake.base_url], "listen": "127.0.0.1:0", "spool_dir": spool,
+                    "export_interval_s": 0.05, "otlp_endpoint": down.endpoint}
+        with BackgroundSidecar(build(settings)) as sidecar:
+            _calls(sidecar.url, 5)
+        # Stopped while the endpoint was down: the spans wait on disk.
+        assert list(Path(spool).glob("*.otlp.gz"))
+    with OTLPSink() as sink:
+        with BackgroundSidecar(build({**settings, "otlp_endpoint": sink.endpoint})):
+            spans = sink.wait_for(lambda spans: len(spans) >= 5, timeout=20)
+    assert len(spans) == 5 and not list(Path(spool).glob("*.otlp.gz"))
+
+
+def test_big_spans_are_batched_below_the_byte_limit(make_sidecar, otlp_sink):
+    from tests.support.fake_vllm import FakeVLLM, chat_prompt_ids
+
+    with FakeVLLM() as fake:
+        sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint, export_batch_bytes=64 * 1024,
+                               export_interval_s=1.0)
+        long = [{"role": "user", "content": "x" * 20000}]  # ~20k prompt tokens, ~120 KB per span
+        for i in range(6):
+            httpx.post(f"{sidecar.url}/rollouts/b{i}/v1/chat/completions", json={"model": "tiny", "messages": long})
+        spans = otlp_sink.wait_for(lambda spans: len(spans) >= 6)
+        assert all(s.attributes[semconv.PROMPT_TOKEN_IDS] == chat_prompt_ids(long) for s in spans)
+        assert otlp_sink.requests == 6  # one span per request: two would exceed 64 KiB
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not ROTEL.exists(), reason="rotel-agent binary not installed (pip install rotel)")
+def test_spans_reach_a_real_collector(fake, make_sidecar, otlp_sink, tmp_path):
+    http_port, grpc_port = _free_port(), _free_port()
+    command = [
+        str(ROTEL), "start",
+        "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
+        "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
+        "--exporter", "otlp",
+        "--otlp-exporter-endpoint", otlp_sink.endpoint,
+        "--otlp-exporter-protocol", "http",
+        "--batch-timeout", "50ms",
+    ]
+    log = open(tmp_path / "rotel.log", "wb")
+    collector = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", http_port), 0.2).close()
+                socket.create_connection(("127.0.0.1", grpc_port), 0.2).close()
+                return True
+            except OSError:
+                assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
+                return False
+
+        _wait(listening)
+        via_http = make_sidecar(
+            upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{http_port}", otlp_compression="gzip"
+        )
+        via_grpc = make_sidecar(
+            upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{grpc_port}", otlp_protocol="grpc"
+        )
+        _calls(via_http.url, 2, rollout="via-http")
+        _calls(via_grpc.url, 2, rollout="via-grpc")
+        spans = otlp_sink.wait_for(lambda spans: len(spans) >= 4, timeout=30)
+    finally:
+        collector.terminate()
+        collector.wait(10)
+        log.close()
+    engine = httpx.post(
+        fake.base_url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": MESSAGES, "return_token_ids": True},
+    ).json()
+    assert sorted(s.attributes[semconv.ROLLOUT_ID] for s in spans) == ["via-grpc"] * 2 + ["via-http"] * 2
+    for span in spans:
+        assert span.attributes[semconv.PROMPT_TOKEN_IDS] == engine["prompt_token_ids"]
+        assert span.attributes[semconv.COMPLETION_TOKEN_IDS] == engine["choices"][0]["token_ids"]
+        assert span.resource["service.name"] == "agl-sidecar"
+
+
+def test_no_endpoint_counts_spans_as_failed(fake, make_sidecar):
+    sidecar = make_sidecar(upstream=[fake.base_url])
+    _calls(sidecar.url, 2)
+    state = httpx.get(sidecar.url + "/agl/v1/state").json()
+    assert state["counters"]["spans_failed"] == 2 and state["counters"]["spans_exported"] == 0
+    assert os.environ.get("AGL_SIDECAR_OTLP_ENDPOINT") is None

@@ -1,0 +1,103 @@
+"""The protocol-adapter seam: a tiny adapter defined here, mounted like the real ones."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from agl import semconv
+from agl_sidecar.protocols import registry
+from agl_sidecar.protocols.base import ProtocolError
+from tests.support.fake_vllm import chat_prompt_ids
+
+
+class _Translator:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        out = []
+        for choice in chunk.get("choices", []):
+            assert "token_ids" not in choice or choice["token_ids"] is None  # stripped before the adapter
+            piece = (choice.get("delta") or {}).get("content") or ""
+            if piece:
+                self.text += piece
+                out.append(b"event: piece\ndata: " + json.dumps({"p": piece}).encode() + b"\n\n")
+        return out
+
+    def finish(self) -> list[bytes]:
+        return [b"event: done\ndata: " + json.dumps({"text": self.text}).encode() + b"\n\n"]
+
+
+class EchoAdapter:
+    """Speaks {"say": "..."} -> {"reply": "..."}."""
+
+    api = "test.echo"
+    path = "/echo"
+    tokenize_only = False
+
+    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(body.get("say"), str):
+            raise ProtocolError(422, "'say' must be a string", "bad_say")
+        return {"model": "tiny", "messages": [{"role": "user", "content": body["say"]}], "stream": bool(body.get("stream"))}
+
+    def from_chat_response(self, chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        if "tokens" in chat:
+            return {"count": chat["count"]}
+        return {"reply": chat["choices"][0]["message"]["content"], "had_token_ids": chat.get("prompt_token_ids") is not None}
+
+    def stream_translator(self, body: dict[str, Any]) -> _Translator:
+        return _Translator()
+
+    def error_body(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+        return {"kind": "error", "error": {"type": error_type, "message": message}}
+
+
+class CountAdapter(EchoAdapter):
+    path = "/echo/count"
+    tokenize_only = True
+
+
+ECHO = EchoAdapter()
+COUNT = CountAdapter()
+
+
+@pytest.fixture
+def echo_adapters():
+    added = {"/echo": f"{__name__}:ECHO", "/echo/count": f"{__name__}:COUNT"}
+    registry.ADAPTERS.update(added)
+    registry.adapter_for.cache_clear()
+    yield
+    for key in added:
+        registry.ADAPTERS.pop(key)
+    registry.adapter_for.cache_clear()
+
+
+def test_adapter_unary_stream_tokenize_and_errors(echo_adapters, fake, make_sidecar, otlp_sink):
+    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint)
+    url = sidecar.url + "/rollouts/ad/v1/echo"
+    reply = httpx.post(url, json={"say": "hello"}).json()
+    direct = httpx.post(fake.base_url + "/v1/chat/completions",
+                        json={"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}).json()
+    assert reply == {"reply": direct["choices"][0]["message"]["content"], "had_token_ids": False}
+
+    streamed = httpx.post(url, json={"say": "hello", "stream": True}).text
+    assert streamed.endswith("event: done\ndata: " + json.dumps({"text": reply["reply"]}) + "\n\n")
+
+    assert httpx.post(sidecar.url + "/v1/echo/count", json={"say": "hello"}).json() == {
+        "count": len(chat_prompt_ids([{"role": "user", "content": "hello"}]))
+    }
+    bad = httpx.post(url, json={"say": 3})
+    assert bad.status_code == 422 and bad.json() == {"kind": "error", "error": {"type": "bad_say", "message": "'say' must be a string"}}
+    malformed = httpx.post(url, content=b"{nope")
+    assert malformed.status_code == 400 and malformed.json()["kind"] == "error"
+
+    spans = otlp_sink.wait_for(lambda spans: len(spans) >= 2)
+    assert len(spans) == 2  # the tokenize-only call records no span
+    for span in spans:
+        assert span.attributes[semconv.CALL_API] == "test.echo"
+        assert span.attributes[semconv.ROLLOUT_ID] == "ad"
+        assert span.attributes[semconv.PROMPT_TOKEN_IDS] == chat_prompt_ids([{"role": "user", "content": "hello"}])

@@ -1,0 +1,1 @@
+"""Test double: see fake_vllm/vllm/entrypoints/openai/api_server.py."""

@@ -1,0 +1,46 @@
+"""RL algorithms as pure functions over tensors, selected by name from registries.
+
+- advantages: per-rollout estimators (`grpo`, `dr_grpo`, `rloo`) grouped by task, broadcast to tokens
+- aggregation: per-token weights for `rollout-mean` (default) and verl's modes; exact under any
+  micro-batch split because the weights are computed once over the whole batch
+- policy_loss: `ppo` (asymmetric clip, dual clip) and `reinforce`
+- kl: `k1`, `k2`, `k3` estimators; importance: truncated importance sampling for stale tokens
+- objective: the composition the backends call per micro-batch
+"""
+
+from agl_trainer.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    RolloutAdvantages,
+    broadcast_to_tokens,
+    compute_rollout_advantages,
+)
+from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, agg_loss, aggregate, token_weights
+from agl_trainer.algorithms.config import AlgorithmConfig, AlgorithmConfigError
+from agl_trainer.algorithms.importance import ImportanceWeights, truncated_importance_weights
+from agl_trainer.algorithms.kl import KL_ESTIMATORS
+from agl_trainer.algorithms.logits import token_entropy, token_logprobs
+from agl_trainer.algorithms.objective import ObjectiveOutput, rl_objective
+from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig, PolicyLossTerms
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "AlgorithmConfig",
+    "AlgorithmConfigError",
+    "ClipConfig",
+    "ImportanceWeights",
+    "ObjectiveOutput",
+    "PolicyLossTerms",
+    "RolloutAdvantages",
+    "agg_loss",
+    "aggregate",
+    "broadcast_to_tokens",
+    "compute_rollout_advantages",
+    "rl_objective",
+    "token_entropy",
+    "token_logprobs",
+    "token_weights",
+    "truncated_importance_weights",
+]

@@ -1,0 +1,93 @@
+"""Algorithm settings, validated when built: a bad value names its key and how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, SMALL_GROUP_POLICIES
+from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, NEEDS_CONSTANT
+from agl_trainer.algorithms.importance import IMPORTANCE_SCOPES
+from agl_trainer.algorithms.kl import KL_ESTIMATORS
+from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig
+
+
+class AlgorithmConfigError(ValueError):
+    """A setting that cannot work; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    # Advantages (per rollout, grouped by task)
+    advantage_estimator: str = "grpo"  # grpo | dr_grpo | rloo
+    min_group_size: int = 2  # smaller groups have no baseline...
+    small_group_policy: str = "zero"  # ...and get advantage 0 ("zero") or leave the loss ("drop")
+    advantage_epsilon: float = 1e-6
+    # Loss
+    policy_loss: str = "ppo"  # ppo | reinforce
+    loss_agg_mode: str = "rollout-mean"
+    loss_norm_constant: float | None = None  # C of the *-token-sum-norm modes
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip_c: float | None = 3.0
+    kl_coef: float = 0.0  # > 0 keeps a frozen reference model and adds coef * KL to the loss
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0  # > 0 adds a bonus -coef * entropy; entropy is always measured
+    # Off-policy correction
+    importance_cap: float = 2.0
+    importance_scope: str = "stale"  # stale | all | off
+    bypass_old_logprobs: bool = False  # use the engine's log-probs as the PPO old log-probs
+
+    def __post_init__(self) -> None:
+        def fail(key: str, message: str) -> None:
+            raise AlgorithmConfigError(f"algorithm.{key}: {message}")
+
+        choices = {
+            "advantage_estimator": list(ADVANTAGE_ESTIMATORS),
+            "policy_loss": list(POLICY_LOSSES),
+            "loss_agg_mode": list(LOSS_AGGREGATIONS),
+            "kl_estimator": list(KL_ESTIMATORS),
+            "small_group_policy": list(SMALL_GROUP_POLICIES),
+            "importance_scope": list(IMPORTANCE_SCOPES),
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                fail(key, f"{getattr(self, key)!r} is not one of {allowed}")
+        if self.min_group_size < 2:
+            fail(
+                "min_group_size",
+                f"{self.min_group_size}: a group baseline needs at least 2 rollouts; use 2 or more",
+            )
+        if self.loss_agg_mode in NEEDS_CONSTANT and not (
+            self.loss_norm_constant and self.loss_norm_constant > 0
+        ):
+            fail(
+                "loss_norm_constant",
+                f"mode {self.loss_agg_mode!r} needs a positive constant, e.g. the max "
+                "tokens a rollout may generate",
+            )
+        for key in ("clip_ratio_low", "clip_ratio_high"):
+            if not 0 < getattr(self, key) < 10:
+                fail(key, f"{getattr(self, key)} must be in (0, 10); 0.2 is the usual value")
+        if self.clip_ratio_low >= 1:
+            fail("clip_ratio_low", f"{self.clip_ratio_low} >= 1 lets the ratio reach 0; use a value below 1")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            fail(
+                "dual_clip_c", f"{self.dual_clip_c} must be > 1 (3.0 is usual), or null to disable dual clip"
+            )
+        for key in ("kl_coef", "entropy_coef"):
+            if getattr(self, key) < 0:
+                fail(key, f"{getattr(self, key)} must be >= 0")
+        if self.importance_cap <= 0:
+            fail("importance_cap", f"{self.importance_cap} must be positive (2.0 is usual)")
+
+    @property
+    def clip(self) -> ClipConfig:
+        return ClipConfig(low=self.clip_ratio_low, high=self.clip_ratio_high, dual_clip_c=self.dual_clip_c)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> AlgorithmConfig:
+        known = {field.name for field in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise AlgorithmConfigError(f"algorithm: unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**values)

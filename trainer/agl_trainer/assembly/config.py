@@ -1,0 +1,62 @@
+"""How spans become samples: reward name, policies for missing rewards and failed rollouts, limits."""
+
+from __future__ import annotations
+
+import msgspec
+from agl import semconv
+
+from agl_trainer.store.records import CAUSES
+
+KEEP = "keep"
+DROP = "drop"
+# A policy is "keep" (train with the rollout's reward), "drop", or a number (train with this reward).
+Policy = str | float
+
+DEFAULT_CAUSE_POLICY: dict[str, Policy] = {
+    "ok": KEEP,
+    "harness_error": KEEP,  # the agent's own failure: train on it (its reward, or the missing-reward policy)
+    "timeout": KEEP,
+    "infra_error": DROP,  # not the agent's fault: never train on it
+    "cancelled": DROP,
+}
+
+
+class AssemblyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    reward_name: str = semconv.DEFAULT_REWARD_NAME
+    missing_reward: Policy = DROP  # "drop", or the reward to use
+    cause_policy: dict[str, Policy] = msgspec.field(default_factory=lambda: dict(DEFAULT_CAUSE_POLICY))
+    max_prompt_length: int | None = None  # longer prompts: the sample is dropped (counted)
+    max_response_length: int | None = None  # longer responses: cut (counted)
+    max_total_length: int | None = None  # longer samples: cut (counted)
+    special_token_ids: list[int] = []  # lets merge failures be classified without a tokenizer
+
+    def __post_init__(self) -> None:
+        if not self.reward_name:
+            raise ValueError("assembly.reward_name must be a non-empty string (default: 'reward')")
+        _check_policy("assembly.missing_reward", self.missing_reward, allow_keep=False)
+        unknown = sorted(set(self.cause_policy) - set(CAUSES))
+        if unknown:
+            raise ValueError(f"assembly.cause_policy: unknown cause(s) {unknown}; known: {list(CAUSES)}")
+        for cause, policy in self.cause_policy.items():
+            _check_policy(f"assembly.cause_policy.{cause}", policy, allow_keep=True)
+        merged = dict(DEFAULT_CAUSE_POLICY)
+        merged.update(self.cause_policy)
+        self.cause_policy = merged
+        for name in ("max_prompt_length", "max_response_length", "max_total_length"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"assembly.{name} must be a positive number of tokens or unset, got {value}")
+
+    def policy_for(self, cause: str | None) -> Policy:
+        return self.cause_policy.get(cause or "ok", KEEP)
+
+
+def _check_policy(key: str, policy: object, allow_keep: bool) -> None:
+    if isinstance(policy, bool):
+        raise TypeError(f"{key}: expected 'drop'{', keep' if allow_keep else ''} or a number, got {policy!r}")
+    if isinstance(policy, (int, float)):
+        return
+    allowed = (DROP, KEEP) if allow_keep else (DROP,)
+    if policy not in allowed:
+        choices = " or ".join(repr(a) for a in allowed)
+        raise ValueError(f"{key}: expected {choices} or a number (a fill reward), got {policy!r}")

@@ -1,0 +1,55 @@
+"""What an assembly pass counted, summed over rollouts."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agl_trainer.assembly.assemble import RolloutAssembly
+
+
+class AssemblyReport(msgspec.Struct):
+    rollouts: int = 0  # assembled into results
+    samples: int = 0
+    calls: int = 0  # calls placed into samples
+    merged_calls: int = 0  # calls appended to the previous call's sample
+    trained_tokens: int = 0
+    merge_failures: dict[str, int] = {}  # template / retokenization / other
+    merge_failures_by: dict[str, int] = {}  # tokenizer / special_ids / heuristic
+    truncations: dict[str, int] = {}
+    call_problems: dict[str, int] = {}
+    dropped: dict[str, int] = {}  # rollouts dropped, by reason
+
+    def add(self, item: RolloutAssembly) -> None:
+        def bump(counter: dict[str, int], key: str, n: int = 1) -> None:
+            counter[key] = counter.get(key, 0) + n
+
+        for failure in item.merge_failures:
+            bump(self.merge_failures, failure.kind)
+            bump(self.merge_failures_by, failure.classified_by)
+        for key, n in item.truncations.items():
+            bump(self.truncations, key, n)
+        for key, n in item.problems.items():
+            bump(self.call_problems, key, n)
+        if item.result is None:
+            bump(self.dropped, item.dropped or "unknown")
+            return
+        self.rollouts += 1
+        self.samples += len(item.result.samples)
+        placed = [p for p in item.placements if p.sample is not None]
+        self.calls += len(placed)
+        self.merged_calls += sum(p.merged for p in placed)
+        self.trained_tokens += sum(s.num_trained_tokens for s in item.result.samples)
+
+    def flat(self) -> dict[str, float]:
+        """One level of numbers, for metrics (`assembly/merge_failures/template`, ...)."""
+        out: dict[str, float] = {
+            "rollouts": self.rollouts,
+            "samples": self.samples,
+            "calls": self.calls,
+            "merged_calls": self.merged_calls,
+            "trained_tokens": self.trained_tokens,
+        }
+        for group in ("merge_failures", "truncations", "call_problems", "dropped"):
+            for key, n in getattr(self, group).items():
+                out[f"{group}/{key}"] = n
+        return out

@@ -1,0 +1,461 @@
+"""The torch backend: one process, CPU or one CUDA GPU, any Hugging Face causal LM.
+
+`TorchBackend.train_step(batch)` is the whole update and reads top to bottom: advantages per
+rollout, global token weights, then for each mini-batch (whole rollouts only) forward/backward over
+packed micro-batches, clip, step. See `agl_trainer.backends` for the public API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agl_trainer.algorithms import (
+    broadcast_to_tokens,
+    compute_rollout_advantages,
+    rl_objective,
+    token_entropy,
+    token_logprobs,
+    token_weights,
+    truncated_importance_weights,
+)
+from agl_trainer.backends.batch_checks import validate_batch
+from agl_trainer.backends.checkpoint_io import (
+    atomic_directory,
+    check_loaded,
+    copy_tokenizer_files,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from agl_trainer.backends.hf_model import (
+    disable_dropout,
+    head_sees_only,
+    head_selection_works,
+    resolve_device,
+    supports_packing,
+)
+from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches, split_rollouts
+from agl_trainer.backends.schedule import LRLambda
+from agl_trainer.backends.targets import Targets, trained_targets
+from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
+from agl_trainer.batch import TrainingBatch
+
+
+class TorchBackend:
+    def __init__(self, config: TorchBackendConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.device = resolve_device(config.device)
+        param_dtype = DTYPES[config.param_dtype]
+        if config.compute_dtype == "auto":  # bfloat16 on a GPU; on a CPU, whatever the weights are
+            compute = DTYPES["bfloat16"] if self.device.type == "cuda" else param_dtype
+        else:
+            compute = DTYPES[config.compute_dtype]
+        # autocast only lowers precision; float32 compute over bfloat16 weights is not a thing it does
+        self.autocast_dtype = compute if compute != param_dtype and compute != torch.float32 else None
+        seed_everything(config.seed)
+        kwargs: dict[str, Any] = {"dtype": param_dtype, "trust_remote_code": config.trust_remote_code}
+        if config.attn_implementation:
+            kwargs["attn_implementation"] = config.attn_implementation
+        self.model = AutoModelForCausalLM.from_pretrained(str(config.model_path), **kwargs).to(self.device)
+        self.model.config.use_cache = False
+        if config.disable_dropout:
+            disable_dropout(self.model)
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.compute_model = ComputeModel(
+            hidden_size=int(self.model.get_input_embeddings().weight.shape[1]),
+            dense_attention=self.model.config._attn_implementation != "flash_attention_2",
+        )
+        self.ref_model = None
+        if config.algorithm.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(str(config.model_path), **kwargs).to(
+                self.device
+            )
+            self.ref_model.eval().requires_grad_(False)
+        self._takes_positions = "position_ids" in inspect.signature(self.model.forward).parameters
+        self.model.eval()  # probes must not see dropout
+        if not self._takes_positions:  # packed samples are told apart by their position_ids only
+            if config.packing == "packed":
+                raise BackendConfigError(
+                    f"backend.packing: packed, but {type(self.model).__name__}.forward takes no position_ids "
+                    "to tell packed samples apart; use packing: auto or padded"
+                )
+            self.packed = False
+        elif config.packing == "auto":
+            tolerance = 1e-3 if param_dtype == torch.float32 else 5e-2
+            self.packed = supports_packing(self.model, self.device, tolerance)
+        else:
+            self.packed = config.packing == "packed"
+        self._selects_hidden = head_selection_works(self.model, self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            LRLambda(config.warmup_steps, config.total_steps, config.lr_schedule, config.min_lr_ratio),
+        )
+        self.step = 0  # optimizer steps taken
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient
+        self.policy_version = config.initial_policy_version
+
+    # ----------------------------------------------------------------------------------- training
+    def train_step(self, batch: TrainingBatch, policy_version: int | None = None) -> dict[str, float]:
+        """One update on the whole batch (num_mini_batches x ppo_epochs optimizer steps; 1 by default).
+        Tokens generated by versions below `policy_version` (default: this backend's) are stale.
+        Returns metrics; the policy version then advances by one."""
+        started = time.perf_counter()
+        algo = self.config.algorithm
+        current = self.policy_version if policy_version is None else policy_version
+        lengths = validate_batch(batch, self.vocab_size)
+        advantages = compute_rollout_advantages(
+            batch.rollout_rewards,
+            batch.rollout_group_index,
+            algo.advantage_estimator,
+            min_group_size=algo.min_group_size,
+            small_group_policy=algo.small_group_policy,  # type: ignore[arg-type]
+            epsilon=algo.advantage_epsilon,
+        )
+        loss_mask = batch.loss_mask.float() * advantages.trained[batch.rollout_index].unsqueeze(-1)
+        token_advantages = broadcast_to_tokens(advantages.values, batch.rollout_index, loss_mask)
+        if algo.bypass_old_logprobs:
+            old_log_prob = batch.engine_logprobs.float()
+        elif self.config.updates_per_step > 1:
+            old_log_prob = self.compute_logprobs(batch)
+        else:
+            old_log_prob = None  # one update: the old policy is the current one, read from the same forward
+
+        rollout_tokens = torch.zeros(batch.num_rollouts).index_add_(0, batch.rollout_index, loss_mask.sum(-1))
+        sums: dict[str, float] = defaultdict(float)
+        maxima: dict[str, float] = defaultdict(float)
+        grad_norms, padded_positions, real_positions, micro_count = [], 0, 0, 0
+        for _ in range(self.config.ppo_epochs):
+            for rollouts in split_rollouts(rollout_tokens.tolist(), self.config.num_mini_batches):
+                in_mini = torch.zeros(batch.num_rollouts, dtype=torch.bool)
+                in_mini[rollouts] = True
+                mini_mask = loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
+                weights = token_weights(
+                    mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant
+                )
+                samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in self._plan(batch, lengths, samples):
+                    micro_count += 1
+                    real_positions += micro.num_tokens
+                    padded_positions += micro.num_positions - micro.num_tokens
+                    stats = self._forward_backward(
+                        batch, micro, weights, token_advantages, old_log_prob, current
+                    )
+                    for key, value in stats.items():
+                        if key.endswith("_max"):
+                            maxima[key] = max(maxima[key], value)
+                        else:
+                            sums[key] += value
+                grad_norms.append(self._optimizer_step())
+
+        self.policy_version = current + 1
+        elapsed = time.perf_counter() - started
+        return self._metrics(
+            batch,
+            advantages,
+            loss_mask,
+            sums,
+            maxima,
+            grad_norms,
+            elapsed,
+            real_positions,
+            padded_positions,
+            micro_count,
+        )
+
+    def _forward_backward(
+        self,
+        batch: TrainingBatch,
+        micro: MicroBatch,
+        weights: torch.Tensor,
+        advantages: torch.Tensor,
+        old_log_prob: torch.Tensor | None,
+        current_version: int,
+    ) -> dict[str, float]:
+        algo = self.config.algorithm
+        w = micro.gather(weights)
+        keep = trained_targets(w != 0)
+        if keep is None:
+            return {}
+        want_entropy_grad = algo.entropy_coef > 0
+        log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
+        w = keep.select(w)
+        old = (
+            log_prob.detach()
+            if old_log_prob is None
+            else keep.select(micro.gather(old_log_prob)).to(self.device)
+        )
+        importance = None
+        stale_info: dict[str, float] = {}
+        if not algo.bypass_old_logprobs and algo.importance_scope != "off":
+            iw = truncated_importance_weights(
+                old,
+                keep.select(micro.gather(batch.engine_logprobs.float())).to(self.device),
+                w.to(self.device),
+                keep.select(micro.gather(batch.policy_versions, fill=-1)).to(self.device),
+                current_version,
+                cap=algo.importance_cap,
+                scope=algo.importance_scope,  # type: ignore[arg-type]
+            )
+            importance = iw.weights
+            stale_info = {
+                "is_applied": float(iw.applied.sum()),
+                "is_capped": float(iw.capped.sum()),
+                "is_weight_sum": float(torch.where(iw.applied, iw.weights, 0.0).sum()),
+                "is_weight_max": float(torch.where(iw.applied, iw.weights, 0.0).max())
+                if iw.applied.any()
+                else 0.0,
+            }
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref, _ = self._token_outputs(self.ref_model, micro, keep, with_entropy=False)
+        out = rl_objective(
+            algo,
+            log_prob=log_prob,
+            old_log_prob=old,
+            advantages=keep.select(micro.gather(advantages)).to(self.device),
+            weights=w.to(self.device),
+            importance_weights=importance,
+            ref_log_prob=ref,
+            entropy=entropy,
+        )
+        out.loss.backward()
+        stats = {key: float(value) for key, value in out.sums.items()}
+        stats["loss"] = float(out.loss.detach())
+        stats.update(stale_info)
+        return stats
+
+    def _optimizer_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        else:
+            norm = (
+                torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))
+                if params
+                else torch.zeros(())
+            )
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        else:  # a NaN/inf gradient would poison the weights and the AdamW state: skip, and report it
+            self.skipped_steps += 1
+        self.scheduler.step()
+        self.step += 1
+        return float(norm)
+
+    # ---------------------------------------------------------------------------------- inference
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        """The current policy's log-prob of every trained token (loss_mask 1), [N, L] on the CPU; 0 elsewhere."""
+        lengths = validate_batch(batch, self.vocab_size)
+        out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+        for micro in self._plan(batch, lengths, list(range(batch.num_samples))):
+            keep = trained_targets(micro.gather(batch.loss_mask.float()) != 0)
+            if keep is None:
+                continue
+            log_prob, _ = self._token_outputs(self.model, micro, keep, with_entropy=False)
+            micro.scatter_into(out, keep.scatter(log_prob.float().cpu(), micro.source.shape))
+        return out
+
+    def _plan(self, batch: TrainingBatch, lengths: torch.Tensor, samples: list[int]) -> list[MicroBatch]:
+        return plan_micro_batches(
+            batch.input_ids,
+            batch.position_ids,
+            lengths,
+            samples,
+            token_budget=self.config.micro_batch_tokens,
+            packed=bool(self.packed),
+            row_capacity=self.config.max_row_tokens,
+            compute=self.compute_model,
+        )
+
+    def _token_outputs(
+        self,
+        model: torch.nn.Module,
+        micro: MicroBatch,
+        keep: Targets,
+        *,
+        with_entropy: bool = True,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-prob (and entropy) of the kept target tokens; the output head runs only where needed."""
+        inputs: dict[str, Any] = {"input_ids": micro.input_ids.to(self.device), "use_cache": False}
+        if self._takes_positions:
+            inputs["position_ids"] = micro.position_ids.to(self.device)
+        if micro.attention_mask is not None:
+            inputs["attention_mask"] = micro.attention_mask.to(self.device)
+        rows, positions = keep.rows.to(self.device), keep.positions.to(self.device)
+        with torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            if self._selects_hidden:
+                with head_sees_only(model.get_output_embeddings(), rows, positions):
+                    logits = model(**inputs).logits[0]  # [K, V]
+            else:
+                logits = model(**inputs).logits[rows, positions]
+        log_prob = token_logprobs(logits, micro.input_ids.to(self.device)[rows, positions + 1])
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = token_entropy(logits)
+        return log_prob, entropy
+
+    # ------------------------------------------------------------------------------------ weights
+    def state_dict_for_engine(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's weights as CPU tensors (copies) under Hugging Face names, as save_pretrained
+        writes them (a tied output embedding appears once, under the input embedding's name)."""
+        seen: set[int] = set()
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in self.model.state_dict().items():
+            key = tensor.data_ptr()
+            if key in seen and tensor.numel() > 0:
+                continue  # tied to a tensor already included
+            seen.add(key)
+            out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
+        return out
+
+    def save_hf(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """The policy as a Hugging Face directory (safetensors + config + the source's tokenizer files),
+        loadable by transformers and vLLM. Written to a temporary sibling, then moved into place."""
+        directory = Path(directory)
+
+        def write(tmp: Path) -> None:
+            state = None if dtype is None else self.state_dict_for_engine(dtype)
+            self.model.save_pretrained(tmp, state_dict=state)
+            copy_tokenizer_files(Path(self.config.model_path), tmp)
+
+        atomic_directory(directory, write)
+        return directory
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """model/ (save_pretrained) + trainer_state.pt (optimizer, scheduler, step, version, RNG states)."""
+        directory = Path(directory)
+
+        def write(tmp: Path) -> None:
+            self.model.save_pretrained(tmp / "model")
+            copy_tokenizer_files(Path(self.config.model_path), tmp / "model")
+            torch.save(
+                {
+                    "format": 1,
+                    "step": self.step,
+                    "policy_version": self.policy_version,
+                    "skipped_steps": self.skipped_steps,
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": rng_state(),
+                    "config": _config_summary(self.config),
+                },
+                tmp / "trainer_state.pt",
+            )
+
+        atomic_directory(directory, write)
+        return directory
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore what save_checkpoint wrote; the next train_step is then the one that would have followed."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        state_path, model_dir = directory / "trainer_state.pt", directory / "model"
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not state_path.is_file() or not files:
+            raise FileNotFoundError(
+                f"{directory} is not an agl checkpoint (want model/*.safetensors and "
+                "trainer_state.pt, as written by save_checkpoint)"
+            )
+        weights: dict[str, torch.Tensor] = {}
+        for file in files:
+            weights.update(load_file(file))
+        result = self.model.load_state_dict(weights, strict=False)
+        check_loaded(self.model, weights, result)
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        set_rng_state(state["rng"])
+
+    # ------------------------------------------------------------------------------------ metrics
+    def _metrics(
+        self, batch, advantages, loss_mask, sums, maxima, grad_norms, elapsed, real, padded, micro_count
+    ):
+        rewards = batch.rollout_rewards.float()
+        trained_adv = advantages.values[advantages.trained]
+        updates = max(len(grad_norms), 1)  # each update's loss is a mean over its own rollouts
+        tokens = max(sums["tokens"], 1.0)
+        applied = sums["is_applied"]
+        out = {
+            "step": float(self.step),
+            "policy_version": float(self.policy_version),
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/min": float(rewards.min()),
+            "reward/max": float(rewards.max()),
+            "advantage/mean": float(trained_adv.mean()) if trained_adv.numel() else 0.0,
+            "advantage/std": float(trained_adv.std()) if trained_adv.numel() > 1 else 0.0,
+            "advantage/min": float(trained_adv.min()) if trained_adv.numel() else 0.0,
+            "advantage/max": float(trained_adv.max()) if trained_adv.numel() else 0.0,
+            "advantage/small_groups": float(advantages.num_small_groups),
+            "advantage/small_group_rollouts": float(advantages.num_small_group_rollouts),
+            "loss/total": sums["loss"] / updates,
+            "loss/pg": sums["pg_loss"] / updates,
+            "actor/clip_frac": sums["clipped"] / tokens,
+            "actor/dual_clip_frac": sums["dual_clipped"] / tokens,
+            "actor/approx_kl": sums["approx_kl_k3"] / tokens,
+            "actor/approx_kl_k1": sums["approx_kl_k1"] / tokens,
+            "actor/ratio_max": maxima["ratio_max"],
+            "actor/entropy": sums["entropy"] / tokens,
+            "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "actor/grad_norm_max": max(grad_norms, default=0.0),
+            "actor/lr": float(self.scheduler.get_last_lr()[0]),
+            "actor/skipped_steps": float(self.skipped_steps),
+            "importance/stale_token_frac": applied / tokens,
+            "importance/mean": sums["is_weight_sum"] / applied if applied else 1.0,
+            "importance/max": maxima["is_weight_max"] if applied else 1.0,
+            "importance/capped_frac": sums["is_capped"] / applied if applied else 0.0,
+            "perf/step_s": elapsed,
+            "perf/tokens": float(real),
+            "perf/trained_tokens": float(loss_mask.sum()),
+            "perf/tokens_per_s": real / elapsed if elapsed > 0 else 0.0,
+            "perf/padding_frac": padded / max(real + padded, 1),
+            "perf/micro_batches": float(micro_count),
+            "perf/optimizer_steps": float(len(grad_norms)),
+        }
+        if "ref_kl" in sums:
+            out["actor/ref_kl"] = sums["ref_kl"] / tokens
+            out["loss/kl"] = sums["kl_loss"] / updates
+        if "entropy_loss" in sums:
+            out["loss/entropy"] = sums["entropy_loss"] / updates
+        return out
+
+
+# -------------------------------------------------------------------------------------- helpers
+
+
+def _config_summary(config: TorchBackendConfig) -> dict[str, Any]:
+    summary = dataclasses.asdict(config)
+    summary["model_path"] = str(config.model_path)
+    return summary
+
+
+__all__ = ["BackendConfigError", "TorchBackend", "TorchBackendConfig"]

@@ -1,0 +1,102 @@
+"""`agl receive`: collect OTLP traces into a rollout store, to train on later or to inspect."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from agl_trainer.cli import CLIError
+
+TOKEN_ENV = "AGL_RECEIVER_TOKEN"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "receive",
+        help="collect OTLP traces (HTTP and gRPC) into a rollout store",
+        description=(
+            "Run the trainer's OTLP receiver on its own: spans sent to POST /v1/traces (protobuf or JSON,"
+            " gzip) or OTLP/gRPC are stored in the SQLite rollout store, each batch committed before it is"
+            " acknowledged. Point the sidecar (or a collector) at the printed URL. Inspect with `agl traces`."
+        ),
+        epilog="example: agl receive --store runs/traces.db --listen 0.0.0.0:4318 --grpc-listen 0.0.0.0:4317",
+    )
+    parser.add_argument("--store", required=True, help="SQLite rollout store (created if missing)")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:4318", help="HOST:PORT for OTLP/HTTP (port 0: any free)"
+    )
+    parser.add_argument("--grpc-listen", default=None, help="HOST:PORT for OTLP/gRPC (off unless given)")
+    parser.add_argument(
+        "--token-env",
+        default=TOKEN_ENV,
+        help=f"environment variable holding a bearer token to require (default {TOKEN_ENV}; unset: no token)",
+    )
+    parser.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body, as sent")
+    parser.add_argument("--max-decompressed-mb", type=float, default=256.0, help="largest body after gzip")
+    parser.add_argument(
+        "--durability",
+        choices=("full", "normal"),
+        default="full",
+        help="full: a commit survives power loss (fsync per commit); normal: survives a process crash only",
+    )
+    parser.set_defaults(run=run)
+
+
+def parse_address(value: str, flag: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise CLIError(f"{flag} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:4318 (port 0 picks a free one)")
+    return host.strip("[]"), int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agl_trainer.receiver import Receiver, ReceiverConfig
+    from agl_trainer.store import StoreError
+
+    host, port = parse_address(args.listen, "--listen")
+    grpc_host, grpc_port = (
+        parse_address(args.grpc_listen, "--grpc-listen") if args.grpc_listen else ("", None)
+    )
+    if args.max_request_mb <= 0 or args.max_decompressed_mb <= 0:
+        raise CLIError("--max-request-mb and --max-decompressed-mb must be > 0")
+    config = ReceiverConfig(
+        host=host,
+        port=port,
+        grpc_host=grpc_host or "127.0.0.1",
+        grpc_port=grpc_port,
+        token=os.environ.get(args.token_env) or None,
+        max_request_bytes=int(args.max_request_mb * (1 << 20)),
+        max_decompressed_bytes=int(args.max_decompressed_mb * (1 << 20)),
+        durability=args.durability,
+    )
+    try:
+        receiver = Receiver(args.store, config).start()
+    except StoreError as error:
+        raise CLIError(str(error)) from None
+    except OSError as error:
+        raise CLIError(f"cannot listen: {error}") from None
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"agl receive: OTLP/HTTP on {receiver.url}/v1/traces", flush=True)
+    if receiver.grpc_address:
+        print(f"agl receive: OTLP/gRPC on {receiver.grpc_address}", flush=True)
+    print(
+        f"agl receive: storing into {args.store}{' (bearer token required)' if config.token else ''}",
+        flush=True,
+    )
+    try:
+        stop.wait()
+    finally:
+        receiver.stop()
+        stats = receiver.stats()
+        print(
+            f"agl receive: stopped; {stats.stored} spans stored, {stats.duplicates} duplicates,"
+            f" {sum(stats.violations.values())} breaking the contract, {sum(stats.bad_requests.values())}"
+            " requests refused",
+            file=sys.stderr,
+        )
+    return 0

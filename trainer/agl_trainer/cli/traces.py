@@ -1,0 +1,207 @@
+"""`agl traces`: import, list and inspect what a rollout store holds."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from agl_trainer.cli import CLIError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "traces",
+        help="import, list and inspect stored traces",
+        description="Work with a rollout store: import OTLP JSON lines, list rollouts, inspect one.",
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    imp = commands.add_parser(
+        "import",
+        help="import OTLP JSON lines (an OpenTelemetry Collector file exporter's output)",
+        description="Import a file with one OTLP ExportTraceServiceRequest JSON object per line (.gz ok)."
+        " Spans already in the store are skipped, so importing twice is safe.",
+    )
+    imp.add_argument("file", type=Path)
+    imp.add_argument("--store", required=True, help="SQLite rollout store (created if missing)")
+    imp.set_defaults(run=run_import)
+
+    ls = commands.add_parser(
+        "ls", help="list rollouts with their status", description="List rollouts, oldest first."
+    )
+    ls.add_argument("--store", required=True)
+    ls.add_argument("--limit", type=int, default=None, help="show at most this many (the newest)")
+    ls.add_argument(
+        "--grace-s", type=float, default=2.0, help="grace period after a rollout ends (default 2)"
+    )
+    ls.set_defaults(run=run_ls)
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="show one rollout: calls, trained and masked tokens, merge boundaries, rewards",
+        description="Assemble one rollout as the trainer would and show it. Without ROLLOUT_ID, the most"
+        " recently completed rollout. ROLLOUT_ID may be a unique prefix.",
+    )
+    inspect.add_argument("rollout_id", nargs="?", default=None, metavar="ROLLOUT_ID")
+    inspect.add_argument("--store", required=True)
+    inspect.add_argument("--attempt", type=int, default=None, help="which attempt (default: the latest)")
+    inspect.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer directory, to show text")
+    inspect.add_argument("--reward-name", default=None, help="the reward trained on (default: reward)")
+    inspect.add_argument(
+        "--max-tokens", type=int, default=600, help="tokens shown per sample (middle elided)"
+    )
+    inspect.set_defaults(run=run_inspect)
+
+    parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
+
+
+def _open_store(path: str, must_exist: bool = True, **kwargs):
+    from agl_trainer.store import RolloutStore, StoreError
+
+    if must_exist and not Path(path).exists():
+        raise CLIError(
+            f"no store at {path}; collect traces with `agl receive --store {path}` or `agl traces import`"
+        )
+    try:
+        return RolloutStore(path, **kwargs)
+    except StoreError as error:
+        raise CLIError(str(error)) from None
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    from agl_trainer.store.importer import import_jsonl
+
+    if not args.file.is_file():
+        raise CLIError(f"{args.file}: no such file")
+    store = _open_store(args.store, must_exist=False)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"importing {args.file.name}", total=args.file.stat().st_size)
+        result = import_jsonl(store, args.file, progress=lambda n: progress.advance(task, n))
+    store.close()
+    print(
+        f"imported {args.file}: {result.lines} lines, {result.spans} spans, {result.stored} stored,"
+        f" {result.duplicates} already there, {result.foreign} not agl's"
+    )
+    for reason, count in sorted(result.violations.items()):
+        print(f"  {count} span(s) break the span contract: {reason}")
+    for number, reason in result.bad_lines[:20]:
+        print(f"  line {number}: {reason}")
+    if result.bad_lines:
+        print(f"agl: {len(result.bad_lines)} line(s) could not be read and were not imported")
+        return 1
+    return 0
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    store = _open_store(args.store, grace_s=args.grace_s)
+    rollouts = store.rollouts()
+    stats = store.stats()
+    store.close()
+    if args.limit is not None:
+        rollouts = rollouts[-args.limit :]
+    now = time.time()
+    table = Table(title=f"{len(rollouts)} of {stats.rollouts} rollouts in {args.store}", title_justify="left")
+    table.add_column("rollout", overflow="fold", min_width=12)  # ids are never cut: users copy them
+    for column in ("attempt", "task", "mode", "status", "cause", "calls", "rewards", "training", "last span"):
+        table.add_column(column)
+    for r in rollouts:
+        training = (
+            f"step {r.trained_step}"
+            if r.trained_step is not None
+            else f"dropped ({r.dropped_reason})"
+            if r.dropped_reason
+            else "ready"
+            if r.complete
+            else "-"
+        )
+        status = "complete" if r.complete else "open"
+        cause_style = "green" if r.end_cause == "ok" else "red" if r.end_cause else ""
+        table.add_row(
+            r.rollout_id,
+            str(r.attempt),
+            r.task_id or "-",
+            r.mode or "train",
+            status,
+            f"[{cause_style}]{r.end_cause or '-'}[/]" if cause_style else "-",
+            str(r.calls),
+            str(r.rewards),
+            training,
+            _age(now - r.last_span_at) + " ago",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"{stats.complete} complete ({', '.join(f'{k} {v}' for k, v in sorted(stats.by_cause.items())) or '-'}),"
+        f" {stats.ready} ready, {stats.trained} trained, {stats.dropped} dropped; {stats.calls} calls,"
+        f" {stats.rewards} rewards; last step {stats.last_step if stats.last_step is not None else '-'}"
+    )
+    for reason, count in sorted(stats.violations.items()):
+        console.print(f"[red]{count} span(s) break the span contract: {reason}[/]")
+    return 0
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from agl_trainer.assembly import AssemblyConfig, assemble_rollout
+    from agl_trainer.assembly.inspect_view import render
+
+    store = _open_store(args.store)
+    try:
+        if args.rollout_id is None:
+            done = [r for r in store.rollouts() if r.complete] or store.rollouts()
+            if not done:
+                raise CLIError(f"{args.store} holds no rollouts yet")
+            info = max(done, key=lambda r: (r.completed_at or 0.0, r.last_span_at))
+        else:
+            matches = store.find(args.rollout_id)
+            exact = [r for r in matches if r.rollout_id == args.rollout_id]
+            matches = exact or matches
+            if args.attempt is not None:
+                matches = [r for r in matches if r.attempt == args.attempt]
+            ids = sorted({r.rollout_id for r in matches})
+            if not ids:
+                raise CLIError(
+                    f"no rollout matches {args.rollout_id!r}; list them with `agl traces ls --store {args.store}`"
+                )
+            if len(ids) > 1:
+                raise CLIError(
+                    f"{args.rollout_id!r} matches {len(ids)} rollouts ({', '.join(ids[:5])}...); give more of the id"
+                )
+            info = max(matches, key=lambda r: r.attempt)
+        tokenizer = None
+        if args.tokenizer:
+            try:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+            except Exception as error:  # noqa: BLE001 (any loading failure is a user error here)
+                raise CLIError(f"--tokenizer {args.tokenizer}: cannot load a tokenizer: {error}") from None
+        config = AssemblyConfig(reward_name=args.reward_name) if args.reward_name else AssemblyConfig()
+        data = store.load(info.key)
+        render(
+            Console(), data, assemble_rollout(data, config, tokenizer), tokenizer, max_tokens=args.max_tokens
+        )
+    finally:
+        store.close()
+    return 0

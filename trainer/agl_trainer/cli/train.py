@@ -1,0 +1,108 @@
+"""`agl train CONFIG.yaml [--resume] [--KEY VALUE ...]`: train a harness with RL."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+EPILOG_HEAD = """\
+Every config key is also a flag: --loop.batch_rollouts 64, --backend.lr=1e-3, --set loop.mode=sync.
+The run writes OUTPUT_DIR/{metrics.jsonl, metrics.prom, tensorboard/, reward.png, checkpoints/,
+rollouts.db, rollouts/*.log, sidecar.log}. Ctrl-C stops after the current step (twice: now).
+
+config keys (default):
+"""
+
+
+def _epilog() -> str:
+    from agl_trainer.config import describe_keys
+
+    lines = [EPILOG_HEAD]
+    for key, default, description in describe_keys():
+        shown = "" if default is None or default == {} else f" ({default})"
+        lines.append(f"  {key}{shown}\n      {description}")
+    return "\n".join(lines)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a harness with RL (sync or collocated-async)",
+        description="Start the receiver, engine, sidecar and runners on loopback and train the "
+        "harness on the tasks, as CONFIG says.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG [--KEY VALUE ...]",
+                        help="a YAML config (keys below), then config keys as flags")
+    parser.set_defaults(run=run, _accepts_extra=True)
+
+
+def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """CONFIG and the overrides, wherever --resume/--quiet/--check appear among them."""
+    argv = list(getattr(args, "argv", []) or [])
+    if "train" in argv:  # the raw order: argparse moves unknown flags away from their values
+        rest = argv[argv.index("train") + 1 :]
+    else:
+        rest = list(args.args or []) + list(getattr(args, "extra", []) or [])
+    config: str | None = None
+    overrides: list[str] = []
+    expects_value = False
+    for item in rest:
+        if item in ("--resume", "--quiet", "--check"):
+            setattr(args, item[2:], True)
+        elif config is None and not item.startswith("--") and not expects_value:
+            config = item
+        else:
+            overrides.append(item)
+            expects_value = item.startswith("--") and "=" not in item and not expects_value
+            continue
+        expects_value = False
+    return config, overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from agl_trainer.cli import CLIError
+    from agl_trainer.config import ConfigError, load_config
+
+    try:
+        path, overrides = split_arguments(args)
+        config = load_config(path, overrides)
+    except ConfigError as error:
+        raise CLIError(str(error)) from None
+    if args.check:
+        print(f"agl: config OK ({config.loop.mode}, {config.loop.batch_rollouts} rollouts a step)")
+        return 0
+    return train(config, resume=args.resume, quiet=args.quiet)
+
+
+def train(config: Any, *, resume: bool = False, quiet: bool = False) -> int:
+    import asyncio
+
+    from agl_trainer.cli import CLIError
+    from agl_trainer.config import ConfigError
+    from agl_trainer.loop.session import Session
+    from agl_trainer.runners.base import HarnessNotFound
+    from agl_trainer.sidecar_client import SidecarError
+
+    try:
+        result = asyncio.run(Session(config, resume=resume, quiet=quiet).run())
+    except (ConfigError, HarnessNotFound, SidecarError) as error:
+        raise CLIError(str(error)) from None
+    except asyncio.CancelledError:
+        print("agl: stopped", file=sys.stderr)
+        return 130
+    history = result.summary.history
+    rewards = [row["reward/mean"] for row in history if "reward/mean" in row]
+    print(f"agl: {result.summary.steps} steps, policy version {result.summary.policy_version}")
+    if rewards:
+        print(f"agl: mean reward first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}")
+    if result.summary.failures:
+        print(f"agl: failed rollouts by cause: {result.summary.failures}")
+    if result.plot is not None:
+        print(f"agl: plot {result.plot}")
+    return 0

@@ -1,0 +1,395 @@
+"""`agl train` configuration: one YAML file, every key also a command-line flag.
+
+The config is typed once, here, with msgspec Structs, and validated before anything starts. Errors
+name the key and say how to fix it:
+
+    config key loop.group_size: expected int >= 1, got 0 (fix: set loop.group_size to 1 or more)
+
+Overrides: `--loop.batch_rollouts 64`, `--loop.batch_rollouts=64` or `--set loop.batch_rollouts=64`;
+values are read as YAML scalars (`1e-3`, `true`, `[a, b]`). `describe_keys()` lists every key with
+its default and meaning (`agl train --help` prints it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+def _doc(text: str, **constraints: Any) -> Any:
+    return msgspec.Meta(description=text, **constraints)
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the user: the key, what is wrong, and the fix."""
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+class HarnessConfig(_Section):
+    command: Annotated[
+        list[str] | str | None,
+        _doc("the harness command, run once per rollout (a string is split like a shell would)"),
+    ] = None
+    function: Annotated[
+        str | None,
+        _doc("a Python harness `module:function(task, base_url)`, called once per rollout in runner workers"),
+    ] = None
+    grader: Annotated[
+        list[str] | str | None,
+        _doc("optional command run after a rollout; prints its reward (a number) on stdout"),
+    ] = None
+    cwd: Annotated[str | None, _doc("working directory of harness processes (default: current)")] = None
+    env: Annotated[dict[str, str], _doc("extra environment variables for the harness")] = {}
+    timeout_s: Annotated[float, _doc("a rollout running longer is killed (its process group)", gt=0)] = 300.0
+    retries: Annotated[int, _doc("retries per rollout for infrastructure failures (never harness errors)", ge=0)] = 2
+    workers: Annotated[int, _doc("runner worker processes for a `function` harness", ge=1)] = 2
+    log_dir: Annotated[str | None, _doc("per-rollout logs (default: OUTPUT_DIR/rollouts)")] = None
+    runner: Annotated[Literal["local", "kubernetes"], _doc("where harness processes run")] = "local"
+    image: Annotated[str | None, _doc("container image for the kubernetes runner")] = None
+    namespace: Annotated[str, _doc("kubernetes namespace")] = "default"
+
+
+class ModelConfig(_Section):
+    path: Annotated[str | None, _doc("a Hugging Face model directory (or the tiny demo model when built)")] = None
+    name: Annotated[str, _doc("the model name the engine serves (what harnesses send as `model`)")] = "tiny"
+
+
+class BackendConfig(_Section):
+    name: Annotated[Literal["torch", "verl"], _doc("training backend")] = "torch"
+    lr: Annotated[float, _doc("learning rate", gt=0)] = 1e-3
+    device: Annotated[str, _doc("torch device: auto, cpu, cuda or cuda:N")] = "auto"
+    algorithm: Annotated[
+        dict[str, Any],
+        _doc("algorithm settings by name (advantage_estimator: grpo, loss_agg_mode, importance_cap, ...)"),
+    ] = {}
+    options: Annotated[
+        dict[str, Any], _doc("further backend settings by name (micro_batch_tokens, warmup_steps, ...)")
+    ] = {}
+
+
+class EngineConfig(_Section):
+    name: Annotated[Literal["embedded", "vllm"], _doc("inference engine")] = "embedded"
+    replicas: Annotated[int, _doc("engine servers (vllm)", ge=1)] = 1
+    max_batch: Annotated[int, _doc("largest batch of concurrent requests the engine generates together", ge=1)] = 256
+    options: Annotated[dict[str, Any], _doc("further engine options, passed through by name")] = {}
+
+
+class SamplingConfig(_Section):
+    temperature: Annotated[float, _doc("sampling temperature", ge=0)] = 1.0
+    top_p: Annotated[float, _doc("nucleus sampling", gt=0, le=1)] = 1.0
+    max_tokens: Annotated[int, _doc("cap on generated tokens per call (0: the harness decides)", ge=0)] = 0
+
+
+class SamplingModes(_Section):
+    train: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+    val: SamplingConfig = msgspec.field(default_factory=lambda: SamplingConfig(temperature=0.0))
+
+    def for_mode(self, mode: str) -> SamplingConfig:
+        return self.val if mode == "val" else self.train
+
+
+class SidecarConfig(_Section):
+    url: Annotated[str | None, _doc("use an already running sidecar at this URL instead of starting one")] = None
+    admin_token: Annotated[str | None, _doc("its admin token (default: a fresh random one)")] = None
+    executable: Annotated[str | None, _doc("agl-sidecar to run (default: the one next to this Python)")] = None
+    max_hold_s: Annotated[float, _doc("a call held longer than this while training gets 503", gt=0)] = 600.0
+    startup_timeout_s: Annotated[float, _doc("how long to wait for the sidecar's /healthz", gt=0)] = 30.0
+
+
+class LoopConfig(_Section):
+    mode: Annotated[
+        Literal["sync", "collocated-async"],
+        _doc("sync: batch, wait, train; collocated-async: keep rollouts in flight, pause to train"),
+    ] = "collocated-async"
+    batch_rollouts: Annotated[int, _doc("rollouts per training step (a multiple of group_size)", ge=1)] = 64
+    group_size: Annotated[int, _doc("rollouts per task in a step (the advantage group)", ge=1)] = 8
+    staleness: Annotated[int, _doc("most policy versions a trained call may lag behind", ge=0)] = 1
+    stale_policy: Annotated[
+        Literal["wait", "drop"],
+        _doc("a rollout about to exceed the staleness bound: wait for it before updating, or drop it"),
+    ] = "wait"
+    concurrency: Annotated[int, _doc("most rollouts in flight at once", ge=1)] = 64
+    max_steps: Annotated[int, _doc("stop after this many training steps", ge=1)] = 100
+    max_train_s: Annotated[float, _doc("stop after this many seconds of training (0: no limit)", ge=0)] = 0.0
+    checkpoint_every: Annotated[int, _doc("save a checkpoint every N steps (resume restarts there)", ge=1)] = 1
+    drain_timeout_s: Annotated[float, _doc("how long a pause waits for in-flight calls", gt=0)] = 60.0
+    completion_grace_s: Annotated[float, _doc("after a harness exits, wait this long for late spans", ge=0)] = 2.0
+    failed_rollouts: Annotated[
+        Literal["drop", "zero"], _doc("failed rollouts (harness error, timeout): drop them or train with reward 0")
+    ] = "drop"
+
+
+class Config(_Section):
+    tasks: Annotated[str | None, _doc("tasks, one JSON object a line (an `id` field names the task)")] = None
+    output_dir: Annotated[str, _doc("where checkpoints, logs, metrics and plots go")] = "runs/agl"
+    seed: Annotated[int, _doc("seed for task order, sampling and initialisation")] = 0
+    harness: HarnessConfig = msgspec.field(default_factory=HarnessConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    backend: BackendConfig = msgspec.field(default_factory=BackendConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    sampling: SamplingModes = msgspec.field(default_factory=SamplingModes)
+    sidecar: SidecarConfig = msgspec.field(default_factory=SidecarConfig)
+    loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check_paths: bool = True) -> Config:
+    """Read YAML at `path` (or start from defaults), apply `overrides`, validate, and return a Config."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for key, value in parse_overrides(overrides):
+        _set_dotted(raw, key, value)
+    config = validate(raw)
+    if check_paths:
+        check_config(config, base=Path(path).parent if path else Path.cwd())
+    return config
+
+
+def validate(raw: dict[str, Any]) -> Config:
+    try:
+        return msgspec.convert(raw, Config, strict=False)  # strict=False: "1e-3" from a flag is a float
+    except msgspec.ValidationError as error:
+        raise ConfigError(_explain(str(error))) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (fix: pass the path of a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(args: Sequence[str]) -> Iterator[tuple[str, Any]]:
+    """`--a.b 1`, `--a.b=1`, `--set a.b=1` -> ("a.b", 1); values parsed as YAML scalars."""
+    import yaml
+
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg == "--set":
+            if i + 1 >= len(items) or "=" not in items[i + 1]:
+                raise ConfigError("--set needs KEY=VALUE, for example --set loop.batch_rollouts=64")
+            key, text = items[i + 1].split("=", 1)
+            i += 2
+        elif arg.startswith("--") and len(arg) > 2:
+            if "=" in arg:
+                key, text = arg[2:].split("=", 1)
+                i += 1
+            elif i + 1 < len(items) and not items[i + 1].startswith("--"):
+                key, text = arg[2:], items[i + 1]
+                i += 2
+            else:
+                raise ConfigError(f"flag {arg} needs a value, for example {arg}=VALUE")
+        else:
+            raise ConfigError(f"unexpected argument {arg!r} (config keys are flags: --loop.group_size 8)")
+        key = key.strip().replace("-", "_") if not key.startswith("harness.env.") else key
+        try:
+            value = yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError:
+            value = text
+        yield key, value
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key {key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+
+
+def _explain(message: str) -> str:
+    """Rephrase a msgspec validation error as 'config key K: problem (fix: ...)'."""
+    match = _AT.search(message)
+    path = match.group("path") if match else ""
+    key = re.sub(r"\[(\d+)\]", r".\1", path).lstrip(".")
+    problem = _AT.sub("", message)
+    unknown = re.match(r"Object contains unknown field `(?P<name>[^`]+)`", problem)
+    if unknown:
+        name = unknown.group("name")
+        full = f"{key}.{name}" if key else name
+        known = [k for k, _, _ in describe_keys()]
+        close = difflib.get_close_matches(full, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "see `agl train --help` for the keys"
+        return f"config key {full}: unknown key (fix: {hint})"
+    problem = problem.replace("`", "")
+    problem = problem[0].lower() + problem[1:] if problem else problem
+    fix = _fix_for(key)
+    return f"config key {key or '(top level)'}: {problem}" + (f" (fix: {fix})" if fix else "")
+
+
+def _fix_for(key: str) -> str:
+    for name, default, description in describe_keys():
+        if name == key:
+            choices = _choices(key)
+            text = f"one of {', '.join(choices)}: {description}" if choices else description
+            return f"{text}; default {default!r}" if default is not None else text
+    return ""
+
+
+def _choices(key: str) -> list[str]:
+    """The allowed values of a Literal-typed key."""
+    node: Any = Config
+    for part in key.split("."):
+        hints = msgspec.structs.fields(node)
+        match = [f for f in hints if f.name == part]
+        if not match:
+            return []
+        node = match[0].type
+    args = getattr(node, "__metadata__", None) and node.__origin__
+    literal = args if args is not None else node
+    if getattr(literal, "__origin__", None) is Literal:
+        return [str(value) for value in literal.__args__]
+    return []
+
+
+def describe_keys() -> list[tuple[str, Any, str]]:
+    """Every config key as (dotted name, default, description), in declaration order."""
+    out: list[tuple[str, Any, str]] = []
+
+    def walk(struct_type: type, prefix: str) -> None:
+        info = msgspec.inspect.type_info(struct_type)
+        for field in info.fields:  # type: ignore[attr-defined]
+            name = prefix + field.name
+            ftype = field.type
+            if isinstance(ftype, msgspec.inspect.StructType):
+                walk(ftype.cls, name + ".")
+                continue
+            description = ""
+            if isinstance(ftype, msgspec.inspect.Metadata):
+                description = (ftype.extra_json_schema or {}).get("description", "") or ""
+            default = None
+            if field.default is not msgspec.NODEFAULT:
+                default = field.default
+            out.append((name, default, description))
+
+    walk(Config, "")
+    return out
+
+
+# --- checks beyond types ---------------------------------------------------------------------
+
+
+def harness_argv(value: list[str] | str) -> list[str]:
+    return shlex.split(value) if isinstance(value, str) else list(value)
+
+
+def check_config(config: Config, base: Path) -> None:
+    """Cross-field checks and the things that must exist before anything starts."""
+    loop, harness = config.loop, config.harness
+    if config.tasks is None:
+        raise ConfigError("config key tasks: missing (fix: set tasks to a JSONL file, one task per line)")
+    if not Path(config.tasks).is_file():
+        raise ConfigError(f"config key tasks: {config.tasks} does not exist (fix: point it at a JSONL file)")
+    if (harness.command is None) == (harness.function is None):
+        raise ConfigError(
+            "config key harness: set exactly one of harness.command (a program run per rollout) "
+            "or harness.function (module:function called per rollout)"
+        )
+    if harness.command is not None:
+        argv = harness_argv(harness.command)
+        if not argv:
+            raise ConfigError("config key harness.command: empty (fix: the program to run per rollout)")
+        _check_program("harness.command", argv[0], harness.cwd)
+    if harness.grader is not None:
+        argv = harness_argv(harness.grader)
+        if not argv:
+            raise ConfigError("config key harness.grader: empty (fix: remove it or name a program)")
+        _check_program("harness.grader", argv[0], harness.cwd)
+    if harness.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", harness.function):
+        raise ConfigError(
+            f"config key harness.function: {harness.function!r} is not module:function "
+            "(fix: for example examples.demo.harness:run_episode)"
+        )
+    if harness.runner == "kubernetes" and not harness.image:
+        raise ConfigError("config key harness.image: the kubernetes runner needs a container image")
+    if loop.batch_rollouts % loop.group_size:
+        raise ConfigError(
+            f"config key loop.batch_rollouts: {loop.batch_rollouts} is not a multiple of loop.group_size="
+            f"{loop.group_size} (fix: use {max(1, loop.batch_rollouts // loop.group_size) * loop.group_size})"
+        )
+    if config.model.path is None:
+        raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
+    if not Path(config.model.path).exists():
+        raise ConfigError(f"config key model.path: {config.model.path} does not exist (fix: a model directory)")
+    if config.backend.name == "verl" and config.engine.name != "vllm":
+        raise ConfigError("config key backend.name: verl trains with vllm (fix: set engine.name: vllm)")
+
+
+def _check_program(key: str, program: str, cwd: str | None) -> None:
+    if "/" in program:
+        candidate = Path(cwd or ".") / program if not Path(program).is_absolute() else Path(program)
+        if not candidate.exists():
+            raise ConfigError(f"config key {key}: {program} does not exist (fix: check the path)")
+        return
+    if shutil.which(program) is None:
+        raise ConfigError(f"config key {key}: program {program!r} is not on PATH (fix: install it or give its path)")
+
+
+def read_tasks(path: str | Path) -> list[dict[str, Any]]:
+    """The tasks, each a JSON object with an `id` (added as the line number when missing)."""
+    tasks: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"tasks file {path} line {number}: not JSON ({error.msg})") from None
+            if not isinstance(task, dict):
+                raise ConfigError(f"tasks file {path} line {number}: a task must be a JSON object")
+            task_id = str(task.get("id", task.get("task_id", f"task-{number}")))
+            if task_id in seen:
+                raise ConfigError(f"tasks file {path} line {number}: duplicate task id {task_id!r}")
+            seen.add(task_id)
+            task.setdefault("id", task_id)
+            tasks.append(task)
+    if not tasks:
+        raise ConfigError(f"tasks file {path} holds no tasks (fix: one JSON object per line)")
+    return tasks
+
+
+def dump_config(config: Config) -> str:
+    import yaml
+
+    return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
+
+
+if __name__ == "__main__":  # pragma: no cover - a quick way to list the keys
+    for key, default, description in describe_keys():
+        print(f"{key:32} {default!r:>12}  {description}", file=sys.stdout)

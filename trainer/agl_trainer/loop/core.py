@@ -1,0 +1,462 @@
+"""The training loop: generate rollouts, train on complete groups, push weights, repeat.
+
+    sync:              launch a batch -> wait for all of it -> train -> sync weights -> repeat
+    collocated-async:  keep rollouts in flight; when complete groups fill a batch:
+                       pause the sidecar (new calls held) -> drain in-flight calls -> train ->
+                       sync weights -> resume with policy version + 1; unfinished rollouts carry on
+
+Staleness: a group launched under version v may be trained by a step running version c only if
+c - v <= loop.staleness. Before an update, groups that would break the bound are waited for
+(stale_policy=wait: the batch takes them) or dropped (stale_policy=drop: their harnesses are
+killed). Calls a rollout made under older weights keep their engine logprobs and versions; the
+algorithms correct them with truncated importance weights.
+
+Per step the loop records time generating, draining, training, syncing, checkpointing, and idle
+(no call in flight at the sidecar while generating), and the engine's idle fraction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl_trainer.batch import RolloutResult, TrainingBatch
+from agl_trainer.config import LoopConfig
+from agl_trainer.engines.base import InferenceEngine, WeightUpdate
+from agl_trainer.loop.checkpoint import Checkpoints, LoopState
+from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl
+from agl_trainer.loop.progress import LoopProgress
+from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
+from agl_trainer.sidecar_client import SidecarError
+from agl_trainer.store.records import RolloutKey
+
+log = logging.getLogger("agl.loop")
+
+POLL_S = 0.05
+IDLE_SAMPLE_S = 0.1
+NO_DATA_AFTER_EXIT_S = 60.0  # a harness exited well but the store never completed its rollout
+
+
+class StopTraining(Exception):
+    """Raised inside the loop to end it early (max time, Ctrl-C)."""
+
+
+@dataclass
+class StepTimes:
+    generating: float = 0.0
+    draining: float = 0.0
+    training: float = 0.0
+    syncing: float = 0.0
+    checkpoint: float = 0.0
+    idle: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        busy = max(0.0, self.generating - self.idle) + self.draining
+        wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint
+        return {
+            "time/generating_s": self.generating,
+            "time/draining_s": self.draining,
+            "time/training_s": self.training,
+            "time/syncing_s": self.syncing,
+            "time/checkpoint_s": self.checkpoint,
+            "time/idle_s": self.idle,
+            "time/step_s": wall,
+            "engine/idle_fraction": 1.0 - busy / wall if wall > 0 else 0.0,
+        }
+
+
+@dataclass
+class LoopSummary:
+    steps: int
+    policy_version: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        config: LoopConfig,
+        *,
+        schedule: TaskSchedule,
+        runner: Runner,
+        data: DataPlane,
+        backend: Backend,
+        engine: InferenceEngine,
+        sidecar: SidecarControl,
+        checkpoints: Checkpoints,
+        journal: GroupJournal,
+        state: LoopState,
+        metrics: Any = None,
+        progress: LoopProgress | None = None,
+        pad_token_id: int = 0,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.schedule = schedule
+        self.runner = runner
+        self.data = data
+        self.backend = backend
+        self.engine = engine
+        self.sidecar = sidecar
+        self.checkpoints = checkpoints
+        self.journal = journal
+        self.state = state
+        self.metrics = metrics
+        self.progress = progress or LoopProgress(config.max_steps, config.batch_rollouts, enabled=False)
+        self.pad_token_id = pad_token_id
+        self.on_step = on_step
+        self.groups: dict[int, Group] = {}  # launched, not yet trained or discarded
+        self.tasks: dict[str, asyncio.Task[RolloutOutcome]] = {}
+        self.trained_since_checkpoint: list[RolloutKey] = []
+        self.failures: dict[str, int] = {}
+        self.history: list[dict[str, float]] = []
+        self._times = StepTimes()
+        self._dropped_stale = 0
+        self._fatal: BaseException | None = None
+        self._stop = asyncio.Event()
+        self._started = time.monotonic()
+
+    @property
+    def version(self) -> int:
+        return self.state.policy_version
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # --- the loop ----------------------------------------------------------------------------
+    async def run(self) -> LoopSummary:
+        self._started = time.monotonic()  # loop.max_train_s counts training, not start-up
+        sampler = asyncio.create_task(self._sample_idle())
+        try:
+            await self.sidecar.resume(policy_version=self.version)
+            while self.state.step < self.config.max_steps:
+                self._times = StepTimes()
+                generating_since = time.monotonic()
+                if self.config.mode == "sync":
+                    batch = await self._generate_sync()
+                else:
+                    batch = await self._generate_async()
+                self._times.generating = time.monotonic() - generating_since
+                await self._update(batch)
+        except StopTraining as reason:
+            self.progress.log(f"agl: stopping: {reason}")
+        finally:
+            sampler.cancel()
+            await self._cancel_all()
+            if self.trained_since_checkpoint:
+                self._checkpoint()
+        return LoopSummary(self.state.step, self.version, self.history, dict(self.failures))
+
+    def _check_stop(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._stop.is_set():
+            raise StopTraining("stop requested")
+        limit = self.config.max_train_s
+        if limit and time.monotonic() - self._started > limit:
+            raise StopTraining(f"loop.max_train_s={limit:g} reached")
+
+    # --- generating ----------------------------------------------------------------------------
+    async def _generate_sync(self) -> list[Group]:
+        """Launch one batch, wait for all of it."""
+        groups = [self._launch() for _ in range(self.config.batch_rollouts // self.config.group_size)]
+        while not all(group.done for group in groups):
+            self._check_stop()
+            self._poll_completion()
+            await asyncio.sleep(POLL_S)
+        return groups
+
+    async def _generate_async(self) -> list[Group]:
+        """Keep rollouts in flight until complete groups fill a batch (and staleness allows)."""
+        while True:
+            self._check_stop()
+            self._poll_completion()
+            batch = self._ready_batch()
+            if batch is not None:
+                return batch
+            self._launch_what_fits()
+            await asyncio.sleep(POLL_S)
+
+    def _launch_what_fits(self) -> None:
+        size = self.config.group_size
+        cap = (self.config.staleness + 1) * self.config.batch_rollouts
+        while True:
+            in_flight = sum(len(g.ids_in(Member.RUNNING, Member.EXITED)) for g in self.groups.values())
+            untrained = sum(len(g.rollout_ids) for g in self.groups.values())
+            if in_flight + size > max(self.config.concurrency, size) or untrained + size > cap:
+                return
+            if self.config.stale_policy == "wait" and any(not g.done for g in self._must_wait_for()):
+                return  # groups that must be trained next are still running: more would only compete
+            self._launch()
+
+    def _must_wait_for(self) -> list[Group]:
+        """Groups that must be in the next batch: after the update they would be too stale."""
+        # Trained after this update (at version + 1 or later), a group launched under v lags by
+        # at least version + 1 - v: it must be trained now when that would exceed the bound.
+        return [g for g in self.groups.values() if g.launched_version <= self.version - self.config.staleness]
+
+    def _ready_batch(self) -> list[Group] | None:
+        complete = sorted((g for g in self.groups.values() if g.done), key=lambda g: g.index)
+        ready = sum(len(g.rollout_ids) for g in complete)
+        self.progress.rollouts(
+            min(ready, self.config.batch_rollouts),
+            sum(len(g.ids_in(Member.RUNNING, Member.EXITED)) for g in self.groups.values()),
+        )
+        if ready < self.config.batch_rollouts:
+            return None
+        must = self._must_wait_for()
+        if self.config.stale_policy == "wait" and any(not g.done for g in must):
+            return None
+        batch: list[Group] = []
+        count = 0
+        for group in complete:
+            if count >= self.config.batch_rollouts and group not in must:
+                continue
+            batch.append(group)
+            count += len(group.rollout_ids)
+        return batch
+
+    def _launch(self) -> Group:
+        group = self.schedule.next_group(self.version)
+        self.journal.append(group)  # on disk before any harness starts
+        self.groups[group.index] = group
+        for spec in group.specs():
+            self._start_task(group, spec)
+        return group
+
+    def adopt(self, group: Group) -> None:
+        """Track a group launched before a restart; relaunch members that did not complete (under
+        new ids: the old ones may have partial data in the store)."""
+        self.groups[group.index] = group
+        relaunch = [rid for rid in group.rollout_ids if group.states.get(rid) is Member.RUNNING]
+        if not relaunch:
+            return
+        for rid in relaunch:
+            new_id = f"{rid}-r{self.state.step}"
+            group.rollout_ids[group.rollout_ids.index(rid)] = new_id
+            del group.states[rid]
+            group.states[new_id] = Member.RUNNING
+            self.data.mark_dropped([RolloutKey(rid, 0)], "relaunched after restart")
+        group.launched_version = min(group.launched_version, self.version)
+        self.journal.append(group)
+        for spec in group.specs():
+            if spec.rollout_id in relaunch or group.states.get(spec.rollout_id) is not Member.RUNNING:
+                continue
+            self._start_task(group, spec)
+
+    def _start_task(self, group: Group, spec: Any) -> None:
+        task = asyncio.create_task(self.runner.run(spec), name=spec.rollout_id)
+        task.add_done_callback(lambda t, g=group: self._on_rollout_done(g, t))
+        self.tasks[spec.rollout_id] = task
+
+    def _on_rollout_done(self, group: Group, task: asyncio.Task[RolloutOutcome]) -> None:
+        rollout_id = task.get_name()
+        self.tasks.pop(rollout_id, None)
+        if task.cancelled():
+            group.states[rollout_id] = Member.DROPPED
+            return
+        error = task.exception()
+        if isinstance(error, HarnessNotFound):
+            self._fatal = error  # no rollout can run: stop with the message
+            return
+        if error is not None:
+            log.error("runner failed on %s: %r", rollout_id, error)
+            group.states[rollout_id] = Member.FAILED
+            self._count(Cause.INFRA_ERROR.value)
+            return
+        outcome = task.result()
+        group.record_exit(outcome, time.monotonic())
+        if not outcome.ok:
+            self._count(outcome.cause.value)
+            self.progress.log(
+                f"agl: rollout {rollout_id} (task {group.task_id}) {outcome.cause.value}: {outcome.message}"
+                + (f" (log: {outcome.log_path})" if outcome.log_path else "")
+            )
+
+    def _count(self, cause: str) -> None:
+        self.failures[cause] = self.failures.get(cause, 0) + 1
+
+    def _poll_completion(self) -> None:
+        waiting = {g.key(rid): (rid, g) for g in self.groups.values() for rid in g.ids_in(Member.EXITED)}
+        if not waiting:
+            return
+        complete = self.data.complete(list(waiting))
+        now = time.monotonic()
+        for key, (rid, group) in waiting.items():
+            if key in complete:
+                group.states[rid] = Member.COMPLETE
+            elif now - group.exited_at.get(rid, now) > NO_DATA_AFTER_EXIT_S + self.config.completion_grace_s:
+                group.states[rid] = Member.FAILED
+                self._count("no_data")
+                self.progress.log(f"agl: rollout {rid}: harness exited but no complete data arrived; skipped")
+
+    async def _sample_idle(self) -> None:
+        """Accumulate time with no call in flight at the sidecar (engine idle) while generating."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(IDLE_SAMPLE_S)
+            now = time.monotonic()
+            try:
+                state = await self.sidecar.state()
+            except (SidecarError, OSError, Exception):  # a missed sample is not worth failing for
+                last = now
+                continue
+            if not state.paused and state.in_flight == 0 and state.held == 0:
+                self._times.idle += now - last
+            last = now
+
+    # --- updating ------------------------------------------------------------------------------
+    async def _update(self, batch: list[Group]) -> None:
+        times = self._times
+        started = time.monotonic()
+        in_flight_at_pause = len(self.tasks)
+        try:
+            await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
+        except SidecarError as error:
+            self.progress.log(f"agl: drain did not finish ({error}); updating anyway")
+        times.draining = time.monotonic() - started
+        if self.config.stale_policy == "drop":
+            await self._drop_stale(exclude=batch)
+
+        keys = self._trainable_keys(batch)
+        started = time.monotonic()
+        assembled = await asyncio.to_thread(self.data.assemble, keys) if keys else None
+        assembly_s = time.monotonic() - started
+        results = self._apply_failed_policy(batch, assembled.results if assembled else [])
+        results, too_stale = self._filter_stale(results)
+        step_metrics: dict[str, float] = {}
+        if results and any(r.samples for r in results):
+            training_batch = TrainingBatch.from_rollouts(results, self.pad_token_id)
+            train_metrics = await asyncio.to_thread(self.backend.train_step, training_batch, self.version)
+            step_metrics.update({k: float(v) for k, v in train_metrics.items() if _number(v)})
+            step_metrics.update(_batch_metrics(training_batch, self.version))
+        times.training = time.monotonic() - started
+
+        started = time.monotonic()
+        new_version = self.version + 1
+        weights = await asyncio.to_thread(self.backend.state_dict_for_engine)
+        await asyncio.to_thread(self.engine.update_weights, WeightUpdate(version=new_version, state_dict=weights))
+        times.syncing = time.monotonic() - started
+
+        self.state.policy_version = new_version
+        self.state.step += 1
+        key_of = {key.rollout_id: key for key in keys}
+        self.trained_since_checkpoint += [key_of[r.rollout_id] for r in results]
+        for group in batch:
+            self.groups.pop(group.index, None)
+        if self.state.step % self.config.checkpoint_every == 0:
+            started = time.monotonic()
+            self._checkpoint()
+            times.checkpoint = time.monotonic() - started
+        await self.sidecar.resume(policy_version=new_version)
+
+        rewards = [r.reward for r in results]
+        step_metrics.update(times.metrics())
+        step_metrics["time/assembly_s"] = assembly_s  # part of time/training_s
+        step_metrics.update(
+            {
+                "policy_version": float(new_version),
+                "rollouts/trained": float(len(results)),
+                "rollouts/failed": float(sum(len(g.ids_in(Member.FAILED)) for g in batch)),
+                "rollouts/dropped_stale": float(self._dropped_stale + too_stale),
+                "rollouts/in_flight_at_pause": float(in_flight_at_pause),
+            }
+        )
+        if rewards:
+            mean = sum(rewards) / len(rewards)
+            step_metrics["reward/mean"] = mean
+            step_metrics["reward/std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        if assembled is not None:
+            step_metrics.update({f"assembly/{k}": float(v) for k, v in assembled.report.items() if _number(v)})
+        self._dropped_stale = 0
+        self.history.append(step_metrics)
+        if self.metrics is not None:
+            self.metrics.write(self.state.step, step_metrics)
+        if self.on_step is not None:
+            self.on_step(self.state.step, step_metrics)
+        self.progress.step(self.state.step, step_metrics.get("reward/mean"), step_metrics["time/step_s"])
+
+    def _trainable_keys(self, batch: list[Group]) -> list[RolloutKey]:
+        states = (Member.COMPLETE, Member.FAILED) if self.config.failed_rollouts == "zero" else (Member.COMPLETE,)
+        return [group.key(rid) for group in batch for rid in group.ids_in(*states)]
+
+    def _apply_failed_policy(self, batch: list[Group], results: list[RolloutResult]) -> list[RolloutResult]:
+        if self.config.failed_rollouts != "zero":
+            return results
+        failed = {rid for group in batch for rid in group.ids_in(Member.FAILED)}
+        for result in results:
+            if result.rollout_id in failed:
+                result.reward = 0.0
+        return results
+
+    def _filter_stale(self, results: list[RolloutResult]) -> tuple[list[RolloutResult], int]:
+        """Safety net for the staleness bound: drop rollouts with tokens older than allowed."""
+        oldest_allowed = self.version - self.config.staleness
+        kept = []
+        for result in results:
+            versions = [v for s in result.samples for v, m in zip(s.policy_versions, s.loss_mask) if m]
+            if versions and min(versions) < oldest_allowed:
+                continue
+            kept.append(result)
+        return kept, len(results) - len(kept)
+
+    async def _drop_stale(self, exclude: list[Group]) -> None:
+        """stale_policy=drop: kill groups that would exceed the bound after this update."""
+        keep = {g.index for g in exclude}
+        for group in [g for g in self._must_wait_for() if g.index not in keep and not g.done]:
+            for rid in group.rollout_ids:
+                task = self.tasks.get(rid)
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(self.tasks[r] for r in group.rollout_ids if r in self.tasks), return_exceptions=True)
+            for rid in group.rollout_ids:
+                if group.states.get(rid) not in DONE:
+                    group.states[rid] = Member.DROPPED
+            self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], "stale")
+            self._dropped_stale += len(group.rollout_ids)
+            self.groups.pop(group.index, None)
+
+    def _checkpoint(self) -> None:
+        self.state.next_group_index = self.schedule.next_index
+        self.state.trained_since_previous = [[k.rollout_id, k.attempt] for k in self.trained_since_checkpoint]
+        self.checkpoints.save(self.state, self.backend)
+        # Only now, with weights that include them on disk, do these count as trained.
+        if self.trained_since_checkpoint:
+            self.data.mark_trained(self.trained_since_checkpoint, self.state.step)
+            self.checkpoints.record_trained(self.state.step, self.trained_since_checkpoint)
+        self.trained_since_checkpoint = []
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item")
+
+
+def _batch_metrics(batch: TrainingBatch, version: int) -> dict[str, float]:
+    """Staleness of what was trained: how many trained tokens older weights generated."""
+    trained = batch.loss_mask > 0
+    versions = batch.policy_versions[trained]
+    if versions.numel() == 0:
+        return {}
+    lag = (version - versions).float()
+    return {
+        "staleness/max": float(lag.max()),
+        "staleness/mean": float(lag.mean()),
+        "staleness/stale_token_fraction": float((lag > 0).float().mean()),
+        "tokens/trained": float(trained.sum()),
+        "samples": float(batch.num_samples),
+    }

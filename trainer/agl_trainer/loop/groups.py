@@ -1,0 +1,138 @@
+"""Which rollouts run: tasks in a seeded order, each as a group of `group_size` rollouts.
+
+A group is the unit of launching and training: its rollouts share a task (the advantage baseline)
+and the policy version it was launched under, which bounds how stale its calls can be. Every launch
+is appended to a journal (groups.jsonl) before the rollouts start, so `--resume` knows every rollout
+the previous run started, even those launched after its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl import semconv
+from agl_trainer.runners.base import Cause, RolloutOutcome, RolloutSpec
+from agl_trainer.store.records import RolloutKey
+
+
+class Member(str, enum.Enum):
+    RUNNING = "running"  # harness running
+    EXITED = "exited"  # harness ended well; waiting for the store to call the rollout complete
+    COMPLETE = "complete"  # data complete in the store
+    FAILED = "failed"  # harness error, timeout, or infrastructure failure after retries
+    DROPPED = "dropped"  # cancelled by the loop (too stale, or shutdown)
+
+
+DONE = (Member.COMPLETE, Member.FAILED, Member.DROPPED)
+
+
+@dataclass
+class Group:
+    index: int
+    task: dict[str, Any]
+    launched_version: int
+    rollout_ids: list[str]
+    states: dict[str, Member] = field(default_factory=dict)
+    outcomes: dict[str, RolloutOutcome] = field(default_factory=dict)
+    exited_at: dict[str, float] = field(default_factory=dict)
+    mode: str = semconv.MODE_TRAIN
+
+    @property
+    def task_id(self) -> str:
+        return str(self.task["id"])
+
+    def specs(self) -> list[RolloutSpec]:
+        return [RolloutSpec(rid, self.task_id, self.task, 0, self.mode) for rid in self.rollout_ids]
+
+    @property
+    def done(self) -> bool:
+        return all(self.states.get(rid) in DONE for rid in self.rollout_ids)
+
+    def key(self, rollout_id: str) -> RolloutKey:
+        """The store's name for a member: its id and the attempt that ran last (retries add one)."""
+        outcome = self.outcomes.get(rollout_id)
+        return RolloutKey(rollout_id, outcome.spec.attempt if outcome is not None else 0)
+
+    def ids_in(self, *states: Member) -> list[str]:
+        return [rid for rid in self.rollout_ids if self.states.get(rid) in states]
+
+    def record_exit(self, outcome: RolloutOutcome, now: float) -> None:
+        rid = outcome.spec.rollout_id
+        if self.states.get(rid) in DONE:
+            return
+        self.outcomes[rid] = outcome
+        if outcome.cause is Cause.OK:
+            self.states[rid] = Member.EXITED
+            self.exited_at[rid] = now
+        elif outcome.cause is Cause.CANCELLED:
+            self.states[rid] = Member.DROPPED
+        else:
+            self.states[rid] = Member.FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "task_id": self.task_id,
+            "version": self.launched_version,
+            "rollout_ids": self.rollout_ids,
+            "mode": self.mode,
+        }
+
+
+class TaskSchedule:
+    """An endless, seeded stream of groups over the tasks: each epoch is a fresh shuffle."""
+
+    def __init__(self, tasks: list[dict[str, Any]], group_size: int, seed: int, run_id: str) -> None:
+        self.tasks = tasks
+        self.group_size = group_size
+        self.seed = seed
+        self.run_id = run_id
+        self.next_index = 0
+
+    def task_for(self, index: int) -> dict[str, Any]:
+        epoch, position = divmod(index, len(self.tasks))
+        order = list(range(len(self.tasks)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return self.tasks[order[position]]
+
+    def next_group(self, version: int, mode: str = semconv.MODE_TRAIN) -> Group:
+        index = self.next_index
+        self.next_index += 1
+        ids = [f"{self.run_id}-g{index:06d}-{member}" for member in range(self.group_size)]
+        group = Group(index, self.task_for(index), version, ids, mode=mode)
+        group.states = {rid: Member.RUNNING for rid in ids}
+        return group
+
+
+class GroupJournal:
+    """Append-only record of launched groups (one JSON line each, flushed before launch)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = open(path, "a", encoding="utf-8")
+
+    def append(self, group: Group) -> None:
+        self._handle.write(json.dumps(group.to_json()) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    @staticmethod
+    def read(path: Path) -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        entries = []
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    entries.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line cut short by a crash: nothing after it was launched
+        return entries

@@ -1,0 +1,370 @@
+"""One `agl train` run: start every part on loopback, run the loop, stop everything.
+
+    receiver + store  <- OTLP from the sidecar and the harnesses
+    engine            <- serves the model; takes new weights in place
+    sidecar           <- a subprocess in front of the engine; paused while training
+    runner            <- starts the harness per rollout, pointed at the sidecar
+    backend           <- trains on assembled batches
+
+Parts start in that order and stop in reverse, also on Ctrl-C (first: finish cleanly; second:
+cancel now) and on errors. With `resume=True` the run continues from the newest checkpoint in
+OUTPUT_DIR and the store: rollouts the checkpointed weights were trained on are never trained
+again, and every rollout launched but not trained is trained or relaunched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import secrets
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_trainer.config import Config, ConfigError, dump_config, harness_argv, read_tasks
+from agl_trainer.loop.checkpoint import Checkpoints, LoopState
+from agl_trainer.loop.core import LoopSummary, TrainingLoop
+from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.progress import LoopProgress
+from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
+from agl_trainer.sidecar_client import SidecarAdmin, SidecarProcess
+
+RUN_FILE = "run.json"
+
+
+@dataclass
+class RunResult:
+    summary: LoopSummary
+    output_dir: Path
+    plot: Path | None = None
+
+
+def build_backend(config: Config, model_path: str) -> Any:
+    """The training backend named by backend.name, validated (errors name the key)."""
+    if config.backend.name == "verl":
+        raise ConfigError("config key backend.name: verl needs GPUs and vLLM (fix: backend.name: torch here)")
+    from agl_trainer.algorithms import AlgorithmConfig, AlgorithmConfigError
+    from agl_trainer.backends import BackendConfigError, TorchBackend, TorchBackendConfig
+
+    try:
+        algorithm = AlgorithmConfig(**config.backend.algorithm)
+        backend_config = TorchBackendConfig(
+            model_path=model_path,
+            lr=config.backend.lr,
+            device=config.backend.device,
+            seed=config.seed,
+            algorithm=algorithm,
+            **config.backend.options,
+        )
+    except TypeError as error:
+        raise ConfigError(f"config key backend: {error} (fix: see the backend's settings)") from None
+    except (AlgorithmConfigError, BackendConfigError) as error:
+        raise ConfigError(f"config key backend.{error}") from None
+    return TorchBackend(backend_config)
+
+
+def build_engine(config: Config, model_path: str) -> Any:
+    if config.engine.name == "embedded":
+        from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+        try:
+            engine_config = EmbeddedEngineConfig(
+                model_path=model_path,
+                served_model_name=config.model.name,
+                max_batch_size=config.engine.max_batch,
+                **config.engine.options,
+            )
+        except TypeError as error:
+            raise ConfigError(f"config key engine.options: {error} (fix: see EmbeddedEngineConfig)") from None
+        return EmbeddedEngine(engine_config)
+    from agl_trainer.engines.vllm import VLLMEngine
+
+    options = {"served_model_name": config.model.name, **config.engine.options}
+    return VLLMEngine(model_path, replicas=config.engine.replicas, **options)
+
+
+def sidecar_config_file(config: Config, path: Path) -> Path:
+    """The sidecar's YAML: sampling overrides per rollout mode."""
+    import yaml
+
+    sampling = {}
+    for mode in ("train", "val"):
+        settings = config.sampling.for_mode(mode)
+        entry: dict[str, Any] = {"temperature": settings.temperature, "top_p": settings.top_p}
+        if settings.max_tokens:
+            entry["max_tokens"] = settings.max_tokens
+        sampling[mode] = entry
+    path.write_text(yaml.safe_dump({"sampling": sampling, "spool_dir": str(path.parent / "spool")}))
+    return path
+
+
+class Session:
+    def __init__(self, config: Config, *, resume: bool = False, quiet: bool = False) -> None:
+        self.config = config
+        self.resume = resume
+        self.quiet = quiet
+        self.output_dir = Path(config.output_dir)
+        self._stack = contextlib.AsyncExitStack()
+        self.loop: TrainingLoop | None = None
+        self.on_step: Callable[[int, dict[str, float]], None] | None = None
+
+    # --- run ---------------------------------------------------------------------------------
+    async def run(self) -> RunResult:
+        async with self._stack:
+            loop = await self._start()
+            self._install_signals()
+            summary = await loop.run()
+        from agl_trainer.metrics import plot_run
+
+        plot = plot_run(self.output_dir, title=f"agl {self.config.loop.mode}")
+        return RunResult(summary, self.output_dir, plot)
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        presses = {"n": 0}
+
+        def on_signal() -> None:
+            presses["n"] += 1
+            if presses["n"] == 1 and self.loop is not None:
+                print("\nagl: stopping after the current step (Ctrl-C again to stop now)", file=sys.stderr)
+                self.loop.request_stop()
+            elif main is not None:
+                main.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_signal)
+                self._stack.callback(loop.remove_signal_handler, sig)
+
+    # --- start-up ------------------------------------------------------------------------------
+    async def _start(self) -> TrainingLoop:
+        config, out = self.config, self.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoints = Checkpoints(out / "checkpoints")
+        latest = checkpoints.latest() if self.resume else None
+        if self.resume and latest is None and not (out / RUN_FILE).exists():
+            raise ConfigError(f"--resume: nothing to resume in {out} (fix: run without --resume first)")
+        if not self.resume and (out / RUN_FILE).exists():
+            raise ConfigError(
+                f"output_dir {out} already holds a run (fix: --resume to continue it, or another output_dir)"
+            )
+        run_id = self._run_id(out)
+        (out / "config.yaml").write_text(dump_config(config))
+        tasks = read_tasks(config.tasks)  # type: ignore[arg-type]
+        random.seed(config.seed)
+        model_path = str(config.model.path)
+
+        import torch
+
+        torch.manual_seed(config.seed)
+        backend = await asyncio.to_thread(build_backend, config, model_path)
+        state = LoopState(run_id=run_id)
+        if latest is not None:
+            state = checkpoints.load(latest)
+            await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
+
+        from agl_trainer.receiver import Receiver, ReceiverConfig
+        from agl_trainer.store import RolloutStore
+
+        store_path = out / "rollouts.db"
+        receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
+        self._stack.callback(receiver.stop)
+        timeout = config.harness.timeout_s * (config.harness.retries + 1) + 60
+        store = RolloutStore(store_path, grace_s=config.loop.completion_grace_s, rollout_timeout_s=timeout)
+        self._stack.callback(store.close)
+        from agl_trainer.loop.dataplane import StoreDataPlane
+
+        data = StoreDataPlane(store)
+
+        engine = build_engine(config, model_path)
+        await asyncio.to_thread(engine.start)
+        self._stack.callback(engine.stop)
+        if latest is not None:
+            from agl_trainer.engines.base import WeightUpdate
+
+            weights = backend.state_dict_for_engine()
+            await asyncio.to_thread(engine.update_weights, WeightUpdate(state.policy_version, state_dict=weights))
+
+        admin_url, token = config.sidecar.url, config.sidecar.admin_token
+        if admin_url is None:
+            sidecar = SidecarProcess(
+                engine.urls,
+                receiver.url,
+                executable=config.sidecar.executable,
+                admin_token=token,
+                log_path=out / "sidecar.log",
+                config_path=sidecar_config_file(config, out / "sidecar.yaml"),
+                extra_args=["--max-hold-s", str(config.sidecar.max_hold_s)],
+                startup_timeout_s=config.sidecar.startup_timeout_s,
+                pid_file=out / "sidecar.pid",
+            )
+            await asyncio.to_thread(sidecar.start)
+            self._stack.callback(sidecar.stop)
+            admin_url, token = sidecar.url, sidecar.admin_token
+        admin = SidecarAdmin(admin_url, token)
+        self._stack.push_async_callback(admin.aclose)
+        if config.sidecar.url is not None:
+            await admin.resume(upstreams=engine.urls)
+
+        endpoint = Endpoint(sidecar_url=admin_url, otlp_endpoint=receiver.url, extra_env=dict(config.harness.env))
+
+        def on_exit(outcome: RolloutOutcome) -> None:
+            from agl_trainer.store import RolloutKey
+
+            spec = outcome.spec
+            data.harness_exited(RolloutKey(spec.rollout_id, spec.attempt), outcome.exit_code, outcome.cause.value)
+
+        async def reward_sink(spec: RolloutSpec, value: float) -> None:
+            await admin.emit_reward(spec.rollout_id, value)
+
+        runner = build_runner(config, endpoint, out, on_exit, reward_sink)
+        await runner.start()
+        self._stack.push_async_callback(runner.stop)
+
+        journal_path = out / "groups.jsonl"
+        schedule = TaskSchedule(tasks, config.loop.group_size, config.seed, run_id)
+        recovered = recover_groups(journal_path, schedule, tasks, data, state) if self.resume else []
+        if latest is not None and state.trained_since_previous:
+            from agl_trainer.store import RolloutKey
+
+            keys = [RolloutKey(r, a) for r, a in state.trained_since_previous]
+            data.mark_trained(keys, state.step)
+            if state.step not in {step for step, _, _ in checkpoints.trained_ledger()}:
+                checkpoints.record_trained(state.step, keys)  # the crash came before the ledger line
+        journal = GroupJournal(journal_path)
+        self._stack.callback(journal.close)
+        progress = LoopProgress(
+            config.loop.max_steps, config.loop.batch_rollouts, enabled=not self.quiet, start_step=state.step
+        )
+        self._stack.callback(progress.close)
+        from agl_trainer.metrics import MetricsWriter
+
+        metrics = MetricsWriter(out)
+        self._stack.callback(metrics.close)
+        tokenizer_pad = _pad_token_id(model_path)
+        self.loop = TrainingLoop(
+            config.loop,
+            schedule=schedule,
+            runner=runner,
+            data=data,
+            backend=backend,
+            engine=engine,
+            sidecar=admin,
+            checkpoints=checkpoints,
+            journal=journal,
+            state=state,
+            metrics=metrics,
+            progress=progress,
+            pad_token_id=tokenizer_pad,
+            on_step=self.on_step,
+        )
+        for group in recovered:
+            self.loop.adopt(group)
+        (out / RUN_FILE).write_text(json.dumps({"run_id": run_id}))  # from now on, --resume continues it
+        return self.loop
+
+    def _run_id(self, out: Path) -> str:
+        path = out / RUN_FILE
+        if path.exists():
+            return str(json.loads(path.read_text())["run_id"])
+        return secrets.token_hex(3)  # written once every part has started (see _start)
+
+
+def build_runner(
+    config: Config, endpoint: Endpoint, out: Path, on_exit: Any, reward_sink: Any
+) -> Any:
+    harness, loop = config.harness, config.loop
+    log_dir = Path(harness.log_dir) if harness.log_dir else out / "rollouts"
+    if harness.runner == "kubernetes":
+        from agl_trainer.runners.kubernetes import KubernetesRunner
+
+        return KubernetesRunner(
+            harness_argv(harness.command) if harness.command else None,
+            endpoint,
+            image=harness.image or "",
+            namespace=harness.namespace,
+            concurrency=loop.concurrency,
+            timeout_s=harness.timeout_s,
+            retries=harness.retries,
+            on_exit=on_exit,
+        )
+    if harness.function is not None:
+        from agl_trainer.runners.workers import FunctionRunner
+
+        return FunctionRunner(
+            harness.function,
+            endpoint,
+            workers=harness.workers,
+            concurrency=loop.concurrency,
+            timeout_s=harness.timeout_s,
+            retries=harness.retries,
+            env=dict(harness.env),
+            on_exit=on_exit,
+            reward_sink=reward_sink,
+        )
+    from agl_trainer.runners.local import CommandRunner
+
+    return CommandRunner(
+        harness_argv(harness.command),  # type: ignore[arg-type]
+        endpoint,
+        concurrency=loop.concurrency,
+        timeout_s=harness.timeout_s,
+        retries=harness.retries,
+        log_dir=log_dir,
+        cwd=harness.cwd,
+        grader=harness_argv(harness.grader) if harness.grader else None,
+        on_exit=on_exit,
+        reward_sink=reward_sink,
+    )
+
+
+def recover_groups(
+    journal_path: Path, schedule: TaskSchedule, tasks: list[dict[str, Any]], data: Any, state: LoopState
+) -> list[Group]:
+    """Groups the previous run launched and did not train (per the checkpoint): their complete
+    rollouts are kept, the rest are relaunched (as new rollout ids) by the loop."""
+    from agl_trainer.store import RolloutKey
+
+    by_id = {str(task["id"]): task for task in tasks}
+    trained = {RolloutKey(r, a) for r, a in state.trained_since_previous}
+    entries = {e["index"]: e for e in GroupJournal.read(journal_path)}  # a relaunch rewrites its group
+    schedule.next_index = max([index + 1 for index in entries], default=state.next_group_index)
+    store = data.store
+    recovered: list[Group] = []
+    for entry in sorted(entries.values(), key=lambda e: e["index"]):
+        task = by_id.get(entry["task_id"])
+        if task is None or entry.get("mode", "train") != "train":
+            continue
+        group = Group(entry["index"], task, int(entry["version"]), list(entry["rollout_ids"]))
+        infos = {rid: [i for i in store.find(rid) if i.rollout_id == rid] for rid in group.rollout_ids}
+        if any(i.trained_step is not None or i.key in trained for found in infos.values() for i in found):
+            continue  # trained (groups train whole): history
+        for rid, found in infos.items():
+            done = [i for i in found if i.complete and i.dropped_reason is None]
+            if done:
+                latest = max(done, key=lambda i: i.attempt)
+                group.states[rid] = Member.COMPLETE
+                spec = RolloutSpec(rid, group.task_id, task, latest.attempt)
+                group.outcomes[rid] = RolloutOutcome(spec, Cause.OK)
+            else:
+                group.states[rid] = Member.RUNNING  # died with the previous run: the loop relaunches it
+        recovered.append(group)
+    return recovered
+
+
+def _pad_token_id(model_path: str) -> int:
+    try:
+        config = json.loads((Path(model_path) / "tokenizer_config.json").read_text())
+        special = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return 0
+    pad = special.get("pad_token_id", special.get("eos_token_id", 0))
+    if isinstance(pad, list):
+        pad = pad[0]
+    return int(pad or 0) if config is not None else 0

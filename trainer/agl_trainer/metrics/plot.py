@@ -1,0 +1,44 @@
+"""reward.png: mean reward and entropy per training step, from metrics.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agl_trainer.metrics.writer import read_jsonl
+
+REWARD_KEY = "reward/mean"
+ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
+
+
+def plot_run(output_dir: Path, *, title: str = "agl training") -> Path | None:
+    """Draw reward (left axis) and entropy (right axis) per step; None when nothing was trained."""
+    rows = [row for row in read_jsonl(Path(output_dir) / "metrics.jsonl") if REWARD_KEY in row]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [row["step"] for row in rows]
+    figure, reward_axis = plt.subplots(figsize=(8, 4.5), dpi=100)
+    reward_axis.plot(steps, [row[REWARD_KEY] for row in rows], color="tab:blue", label="mean reward")
+    if any("eval/reward" in row for row in rows):
+        evals = [(row["step"], row["eval/reward"]) for row in rows if "eval/reward" in row]
+        reward_axis.plot(*zip(*evals), "o", color="tab:green", label="eval reward (greedy)")
+    reward_axis.set_xlabel("training step")
+    reward_axis.set_ylabel("reward", color="tab:blue")
+    reward_axis.set_ylim(bottom=min(0.0, reward_axis.get_ylim()[0]))
+    entropy_key = next((key for key in ENTROPY_KEYS if any(key in row for row in rows)), None)
+    if entropy_key is not None:
+        entropy_axis = reward_axis.twinx()
+        points = [(row["step"], row[entropy_key]) for row in rows if entropy_key in row]
+        entropy_axis.plot(*zip(*points), color="tab:orange", label="entropy")
+        entropy_axis.set_ylabel("entropy", color="tab:orange")
+    reward_axis.set_title(title)
+    reward_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    path = Path(output_dir) / "reward.png"
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -1,0 +1,87 @@
+"""`MetricsWriter`: JSONL, TensorBoard and Prometheus text, from one dict per step."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+PROMETHEUS_PREFIX = "agl_train_"
+
+
+class MetricsWriter:
+    def __init__(self, output_dir: Path, *, tensorboard: bool = True) -> None:
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.output_dir / "metrics.jsonl"
+        self.prometheus_path = self.output_dir / "metrics.prom"
+        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+        self._tensorboard: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(self.output_dir / "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {name: float(value) for name, value in metrics.items() if _is_number(value)}
+        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        self._jsonl.flush()
+        if self._tensorboard is not None:
+            for name, value in clean.items():
+                if math.isfinite(value):
+                    self._tensorboard.add_scalar(name, value, step)
+            self._tensorboard.flush()
+        self._write_prometheus(step, clean)
+
+    def _write_prometheus(self, step: int, metrics: dict[str, float]) -> None:
+        lines = [f"# TYPE {PROMETHEUS_PREFIX}step gauge", f"{PROMETHEUS_PREFIX}step {step}"]
+        for name, value in sorted(metrics.items()):
+            metric = prometheus_name(name)
+            lines += [f"# TYPE {metric} gauge", f"{metric} {_prometheus_value(value)}"]
+        tmp = self.prometheus_path.with_suffix(".prom.tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.prometheus_path)  # readers never see half a file
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+
+def prometheus_name(name: str) -> str:
+    """`reward/mean` -> `agl_train_reward_mean` (Prometheus allows [a-zA-Z0-9_:])."""
+    return PROMETHEUS_PREFIX + re.sub(r"[^a-zA-Z0-9_]", "_", name).strip("_")
+
+
+def _prometheus_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if not Path(path).exists():
+        return rows
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows

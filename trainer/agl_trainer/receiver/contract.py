@@ -1,0 +1,268 @@
+"""`RawSpan` -> the typed records the store keeps, checking the span contract (docs/spans.md).
+
+A span that breaks the contract becomes a `Violation` with a stable reason string; it is counted
+and kept (as a reason row), never raised. Spans that are not agl's (a harness's own spans sharing
+the pipeline) are `foreign` and ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import numpy as np
+from agl import semconv
+
+from agl_trainer.receiver.wire import RawSpan
+
+TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
+
+
+class CallRecord(msgspec.Struct, gc=False):
+    """A model call span. Token arrays are int32 / float32 numpy arrays (None when absent)."""
+
+    trace_id: bytes
+    span_id: bytes
+    rollout_id: str
+    attempt: int
+    task_id: str | None
+    mode: str | None
+    call_seq: int
+    name: str
+    start_ns: int
+    end_ns: int
+    prompt_ids: np.ndarray | None
+    completion_ids: np.ndarray | None
+    logprobs: np.ndarray | None
+    prompt_ref_seq: int | None
+    prompt_ref_length: int | None
+    prompt_length: int | None
+    policy_version: int | None
+    finish_reason: str | None
+    end_reason: str | None
+    tokens_source: str | None
+    choices: int
+    status_code: int
+
+
+class RolloutRecord(msgspec.Struct, gc=False):
+    trace_id: bytes
+    span_id: bytes
+    rollout_id: str
+    attempt: int
+    task_id: str | None
+    mode: str | None
+    status: str | None
+    start_ns: int
+    end_ns: int
+    error: str | None
+
+
+class RewardRecord(msgspec.Struct, gc=False):
+    trace_id: bytes
+    span_id: bytes
+    rollout_id: str
+    attempt: int | None  # None: the reward names no attempt (e.g. emit_reward(rollout_id=...))
+    task_id: str | None
+    name: str
+    value: float
+    call_seq: int | None
+    end_ns: int
+
+
+class Violation(msgspec.Struct, gc=False):
+    trace_id: bytes
+    span_id: bytes
+    name: str
+    reason: str
+    rollout_id: str | None
+
+
+Record = CallRecord | RolloutRecord | RewardRecord | Violation
+
+
+class ContractError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _is_call(span: RawSpan) -> bool:
+    attributes = span.attributes
+    return semconv.GEN_AI_OPERATION_NAME in attributes and (
+        semconv.ROLLOUT_ID in attributes
+        or semconv.CALL_SEQ in attributes
+        or semconv.PROMPT_TOKEN_IDS in attributes
+        or semconv.TOKENS_SOURCE in attributes
+    )
+
+
+def classify(span: RawSpan) -> Record | None:
+    """The record for an agl span, a Violation when it breaks the contract, None when foreign."""
+    if span.name == semconv.SPAN_ROLLOUT:
+        build: Any = _rollout
+        prefix = "rollout"
+    elif span.name == semconv.SPAN_REWARD:
+        build, prefix = _reward, "reward"
+    elif _is_call(span):
+        build, prefix = _call, "call"
+    else:
+        return None
+    rollout_id = span.attributes.get(semconv.ROLLOUT_ID)
+    try:
+        if len(span.trace_id) != 16 or len(span.span_id) != 8:
+            raise ContractError("bad_ids")
+        return build(span)
+    except ContractError as error:
+        return Violation(
+            span.trace_id,
+            span.span_id,
+            span.name,
+            f"{prefix}.{error.reason}",
+            rollout_id if isinstance(rollout_id, str) else None,
+        )
+
+
+def _str(attributes: dict[str, Any], key: str, required: bool = False) -> str | None:
+    value = attributes.get(key)
+    if value is None or value == "":
+        if required:
+            raise ContractError(f"missing_{key.replace('agl.', '').replace('.', '_')}")
+        return None
+    if not isinstance(value, str):
+        raise ContractError(f"{key.replace('agl.', '').replace('.', '_')}_not_string")
+    return value
+
+
+def _int(attributes: dict[str, Any], key: str, required: bool = False) -> int | None:
+    value = attributes.get(key)
+    name = key.replace("agl.", "").replace(".", "_")
+    if value is None:
+        if required:
+            raise ContractError(f"missing_{name}")
+        return None
+    if isinstance(value, str):  # tolerated: some exporters stringify ints
+        try:
+            value = int(value)
+        except ValueError:
+            raise ContractError(f"{name}_not_int") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractError(f"{name}_not_int")
+    if value < 0:
+        raise ContractError(f"{name}_negative")
+    return value
+
+
+def _mode(attributes: dict[str, Any]) -> str | None:
+    mode = _str(attributes, semconv.ROLLOUT_MODE)
+    if mode is not None and mode not in semconv.MODES:
+        raise ContractError("bad_mode")
+    return mode
+
+
+def _token_array(attributes: dict[str, Any], key: str, reason: str) -> np.ndarray | None:
+    value = attributes.get(key)
+    if value is None:
+        return None
+    if isinstance(value, list) and not value:
+        return np.empty(0, dtype=np.int32)
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "i":
+        raise ContractError(f"{reason}_not_int_array")
+    if value.dtype == np.int32:  # decode_int_arrays gives int32 only when every value is in [0, 2^31)
+        return value
+    if value.size and (value.min() < 0 or value.max() > TOKEN_ID_MAX):
+        raise ContractError(f"{reason}_out_of_range")
+    return value.astype(np.int32)
+
+
+def _call(span: RawSpan) -> CallRecord:
+    attributes = span.attributes
+    rollout_id = _str(attributes, semconv.ROLLOUT_ID, required=True)
+    call_seq = _int(attributes, semconv.CALL_SEQ, required=True)
+    prompt = _token_array(attributes, semconv.PROMPT_TOKEN_IDS, "prompt_token_ids")
+    completion = _token_array(attributes, semconv.COMPLETION_TOKEN_IDS, "completion_token_ids")
+    logprobs = attributes.get(semconv.COMPLETION_LOGPROBS)
+    if logprobs is not None:
+        if isinstance(logprobs, list) and not logprobs:
+            logprobs = np.empty(0, dtype=np.float64)
+        if not isinstance(logprobs, np.ndarray):
+            raise ContractError("logprobs_not_double_array")
+        if completion is None or logprobs.size != completion.size:
+            raise ContractError("logprobs_length_mismatch")
+        logprobs = logprobs.astype(np.float32)
+    ref_seq = _int(attributes, semconv.PROMPT_REF_CALL_SEQ)
+    ref_length = _int(attributes, semconv.PROMPT_REF_LENGTH)
+    if (ref_seq is None) != (ref_length is None):
+        raise ContractError("prompt_ref_incomplete")
+    if ref_seq is not None and ref_seq >= call_seq:
+        raise ContractError("prompt_ref_not_earlier")
+    reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+    finish = reasons[0] if isinstance(reasons, list) and reasons and isinstance(reasons[0], str) else None
+    return CallRecord(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        rollout_id=rollout_id,  # type: ignore[arg-type]
+        attempt=_int(attributes, semconv.ATTEMPT) or 0,
+        task_id=_str(attributes, semconv.TASK_ID),
+        mode=_mode(attributes),
+        call_seq=call_seq,  # type: ignore[arg-type]
+        name=span.name,
+        start_ns=span.start_ns,
+        end_ns=span.end_ns,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=logprobs,
+        prompt_ref_seq=ref_seq,
+        prompt_ref_length=ref_length,
+        prompt_length=_int(attributes, semconv.PROMPT_LENGTH),
+        policy_version=_int(attributes, semconv.POLICY_VERSION),
+        finish_reason=finish,
+        end_reason=_str(attributes, semconv.CALL_END_REASON),
+        tokens_source=_str(attributes, semconv.TOKENS_SOURCE),
+        choices=_int(attributes, semconv.COMPLETION_CHOICES) or 1,
+        status_code=span.status_code,
+    )
+
+
+def _rollout(span: RawSpan) -> RolloutRecord:
+    attributes = span.attributes
+    status = _str(attributes, semconv.ROLLOUT_STATUS)
+    if status is not None and status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
+        raise ContractError("bad_status")
+    if status is None and span.status_code == 2:
+        status = semconv.STATUS_FAILED
+    return RolloutRecord(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
+        attempt=_int(attributes, semconv.ATTEMPT) or 0,
+        task_id=_str(attributes, semconv.TASK_ID),
+        mode=_mode(attributes),
+        status=status,
+        start_ns=span.start_ns,
+        end_ns=span.end_ns,
+        error=span.status_message or None,
+    )
+
+
+def _reward(span: RawSpan) -> RewardRecord:
+    attributes = span.attributes
+    value = attributes.get(semconv.REWARD_VALUE)
+    if value is None:
+        raise ContractError("missing_reward_value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError("reward_value_not_number")
+    if not math.isfinite(value):
+        raise ContractError("reward_value_not_finite")
+    return RewardRecord(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
+        attempt=_int(attributes, semconv.ATTEMPT),
+        task_id=_str(attributes, semconv.TASK_ID),
+        name=_str(attributes, semconv.REWARD_NAME) or semconv.DEFAULT_REWARD_NAME,
+        value=float(value),
+        call_seq=_int(attributes, semconv.CALL_SEQ),
+        end_ns=span.end_ns,
+    )

@@ -1,0 +1,325 @@
+"""`Receiver`: the trainer's OTLP endpoint (HTTP protobuf/JSON on /v1/traces, and gRPC).
+
+    receiver = Receiver("runs/x/rollouts.db", ReceiverConfig(port=0, grpc_port=0)).start()
+    receiver.url           # http://127.0.0.1:PORT (an OTLP/HTTP base URL; POST /v1/traces)
+    receiver.grpc_address  # 127.0.0.1:PORT (OTLP/gRPC), or None
+    receiver.stats()       # ReceiverStats
+    receiver.stop()
+
+It runs on its own thread and event loop, so a synchronous training loop can own one. A request is
+answered 200 only after its spans are committed to the store (see RolloutStore for durability).
+Also served: GET /stats (JSON), GET /metrics (Prometheus), GET /healthz.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Self
+
+import msgspec
+
+from agl_trainer.receiver.payload import (
+    JSON,
+    DecodedBatch,
+    PayloadTooLarge,
+    decode_body,
+    decompress,
+    media_type,
+)
+from agl_trainer.receiver.stats import ReceiverStats, StatsCounter, prometheus
+from agl_trainer.receiver.wire import DecodeError
+from agl_trainer.receiver.writer import StoreWriter
+from agl_trainer.store.records import WriteResult
+from agl_trainer.store.rollout_store import RolloutStore
+
+log = logging.getLogger("agl.receiver")
+
+TRACES_PATH = "/v1/traces"
+GRPC_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+MiB = 1 << 20
+
+
+class ReceiverConfig(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 4318  # 0: any free port
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int | None = None  # None: no gRPC; 0: any free port
+    token: str | None = None  # when set, requests need `authorization: Bearer <token>`
+    max_request_bytes: int = 64 * MiB  # as sent (compressed)
+    max_decompressed_bytes: int = 256 * MiB
+    durability: str = "full"  # see RolloutStore
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "max_decompressed_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ReceiverConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ReceiverConfig.port must be 0..65535, got {self.port}")
+
+
+class RequestRefused(Exception):
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+
+
+class Receiver:
+    def __init__(self, store: str | Path | RolloutStore, config: ReceiverConfig | None = None) -> None:
+        self.config = config or ReceiverConfig()
+        if isinstance(store, RolloutStore):
+            self._store, self._owns_store = store, False
+        else:
+            self._store, self._owns_store = RolloutStore(store, durability=self.config.durability), True
+        self._writer = StoreWriter(self._store)
+        self._counter = StatsCounter()
+        self._decoders = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-otlp-decode")
+        self._warned: dict[str, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner = None
+        self._grpc = None
+        self.url: str | None = None
+        self.grpc_address: str | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> Receiver:
+        self._writer.start()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready, failure), name="agl-receiver", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._writer.stop()
+            raise failure[0]
+        if self.config.grpc_port is not None:
+            self._start_grpc()
+        return self
+
+    def stop(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=1.0).wait()
+            self._grpc = None
+        if self._loop is not None and self._thread is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop = None
+        self._writer.stop()
+        self._decoders.shutdown(wait=True)
+        if self._owns_store:
+            self._store.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stats(self) -> ReceiverStats:
+        return self._counter.snapshot()
+
+    # --- shared ingest path -------------------------------------------------------------------
+    def _decode(self, body: bytes, media: str, encoding: str | None) -> DecodedBatch:
+        try:
+            plain = decompress(body, encoding, self.config.max_decompressed_bytes)
+            return decode_body(plain, media)
+        except PayloadTooLarge as error:
+            raise RequestRefused(413, "too_large", str(error)) from None
+        except DecodeError as error:
+            raise RequestRefused(400, "malformed", f"malformed OTLP payload: {error}") from None
+
+    def _account(self, batch: DecodedBatch, result: WriteResult) -> None:
+        self._counter.accepted(
+            batch.spans, batch.foreign, result.stored, result.duplicates, result.tokens, result.violations
+        )
+        for reason, count in result.violations.items():
+            seen = self._warned.get(reason, 0)
+            self._warned[reason] = seen + count
+            if seen == 0 or (seen + count) // 1000 > seen // 1000:
+                log.warning(
+                    "spans breaking the contract: %s (%d so far); kept, not trained on", reason, seen + count
+                )
+
+    def _check_token(self, header: str | None) -> None:
+        token = self.config.token
+        if token is None:
+            return
+        expected = f"Bearer {token}"
+        if header is None or not hmac.compare_digest(header.encode(), expected.encode()):
+            raise RequestRefused(
+                401, "unauthorized", "missing or wrong bearer token (authorization: Bearer ...)"
+            )
+
+    # --- OTLP/HTTP ----------------------------------------------------------------------------
+    def _serve(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._start_http())
+        except BaseException as error:  # noqa: BLE001 (handed to start(), which raises it)
+            failure.append(error)
+            ready.set()
+            loop.close()
+            return
+        self._loop = loop
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _start_http(self) -> None:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=self.config.max_request_bytes)
+        app.router.add_post(TRACES_PATH, self._http_export)
+        app.router.add_get("/stats", self._http_stats)
+        app.router.add_get("/metrics", self._http_metrics)
+        app.router.add_get("/healthz", self._http_health)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        host, port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+
+    async def _http_export(self, request):
+        from aiohttp import web
+
+        media = media_type(request.headers.get("content-type"))
+        try:
+            self._check_token(request.headers.get("authorization"))
+            if media is None:
+                raise RequestRefused(
+                    415,
+                    "content_type",
+                    f"unsupported content-type {request.headers.get('content-type')!r};"
+                    " send application/x-protobuf or application/json",
+                )
+            if (request.content_length or 0) > self.config.max_request_bytes:
+                raise RequestRefused(
+                    413, "too_large", f"body over the limit of {self.config.max_request_bytes} bytes"
+                )
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise RequestRefused(
+                    413, "too_large", f"body over the limit of {self.config.max_request_bytes} bytes"
+                ) from None
+            self._counter.request(len(body))
+            loop = asyncio.get_running_loop()
+            batch = await loop.run_in_executor(
+                self._decoders, self._decode, body, media, request.headers.get("content-encoding")
+            )
+            try:
+                result = await asyncio.wrap_future(self._writer.submit(batch.records))
+            except Exception as error:  # noqa: BLE001 (any store failure is a retryable 503)
+                log.error("could not store a batch: %s", error)
+                raise RequestRefused(503, "store_error", f"the store could not commit: {error}") from None
+        except RequestRefused as refused:
+            self._counter.refused(f"{refused.status}_{refused.kind}")
+            headers = {"retry-after": "1"} if refused.status == 503 else None
+            return web.json_response(
+                {"code": _GRPC_CODES[refused.status], "message": refused.message},
+                status=refused.status,
+                headers=headers,
+            )
+        self._account(batch, result)
+        rejected = sum(result.violations.values())
+        return web.Response(body=_export_response(media, rejected, result), content_type=media or JSON)
+
+    async def _http_stats(self, request):
+        from aiohttp import web
+
+        return web.Response(body=msgspec.json.encode(self.stats()), content_type="application/json")
+
+    async def _http_metrics(self, request):
+        from aiohttp import web
+
+        return web.Response(text=prometheus(self.stats()), content_type="text/plain")
+
+    async def _http_health(self, request):
+        from aiohttp import web
+
+        return web.json_response({"status": "ok"})
+
+    # --- OTLP/gRPC ----------------------------------------------------------------------------
+    def _start_grpc(self) -> None:
+        import grpc
+
+        options = [
+            ("grpc.max_receive_message_length", self.config.max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=8, thread_name_prefix="agl-grpc"), options=options
+        )
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._grpc_export, request_deserializer=None, response_serializer=None
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": handler}),)
+        )
+        port = server.add_insecure_port(f"{self.config.grpc_host}:{self.config.grpc_port}")
+        if port == 0:
+            raise OSError(f"could not listen for gRPC on {self.config.grpc_host}:{self.config.grpc_port}")
+        server.start()
+        self._grpc = server
+        self.grpc_address = f"{self.config.grpc_host}:{port}"
+
+    def _grpc_export(self, body: bytes, context) -> bytes:
+        import grpc
+
+        codes = {
+            400: grpc.StatusCode.INVALID_ARGUMENT,
+            401: grpc.StatusCode.UNAUTHENTICATED,
+            413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+            503: grpc.StatusCode.UNAVAILABLE,
+        }
+        try:
+            metadata = dict(context.invocation_metadata())
+            self._check_token(metadata.get("authorization"))
+            self._counter.request(len(body))
+            batch = self._decode(body, "application/x-protobuf", None)
+            try:
+                result = self._writer.submit(batch.records).result()
+            except Exception as error:  # noqa: BLE001 (any store failure is a retryable UNAVAILABLE)
+                raise RequestRefused(503, "store_error", f"the store could not commit: {error}") from None
+        except RequestRefused as refused:
+            self._counter.refused(f"grpc_{refused.kind}")
+            context.abort(codes[refused.status], refused.message)
+            raise  # abort raises; this keeps type checkers calm
+        self._account(batch, result)
+        return _export_response("application/x-protobuf", sum(result.violations.values()), result)
+
+
+_GRPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}  # google.rpc.Code for the JSON error body
+
+
+def _export_response(media: str, rejected: int, result: WriteResult) -> bytes:
+    message = ""
+    if rejected:
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(result.violations.items()))
+        message = f"{rejected} span(s) break the agl span contract and will not be trained on ({reasons})"
+    if media == JSON:
+        if not rejected:
+            return b"{}"
+        return msgspec.json.encode(
+            {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}}
+        )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    response = ExportTraceServiceResponse()
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
+    return response.SerializeToString()

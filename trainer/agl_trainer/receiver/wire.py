@@ -1,0 +1,449 @@
+"""OTLP trace payloads (protobuf or JSON) -> `RawSpan`s, decoded once.
+
+The protobuf path walks the wire format directly instead of building opentelemetry-proto
+messages: a span's token arrays are thousands of `AnyValue{int_value}` messages, and turning each
+into a Python object is what makes a naive receiver slow. Int and double arrays are decoded with
+numpy over the raw bytes (`arrays.py`); everything else is a few fields per span.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from agl_trainer.receiver.arrays import decode_double_array, decode_int_array, decode_int_arrays
+
+
+class DecodeError(ValueError):
+    """The payload is not a valid OTLP ExportTraceServiceRequest; the message says where."""
+
+
+class RawSpan(msgspec.Struct, gc=False):
+    """One span as it came over the wire. Int arrays are numpy int64, double arrays float64."""
+
+    trace_id: bytes
+    span_id: bytes
+    parent_span_id: bytes
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    status_code: int
+    status_message: str
+    attributes: dict[str, Any]
+
+
+_FIXED64 = struct.Struct("<Q")
+_DOUBLE = struct.Struct("<d")
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise DecodeError(f"truncated varint at byte {pos}")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise DecodeError(f"varint longer than 10 bytes at byte {pos}")
+
+
+def _fields(buf: bytes, pos: int, end: int):
+    """Yield (field number, wire type, value) over a message; length-delimited values as (start, end)."""
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos, end)
+            yield field, 0, value
+        elif wire == 2:
+            length, pos = _varint(buf, pos, end)
+            stop = pos + length
+            if stop > end:
+                raise DecodeError(f"field {field}: length {length} runs past the end at byte {pos}")
+            yield field, 2, (pos, stop)
+            pos = stop
+        elif wire == 1:
+            if pos + 8 > end:
+                raise DecodeError(f"truncated fixed64 at byte {pos}")
+            yield field, 1, buf[pos : pos + 8]
+            pos += 8
+        elif wire == 5:
+            if pos + 4 > end:
+                raise DecodeError(f"truncated fixed32 at byte {pos}")
+            yield field, 5, buf[pos : pos + 4]
+            pos += 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire} (field {field}) at byte {pos}")
+
+
+def _text(buf: bytes, span: tuple[int, int]) -> str:
+    try:
+        return buf[span[0] : span[1]].decode()
+    except UnicodeDecodeError as error:
+        raise DecodeError(f"invalid UTF-8 in a string at byte {span[0]}: {error.reason}") from None
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _any_value(buf: bytes, start: int, end: int) -> Any:
+    value: Any = None
+    for field, wire, item in _fields(buf, start, end):
+        if field == 1 and wire == 2:
+            value = _text(buf, item)
+        elif field == 2 and wire == 0:
+            value = bool(item)
+        elif field == 3 and wire == 0:
+            value = _signed(item)
+        elif field == 4 and wire == 1:
+            value = _DOUBLE.unpack(item)[0]
+        elif field == 5 and wire == 2:
+            value = _array(buf, *item)
+        elif field == 6 and wire == 2:
+            value = {key: val for key, val in _key_values(buf, *item)}
+        elif field == 7 and wire == 2:
+            value = buf[item[0] : item[1]]
+    return value
+
+
+def _array(buf: bytes, start: int, end: int) -> Any:
+    inner_tag = buf[start + 2] if end - start > 2 else None  # the first element's value field
+    if inner_tag == 0x21:
+        doubles = decode_double_array(buf, start, end)
+        if doubles is not None:
+            return doubles
+    elif inner_tag == 0x18:
+        ints = decode_int_array(buf, start, end)
+        if ints is not None:
+            return ints
+    items = [
+        _any_value(buf, *item) for field, wire, item in _fields(buf, start, end) if field == 1 and wire == 2
+    ]
+    if items and all(type(item) is int for item in items):
+        return np.array(items, dtype=np.int64)
+    if items and all(type(item) is float for item in items):
+        return np.array(items, dtype=np.float64)
+    return items
+
+
+def _key_values(buf: bytes, start: int, end: int):
+    for field, wire, item in _fields(buf, start, end):
+        if field == 1 and wire == 2:  # KeyValue
+            key, value = "", None
+            for kv_field, kv_wire, kv_item in _fields(buf, *item):
+                if kv_field == 1 and kv_wire == 2:
+                    key = _text(buf, kv_item)
+                elif kv_field == 2 and kv_wire == 2:
+                    value = _any_value(buf, *kv_item)
+            yield key, value
+
+
+class _IntArray:
+    """An int array left in the buffer, decoded with every other one of the request at the end."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+
+def _attribute_value(buf: bytes, start: int, end: int) -> Any:
+    """A span attribute's AnyValue, with fast paths for a lone scalar; an array that looks like ints
+    is deferred (see _IntArray). Anything unusual takes the generic path."""
+    if end - start < 2:
+        return _any_value(buf, start, end)
+    tag = buf[start]
+    if tag == 0x18:  # int_value
+        if end - start == 2 and buf[start + 1] < 0x80:
+            return buf[start + 1]
+        value, pos = _varint(buf, start + 1, end)
+        if pos == end:
+            return _signed(value)
+    elif tag == 0x0A or tag == 0x2A:  # string_value, array_value
+        length = buf[start + 1]
+        if length < 0x80:
+            body = start + 2
+        else:
+            length, body = _varint(buf, start + 1, end)
+        if body + length == end:
+            if tag == 0x0A:
+                return _text(buf, (body, end))
+            if length >= 4 and buf[body] == 0x0A and buf[body + 2] == 0x18:
+                return _IntArray(body, end)
+            return _array(buf, body, end)
+    elif tag == 0x21 and end - start == 9:  # double_value
+        return _DOUBLE.unpack_from(buf, start + 1)[0]
+    elif tag == 0x10 and end - start == 2:  # bool_value
+        return bool(buf[start + 1])
+    return _any_value(buf, start, end)
+
+
+def _key_value(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
+    """A KeyValue (key = 1, value = 2, both length-delimited), without the generic field walk."""
+    key, value = "", None
+    origin = pos
+    while pos < end:
+        tag = buf[pos]
+        if tag != 0x0A and tag != 0x12:
+            break  # an unexpected field: take the generic path for this KeyValue
+        if pos + 1 < end and buf[pos + 1] < 0x80:
+            length, pos = buf[pos + 1], pos + 2
+        else:
+            length, pos = _varint(buf, pos + 1, end)
+        stop = pos + length
+        if stop > end:
+            raise DecodeError(f"attribute: length {length} runs past the end at byte {pos}")
+        if tag == 0x0A:
+            key = _text(buf, (pos, stop))
+        else:
+            value = _attribute_value(buf, pos, stop)
+        pos = stop
+    else:
+        return key, value
+    for field, wire, item in _fields(buf, origin, end):
+        if field == 1 and wire == 2:
+            key = _text(buf, item)
+        elif field == 2 and wire == 2:
+            value = _attribute_value(buf, *item)
+    return key, value
+
+
+def _resolve(buf: bytes, pending: list[tuple[dict[str, Any], str, _IntArray]]) -> None:
+    decoded = decode_int_arrays(buf, [(item.start, item.end) for _, _, item in pending])
+    for (attributes, key, item), values in zip(pending, decoded, strict=True):
+        attributes[key] = values if values is not None else _array(buf, item.start, item.end)
+
+
+def _span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
+    trace_id = span_id = parent = b""
+    name, kind, start_ns, end_ns, code, message = "", 0, 0, 0, 0, ""
+    attributes: dict[str, Any] = {}
+    pos = start
+    while pos < end:  # the field walk, inlined: a span has dozens of fields
+        key = buf[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos, end)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            if pos < end and buf[pos] < 0x80:
+                length, pos = buf[pos], pos + 1
+            else:
+                length, pos = _varint(buf, pos, end)
+            stop = pos + length
+            if stop > end:
+                raise DecodeError(f"span field {field}: length {length} runs past the end at byte {pos}")
+            if field == 9:
+                attribute, value = _key_value(buf, pos, stop)
+                if type(value) is _IntArray:
+                    pending.append((attributes, attribute, value))
+                attributes[attribute] = value
+            elif field == 1:
+                trace_id = buf[pos:stop]
+            elif field == 2:
+                span_id = buf[pos:stop]
+            elif field == 4:
+                parent = buf[pos:stop]
+            elif field == 5:
+                name = _text(buf, (pos, stop))
+            elif field == 15:
+                for st_field, st_wire, st_item in _fields(buf, pos, stop):
+                    if st_field == 2 and st_wire == 2:
+                        message = _text(buf, st_item)
+                    elif st_field == 3 and st_wire == 0:
+                        code = st_item
+            pos = stop
+        elif wire == 1:
+            if pos + 8 > end:
+                raise DecodeError(f"truncated fixed64 at byte {pos}")
+            if field == 7:
+                start_ns = _FIXED64.unpack_from(buf, pos)[0]
+            elif field == 8:
+                end_ns = _FIXED64.unpack_from(buf, pos)[0]
+            pos += 8
+        elif wire == 0:
+            value, pos = _varint(buf, pos, end)
+            if field == 6:
+                kind = value
+        elif wire == 5:
+            if pos + 4 > end:
+                raise DecodeError(f"truncated fixed32 at byte {pos}")
+            pos += 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire} (field {field}) at byte {pos}")
+    return RawSpan(trace_id, span_id, parent, name, kind, start_ns, end_ns, code, message, attributes)
+
+
+def decode_protobuf(buf: bytes) -> list[RawSpan]:
+    """Decode an OTLP ExportTraceServiceRequest in protobuf encoding."""
+    spans: list[RawSpan] = []
+    pending: list[tuple[dict[str, Any], str, _IntArray]] = []
+    end = len(buf)
+    for field, wire, item in _fields(buf, 0, end):
+        if field != 1 or wire != 2:
+            continue
+        for rs_field, rs_wire, rs_item in _fields(buf, *item):
+            if rs_field != 2 or rs_wire != 2:  # scope_spans; the resource is not needed
+                continue
+            for ss_field, ss_wire, ss_item in _fields(buf, *rs_item):
+                if ss_field == 2 and ss_wire == 2:
+                    spans.append(_span(buf, *ss_item, pending))
+    _resolve(buf, pending)
+    return spans
+
+
+# --- OTLP JSON (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding) -------------
+
+
+class JsonArrayValue(msgspec.Struct, forbid_unknown_fields=False):
+    values: list[JsonAnyValue] = []
+
+
+class JsonKeyValueList(msgspec.Struct, forbid_unknown_fields=False):
+    values: list[JsonKeyValue] = []
+
+
+class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
+    stringValue: str | None = None
+    boolValue: bool | None = None
+    intValue: int | str | None = None
+    doubleValue: float | str | None = None
+    arrayValue: JsonArrayValue | None = None
+    kvlistValue: JsonKeyValueList | None = None
+    bytesValue: str | None = None
+
+
+class JsonKeyValue(msgspec.Struct, forbid_unknown_fields=False):
+    key: str
+    value: JsonAnyValue | None = None
+
+
+class JsonStatus(msgspec.Struct, forbid_unknown_fields=False):
+    code: int | str = 0
+    message: str = ""
+
+
+class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
+    traceId: str = ""
+    spanId: str = ""
+    parentSpanId: str = ""
+    name: str = ""
+    kind: int | str = 0
+    startTimeUnixNano: int | str = 0
+    endTimeUnixNano: int | str = 0
+    attributes: list[JsonKeyValue] = []
+    status: JsonStatus | None = None
+
+
+class JsonScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
+    spans: list[JsonSpan] = []
+
+
+class JsonResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
+    scopeSpans: list[JsonScopeSpans] = []
+
+
+class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
+    resourceSpans: list[JsonResourceSpans] = []
+
+
+_JSON_DECODER = msgspec.json.Decoder(JsonExportRequest)
+_KINDS = {
+    "SPAN_KIND_UNSPECIFIED": 0,
+    "SPAN_KIND_INTERNAL": 1,
+    "SPAN_KIND_SERVER": 2,
+    "SPAN_KIND_CLIENT": 3,
+    "SPAN_KIND_PRODUCER": 4,
+    "SPAN_KIND_CONSUMER": 5,
+}
+_STATUS = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+
+
+def _json_int(value: int | str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise DecodeError(f"{what}: {value!r} is not an integer") from None
+
+
+def _json_value(value: JsonAnyValue | None) -> Any:
+    if value is None:
+        return None
+    if value.stringValue is not None:
+        return value.stringValue
+    if value.intValue is not None:
+        return _json_int(value.intValue, "intValue")
+    if value.boolValue is not None:
+        return value.boolValue
+    if value.doubleValue is not None:
+        try:
+            return float(value.doubleValue)
+        except ValueError:
+            raise DecodeError(f"doubleValue: {value.doubleValue!r} is not a number") from None
+    if value.arrayValue is not None:
+        items = [_json_value(item) for item in value.arrayValue.values]
+        if items and all(type(item) is int for item in items):
+            return np.array(items, dtype=np.int64)
+        if items and all(type(item) is float for item in items):
+            return np.array(items, dtype=np.float64)
+        return items
+    if value.kvlistValue is not None:
+        return {kv.key: _json_value(kv.value) for kv in value.kvlistValue.values}
+    if value.bytesValue is not None:
+        import base64
+
+        return base64.b64decode(value.bytesValue)
+    return None
+
+
+def _hex_id(value: str, what: str) -> bytes:
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise DecodeError(f"{what} {value!r} is not hex") from None
+
+
+def _enum(value: int | str, names: dict[str, int], what: str) -> int:
+    if isinstance(value, int):
+        return value
+    if value in names:
+        return names[value]
+    return _json_int(value, what)
+
+
+def decode_json(body: bytes) -> list[RawSpan]:
+    """Decode an OTLP ExportTraceServiceRequest in JSON encoding."""
+    try:
+        request = _JSON_DECODER.decode(body)
+    except msgspec.DecodeError as error:
+        raise DecodeError(f"invalid OTLP JSON: {error}") from None
+    spans: list[RawSpan] = []
+    for resource_spans in request.resourceSpans:
+        for scope_spans in resource_spans.scopeSpans:
+            for span in scope_spans.spans:
+                status = span.status or JsonStatus()
+                spans.append(
+                    RawSpan(
+                        trace_id=_hex_id(span.traceId, "traceId"),
+                        span_id=_hex_id(span.spanId, "spanId"),
+                        parent_span_id=_hex_id(span.parentSpanId, "parentSpanId"),
+                        name=span.name,
+                        kind=_enum(span.kind, _KINDS, "kind"),
+                        start_ns=_json_int(span.startTimeUnixNano, "startTimeUnixNano"),
+                        end_ns=_json_int(span.endTimeUnixNano, "endTimeUnixNano"),
+                        status_code=_enum(status.code, _STATUS, "status.code"),
+                        status_message=status.message,
+                        attributes={kv.key: _json_value(kv.value) for kv in span.attributes},
+                    )
+                )
+    return spans

@@ -1,0 +1,119 @@
+"""What every runner shares: the rollout it is asked to run, the outcome it reports, the environment.
+
+A runner starts the harness once per rollout, pointed at the sidecar with the rollout's prefix
+(`OPENAI_BASE_URL=http://sidecar/rollouts/{id}/v1`), so every model call is attributed to the
+rollout without any change to the harness. It reports how the harness ended; it never judges the
+rollout's data (the store and assembly do).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agl import semconv
+
+# A harness exiting with this code (EX_TEMPFAIL) says "infrastructure failure, retry me".
+EXIT_INFRA_RETRY = 75
+PLACEHOLDER_API_KEY = "agl-placeholder-key"  # harnesses that insist on a key get one; the sidecar ignores it
+
+
+class Cause(str, enum.Enum):
+    """How a rollout's harness ended."""
+
+    OK = "ok"
+    HARNESS_ERROR = "harness_error"  # non-zero exit or exception: the harness's own failure, not retried
+    TIMEOUT = "timeout"  # killed after harness.timeout_s
+    INFRA_ERROR = "infra_error"  # could not start, killed from outside, worker died: retried
+    CANCELLED = "cancelled"  # stopped by the loop (shutdown, or dropped as too stale)
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    rollout_id: str
+    task_id: str
+    task: dict[str, Any]
+    attempt: int = 0
+    mode: str = semconv.MODE_TRAIN
+
+
+@dataclass
+class RolloutOutcome:
+    spec: RolloutSpec
+    cause: Cause
+    exit_code: int | None = None
+    seconds: float = 0.0
+    attempts: int = 1
+    reward: float | None = None  # from the grader or a function harness's return value
+    message: str = ""
+    log_path: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.cause is Cause.OK
+
+
+# Called when a harness attempt ends (before any retry), e.g. to tell the store it exited.
+ExitHook = Callable[[RolloutOutcome], Awaitable[None] | None]
+# Called with a reward the runner obtained itself (grader output, function return value).
+RewardSink = Callable[[RolloutSpec, float], Awaitable[None]]
+
+
+class Runner(Protocol):
+    async def start(self) -> None: ...
+
+    async def run(self, spec: RolloutSpec) -> RolloutOutcome:
+        """Run the harness for `spec` (retrying infrastructure failures) and say how it ended."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class HarnessNotFound(RuntimeError):
+    """The harness program or function does not exist: no rollout can run."""
+
+
+@dataclass
+class Endpoint:
+    """Where harnesses send model calls and spans."""
+
+    sidecar_url: str
+    otlp_endpoint: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def base_url(self, spec: RolloutSpec) -> str:
+        """The OpenAI base URL of a rollout: the sidecar with the rollout prefix."""
+        prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{spec.rollout_id}"
+        if spec.attempt:
+            prefix += f"/attempts/{spec.attempt}"
+        return f"{self.sidecar_url.rstrip('/')}{prefix}/v1"
+
+    def environment(self, spec: RolloutSpec) -> dict[str, str]:
+        """The variables a harness process gets (on top of the runner's own environment)."""
+        base_url = self.base_url(spec)
+        env = {
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": PLACEHOLDER_API_KEY,
+            "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": PLACEHOLDER_API_KEY,
+            semconv.ENV_ROLLOUT_ID: spec.rollout_id,
+            semconv.ENV_TASK_ID: spec.task_id,
+            semconv.ENV_ATTEMPT: str(spec.attempt),
+            semconv.ENV_MODE: spec.mode,
+            semconv.ENV_TASK: json.dumps(spec.task, separators=(",", ":")),
+        }
+        if self.otlp_endpoint:
+            env[semconv.ENV_OTLP_ENDPOINT] = self.otlp_endpoint
+        env.update(self.extra_env)
+        return env
+
+
+async def call_hook(hook: ExitHook | None, outcome: RolloutOutcome) -> None:
+    if hook is None:
+        return
+    result = hook(outcome)
+    if result is not None:
+        await result

@@ -1,0 +1,316 @@
+"""Run a Python harness given as `module:function` inside long-lived runner worker processes.
+
+Starting a Python harness per rollout costs its imports every time (`import openai` alone is about
+0.7 s of CPU); a worker imports the function once and then calls it once per rollout, many at a
+time on threads (harness calls block on HTTP, not on CPU). The function is called as
+`function(task: dict, base_url: str)` (sync or async) inside `agl.rollout(...)` for that rollout,
+so `agl.emit_reward()` inside it is attributed without arguments, and calls made to `base_url` go
+through the sidecar exactly as a process harness's would. A number returned is emitted as the
+rollout's reward. Exceptions are harness errors; a worker that dies fails its rollouts as
+infrastructure errors (retried) and is replaced.
+
+A function that hangs past the timeout is reported as timed out; its thread cannot be killed and
+finishes in the background (its late calls are attributed to a rollout that is already closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import itertools
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agl_trainer.runners.base import (
+    Cause,
+    Endpoint,
+    ExitHook,
+    HarnessNotFound,
+    RewardSink,
+    RolloutOutcome,
+    RolloutSpec,
+    call_hook,
+)
+
+READY_TIMEOUT_S = 120.0
+log = logging.getLogger("agl.runner")
+
+
+@dataclass(frozen=True)
+class _Request:
+    request_id: int
+    spec: RolloutSpec
+    base_url: str
+
+
+@dataclass(frozen=True)
+class _Result:
+    request_id: int
+    cause: str
+    reward: float | None
+    message: str
+    seconds: float
+
+
+def load_function(reference: str) -> Any:
+    """Import `module:function` (attributes may be dotted), with errors that say what is missing."""
+    module_name, _, attr_path = reference.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise HarnessNotFound(
+            f"harness.function {reference!r}: cannot import module {error.name!r} (fix: check the name and "
+            "that its directory is on PYTHONPATH or the current directory)"
+        ) from None
+    for attr in attr_path.split("."):
+        if not hasattr(target, attr):
+            raise HarnessNotFound(f"harness.function {reference!r}: {module_name} has no attribute {attr_path!r}")
+        target = getattr(target, attr)
+    if not callable(target):
+        raise HarnessNotFound(f"harness.function {reference!r} is not callable")
+    return target
+
+
+def _worker_main(reference: str, env: dict[str, str], requests: Any, results: Any, threads: int) -> None:
+    """A runner worker: import once, then run each request on a thread inside agl.rollout()."""
+    os.environ.update(env)
+    # `agl` runs as a console script, whose sys.path starts at the venv's bin/: make the current
+    # directory importable, as `python -c` would, so `examples.demo.harness` resolves from the repo.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        function = load_function(reference)
+        import agl
+    except BaseException as error:  # report, never hang the parent
+        results.put(("failed", f"{type(error).__name__}: {error}"))
+        return
+    results.put(("ready", os.getpid()))
+    _exit_with_parent()
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agl-harness")
+    is_async = asyncio.iscoroutinefunction(function)
+
+    def one(request: _Request) -> None:
+        spec, started = request.spec, time.monotonic()
+        cause, reward, message = Cause.OK.value, None, ""
+        try:
+            with agl.rollout(spec.rollout_id, spec.task_id, spec.attempt, spec.mode):
+                value = (
+                    asyncio.run(function(spec.task, request.base_url))
+                    if is_async
+                    else function(spec.task, request.base_url)
+                )
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    reward = float(value)
+                    agl.emit_reward(reward)
+        except BaseException as error:  # the harness's own failure
+            cause = Cause.HARNESS_ERROR.value
+            message = "".join(traceback.format_exception_only(type(error), error)).strip()
+        results.put(_Result(request.request_id, cause, reward, message, time.monotonic() - started))
+
+    while True:
+        request = requests.get()
+        if request is None:
+            break
+        pool.submit(one, request)
+    pool.shutdown(wait=True)
+    agl.flush()
+
+
+def _exit_with_parent() -> None:
+    """A worker whose trainer died (SIGKILL, crash) exits instead of waiting on its queue forever."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="agl-parent-watch", daemon=True).start()
+
+
+class _Worker:
+    def __init__(self, context: Any, reference: str, env: dict[str, str], results: Any, threads: int) -> None:
+        self.requests = context.Queue()
+        self.process = context.Process(
+            target=_worker_main, args=(reference, env, self.requests, results, threads), daemon=True
+        )
+        self.pending: set[int] = set()
+        self.abandoned = 0  # requests given up on (timed out, cancelled) that may still be running
+        self.process.start()
+
+
+class FunctionRunner:
+    """Call `module:function` once per rollout in `workers` processes, `concurrency` at a time."""
+
+    def __init__(
+        self,
+        reference: str,
+        endpoint: Endpoint,
+        *,
+        workers: int = 2,
+        concurrency: int = 8,
+        timeout_s: float = 300.0,
+        retries: int = 2,
+        env: dict[str, str] | None = None,
+        on_exit: ExitHook | None = None,
+        reward_sink: RewardSink | None = None,
+    ) -> None:
+        self.reference = reference
+        self.endpoint = endpoint
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.env = env or {}
+        self.on_exit = on_exit
+        self.reward_sink = reward_sink  # unused: workers emit rewards themselves over OTLP
+        self._concurrency = concurrency
+        self._slots = asyncio.Semaphore(concurrency)
+        self._context = mp.get_context("spawn")  # never fork a process that holds torch threads
+        self._results: Any = None
+        self._workers: list[_Worker] = []
+        self._futures: dict[int, asyncio.Future[_Result]] = {}
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+
+    def _worker_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        if self.endpoint.otlp_endpoint:
+            env["AGL_OTLP_ENDPOINT"] = self.endpoint.otlp_endpoint
+        env.update(self.endpoint.extra_env)
+        return env
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._results = self._context.Queue()
+        threads = max(1, math.ceil(self._concurrency / self.workers))
+        self._threads = threads
+        self._workers = [self._spawn() for _ in range(self.workers)]
+        await asyncio.to_thread(self._await_ready, len(self._workers))
+        self._reader = threading.Thread(target=self._read_results, name="agl-runner-results", daemon=True)
+        self._reader.start()
+        asyncio.get_running_loop().create_task(self._watch_workers())
+
+    def _spawn(self) -> _Worker:
+        return _Worker(self._context, self.reference, self._worker_env(), self._results, self._threads)
+
+    def _await_ready(self, count: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        ready = 0
+        while ready < count:
+            try:
+                message = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise HarnessNotFound(f"runner workers did not start within {READY_TIMEOUT_S:.0f} s") from None
+            if message[0] == "failed":
+                self._terminate_all()
+                raise HarnessNotFound(f"runner worker could not load {self.reference!r}: {message[1]}")
+            ready += 1
+
+    def _read_results(self) -> None:
+        while True:
+            try:
+                item = self._results.get()
+            except (EOFError, OSError):
+                return
+            if item is None:
+                return
+            if isinstance(item, _Result) and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._resolve, item)
+            elif isinstance(item, tuple) and item[0] == "failed":
+                log.error("a replacement runner worker failed to start: %s", item[1])
+
+    def _resolve(self, result: _Result) -> None:
+        for worker in self._workers:
+            worker.pending.discard(result.request_id)
+        future = self._futures.pop(result.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    async def _watch_workers(self) -> None:
+        """Replace dead workers; their rollouts end as infrastructure errors (and are retried)."""
+        while not self._stopping:
+            await asyncio.sleep(0.2)
+            for index, worker in enumerate(self._workers):
+                if worker.process.is_alive() or self._stopping:
+                    continue
+                for request_id in list(worker.pending):
+                    future = self._futures.pop(request_id, None)
+                    if future is not None and not future.done():
+                        message = f"runner worker {worker.process.pid} died (exit code {worker.process.exitcode})"
+                        future.set_result(_Result(request_id, Cause.INFRA_ERROR.value, None, message, 0.0))
+                # Requests queue up in the new worker until it has imported the harness.
+                self._workers[index] = self._spawn()
+
+    async def run(self, spec: RolloutSpec) -> RolloutOutcome:
+        async with self._slots:
+            outcome = await self._attempt(spec)
+            attempts = 1
+            while outcome.cause is Cause.INFRA_ERROR and attempts <= self.retries and not self._stopping:
+                outcome = await self._attempt(replace(spec, attempt=spec.attempt + attempts))
+                attempts += 1
+            outcome.attempts = attempts
+            return outcome
+
+    async def _attempt(self, spec: RolloutSpec) -> RolloutOutcome:
+        assert self._loop is not None, "FunctionRunner.start() first"
+        request_id = next(self._ids)
+        future: asyncio.Future[_Result] = self._loop.create_future()
+        self._futures[request_id] = future
+        worker = min(self._workers, key=lambda w: len(w.pending))
+        worker.pending.add(request_id)
+        worker.requests.put(_Request(request_id, spec, self.endpoint.base_url(spec)))
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+            outcome = RolloutOutcome(spec, Cause(result.cause), reward=result.reward, message=result.message)
+        except asyncio.TimeoutError:
+            outcome = RolloutOutcome(spec, Cause.TIMEOUT, message=f"still running after {self.timeout_s:g} s")
+        finally:  # timed out or cancelled: a late result is ignored
+            if self._futures.pop(request_id, None) is not None:
+                worker.abandoned += 1
+            worker.pending.discard(request_id)
+        outcome.seconds = time.monotonic() - started
+        await call_hook(self.on_exit, outcome)
+        return outcome
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for worker in self._workers:
+            with contextlib.suppress(Exception):
+                worker.requests.put(None)
+        await asyncio.to_thread(self._join_all)
+        if self._results is not None:
+            with contextlib.suppress(Exception):
+                self._results.put(None)
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.join, 5.0)
+        for future in self._futures.values():
+            if not future.done():
+                future.cancel()
+
+    def _join_all(self) -> None:
+        deadline = time.monotonic() + 5.0
+        for worker in self._workers:
+            if worker.abandoned:
+                continue  # a hung harness thread would hold it up: killed below
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        self._terminate_all()
+
+    def _terminate_all(self) -> None:
+        for worker in self._workers:
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(2.0)

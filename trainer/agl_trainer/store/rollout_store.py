@@ -1,0 +1,533 @@
+"""`RolloutStore`: the SQLite file that holds every span the trainer received and what it trained on.
+
+Durability: the database is in WAL mode. With `durability="full"` (the default, SQLite
+`synchronous=FULL`) a committed write has been fsynced to the WAL before `write()` returns, so it
+survives a process crash (SIGKILL) and a power loss or OS crash. With `durability="normal"`
+(`synchronous=NORMAL`) commits survive a process crash, but the last transactions before a power
+loss may be rolled back (the database stays consistent). The receiver answers 200 only after the
+commit returns.
+
+One instance is one connection; use one per thread (the receiver has its own writer thread, the
+training loop its own). SQLite's WAL lets readers run while the writer writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+from agl import semconv
+
+from agl_trainer.receiver.contract import CallRecord, Record, RewardRecord, RolloutRecord, Violation
+from agl_trainer.store.records import (
+    CAUSE_HARNESS_ERROR,
+    CAUSE_INFRASTRUCTURE_ERROR,
+    CAUSE_OK,
+    CAUSE_TIMEOUT,
+    CAUSES,
+    CallRow,
+    RewardRow,
+    RolloutData,
+    RolloutInfo,
+    RolloutKey,
+    StoreStats,
+    WriteResult,
+)
+from agl_trainer.store.schema import SCHEMA, SCHEMA_VERSION
+
+DURABILITY = {"full": "FULL", "normal": "NORMAL"}
+DEFAULT_GRACE_S = 2.0
+
+_INFO_COLUMNS = (
+    "rollout_id, attempt, task_id, mode, status, complete, end_cause, first_seen_at, last_span_at,"
+    " completed_at, trained_step, dropped_reason,"
+    " (SELECT COUNT(*) FROM calls c WHERE c.rollout_id = r.rollout_id AND c.attempt = r.attempt),"
+    " (SELECT COUNT(*) FROM rewards w WHERE w.rollout_id = r.rollout_id"
+    "   AND (w.attempt IS NULL OR w.attempt = r.attempt)),"
+    " error, harness_exit_code, late_spans"
+)
+
+
+class StoreError(Exception):
+    """The store file cannot be used (not an agl store, newer schema, bad argument)."""
+
+
+def _blob(array: np.ndarray | None, dtype: str) -> bytes | None:
+    return None if array is None else np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+def _array(blob: bytes | None, dtype: str) -> np.ndarray | None:
+    return None if blob is None else np.frombuffer(blob, dtype=dtype)
+
+
+class RolloutStore:
+    """The rollout store at `path` (created if missing). See the package docstring for the API."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        durability: str = "full",
+        grace_s: float = DEFAULT_GRACE_S,
+        rollout_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = 60.0,
+    ) -> None:
+        if durability not in DURABILITY:
+            raise StoreError(f"durability must be one of {sorted(DURABILITY)}, got {durability!r}")
+        if grace_s < 0:
+            raise StoreError(f"grace_s must be >= 0, got {grace_s}")
+        if rollout_timeout_s is not None and rollout_timeout_s <= 0:
+            raise StoreError(f"rollout_timeout_s must be > 0 or None, got {rollout_timeout_s}")
+        self.path = Path(path)
+        self.grace_s = grace_s
+        self.rollout_timeout_s = rollout_timeout_s
+        self.clock = clock
+        self._lock = threading.RLock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # busy_timeout_s: how long a write waits for another connection's write lock before failing.
+        self._db = sqlite3.connect(
+            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={DURABILITY[durability]}")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as error:
+            self._db.close()
+            raise StoreError(f"{self.path} is not an agl rollout store: {error}") from None
+        if version > SCHEMA_VERSION:
+            self._db.close()
+            raise StoreError(f"{self.path} has schema {version}; this agl reads up to {SCHEMA_VERSION}")
+        if version < SCHEMA_VERSION:
+            self._db.executescript(
+                f"BEGIN IMMEDIATE; {SCHEMA}; PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+            )
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; BEGIN IMMEDIATE takes the write lock up front (or fails after
+        busy_timeout_s), so a commit never fails half-way for lock reasons."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # --- ingest -------------------------------------------------------------------------------
+    def write(self, records: Iterable[Record]) -> WriteResult:
+        """Store records in one transaction; a span already stored (trace id, span id) is skipped."""
+        return self.write_batches([records])[0]
+
+    def write_batches(self, batches: Sequence[Iterable[Record]]) -> list[WriteResult]:
+        """Store several requests' records in one transaction (one fsync), a result for each."""
+        now = self.clock()
+        results = []
+        with self._transaction() as db:
+            for records in batches:
+                result = WriteResult(violations={})
+                for record in records:
+                    if isinstance(record, CallRecord):
+                        inserted = self._insert_call(db, record, now)
+                        if inserted:
+                            result.tokens += _size(record.prompt_ids) + _size(record.completion_ids)
+                    elif isinstance(record, RewardRecord):
+                        inserted = self._insert_reward(db, record, now)
+                    elif isinstance(record, RolloutRecord):
+                        inserted = self._insert_rollout_span(db, record, now)
+                    else:
+                        inserted = self._insert_violation(db, record, now)
+                        if inserted:
+                            result.violations[record.reason] = result.violations.get(record.reason, 0) + 1
+                    if inserted:
+                        result.stored += 1
+                    else:
+                        result.duplicates += 1
+                results.append(result)
+        return results
+
+    def _touch_rollout(
+        self,
+        db: sqlite3.Connection,
+        rollout_id: str,
+        attempt: int,
+        task_id: str | None,
+        mode: str | None,
+        now: float,
+        span: bool = True,
+    ) -> None:
+        db.execute(
+            "INSERT INTO rollouts (rollout_id, attempt, task_id, mode, first_seen_at, last_span_at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (rollout_id, attempt) DO UPDATE SET"
+            " task_id = COALESCE(rollouts.task_id, excluded.task_id),"
+            " mode = COALESCE(rollouts.mode, excluded.mode),"
+            " last_span_at = excluded.last_span_at,"
+            " late_spans = rollouts.late_spans + (rollouts.complete AND ?)",
+            (rollout_id, attempt, task_id, mode, now, now, span),
+        )
+
+    def _insert_call(self, db: sqlite3.Connection, r: CallRecord, now: float) -> bool:
+        cursor = db.execute(
+            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                r.trace_id,
+                r.span_id,
+                r.rollout_id,
+                r.attempt,
+                r.call_seq,
+                r.name,
+                r.start_ns,
+                r.end_ns,
+                _blob(r.prompt_ids, "<i4"),
+                _blob(r.completion_ids, "<i4"),
+                _blob(r.logprobs, "<f4"),
+                r.prompt_ref_seq,
+                r.prompt_ref_length,
+                r.prompt_length,
+                r.policy_version,
+                r.finish_reason,
+                r.end_reason,
+                r.tokens_source,
+                r.choices,
+                r.status_code,
+                now,
+            ),
+        )
+        if cursor.rowcount:
+            self._touch_rollout(db, r.rollout_id, r.attempt, r.task_id, r.mode, now)
+        return cursor.rowcount > 0
+
+    def _insert_reward(self, db: sqlite3.Connection, r: RewardRecord, now: float) -> bool:
+        cursor = db.execute(
+            "INSERT OR IGNORE INTO rewards VALUES (?,?,?,?,?,?,?,?,?)",
+            (r.trace_id, r.span_id, r.rollout_id, r.attempt, r.name, r.value, r.call_seq, r.end_ns, now),
+        )
+        if cursor.rowcount and r.attempt is not None:
+            self._touch_rollout(db, r.rollout_id, r.attempt, r.task_id, None, now)
+        return cursor.rowcount > 0
+
+    def _insert_rollout_span(self, db: sqlite3.Connection, r: RolloutRecord, now: float) -> bool:
+        cursor = db.execute(
+            "INSERT OR IGNORE INTO rollout_spans VALUES (?,?,?,?)",
+            (r.trace_id, r.span_id, r.rollout_id, r.attempt),
+        )
+        if not cursor.rowcount:
+            return False
+        self._touch_rollout(db, r.rollout_id, r.attempt, r.task_id, r.mode, now)
+        db.execute(
+            "UPDATE rollouts SET status = ?, error = ?, started_ns = ?, ended_ns = ?, rollout_span_at = ?,"
+            " task_id = COALESCE(task_id, ?), mode = COALESCE(?, mode)"
+            " WHERE rollout_id = ? AND attempt = ?",
+            (r.status, r.error, r.start_ns, r.end_ns, now, r.task_id, r.mode, r.rollout_id, r.attempt),
+        )
+        return True
+
+    def _insert_violation(self, db: sqlite3.Connection, v: Violation, now: float) -> bool:
+        cursor = db.execute(
+            "INSERT OR IGNORE INTO violations VALUES (?,?,?,?,?,?)",
+            (v.trace_id, v.span_id, v.name, v.reason, v.rollout_id, now),
+        )
+        return cursor.rowcount > 0
+
+    # --- completion ---------------------------------------------------------------------------
+    def mark_harness_exited(
+        self, rollout_id: str, exit_code: int | None, cause: str | None = None, *, attempt: int = 0
+    ) -> None:
+        """The runner reports that the harness of a rollout exited. The rollout completes after the
+        grace period (late spans still arrive). `cause` overrides the cause the exit code implies
+        (0: ok, else harness_error), e.g. `infrastructure_error` when the runner itself failed."""
+        if cause is not None and cause not in CAUSES:
+            raise StoreError(f"cause must be one of {CAUSES}, got {cause!r}")
+        now = self.clock()
+        with self._transaction() as db:
+            self._touch_rollout(db, rollout_id, attempt, None, None, now, span=False)
+            db.execute(
+                "UPDATE rollouts SET harness_exited_at = ?, harness_exit_code = ?, harness_cause = ?"
+                " WHERE rollout_id = ? AND attempt = ?",
+                (now, exit_code, cause, rollout_id, attempt),
+            )
+
+    def refresh_completion(self) -> int:
+        """Complete the rollouts whose end is due now; returns how many completed."""
+        now = self.clock()
+        grace_due = now - self.grace_s
+        changed = 0
+        with self._transaction() as db:
+            changed += db.execute(
+                "UPDATE rollouts SET complete = 1, completed_at = ?, end_cause = COALESCE(harness_cause, CASE"
+                " WHEN status = ? THEN ? ELSE ? END)"
+                " WHERE complete = 0 AND rollout_span_at IS NOT NULL AND rollout_span_at <= ?",
+                (now, semconv.STATUS_FAILED, CAUSE_HARNESS_ERROR, CAUSE_OK, grace_due),
+            ).rowcount
+            changed += db.execute(
+                "UPDATE rollouts SET complete = 1, completed_at = ?, end_cause = COALESCE(harness_cause, CASE"
+                " WHEN harness_exit_code = 0 THEN ? WHEN harness_exit_code IS NULL THEN ? ELSE ? END)"
+                " WHERE complete = 0 AND harness_exited_at IS NOT NULL AND harness_exited_at <= ?",
+                (now, CAUSE_OK, CAUSE_INFRASTRUCTURE_ERROR, CAUSE_HARNESS_ERROR, grace_due),
+            ).rowcount
+            if self.rollout_timeout_s is not None:
+                changed += db.execute(
+                    "UPDATE rollouts SET complete = 1, completed_at = ?, end_cause = ?"
+                    " WHERE complete = 0 AND first_seen_at <= ?",
+                    (now, CAUSE_TIMEOUT, now - self.rollout_timeout_s),
+                ).rowcount
+        return changed
+
+    # --- reading ------------------------------------------------------------------------------
+    def _infos(self, where: str, params: Sequence[object], limit: int | None = None) -> list[RolloutInfo]:
+        sql = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE {where} ORDER BY completed_at, first_seen_at, rollout_id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [
+            RolloutInfo(
+                rollout_id=row[0],
+                attempt=row[1],
+                task_id=row[2],
+                mode=row[3],
+                status=row[4],
+                complete=bool(row[5]),
+                end_cause=row[6],
+                first_seen_at=row[7],
+                last_span_at=row[8],
+                completed_at=row[9],
+                trained_step=row[10],
+                dropped_reason=row[11],
+                calls=row[12],
+                rewards=row[13],
+                error=row[14],
+                harness_exit_code=row[15],
+                late_spans=row[16],
+            )
+            for row in rows
+        ]
+
+    def ready_rollouts(self, mode: str = semconv.MODE_TRAIN, limit: int | None = None) -> list[RolloutInfo]:
+        """Complete rollouts of `mode` not yet trained on or dropped, oldest completion first."""
+        if mode not in semconv.MODES:
+            raise StoreError(f"mode must be one of {semconv.MODES}, got {mode!r}")
+        self.refresh_completion()
+        return self._infos(
+            "complete = 1 AND trained_step IS NULL AND dropped_reason IS NULL AND COALESCE(mode, ?) = ?",
+            (semconv.MODE_TRAIN, mode),
+            limit,
+        )
+
+    def rollouts(self, limit: int | None = None) -> list[RolloutInfo]:
+        """Every rollout, oldest first (for listing)."""
+        self.refresh_completion()
+        return self._infos("1", (), limit)
+
+    def rollout(self, key: RolloutKey | str) -> RolloutInfo | None:
+        key = _key(key)
+        found = self._infos("rollout_id = ? AND attempt = ?", (key.rollout_id, key.attempt))
+        return found[0] if found else None
+
+    def find(self, rollout_id_prefix: str) -> list[RolloutInfo]:
+        return self._infos("rollout_id LIKE ? ESCAPE '\\'", (_like_prefix(rollout_id_prefix),))
+
+    def load(self, key: RolloutKey | str) -> RolloutData:
+        """A rollout's row, calls and rewards; raises StoreError when it is unknown."""
+        key = _key(key)
+        info = self.rollout(key)
+        if info is None:
+            raise StoreError(f"no rollout {key.rollout_id!r} attempt {key.attempt} in {self.path}")
+        with self._lock:
+            call_rows = self._db.execute(
+                "SELECT span_id, call_seq, name, end_ns, prompt_ids, completion_ids, logprobs, prompt_ref_seq,"
+                " prompt_ref_length, prompt_length, policy_version, finish_reason, end_reason, tokens_source, choices"
+                " FROM calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
+                (key.rollout_id, key.attempt),
+            ).fetchall()
+            reward_rows = self._db.execute(
+                "SELECT span_id, name, value, call_seq, end_ns FROM rewards WHERE rollout_id = ?"
+                " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
+                (key.rollout_id, key.attempt),
+            ).fetchall()
+        calls = [
+            CallRow(
+                span_id=row[0],
+                call_seq=row[1],
+                name=row[2],
+                end_ns=row[3],
+                prompt_ids=_array(row[4], "<i4"),
+                completion_ids=_array(row[5], "<i4"),
+                logprobs=_array(row[6], "<f4"),
+                prompt_ref_seq=row[7],
+                prompt_ref_length=row[8],
+                prompt_length=row[9],
+                policy_version=row[10],
+                finish_reason=row[11],
+                end_reason=row[12],
+                tokens_source=row[13],
+                choices=row[14],
+            )
+            for row in call_rows
+        ]
+        rewards = [RewardRow(*row) for row in reward_rows]
+        return RolloutData(info=info, calls=calls, rewards=rewards)
+
+    def completed(self, keys: Iterable[RolloutKey | str]) -> set[RolloutKey]:
+        """Which of `keys` are complete and neither trained on nor dropped."""
+        self.refresh_completion()
+        wanted = {_key(item) for item in keys}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT rollout_id, attempt FROM rollouts WHERE complete = 1 AND trained_step IS NULL"
+                " AND dropped_reason IS NULL"
+            ).fetchall()
+        return {RolloutKey(row[0], row[1]) for row in rows} & wanted
+
+    def final_rewards(
+        self, keys: Iterable[RolloutKey | str], name: str = semconv.DEFAULT_REWARD_NAME
+    ) -> dict[RolloutKey, float]:
+        """The final reward (`name`, not per-call, the last one winning) of each of `keys` that has one."""
+        out: dict[RolloutKey, float] = {}
+        with self._lock:
+            for key in {_key(item) for item in keys}:
+                row = self._db.execute(
+                    "SELECT value FROM rewards WHERE rollout_id = ? AND (attempt IS NULL OR attempt = ?)"
+                    " AND name = ? AND call_seq IS NULL ORDER BY end_ns DESC, span_id DESC LIMIT 1",
+                    (key.rollout_id, key.attempt, name),
+                ).fetchone()
+                if row is not None:
+                    out[key] = row[0]
+        return out
+
+    # --- training state -----------------------------------------------------------------------
+    def mark_trained(self, rollouts: Iterable[RolloutKey | str], step: int) -> int:
+        """Record that `rollouts` were trained on at `step` (a bare id means attempt 0)."""
+        keys = [_key(item) for item in rollouts]
+        with self._transaction() as db:
+            count = sum(
+                db.execute(
+                    "UPDATE rollouts SET trained_step = ? WHERE rollout_id = ? AND attempt = ?",
+                    (step, key.rollout_id, key.attempt),
+                ).rowcount
+                for key in keys
+            )
+            db.execute(
+                "INSERT INTO training_steps VALUES (?, ?, ?) ON CONFLICT (step) DO UPDATE SET"
+                " rollouts = training_steps.rollouts + excluded.rollouts",
+                (step, count, self.clock()),
+            )
+        return count
+
+    def mark_dropped(self, rollouts: Iterable, reason: str | None = None) -> None:
+        """Record rollouts that will never be trained on: `[(key, reason), ...]`, or keys and one `reason`."""
+        pairs = [(item, reason) for item in rollouts] if reason is not None else list(rollouts)
+        with self._transaction() as db:
+            for key, why in pairs:
+                key = _key(key)
+                if not why:
+                    raise StoreError(f"mark_dropped: no reason given for {key}")
+                db.execute(
+                    "UPDATE rollouts SET dropped_reason = ? WHERE rollout_id = ? AND attempt = ?",
+                    (why, key.rollout_id, key.attempt),
+                )
+
+    def record_checkpoint(self, step: int, path: str) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?)", (step, str(path), self.clock()))
+
+    def last_checkpoint(self) -> tuple[int, str] | None:
+        """(step, path) of the newest checkpoint, for a restarted trainer to resume from."""
+        with self._lock:
+            row = self._db.execute("SELECT step, path FROM checkpoints ORDER BY step DESC LIMIT 1").fetchone()
+        return (row[0], row[1]) if row else None
+
+    def last_step(self) -> int | None:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(step) FROM training_steps").fetchone()
+        return row[0]
+
+    # --- statistics ---------------------------------------------------------------------------
+    def stats(self) -> StoreStats:
+        self.refresh_completion()
+        with self._lock:
+            db = self._db
+            total, complete, trained, dropped, ready = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(complete), 0), COUNT(trained_step), COUNT(dropped_reason),"
+                " COALESCE(SUM(complete = 1 AND trained_step IS NULL AND dropped_reason IS NULL), 0)"
+                " FROM rollouts"
+            ).fetchone()
+            by_cause = dict(
+                db.execute("SELECT end_cause, COUNT(*) FROM rollouts WHERE complete = 1 GROUP BY end_cause")
+            )
+            violations = dict(db.execute("SELECT reason, COUNT(*) FROM violations GROUP BY reason"))
+            calls = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+            rewards = db.execute("SELECT COUNT(*) FROM rewards").fetchone()[0]
+        return StoreStats(
+            rollouts=total,
+            complete=complete,
+            ready=ready,
+            trained=trained,
+            dropped=dropped,
+            by_cause=by_cause,
+            calls=calls,
+            rewards=rewards,
+            violations=violations,
+            last_step=self.last_step(),
+        )
+
+    def has_span(self, trace_id: bytes, span_id: bytes) -> bool:
+        """Whether any table holds the span (used by tests and `agl traces`)."""
+        with self._lock:
+            for table in ("calls", "rewards", "rollout_spans", "violations"):
+                found = self._db.execute(
+                    f"SELECT 1 FROM {table} WHERE trace_id = ? AND span_id = ?", (trace_id, span_id)
+                ).fetchone()
+                if found:
+                    return True
+        return False
+
+    def span_ids(self) -> set[tuple[bytes, bytes]]:
+        """Every stored (trace id, span id)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT trace_id, span_id FROM calls UNION ALL SELECT trace_id, span_id FROM rewards"
+                " UNION ALL SELECT trace_id, span_id FROM rollout_spans"
+                " UNION ALL SELECT trace_id, span_id FROM violations"
+            ).fetchall()
+        return {(row[0], row[1]) for row in rows}
+
+
+def _size(array: np.ndarray | None) -> int:
+    return 0 if array is None else int(array.size)
+
+
+def _key(item: RolloutKey | str | tuple[str, int]) -> RolloutKey:
+    if isinstance(item, RolloutKey):
+        return item
+    if isinstance(item, str):
+        return RolloutKey(item, 0)
+    if isinstance(item, tuple) and len(item) == 2:
+        return RolloutKey(str(item[0]), int(item[1]))
+    if isinstance(item, RolloutInfo):
+        return item.key
+    raise StoreError(f"expected a rollout id, (id, attempt) or RolloutKey, got {item!r}")
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
