@@ -1,6 +1,6 @@
 """What the Anthropic Messages and Responses fronts cost, against the chat-completions path.
 
-    python bench/protocols_overhead.py [--quick]
+    python bench/protocols_overhead.py [--quick] [--peers]
 
 Part 1, translation CPU per call (in-process, no network): agl's adapters against litellm's own
 translation of the same call, the path litellm's proxy takes for /v1/messages and /v1/responses to
@@ -13,6 +13,12 @@ question as chat completions direct to the engine (the reference), chat through 
 Anthropic Messages and Responses through the sidecar; streaming and not; concurrency 1 (latency)
 and 32 (throughput). Targets are interleaved in small blocks (the machine is shared). Prints the
 latency each path adds over direct and its ratio to the chat path's.
+
+With --peers, the litellm proxy (installed under /tmp by scripts/setup_bench_peers.sh, one worker,
+the model routed to the same fake vLLM as hosted_vllm) joins the same interleaved blocks: chat
+completions (the client asking for token IDs, as direct) and /v1/messages, which litellm translates
+to chat for an OpenAI-compatible model, the same translation agl's /v1/messages does. Prints its
+added latency and agl's /v1/messages added latency / litellm's.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 PY = sys.executable
 
@@ -206,21 +213,32 @@ async def wait_up(session: Any, url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def one_call(session: Any, url: str, body: bytes, stream: bool) -> float:
+JSON = {"Content-Type": "application/json"}
+
+
+async def one_call(
+    session: Any, url: str, body: bytes, stream: bool, headers: dict[str, str] = JSON
+) -> float:
     started = time.perf_counter()
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as reply:
+    async with session.post(url, data=body, headers=headers) as reply:
+        if reply.status != 200:
+            raise RuntimeError(f"{url}: HTTP {reply.status}: {(await reply.text())[:300]}")
         if stream:
             async for _ in reply.content.iter_any():
                 pass
         else:
             await reply.read()
-        if reply.status != 200:
-            raise RuntimeError(f"{url}: HTTP {reply.status}: {await reply.text()}")
     return time.perf_counter() - started
 
 
 async def block(
-    session: Any, url: str, body: bytes, stream: bool, calls: int, concurrency: int
+    session: Any,
+    url: str,
+    body: bytes,
+    stream: bool,
+    calls: int,
+    concurrency: int,
+    headers: dict[str, str] = JSON,
 ) -> tuple[list[float], float]:
     latencies: list[float] = []
     remaining = calls
@@ -229,25 +247,29 @@ async def block(
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            latencies.append(await one_call(session, url, body, stream))
+            latencies.append(await one_call(session, url, body, stream, headers))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies, time.perf_counter() - started
 
 
-def bodies(stream: bool) -> dict[str, tuple[str, bytes]]:
+def bodies(stream: bool, with_litellm: bool) -> dict[str, tuple[str, str, dict[str, Any]]]:
     question = [{"role": "user", "content": "What is the weather in Paris today? " * 20}]
     chat = {"model": "tiny", "messages": question, "max_tokens": 64, "stream": stream}
     direct = {**chat, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
     anthropic = {"model": "tiny", "max_tokens": 64, "messages": question, "stream": stream}
     responses = {"model": "tiny", "input": question[0]["content"], "max_output_tokens": 64, "stream": stream}
-    return {
+    targets = {
         "direct (chat)": ("engine", "/v1/chat/completions", direct),
         "sidecar chat": ("sidecar", "/v1/chat/completions", chat),
         "sidecar anthropic": ("sidecar", "/v1/messages", anthropic),
         "sidecar responses": ("sidecar", "/v1/responses", responses),
-    }  # type: ignore[return-value]
+    }
+    if with_litellm:  # litellm passes return_token_ids through on chat; Messages has no field for it
+        targets["litellm chat"] = ("litellm", "/v1/chat/completions", direct)
+        targets["litellm anthropic"] = ("litellm", "/v1/messages", anthropic)
+    return targets
 
 
 def start_servers(spool: str) -> tuple[list[subprocess.Popen], str, str]:
@@ -269,45 +291,65 @@ def start_servers(spool: str) -> tuple[list[subprocess.Popen], str, str]:
     return [fake, sidecar], engine, f"http://127.0.0.1:{sidecar_port}"
 
 
-async def through_sidecar(engine: str, sidecar: str, quick: bool) -> None:
+async def through_sidecar(engine: str, sidecar: str, quick: bool, litellm: Any = None) -> None:
     import aiohttp
 
+    bases = {"engine": (engine, JSON), "sidecar": (sidecar, JSON)}
+    if litellm is not None:
+        bases["litellm"] = (litellm.base, {**JSON, **litellm.headers})
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await wait_up(session, engine + "/health")
         await wait_up(session, sidecar + "/healthz")
         print("\nPart 2: through agl-sidecar (fake vLLM, 64 output tokens); added = p50 - direct's p50")
         rounds, per_block = (3, 20) if quick else (8, 40)
         for stream in (False, True):
-            targets = {name: ((engine if where == "engine" else sidecar) + path, json.dumps(body).encode())
-                       for name, (where, path, body) in bodies(stream).items()}  # fmt: skip
-            for url, body in targets.values():  # warm: the adapters import litellm on first use
-                await one_call(session, url, body, stream)
+            targets = {name: (bases[where][0] + path, json.dumps(body).encode(), bases[where][1])
+                       for name, (where, path, body) in bodies(stream, litellm is not None).items()}  # fmt: skip
+            for name, (url, body, headers) in list(targets.items()):  # warm: agl's adapters import litellm
+                try:
+                    await one_call(session, url, body, stream, headers)
+                except RuntimeError as e:
+                    if not name.startswith("litellm"):
+                        raise
+                    print(f"stream={stream!s:5} {name}: NOT RUN: {str(e).split(': ', 1)[-1]}")
+                    del targets[name]
             for concurrency in (1, 32):
                 lat: dict[str, list[float]] = {n: [] for n in targets}
                 busy: dict[str, float] = {n: 0.0 for n in targets}
                 for _ in range(rounds):
-                    for name, (url, body) in targets.items():
+                    for name, (url, body, headers) in targets.items():
                         calls = per_block * (4 if concurrency > 1 else 1)
-                        got, took = await block(session, url, body, stream, calls, concurrency)
+                        got, took = await block(session, url, body, stream, calls, concurrency, headers)
                         lat[name] += got
                         busy[name] += took
                 report(stream, concurrency, lat, busy)
 
 
+# Each translated path is compared with its own proxy's chat path: what the translation adds.
+CHAT_OF = {"sidecar anthropic": "sidecar chat", "sidecar responses": "sidecar chat",
+           "litellm anthropic": "litellm chat"}  # fmt: skip
+
+
 def report(stream: bool, concurrency: int, lat: dict[str, list[float]], busy: dict[str, float]) -> None:
     base = statistics.median(lat["direct (chat)"])
-    chat_added = statistics.median(lat["sidecar chat"]) - base
+    added = {name: statistics.median(values) - base for name, values in lat.items()}
     print(f"stream={stream!s:5} concurrency={concurrency}")
     for name, values in lat.items():
         p50 = statistics.median(values)
         p99 = sorted(values)[int(0.99 * (len(values) - 1))]
         line = f"  {name:20} p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms  {len(values) / busy[name]:7.0f} req/s"
         if name != "direct (chat)":
-            added = p50 - base
-            line += f"  added {added * 1e3:6.2f} ms"
-            if name != "sidecar chat" and chat_added > 0:
-                line += f"  ({added / chat_added:.2f}x chat's)"
+            line += f"  added {added[name] * 1e3:6.2f} ms"
+            chat = CHAT_OF.get(name)
+            if chat in added and added[chat] > 0:
+                line += f"  ({added[name] / added[chat]:.2f}x {chat}'s)"
         print(line)
+    for ours, theirs in (("sidecar anthropic", "litellm anthropic"), ("sidecar chat", "litellm chat")):
+        if ours in added and theirs in added and added[theirs] > 0:
+            print(
+                f"  => {ours} added p50 / {theirs}'s: {added[ours] / added[theirs]:.2f}x; "
+                f"throughput {len(lat[ours]) / busy[ours] / (len(lat[theirs]) / busy[theirs]):.2f}x theirs"
+            )
 
 
 def main() -> None:
@@ -315,13 +357,35 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer calls (under a minute)")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also measure the litellm proxy's /v1/messages (installs it under /tmp with "
+        "scripts/setup_bench_peers.sh on first use)",
+    )
     args = parser.parse_args()
     translation_costs(0.5 if args.quick else 2.0)
     with tempfile.TemporaryDirectory() as spool:
         procs, engine, sidecar = start_servers(spool)
+        litellm = None
         try:
-            asyncio.run(through_sidecar(engine, sidecar, args.quick))
+            if args.peers:
+                import _peers
+
+                print("\npeers:")
+                _peers.setup(skip_agentlightning=True)  # its gateway serves chat completions only
+                try:
+                    litellm = _peers.start_litellm(engine, "tiny", _peers.scratch_dir())
+                except _peers.PeerUnavailable as e:
+                    print(f"  litellm: NOT RUN: {e}")
+                print(
+                    "  Agent Lightning: not run here (its 1.0.x gateway proxies chat/completions and "
+                    "completions only, no /v1/messages)"
+                )
+            asyncio.run(through_sidecar(engine, sidecar, args.quick, litellm))
         finally:
+            if litellm is not None:
+                litellm.stop()
             for proc in reversed(procs):  # the sidecar first: it flushes spans to the fake's sink
                 proc.terminate()
                 proc.wait(10)

@@ -1,6 +1,6 @@
 """What agl-sidecar adds to a model call, against a minimal pass-through proxy (the floor).
 
-    python bench/sidecar_overhead.py [--quick]
+    python bench/sidecar_overhead.py [--quick] [--peers]
 
 Over loopback, in one run: a fake vLLM upstream (tests/support/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
@@ -8,7 +8,12 @@ written below: forwards, asks for token IDs, reads and strips them); agl-sidecar
 OTLP receiver). Prompts of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets
 are interleaved in small blocks, since a call right after a slow one runs slow on a shared machine.
 Prints added p50/p99 latency against direct, throughput, RSS and the ratios against the floor.
-The litellm proxy and Agent Lightning's gateway are not run here (see the printed notes).
+
+With --peers, real peer proxies join the same interleaved blocks: the litellm proxy (one worker, the
+model routed to the fake vLLM as hosted_vllm, the client asking for token IDs as it does direct) and
+Agent Lightning's gateway (`agl-server`, train mode, which adds token IDs and logprobs itself). They
+are installed into throwaway venvs under /tmp by scripts/setup_bench_peers.sh (run first; a no-op
+once done). A peer that cannot be installed, started or called for a case is reported and skipped.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import _peers  # bench/_peers.py (bench/ is on sys.path when this runs as a script)
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+JSON = {"Content-Type": "application/json"}
 
 FAKE = """
 import sys, asyncio, uvloop
@@ -128,20 +136,21 @@ async def wait_up(url: str, session) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def one_call(session, url: str, body: bytes, stream: bool) -> float:
+async def one_call(session, url: str, body: bytes, stream: bool, headers: dict[str, str] = JSON) -> float:
     started = time.perf_counter()
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+    async with session.post(url, data=body, headers=headers) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:300]}")
         if stream:
             async for _ in r.content.iter_any():
                 pass
         else:
             await r.read()
-        if r.status != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status}")
     return time.perf_counter() - started
 
 
-async def run_block(session, url: str, body: bytes, stream: bool, calls: int, concurrency: int) -> tuple[list[float], float]:
+async def run_block(session, url: str, body: bytes, stream: bool, calls: int, concurrency: int,
+                    headers: dict[str, str] = JSON) -> tuple[list[float], float]:
     latencies: list[float] = []
     remaining = calls
 
@@ -149,7 +158,7 @@ async def run_block(session, url: str, body: bytes, stream: bool, calls: int, co
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            latencies.append(await one_call(session, url, body, stream))
+            latencies.append(await one_call(session, url, body, stream, headers))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -161,11 +170,12 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def main(quick: bool) -> None:
+async def main(quick: bool, with_peers: bool) -> None:
     import aiohttp
     import msgspec
 
     procs: list[subprocess.Popen] = []
+    peers: list[_peers.Peer] = []
     fake_port, floor_port, sidecar_port, sink_port = free_port(), free_port(), free_port(), free_port()
     quiet_port = free_port()
     upstream = f"http://127.0.0.1:{fake_port}"
@@ -190,6 +200,12 @@ async def main(quick: bool) -> None:
             [PY, "-m", "agl_sidecar.cli", "--upstream", upstream, "--listen", f"127.0.0.1:{quiet_port}",
              "--spool-dir", spool], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
         ))
+        if with_peers:  # after the sidecar's start is timed: litellm's import takes both cores for seconds
+            print("peers:")
+            _peers.setup()
+            peers, peer_failed = _peers.start_all(upstream, "tiny", _peers.scratch_dir())
+            for name, why in peer_failed.items():
+                print(f"  {name}: NOT RUN: {why}")
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
             await wait_up(upstream + "/health", session)
@@ -205,10 +221,20 @@ async def main(quick: bool) -> None:
                 "agl-sidecar": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
                 "agl-noexport": f"http://127.0.0.1:{quiet_port}/v1/chat/completions",
             }
-            print(f"idle RSS: agl-sidecar {idle_rss:.0f} MB, floor {rss_mb(procs[1].pid):.0f} MB")
-            print("litellm proxy: not run (needs litellm[proxy] in a separate venv; ENVIRONMENT.md measured ~6-16 ms added)")
-            print("Agent Lightning gateway: not set up here (optional peer), skipped")
-            header = f"{'case':<24}{'target':<13}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>9}"
+            headers = {name: JSON for name in targets}
+            for peer in peers:
+                targets[peer.name] = peer.chat_url
+                headers[peer.name] = {**JSON, **peer.headers}
+                calls_made[peer.name] = 0
+                cpu_before[peer.name] = _peers.tree_cpu_s(peer.proc.pid)
+            peer_idle_rss = {peer.name: _peers.tree_rss_mb(peer.proc.pid) for peer in peers}
+            print(f"idle RSS: agl-sidecar {idle_rss:.0f} MB, floor {rss_mb(procs[1].pid):.0f} MB"
+                  + "".join(f", {name} {mb:.0f} MB" for name, mb in peer_idle_rss.items()))
+            if not with_peers:
+                print("litellm proxy: not run (needs litellm[proxy] in a separate venv; ENVIRONMENT.md measured ~6-16 ms added)")
+                print("Agent Lightning gateway: not set up here (optional peer), skipped")
+            width = 16 if peers else 13
+            header = f"{'case':<24}{'target':<{width}}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>9}"
             print(header)
             blocks = 3 if quick else 8
             for chars in (2000, 30000):
@@ -223,25 +249,36 @@ async def main(quick: bool) -> None:
                         with_ids = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
                         bodies = {"direct": msgspec.json.encode(with_ids)}
                         bodies["floor"] = bodies["agl-sidecar"] = bodies["agl-noexport"] = msgspec.json.encode(plain)
-                        lat: dict[str, list[float]] = {t: [] for t in targets}
-                        wall: dict[str, float] = {t: 0.0 for t in targets}
-                        for name, url in targets.items():  # warm-up
-                            await run_block(session, url, bodies[name], stream, 2, 1)
+                        # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
+                        bodies["litellm"] = bodies["direct"]
+                        bodies["agentlightning"] = bodies["floor"]
+                        case = f"{chars // 1000}k {'stream' if stream else 'unary'} c={concurrency}"
+                        case_targets = dict(targets)
+                        for name, url in targets.items():  # warm-up; a peer that refuses the case sits it out
+                            try:
+                                await run_block(session, url, bodies[name], stream, 2, 1, headers[name])
+                            except RuntimeError as e:
+                                if not any(name == p.name for p in peers):
+                                    raise
+                                print(f"{case:<24}{name:<{width}}NOT RUN: {str(e).split(': ', 1)[-1]}")
+                                del case_targets[name]
+                        lat: dict[str, list[float]] = {t: [] for t in case_targets}
+                        wall: dict[str, float] = {t: 0.0 for t in case_targets}
                         for _ in range(blocks):
-                            for name, url in targets.items():
-                                values, seconds = await run_block(session, url, bodies[name], stream, per_block, concurrency)
+                            for name, url in case_targets.items():
+                                values, seconds = await run_block(session, url, bodies[name], stream, per_block,
+                                                                  concurrency, headers[name])
                                 lat[name] += values
                                 wall[name] += seconds
                                 if name in calls_made:
                                     calls_made[name] += len(values)
-                        case = f"{chars // 1000}k {'stream' if stream else 'unary'} c={concurrency}"
                         base50, base99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
                         added = {}
-                        for name in targets:
+                        for name in case_targets:
                             p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
                             rps = len(lat[name]) / wall[name]
                             added[name] = (p50 - base50, rps)
-                            print(f"{case:<24}{name:<13}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
+                            print(f"{case:<24}{name:<{width}}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
                                   f"{(p99 - base99) * 1e3:9.2f}{rps:9.1f}")
                         floor_added, floor_rps = added["floor"]
                         agl_added, agl_rps = added["agl-sidecar"]
@@ -249,16 +286,34 @@ async def main(quick: bool) -> None:
                         target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
                         print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
                               f"{agl_rps / floor_rps:.0%} ({target})")
+                        for peer in peers:
+                            if peer.name not in added:
+                                continue
+                            peer_added, peer_rps = added[peer.name]
+                            vs_floor = peer_added / floor_added if floor_added > 0 else float("nan")
+                            vs_peer = agl_added / peer_added if peer_added > 0 else float("nan")
+                            print(f"{'':<24}=> {peer.name} added p50 / floor's {vs_floor:.2f}x, throughput / floor's "
+                                  f"{peer_rps / floor_rps:.0%}; agl-sidecar vs {peer.name}: added p50 {vs_peer:.2f}x, "
+                                  f"throughput {agl_rps / peer_rps:.2f}x")
             busy_rss = rss_mb(sidecar.pid)
             for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar)):
                 used = cpu_s(p.pid) - cpu_before[name]
                 print(f"CPU per call, whole run: {name} {used / max(calls_made[name], 1) * 1e3:.3f} ms")
+            for peer in peers:
+                used = _peers.tree_cpu_s(peer.proc.pid) - cpu_before[peer.name]
+                print(f"CPU per call, whole run: {peer.name} {used / max(calls_made[peer.name], 1) * 1e3:.3f} ms")
             async with session.get(f"http://127.0.0.1:{sidecar_port}/agl/v1/state") as r:
                 counters = (await r.json())["counters"]
-            print(f"RSS after the run: agl-sidecar {busy_rss:.0f} MB (idle {idle_rss:.0f} MB), floor {rss_mb(procs[1].pid):.0f} MB")
+            print(f"RSS after the run: agl-sidecar {busy_rss:.0f} MB (idle {idle_rss:.0f} MB), floor {rss_mb(procs[1].pid):.0f} MB"
+                  + "".join(f", {p.name} {_peers.tree_rss_mb(p.proc.pid):.0f} MB (idle {peer_idle_rss[p.name]:.0f} MB)"
+                            for p in peers))
+            for peer in peers:
+                print(f"peer {peer.name}: {peer.version}")
             print(f"spans exported {counters['spans_exported']}, spooled {counters['spans_spooled']}, "
                   f"failed {counters['spans_failed']}, bytes exported {counters['bytes_exported']}")
     finally:
+        for peer in peers:
+            peer.stop()
         for p in reversed(procs):  # the sidecar first: it flushes its spans to the sink on the way out
             p.terminate()
         for p in procs:
@@ -272,8 +327,11 @@ async def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or ""), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls per case (finishes in about a minute)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also measure the litellm proxy and Agent Lightning's gateway (installs them under /tmp "
+                             "with scripts/setup_bench_peers.sh on first use)")
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import uvloop
 
-    uvloop.run(main(args.quick))
+    uvloop.run(main(args.quick, args.peers))

@@ -332,6 +332,10 @@ class TrainingLoop:
         results = self._apply_failed_policy(batch, assembled.results if assembled else [])
         results, too_stale = self._filter_stale(results)
         step_metrics: dict[str, float] = {}
+        # Collocated on a GPU: the engine frees its memory for training; update_weights wakes it.
+        engine_sleep = getattr(self.engine, "sleep", None)
+        if engine_sleep is not None:
+            await asyncio.to_thread(engine_sleep)
         if results and any(r.samples for r in results):
             training_batch = TrainingBatch.from_rollouts(results, self.pad_token_id)
             train_metrics = await asyncio.to_thread(self.backend.train_step, training_batch, self.version)
