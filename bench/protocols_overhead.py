@@ -365,7 +365,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     translation_costs(0.5 if args.quick else 2.0)
-    with tempfile.TemporaryDirectory() as spool:
+    with (
+        tempfile.TemporaryDirectory() as spool,
+        tempfile.TemporaryDirectory(prefix="agl-bench-peers-") as peer_dir,
+    ):
         procs, engine, sidecar = start_servers(spool)
         litellm = None
         try:
@@ -375,7 +378,7 @@ def main() -> None:
                 print("\npeers:")
                 _peers.setup(skip_agentlightning=True)  # its gateway serves chat completions only
                 try:
-                    litellm = _peers.start_litellm(engine, "tiny", _peers.scratch_dir())
+                    litellm = _peers.start_litellm(engine, "tiny", Path(peer_dir))
                 except _peers.PeerUnavailable as e:
                     print(f"  litellm: NOT RUN: {e}")
                 print(

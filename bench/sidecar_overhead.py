@@ -176,6 +176,7 @@ async def main(quick: bool, with_peers: bool) -> None:
 
     procs: list[subprocess.Popen] = []
     peers: list[_peers.Peer] = []
+    peer_dir = _peers.scratch_dir()  # configs and logs of the peers
     fake_port, floor_port, sidecar_port, sink_port = free_port(), free_port(), free_port(), free_port()
     quiet_port = free_port()
     upstream = f"http://127.0.0.1:{fake_port}"
@@ -203,7 +204,7 @@ async def main(quick: bool, with_peers: bool) -> None:
         if with_peers:  # after the sidecar's start is timed: litellm's import takes both cores for seconds
             print("peers:")
             _peers.setup()
-            peers, peer_failed = _peers.start_all(upstream, "tiny", _peers.scratch_dir())
+            peers, peer_failed = _peers.start_all(upstream, "tiny", peer_dir)
             for name, why in peer_failed.items():
                 print(f"  {name}: NOT RUN: {why}")
         connector = aiohttp.TCPConnector(limit=0)
@@ -322,6 +323,7 @@ async def main(quick: bool, with_peers: bool) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(spool, ignore_errors=True)
+        shutil.rmtree(peer_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

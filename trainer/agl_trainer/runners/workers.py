@@ -149,6 +149,12 @@ class _Worker:
         self.abandoned = 0  # requests given up on (timed out, cancelled) that may still be running
         self.process.start()
 
+    def discard_queue(self) -> None:
+        """Drop what is still queued for a dead or stopped worker. Without this, the queue's feeder
+        thread waits at interpreter exit for a reader that will never come, and the trainer hangs."""
+        self.requests.cancel_join_thread()
+        self.requests.close()
+
 
 class FunctionRunner:
     """Call `module:function` once per rollout in `workers` processes, `concurrency` at a time."""
@@ -251,6 +257,7 @@ class FunctionRunner:
                     if future is not None and not future.done():
                         message = f"runner worker {worker.process.pid} died (exit code {worker.process.exitcode})"
                         future.set_result(_Result(request_id, Cause.INFRA_ERROR.value, None, message, 0.0))
+                worker.discard_queue()
                 # Requests queue up in the new worker until it has imported the harness.
                 self._workers[index] = self._spawn()
 
@@ -297,6 +304,9 @@ class FunctionRunner:
                 self._results.put(None)
         if self._reader is not None:
             await asyncio.to_thread(self._reader.join, 5.0)
+        if self._results is not None:
+            self._results.cancel_join_thread()
+            self._results.close()
         for future in self._futures.values():
             if not future.done():
                 future.cancel()
@@ -314,3 +324,4 @@ class FunctionRunner:
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join(2.0)
+            worker.discard_queue()
