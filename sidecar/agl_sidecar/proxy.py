@@ -398,6 +398,24 @@ class Proxy:
         return response
 
 
+def _record_choice(
+    call: CallRecord, c: Any, logprobs: list[float] | None, flags: Flags, strip: list[tuple[bytes, msgspec.Raw]]
+) -> None:
+    """Record one choice's finish reason, token IDs and logprobs; queue what the harness did not ask for."""
+    choice = call.choice(c.index)
+    choice.finish_reason = c.finish_reason
+    ids = wire.token_ids(c.token_ids)
+    if ids is None:
+        call.tokens_absent = True
+    else:
+        choice.token_ids = ids
+    choice.logprobs = logprobs or []
+    if not flags.token_ids:
+        strip.append((K_TOKEN_IDS, c.token_ids))
+    if not flags.logprobs:
+        strip.append((K_LOGPROBS, c.logprobs))
+
+
 def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture: bool) -> bytes:
     """Record the response's ids, tokens and logprobs on `call`; return the body for the harness."""
     strip: list[tuple[bytes, msgspec.Raw]] = []
@@ -407,18 +425,7 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
         if not flags.token_ids:
             strip.append((K_PROMPT_TOKEN_IDS, prompt_raw))
         for c in parsed.choices:
-            choice = call.choice(c.index)
-            choice.finish_reason = c.finish_reason
-            ids = wire.token_ids(c.token_ids)
-            if ids is None:
-                call.tokens_absent = True
-            else:
-                choice.token_ids = ids
-            choice.logprobs = wire.chat_logprobs(c.logprobs) or []
-            if not flags.token_ids:
-                strip.append((K_TOKEN_IDS, c.token_ids))
-            if not flags.logprobs:
-                strip.append((K_LOGPROBS, c.logprobs))
+            _record_choice(call, c, wire.chat_logprobs(c.logprobs), flags, strip)
         if capture:
             call.output_messages = msgspec.json.encode(
                 [msgspec.json.decode(c.message) for c in parsed.choices]
@@ -427,19 +434,9 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
         parsed = wire.completion_response.decode(data)
         prompt_raw = parsed.choices[0].prompt_token_ids if parsed.choices else wire.NULL
         for c in parsed.choices:
-            choice = call.choice(c.index)
-            choice.finish_reason = c.finish_reason
-            ids = wire.token_ids(c.token_ids)
-            if ids is None:
-                call.tokens_absent = True
-            else:
-                choice.token_ids = ids
-            choice.logprobs = wire.legacy_logprobs(c.logprobs) or []
-            if not flags.token_ids:
-                strip.append((K_TOKEN_IDS, c.token_ids))
+            _record_choice(call, c, wire.legacy_logprobs(c.logprobs), flags, strip)
+            if not flags.token_ids:  # completions carry the prompt's IDs per choice
                 strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
-            if not flags.logprobs:
-                strip.append((K_LOGPROBS, c.logprobs))
     call.prompt_ids = wire.token_ids(prompt_raw)
     call.response_id = parsed.id
     call.response_model = parsed.model
