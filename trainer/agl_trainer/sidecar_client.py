@@ -168,7 +168,8 @@ class SidecarProcess:
         argv = [self.executable, "--listen", f"127.0.0.1:{self.port}", "--otlp-endpoint", self.otlp_endpoint]
         for upstream in self.upstreams:
             argv += ["--upstream", upstream]
-        argv += ["--admin-token", self.admin_token]
+        # The admin token goes in the environment (see start()): not visible in `ps`, and a token
+        # that starts with "-" cannot be mistaken for a flag.
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
         return argv + self.extra_args
@@ -183,7 +184,11 @@ class SidecarProcess:
         out = self._log if self._log is not None else subprocess.DEVNULL
         try:
             self._process = subprocess.Popen(
-                self.command(), stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True
+                self.command(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "AGL_SIDECAR_ADMIN_TOKEN": self.admin_token},
+                start_new_session=True,
             )
         except FileNotFoundError:
             raise SidecarError(
