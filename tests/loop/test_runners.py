@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -293,42 +292,3 @@ async def test_missing_function_harness_is_a_clear_error(reference: str, message
     with pytest.raises(HarnessNotFound, match=message):
         await runner.start()
     await runner.stop()
-
-
-def test_a_process_whose_worker_died_with_a_full_queue_still_exits(tmp_path: Path) -> None:
-    """Queues to killed workers must not hold the interpreter at exit (it hung CI once)."""
-    program = textwrap.dedent(
-        f"""
-        import asyncio
-        from agl_trainer.runners.base import Endpoint, RolloutSpec
-        from agl_trainer.runners.workers import FunctionRunner
-
-        endpoint = Endpoint(sidecar_url="http://127.0.0.1:9", otlp_endpoint="http://127.0.0.1:8")
-
-        async def main():
-            # The worker dies with more queued for it than a pipe holds (64 KiB).
-            runner = FunctionRunner("tests.loop.harnesses:die", endpoint, workers=1, concurrency=64, retries=1)
-            await runner.start()
-            try:
-                tasks = [
-                    {{"id": f"t{{i}}", "marker": {str(tmp_path / "marker")!r}, "pad": "x" * 16384}}
-                    for i in range(64)
-                ]
-                await asyncio.gather(
-                    *(runner.run(RolloutSpec(rollout_id="r-" + t["id"], task_id=t["id"], task=t)) for t in tasks)
-                )
-            finally:
-                await runner.stop()
-
-        if __name__ == "__main__":
-            asyncio.run(main())
-        """
-    )
-    path = tmp_path / "run_workers.py"
-    path.write_text(program)
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, str(path)], cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert time.monotonic() - started < 100
