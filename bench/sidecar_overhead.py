@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -149,20 +150,31 @@ async def one_call(session, url: str, body: bytes, stream: bool, headers: dict[s
     return time.perf_counter() - started
 
 
-async def run_block(session, url: str, body: bytes, stream: bool, calls: int, concurrency: int,
-                    headers: dict[str, str] = JSON) -> tuple[list[float], float]:
+async def run_block(session, url: str, body: bytes | list[bytes], stream: bool, calls: int, concurrency: int,
+                    headers: dict[str, str] = JSON, first: int = 0) -> tuple[list[float], float]:
+    """`calls` calls, `concurrency` at a time; a list of bodies is sent in turn from `first`, one per call."""
     latencies: list[float] = []
     remaining = calls
+    bodies = body if isinstance(body, list) else [body]
+    turn = first
 
     async def worker() -> None:
-        nonlocal remaining
+        nonlocal remaining, turn
         while remaining > 0:
             remaining -= 1
-            latencies.append(await one_call(session, url, body, stream, headers))
+            next_body = bodies[turn % len(bodies)]
+            turn += 1
+            latencies.append(await one_call(session, url, next_body, stream, headers))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies, time.perf_counter() - started
+
+
+def unique_text(chars: int, seed: int) -> str:
+    """`chars` characters of words in an order no other seed gives (different token IDs throughout)."""
+    words = random.Random(seed).choices(["lorem", "ipsum", "dolor", "sit", "amet", "agent", "tool", "call", "model"], k=chars // 4)
+    return " ".join(words)[:chars]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -238,64 +250,77 @@ async def main(quick: bool, with_peers: bool) -> None:
             header = f"{'case':<24}{'target':<{width}}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>9}"
             print(header)
             blocks = 3 if quick else 8
-            for chars in (2000, 30000):
-                for stream in (False, True):
-                    for concurrency in (1, 64):
-                        per_block = (8 if concurrency == 1 else 64) if quick else (24 if concurrency == 1 else 192)
-                        if chars == 30000 and concurrency == 64:
-                            per_block //= 2
-                        content = ("lorem ipsum " * (chars // 12 + 1))[:chars]
-                        plain = {"model": "tiny", "messages": [{"role": "user", "content": content}],
-                                 "max_tokens": 32, "stream": stream}
-                        with_ids = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
-                        bodies = {"direct": msgspec.json.encode(with_ids)}
-                        bodies["floor"] = bodies["agl-sidecar"] = bodies["agl-noexport"] = msgspec.json.encode(plain)
-                        # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
-                        bodies["litellm"] = bodies["direct"]
-                        bodies["agentlightning"] = bodies["floor"]
-                        case = f"{chars // 1000}k {'stream' if stream else 'unary'} c={concurrency}"
-                        case_targets = dict(targets)
-                        for name, url in targets.items():  # warm-up; a peer that refuses the case sits it out
-                            try:
-                                await run_block(session, url, bodies[name], stream, 2, 1, headers[name])
-                            except RuntimeError as e:
-                                if not any(name == p.name for p in peers):
-                                    raise
-                                print(f"{case:<24}{name:<{width}}NOT RUN: {str(e).split(': ', 1)[-1]}")
-                                del case_targets[name]
-                        lat: dict[str, list[float]] = {t: [] for t in case_targets}
-                        wall: dict[str, float] = {t: 0.0 for t in case_targets}
-                        for _ in range(blocks):
-                            for name, url in case_targets.items():
-                                values, seconds = await run_block(session, url, bodies[name], stream, per_block,
-                                                                  concurrency, headers[name])
-                                lat[name] += values
-                                wall[name] += seconds
-                                if name in calls_made:
-                                    calls_made[name] += len(values)
-                        base50, base99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
-                        added = {}
-                        for name in case_targets:
-                            p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
-                            rps = len(lat[name]) / wall[name]
-                            added[name] = (p50 - base50, rps)
-                            print(f"{case:<24}{name:<{width}}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
-                                  f"{(p99 - base99) * 1e3:9.2f}{rps:9.1f}")
-                        floor_added, floor_rps = added["floor"]
-                        agl_added, agl_rps = added["agl-sidecar"]
-                        ratio = agl_added / floor_added if floor_added > 0 else float("nan")
-                        target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
-                        print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
-                              f"{agl_rps / floor_rps:.0%} ({target})")
-                        for peer in peers:
-                            if peer.name not in added:
-                                continue
-                            peer_added, peer_rps = added[peer.name]
-                            vs_floor = peer_added / floor_added if floor_added > 0 else float("nan")
-                            vs_peer = agl_added / peer_added if peer_added > 0 else float("nan")
-                            print(f"{'':<24}=> {peer.name} added p50 / floor's {vs_floor:.2f}x, throughput / floor's "
-                                  f"{peer_rps / floor_rps:.0%}; agl-sidecar vs {peer.name}: added p50 {vs_peer:.2f}x, "
-                                  f"throughput {agl_rps / peer_rps:.2f}x")
+            # The same prompt every call, as the issue's cases; then prompts that never repeat, the
+            # worst case for the sidecar's cache of token-array slices (an agent resends its whole
+            # conversation each turn, so real traffic sits between the two).
+            shapes = [(2000, stream, False) for stream in (False, True)]
+            shapes += [(30000, stream, False) for stream in (False, True)]
+            shapes += [(30000, False, True)]
+            for chars, stream, unique in shapes:
+                for concurrency in (1, 64):
+                    per_block = (8 if concurrency == 1 else 64) if quick else (24 if concurrency == 1 else 192)
+                    if chars == 30000 and concurrency == 64:
+                        per_block //= 2
+                    # Unique: a prompt per call of each target, and two more for the warm-up.
+                    prompts = [unique_text(chars, i) for i in range(per_block * blocks + 2)] if unique else [
+                        ("lorem ipsum " * (chars // 12 + 1))[:chars]]
+                    bodies = {}
+                    for name, with_ids in (("direct", True), ("floor", False)):
+                        bodies[name] = []
+                        for content in prompts:
+                            plain = {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                                     "max_tokens": 32, "stream": stream}
+                            if with_ids:
+                                plain = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+                            bodies[name].append(msgspec.json.encode(plain))
+                    bodies["agl-sidecar"] = bodies["agl-noexport"] = bodies["floor"]
+                    # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
+                    bodies["litellm"] = bodies["direct"]
+                    bodies["agentlightning"] = bodies["floor"]
+                    case = f"{chars // 1000}k{' unique' if unique else ''} {'stream' if stream else 'unary'} c={concurrency}"
+                    case_targets = dict(targets)
+                    for name, url in targets.items():  # warm-up; a peer that refuses the case sits it out
+                        try:
+                            await run_block(session, url, bodies[name], stream, 2, 1, headers[name],
+                                            first=len(prompts) - 2)
+                        except RuntimeError as e:
+                            if not any(name == p.name for p in peers):
+                                raise
+                            print(f"{case:<24}{name:<{width}}NOT RUN: {str(e).split(': ', 1)[-1]}")
+                            del case_targets[name]
+                    lat: dict[str, list[float]] = {t: [] for t in case_targets}
+                    wall: dict[str, float] = {t: 0.0 for t in case_targets}
+                    for block in range(blocks):
+                        for name, url in case_targets.items():
+                            values, seconds = await run_block(session, url, bodies[name], stream, per_block,
+                                                              concurrency, headers[name], first=block * per_block)
+                            lat[name] += values
+                            wall[name] += seconds
+                            if name in calls_made:
+                                calls_made[name] += len(values)
+                    base50, base99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
+                    added = {}
+                    for name in case_targets:
+                        p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
+                        rps = len(lat[name]) / wall[name]
+                        added[name] = (p50 - base50, rps)
+                        print(f"{case:<24}{name:<{width}}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
+                              f"{(p99 - base99) * 1e3:9.2f}{rps:9.1f}")
+                    floor_added, floor_rps = added["floor"]
+                    agl_added, agl_rps = added["agl-sidecar"]
+                    ratio = agl_added / floor_added if floor_added > 0 else float("nan")
+                    target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
+                    print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
+                          f"{agl_rps / floor_rps:.0%} ({target})")
+                    for peer in peers:
+                        if peer.name not in added:
+                            continue
+                        peer_added, peer_rps = added[peer.name]
+                        vs_floor = peer_added / floor_added if floor_added > 0 else float("nan")
+                        vs_peer = agl_added / peer_added if peer_added > 0 else float("nan")
+                        print(f"{'':<24}=> {peer.name} added p50 / floor's {vs_floor:.2f}x, throughput / floor's "
+                              f"{peer_rps / floor_rps:.0%}; agl-sidecar vs {peer.name}: added p50 {vs_peer:.2f}x, "
+                              f"throughput {agl_rps / peer_rps:.2f}x")
             busy_rss = rss_mb(sidecar.pid)
             for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar)):
                 used = cpu_s(p.pid) - cpu_before[name]
@@ -315,13 +340,16 @@ async def main(quick: bool, with_peers: bool) -> None:
     finally:
         for peer in peers:
             peer.stop()
-        for p in reversed(procs):  # the sidecar first: it flushes its spans to the sink on the way out
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # The sidecars first, and wait for them: they flush their spans to the sink on the way out.
+        sidecars = procs[3:]
+        for group in (sidecars, procs[:3]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
         shutil.rmtree(spool, ignore_errors=True)
         shutil.rmtree(peer_dir, ignore_errors=True)
 

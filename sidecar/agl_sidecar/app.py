@@ -24,6 +24,7 @@ from agl_sidecar import __version__, wire
 from agl_sidecar.attribution import Identity, bearer_token, parse_traceparent
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.exporter import SpanExporter
+from agl_sidecar.foreground import Foreground
 from agl_sidecar.fronts import JSON, AdapterFront, OpenAIFront
 from agl_sidecar.gate import Gate
 from agl_sidecar.metrics import Metrics
@@ -63,7 +64,13 @@ class Sidecar:
             interval_s=config.export_interval_s,
             compress=config.compress_export,
         )
-        self.recorder = SpanRecorder(self.exporter, config.prompt_ref_memory_bytes)
+        self.foreground = Foreground()
+        self.recorder = SpanRecorder(
+            self.exporter,
+            config.prompt_ref_memory_bytes,
+            foreground=self.foreground,
+            token_cache_bytes=config.token_cache_bytes,
+        )
         self.proxy = Proxy(self)
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
@@ -80,6 +87,7 @@ class Sidecar:
             timeout=timeout, connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
         )
         await self.exporter.start()
+        self.recorder.start()
         self._health_task = asyncio.create_task(
             self.router.health_loop(self._session, self.config.health_interval_s), name="agl-upstream-health"
         )
@@ -87,6 +95,7 @@ class Sidecar:
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
+        await self.recorder.close()
         await self.exporter.close()
         if self._session is not None:
             await self._session.close()
@@ -122,6 +131,10 @@ class Sidecar:
             client_disconnects=self.metrics.client_disconnects,
             upstream_errors=self.metrics.upstream_errors,
             calls_recorded=self.recorder.calls_recorded,
+            spans_building=self.recorder.backlog,
+            span_build_failures=self.recorder.build_failures,
+            token_slice_cache_hits=self.recorder.slices.hits,
+            token_slice_cache_misses=self.recorder.slices.misses,
         )
         return {
             "paused": gate.paused,

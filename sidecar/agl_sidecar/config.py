@@ -45,6 +45,8 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     health_interval_s: float = 5.0
     upstream_timeout_s: float | None = None
     prompt_ref_memory_bytes: int = 256 * 1024 * 1024
+    # Encoded slices of token arrays the engine sent before (conversations resend their past); 0: off
+    token_cache_bytes: int = 64 * 1024 * 1024
     sampling: dict[str, dict[str, Any]] = {}
     default_mode: str | None = None
     capture_messages: bool = False
@@ -154,6 +156,9 @@ def validate(config: SidecarConfig) -> None:
     for key in ("max_hold_s", "export_interval_s", "health_interval_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"setting {key!r} must be > 0, got {getattr(config, key)}")
+    for key in ("spool_max_bytes", "export_memory_bytes", "prompt_ref_memory_bytes", "token_cache_bytes"):
+        if getattr(config, key) < 0:
+            raise ConfigError(f"setting {key!r} must be >= 0 bytes, got {getattr(config, key)}")
     if not 4096 <= config.export_batch_bytes <= 4 * 1024 * 1024:
         raise ConfigError("setting 'export_batch_bytes' must be between 4096 and 4194304 (collectors refuse more)")
     for mode, overrides in config.sampling.items():

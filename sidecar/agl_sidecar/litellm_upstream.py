@@ -66,9 +66,10 @@ async def complete_via_litellm(
         data.pop(key, None)
     data["model"] = model
     data.update(sidecar.config.litellm_params)
-    litellm = await asyncio.get_running_loop().run_in_executor(None, _litellm)
+    waiting = sidecar.foreground.waiting  # a hosted provider's latency is time for span building
+    litellm = await waiting(asyncio.get_running_loop().run_in_executor(None, _litellm))
     try:
-        result = await litellm.acompletion(**data)
+        result = await waiting(litellm.acompletion(**data))
     except Exception as exc:  # litellm maps provider errors to exceptions carrying a status
         status = int(getattr(exc, "status_code", 502) or 502)
         call.end_reason, call.error_type = semconv.END_UPSTREAM_ERROR, type(exc).__name__

@@ -157,6 +157,12 @@ class IntArray:
     def __add__(self, other: IntArray) -> IntArray:
         return IntArray(self.elements + other.elements, self.length + other.length)
 
+    @classmethod
+    def concat(cls, parts: Sequence[IntArray]) -> IntArray:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(b"".join(part.elements for part in parts), sum(part.length for part in parts))
+
 
 class DoubleArray:
     """A double[] attribute value: each element is `0a 09 21 <8 bytes little-endian>`."""
@@ -223,17 +229,33 @@ _PAIRS: dict[tuple[int, str, str], bytes] = {}
 
 def attributes(field_number: int, items: Iterable[tuple[str, AttributeValue]]) -> bytes:
     """Repeated KeyValue under `field_number` (9 in a Span, 1 in a Resource). None values are
-    skipped. This runs for every attribute of every call: string pairs (model, operation, API,
-    upstream...) repeat and are cached encoded; ints and floats are encoded inline."""
+    skipped."""
+    out: list[bytes] = []
+    _attribute_pieces(field_number, items, out)
+    return b"".join(out)
+
+
+def _attribute_pieces(field_number: int, items: Iterable[tuple[str, AttributeValue]], out: list[bytes]) -> None:
+    """`attributes()` as pieces appended to `out`. This runs for every attribute of every call:
+    string pairs (model, operation, API, upstream...) repeat and are cached encoded; ints and floats
+    are encoded inline; an array's elements (200 KB for a 35k-token prompt) are appended as they
+    are, behind a header, so a span copies them once, when it is joined."""
     tag = _TAGS[field_number]
     small = _SMALL
     pairs = _PAIRS
-    out: list[bytes] = []
     append = out.append
     for key, value in items:
         if value is None:
             continue
         kind = type(value)
+        if kind is IntArray or kind is DoubleArray:
+            elements = value.elements  # type: ignore[union-attr]
+            size = len(elements)
+            any_size = 1 + len(varint(size)) + size  # AnyValue{array_value}
+            head = _key_part(key) + varint(any_size) + b"\x2a" + varint(size)
+            append(tag + varint(len(head) + size) + head)
+            append(elements)
+            continue
         if kind is str:
             cached = pairs.get((field_number, key, value))  # type: ignore[arg-type]
             if cached is not None:
@@ -255,7 +277,6 @@ def attributes(field_number: int, items: Iterable[tuple[str, AttributeValue]]) -
         if kind is str and len(pairs) < 8192:
             pairs[(field_number, key, value)] = whole  # type: ignore[index]
         append(whole)
-    return b"".join(out)
 
 
 def span(
@@ -282,7 +303,7 @@ def span(
     out.append(b"\x39" + struct.pack("<Q", start_ns))
     out.append(b"\x41" + struct.pack("<Q", end_ns))
     out.append(encoded_attrs)
-    out.append(attributes(9, attrs))
+    _attribute_pieces(9, attrs, out)
     if status_code:
         status = (_field_bytes(2, status_message.encode()) if status_message else b"") + b"\x18" + varint(status_code)
         out.append(_field_bytes(15, status))
@@ -301,6 +322,15 @@ class RequestFramer:
         return 1 + len(varint(len(span_bytes))) + len(span_bytes)
 
     def request(self, spans: Sequence[bytes]) -> bytes:
-        scope_spans = self._scope + b"".join(_field_bytes(2, s) for s in spans)
-        resource_spans = self._resource + _field_bytes(2, scope_spans)
-        return _field_bytes(1, resource_spans)
+        """The request, joined once: spans of 200 KB are copied once, not once per nesting level."""
+        pieces: list[bytes] = [b"", self._resource, b"", self._scope]
+        scope_spans = len(self._scope)
+        for span_bytes in spans:
+            header = _TAGS[2] + varint(len(span_bytes))
+            pieces.append(header)
+            pieces.append(span_bytes)
+            scope_spans += len(header) + len(span_bytes)
+        pieces[2] = _TAGS[2] + varint(scope_spans)
+        resource_spans = len(self._resource) + len(pieces[2]) + scope_spans
+        pieces[0] = _TAGS[1] + varint(resource_spans)
+        return b"".join(pieces)

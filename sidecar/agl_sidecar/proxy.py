@@ -132,6 +132,7 @@ class Proxy:
         sidecar = self.sidecar
         started = time.perf_counter()
         status = 500
+        sidecar.foreground.enter()  # span building waits while this call has work to do
         try:
             response = await self._handle(request, kind, front, body)
             status = response.status
@@ -141,6 +142,7 @@ class Proxy:
             sidecar.metrics.client_disconnects += 1
             raise
         finally:
+            sidecar.foreground.leave()
             sidecar.metrics.observe(front.api, status, time.perf_counter() - started)
 
     async def _handle(self, request: web.Request, kind: str, front: Front, body: bytes | None) -> web.StreamResponse:
@@ -173,7 +175,11 @@ class Proxy:
             call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]
         call.seq = sidecar.recorder.next_seq(identity)
         try:
-            call.policy_version, call.held_ms = await sidecar.gate.enter()
+            entering = sidecar.gate.enter()
+            if sidecar.gate.paused:  # held: span building may use the time
+                call.policy_version, call.held_ms = await sidecar.foreground.waiting(entering)
+            else:
+                call.policy_version, call.held_ms = await entering
         except HeldTooLong:
             sidecar.metrics.held_timeouts += 1
             call.end_reason = semconv.END_HELD_TIMEOUT
@@ -244,8 +250,8 @@ class Proxy:
             call.upstream = upstream.url
             upstream.in_flight += 1
             try:
-                upstream_response = await sidecar.session.post(
-                    upstream.url + UPSTREAM_PATHS[kind], data=out_body, headers=headers
+                upstream_response = await sidecar.foreground.waiting(
+                    sidecar.session.post(upstream.url + UPSTREAM_PATHS[kind], data=out_body, headers=headers)
                 )
             except aiohttp.ClientConnectorError as exc:
                 upstream.in_flight -= 1
@@ -309,7 +315,7 @@ class Proxy:
         call: CallRecord,
     ) -> web.StreamResponse:
         try:
-            data = await upstream_response.read()
+            data = await upstream_response.read()  # the engine is done: a transfer, not a wait
         except asyncio.CancelledError:
             call.end_reason = semconv.END_CLIENT_DISCONNECTED
             call.error_type = "client_disconnected"
@@ -359,9 +365,10 @@ class Proxy:
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()
         pending = b""
+        foreground = self.sidecar.foreground
         try:
             await response.prepare(request)
-            async for data in upstream_response.content.iter_any():
+            while data := await foreground.waiting(upstream_response.content.readany()):
                 pending += data
                 if b"\n\n" not in pending:
                     continue
@@ -398,18 +405,13 @@ class Proxy:
         return response
 
 
-def _record_choice(
-    call: CallRecord, c: Any, logprobs: list[float] | None, flags: Flags, strip: list[tuple[bytes, msgspec.Raw]]
-) -> None:
-    """Record one choice's finish reason, token IDs and logprobs; queue what the harness did not ask for."""
+def _record_choice(call: CallRecord, c: Any, flags: Flags, strip: list[tuple[bytes, msgspec.Raw]]) -> None:
+    """Record one choice (its token IDs and logprobs as the engine's JSON, decoded off the hot path by
+    the span builder); queue what the harness did not ask for."""
     choice = call.choice(c.index)
     choice.finish_reason = c.finish_reason
-    ids = wire.token_ids(c.token_ids)
-    if ids is None:
-        call.tokens_absent = True
-    else:
-        choice.token_ids = ids
-    choice.logprobs = logprobs or []
+    choice.token_ids = c.token_ids
+    choice.logprobs = c.logprobs
     if not flags.token_ids:
         strip.append((K_TOKEN_IDS, c.token_ids))
     if not flags.logprobs:
@@ -425,7 +427,7 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
         if not flags.token_ids:
             strip.append((K_PROMPT_TOKEN_IDS, prompt_raw))
         for c in parsed.choices:
-            _record_choice(call, c, wire.chat_logprobs(c.logprobs), flags, strip)
+            _record_choice(call, c, flags, strip)
         if capture:
             call.output_messages = msgspec.json.encode(
                 [msgspec.json.decode(c.message) for c in parsed.choices]
@@ -434,10 +436,10 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
         parsed = wire.completion_response.decode(data)
         prompt_raw = parsed.choices[0].prompt_token_ids if parsed.choices else wire.NULL
         for c in parsed.choices:
-            _record_choice(call, c, wire.legacy_logprobs(c.logprobs), flags, strip)
+            _record_choice(call, c, flags, strip)
             if not flags.token_ids:  # completions carry the prompt's IDs per choice
                 strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
-    call.prompt_ids = wire.token_ids(prompt_raw)
+    call.prompt_ids = None if prompt_raw == wire.NULL else prompt_raw
     call.response_id = parsed.id
     call.response_model = parsed.model
     if parsed.usage is not None:
@@ -485,10 +487,8 @@ class StreamRecorder:
             call.output_tokens = chunk.usage.completion_tokens
         strip: list[tuple[bytes, msgspec.Raw]] = []
         flags = self.flags
-        if self.kind == CHAT and call.prompt_ids is None:
-            prompt = wire.token_ids(chunk.prompt_token_ids)
-            if prompt is not None:
-                call.prompt_ids = prompt
+        if self.kind == CHAT and call.prompt_ids is None and chunk.prompt_token_ids != wire.NULL:
+            call.prompt_ids = chunk.prompt_token_ids
         if self.kind == CHAT and not flags.token_ids:
             strip.append((K_PROMPT_TOKEN_IDS, chunk.prompt_token_ids))
         for c in chunk.choices:
@@ -502,8 +502,8 @@ class StreamRecorder:
                 logprobs = wire.chat_logprobs(c.logprobs)
             else:
                 logprobs = wire.legacy_logprobs(c.logprobs)
-                if call.prompt_ids is None and c.index == 0:
-                    call.prompt_ids = wire.token_ids(c.prompt_token_ids)
+                if call.prompt_ids is None and c.index == 0 and c.prompt_token_ids != wire.NULL:
+                    call.prompt_ids = c.prompt_token_ids
                 if not flags.token_ids:
                     strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
             if logprobs:
@@ -532,7 +532,8 @@ class StreamRecorder:
         # Locate every value to strip before recording anything: on a miss the general path
         # handles the chunk from scratch.
         cuts: list[tuple[int, int]] = []
-        if chunk.prompt_token_ids is not None and not flags.token_ids:
+        has_prompt = chunk.prompt_token_ids != wire.NULL
+        if has_prompt and not flags.token_ids:
             at = payload.rfind(b'"prompt_token_ids":[')
             if at < 0:
                 return None
@@ -549,7 +550,7 @@ class StreamRecorder:
                 if at < 0 or end < 0:
                     return None
                 cuts.append((at + 11, end))
-        if chunk.prompt_token_ids is not None and call.prompt_ids is None:
+        if has_prompt and call.prompt_ids is None:
             call.prompt_ids = chunk.prompt_token_ids
         for c in chunk.choices:
             choice = call.choice(c.index)

@@ -1,34 +1,53 @@
 """Spans the sidecar makes: one per model call, plus reward and rollout-end spans.
 
-`CallRecord` collects what one call observed; `SpanRecorder.finish` turns it into an encoded OTLP
-span (attribute names from agl.semconv only) and hands it to the exporter. It also numbers the calls
-of each rollout (agl.call.seq, arrival order, per process) and sends a prompt that extends the
-rollout's previous call (prompt + choice-0 completion) as a reference plus the new suffix, so the
-bytes exported grow with a rollout's tokens rather than with their square.
+`CallRecord` collects what one call observed; `SpanRecorder.finish` queues it and a background task
+turns it into an encoded OTLP span (attribute names from agl.semconv only) for the exporter. The
+hot path keeps the engine's token arrays as their JSON bytes (msgspec `Raw`); the builder decodes
+and encodes them (token_arrays.py) in slices while no call is active (foreground.py), so the time a
+span costs is spent while the proxy waits on the engine, not before the next call. Jobs run in order
+(a rollout's spans leave in the order its calls and rewards ended).
+
+It also numbers the calls of each rollout (agl.call.seq, arrival order, per process) and sends a
+prompt that extends the rollout's previous call (prompt + choice-0 completion) as a reference plus
+the new suffix, so the bytes exported grow with a rollout's tokens rather than with their square.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import os
 import random
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+from msgspec import Raw
+
 from agl import semconv
-from agl_sidecar import otlp
+from agl_sidecar import otlp, wire
 from agl_sidecar.attribution import Identity, TraceParent
 from agl_sidecar.exporter import SpanExporter
+from agl_sidecar.foreground import Foreground
+from agl_sidecar.token_arrays import SliceCache, encode_token_ids
+
+log = logging.getLogger("agl_sidecar.spans")
 
 # Short prompts are cheaper to send whole than to reference.
 MIN_REFERENCE_TOKENS = 16
+# How long the builder defers to active calls before it takes a slice anyway.
+MAX_DEFER_S = 0.02
 
 
 @dataclass(slots=True)
 class Choice:
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    # Raw: the engine's JSON array as it arrived (a unary response), decoded by the span builder.
+    token_ids: list[int] | Raw = field(default_factory=list)
+    logprobs: list[float] | Raw = field(default_factory=list)
     finish_reason: str | None = None
 
 
@@ -52,7 +71,7 @@ class CallRecord:
     upstream: str | None = None
     response_id: str | None = None
     response_model: str | None = None
-    prompt_ids: list[int] | None = None
+    prompt_ids: list[int] | Raw | None = None  # Raw: the engine's JSON array, decoded off the hot path
     choices: dict[int, Choice] = field(default_factory=dict)
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -62,7 +81,8 @@ class CallRecord:
     input_messages: str | None = None
     output_messages: str | None = None
     tokens_absent: bool = False
-    finished: bool = False  # its span was made (a call is recorded once, whatever path ends it)
+    finished: bool = False  # handed to the recorder (a call is recorded once, whatever path ends it)
+    end_ns: int = 0
 
     def choice(self, index: int) -> Choice:
         found = self.choices.get(index)
@@ -145,24 +165,153 @@ def new_span_id() -> bytes:
 
 
 class SpanRecorder:
-    def __init__(self, exporter: SpanExporter, prompt_ref_max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        prompt_ref_max_bytes: int = 256 * 1024 * 1024,
+        max_backlog: int = 128,
+        foreground: Foreground | None = None,
+        max_defer_s: float = MAX_DEFER_S,
+        token_cache_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         self.exporter = exporter
+        self.foreground = foreground or Foreground()
+        self.max_defer_s = max_defer_s
         self.rollouts = _Rollouts()
         self._last = _LastSequences(prompt_ref_max_bytes)
         self._static: dict[tuple[Any, ...], bytes] = {}
+        self.slices = SliceCache(token_cache_bytes)
         self.calls_recorded = 0
+        self.build_failures = 0
+        # Past this many queued jobs the builder stops deferring to active calls, and past four times
+        # as many it stops yielding: the queue (it holds response bodies) stays bounded when calls
+        # end faster than their spans are built.
+        self.max_backlog = max_backlog
+        self._backlog: deque[Iterator[None]] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._current: Iterator[None] | None = None  # the job being built
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    # --- the builder task ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Build spans in a background task of the running loop (until then they are built at once)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="agl-span-builder")
+
+    async def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every queued span is built and handed to the exporter."""
+        if self._task is None:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Build what is queued, then stop the task; what is left is built here, synchronously."""
+        if self._task is None:
+            return
+        await self.drain(timeout_s)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+        if self._current is not None:  # cancelled between two of its slices: finish it
+            self._run_job(self._current)
+            self._current = None
+        while self._backlog:
+            self._run_job(self._backlog.popleft())
+
+    def _defer(self, job: Iterator[None]) -> None:
+        if self._task is None:
+            self._run_job(job)
+            return
+        self._backlog.append(job)
+        self._idle.clear()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._backlog:
+                job = self._current = self._backlog.popleft()
+                try:
+                    await self._turn()
+                    for _ in job:
+                        await self._turn()
+                except Exception:
+                    self._job_failed()
+                self._current = None
+            self._idle.set()
+
+    async def _turn(self) -> None:
+        """Before a slice: let the loop read new I/O, and let active calls finish their steps first."""
+        deadline = 0.0
+        while True:
+            behind = len(self._backlog)
+            if behind >= 4 * self.max_backlog:
+                return
+            # Two yields: I/O that arrived during the last slice is read in the first, and the handler
+            # it wakes takes its first step (and becomes active) before the second returns.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            if not self.foreground.active or behind >= self.max_backlog:
+                return
+            now = time.monotonic()
+            deadline = deadline or now + self.max_defer_s
+            if now >= deadline:
+                return
+            await self.foreground.quiet(deadline - now)
+
+    def _run_job(self, job: Iterator[None]) -> None:
+        try:
+            for _ in job:
+                pass
+        except Exception:
+            self._job_failed()
+
+    def _job_failed(self) -> None:
+        # A recording bug costs one span, counted and logged, never the recorder.
+        self.build_failures += 1
+        self.exporter.counters.spans_failed += 1
+        log.exception("agl-sidecar: building a span failed; the span is lost")
 
     def next_seq(self, identity: Identity) -> int | None:
         return self.rollouts.next_seq(identity.rollout_id) if identity.rollout_id else None
 
     # --- model calls ---------------------------------------------------------------------------
     def finish(self, call: CallRecord) -> None:
+        """The call ended: queue its span (cheap; built by the background task)."""
         if call.finished:
             return
         call.finished = True
-        end_ns = time.time_ns()
+        call.end_ns = time.time_ns()
+        self._defer(self._build_call(call))
+
+    def _build_call(self, call: CallRecord) -> Iterator[None]:
         identity = call.identity
-        has_tokens = call.prompt_ids is not None and not call.tokens_absent
+        prompt: otlp.IntArray | None = None
+        completions: list[tuple[int, Choice, otlp.IntArray]] = []
+        if call.prompt_ids is not None and not call.tokens_absent:
+            try:
+                prompt = yield from encode_token_ids(call.prompt_ids, self.slices)
+                for index in sorted(call.choices):
+                    choice = call.choices[index]
+                    ids = yield from encode_token_ids(choice.token_ids, self.slices)
+                    if ids is None:
+                        call.tokens_absent = True
+                        break
+                    completions.append((index, choice, ids))
+            except msgspec.MsgspecError:  # the engine sent something other than an int array
+                call.tokens_absent = True
+        has_tokens = prompt is not None and not call.tokens_absent
         # Attributes that repeat across calls are encoded once per distinct combination.
         static_key = (
             call.operation, call.provider, call.model, call.stream, call.api, call.end_reason, call.upstream,
@@ -205,16 +354,17 @@ class SpanRecorder:
             finish = [call.choices[i].finish_reason or "" for i in indices]
             attrs.append((semconv.GEN_AI_RESPONSE_FINISH_REASONS, finish))
             attrs.append((semconv.COMPLETION_CHOICES, len(indices)))
-        input_tokens = call.input_tokens if call.input_tokens is not None else (
-            len(call.prompt_ids) if call.prompt_ids is not None else None
-        )
+        input_tokens = call.input_tokens
+        if input_tokens is None and prompt is not None:
+            input_tokens = prompt.length
         output_tokens = call.output_tokens
         if output_tokens is None and has_tokens:
-            output_tokens = sum(len(c.token_ids) for c in call.choices.values())
+            output_tokens = sum(ids.length for _, _, ids in completions)
         attrs.append((semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens))
         attrs.append((semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens))
         if has_tokens:
-            attrs.extend(self._token_attributes(call))
+            assert prompt is not None
+            attrs.extend(self._token_attributes(call, prompt, completions))
         status = otlp.STATUS_ERROR if call.error_type else otlp.STATUS_UNSET
         parent = call.trace_parent
         span = otlp.span(
@@ -224,7 +374,7 @@ class SpanRecorder:
             name=semconv.call_span_name(call.operation, call.model),
             kind=otlp.SPAN_KIND_CLIENT,
             start_ns=call.start_ns,
-            end_ns=end_ns,
+            end_ns=call.end_ns,
             attrs=attrs,
             encoded_attrs=static,
             status_code=status,
@@ -233,9 +383,9 @@ class SpanRecorder:
         self.calls_recorded += 1
         self.exporter.submit(span)
 
-    def _token_attributes(self, call: CallRecord) -> list[tuple[str, Any]]:
-        assert call.prompt_ids is not None
-        prompt = otlp.IntArray.of(call.prompt_ids)
+    def _token_attributes(
+        self, call: CallRecord, prompt: otlp.IntArray, completions: list[tuple[int, Choice, otlp.IntArray]]
+    ) -> list[tuple[str, Any]]:
         attrs: list[tuple[str, Any]] = [(semconv.PROMPT_LENGTH, prompt.length)]
         rollout_id = call.identity.rollout_id
         previous = self._last.get(rollout_id) if rollout_id else None
@@ -254,15 +404,15 @@ class SpanRecorder:
             ]
         else:
             attrs.append((semconv.PROMPT_TOKEN_IDS, prompt))
+        logprobs_of = wire.chat_logprobs if call.operation == semconv.OPERATION_CHAT else wire.legacy_logprobs
         first: otlp.IntArray | None = None
-        for index in sorted(call.choices):
-            choice = call.choices[index]
-            ids = otlp.IntArray.of(choice.token_ids)
+        for index, choice, ids in completions:
             if index == 0:
                 first = ids
             attrs.append((semconv.completion_token_ids_key(index), ids))
-            if choice.logprobs:
-                attrs.append((semconv.completion_logprobs_key(index), otlp.DoubleArray(choice.logprobs)))
+            logprobs = choice.logprobs if isinstance(choice.logprobs, list) else logprobs_of(choice.logprobs)
+            if logprobs:
+                attrs.append((semconv.completion_logprobs_key(index), otlp.DoubleArray(logprobs)))
             if index > 0:
                 attrs.append((semconv.completion_finish_reason_key(index), choice.finish_reason or ""))
         if rollout_id and call.seq is not None and first is not None:
@@ -303,8 +453,10 @@ class SpanRecorder:
             (semconv.ROLLOUT_STATUS, status),
         ]
         code = otlp.STATUS_ERROR if status == semconv.STATUS_FAILED else otlp.STATUS_UNSET
-        self._last.forget(identity.rollout_id)  # an ended rollout makes no more calls to reference
-        self._internal_span(semconv.SPAN_ROLLOUT, start, now, attrs, parent, code)
+        rollout_id = identity.rollout_id
+        # After the rollout's queued calls: an ended rollout makes no more calls to reference.
+        forget = functools.partial(self._last.forget, rollout_id)
+        self._internal_span(semconv.SPAN_ROLLOUT, start, now, attrs, parent, code, forget)
 
     def _internal_span(
         self,
@@ -314,7 +466,9 @@ class SpanRecorder:
         attrs: list[tuple[str, Any]],
         parent: TraceParent | None,
         status_code: int = otlp.STATUS_UNSET,
+        then: Callable[[], None] | None = None,
     ) -> None:
+        """Encode now (small); submit behind the calls already queued, so a rollout's spans keep order."""
         span = otlp.span(
             trace_id=parent.trace_id if parent else new_trace_id(),
             span_id=new_span_id(),
@@ -326,7 +480,13 @@ class SpanRecorder:
             attrs=attrs,
             status_code=status_code,
         )
+        self._defer(self._submit(span, then))
+
+    def _submit(self, span: bytes, then: Callable[[], None] | None) -> Iterator[None]:
         self.exporter.submit(span)
+        if then is not None:
+            then()
+        yield from ()
 
 
 def _float(value: float | None) -> float | None:

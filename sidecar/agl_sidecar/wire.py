@@ -7,6 +7,7 @@ value, which locate it in the body for byte-level removal and decode typed only 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -107,7 +108,7 @@ class TypedChatChunk(Struct):
     model: str | None = None
     choices: list[TypedChunkChoice] = []
     usage: Usage | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: Raw = NULL  # decoded off the hot path
     error: UpstreamError | None = None
 
 
@@ -147,6 +148,30 @@ _legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None)
 
 def token_ids(raw: Raw) -> list[int] | None:
     return _ints.decode(raw)
+
+
+def int_array_pieces(raw: Raw, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    """The JSON int array `raw` as consecutive JSON arrays of about `max_bytes` of text each, cut at
+    commas, with whether each was cut for size (a 100k-token prompt need not be decoded in one go).
+    Equal leading elements give equal leading pieces. A value that is not an int array still fails
+    to decode as one, piece by piece (a cut inside a string leaves invalid JSON)."""
+    data = bytes(raw)
+    end = len(data) - 1
+    if end < max_bytes or data[0] != 0x5B or data[end] != 0x5D:  # short, or not '[...]' verbatim
+        yield data, False
+        return
+    start = 1
+    while start < end:
+        cut = data.find(b",", start + max_bytes, end)
+        if cut < 0:
+            yield b"[" + data[start:end] + b"]", False
+            return
+        yield b"[" + data[start:cut] + b"]", True
+        start = cut + 1
+
+
+def int_array(text: bytes) -> list[int] | None:
+    return _ints.decode(text)
 
 
 def chat_logprobs(raw: Raw) -> list[float] | None:

@@ -97,3 +97,14 @@ def flaky(task: dict[str, Any], base_url: str) -> float:
     if task.get("hang"):
         time.sleep(60)
     return calls(task, base_url)
+
+
+def die_mid_traffic(task: dict[str, Any], base_url: str) -> None:
+    """One call kills its worker while the worker's other threads are sending results (errors of
+    `error_bytes` each, which take a while to write)."""
+    marker = task["marker"]
+    if task["id"].endswith("-7") and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(0.05)  # let the other threads get to their results
+        os._exit(9)
+    raise ValueError("x" * task["error_bytes"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -292,3 +293,51 @@ async def test_missing_function_harness_is_a_clear_error(reference: str, message
     with pytest.raises(HarnessNotFound, match=message):
         await runner.start()
     await runner.stop()
+
+
+def test_a_worker_killed_mid_traffic_blocks_neither_the_others_nor_exit(tmp_path: Path) -> None:
+    """A worker dies while its threads report results and more requests than a pipe holds (64 KiB)
+    are queued for it: the other worker keeps answering, every rollout ends, and the process exits.
+    (Workers once shared one result queue, whose cross-process lock a killed writer never released,
+    and a dead worker's full request queue held the interpreter at exit.)"""
+    program = textwrap.dedent(
+        f"""
+        import asyncio
+        from agl_trainer.runners.base import Cause, Endpoint, RolloutSpec
+        from agl_trainer.runners.workers import FunctionRunner
+
+        endpoint = Endpoint(sidecar_url="http://127.0.0.1:9", otlp_endpoint="http://127.0.0.1:8")
+
+        async def main():
+            runner = FunctionRunner("tests.loop.harnesses:die_mid_traffic", endpoint, workers=2, concurrency=64,
+                                    retries=1, timeout_s=30)
+            await runner.start()
+            try:
+                tasks = [{{"id": f"t-{{i}}", "marker": {str(tmp_path / "marker")!r}, "pad": "x" * 16384,
+                           "error_bytes": 1_000_000}} for i in range(128)]
+                outcomes = await asyncio.gather(
+                    *(runner.run(RolloutSpec(rollout_id="r" + t["id"], task_id=t["id"], task=t)) for t in tasks)
+                )
+            finally:
+                await runner.stop()
+            causes = [o.cause for o in outcomes]
+            assert causes.count(Cause.HARNESS_ERROR) == 128, [(o.spec.task_id, o.cause, o.message[:80]) for o in outcomes if o.cause is not Cause.HARNESS_ERROR]
+            assert any(o.attempts == 2 for o in outcomes)
+            print("done")
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """
+    )
+    path = tmp_path / "run_workers.py"
+    path.write_text(program)
+    # Output to files, not pipes: a worker left alive would hold a pipe open past a timeout.
+    with open(tmp_path / "out.txt", "w") as out:
+        process = subprocess.Popen([sys.executable, str(path)], cwd=Path(__file__).parents[2], stdout=out, stderr=out)
+        try:
+            code = process.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = None
+    text = (tmp_path / "out.txt").read_text()
+    assert code == 0 and "done" in text, text[-3000:]

@@ -537,7 +537,7 @@ class VLLMEngine:
         try:
             return self._sync_server(server, directory, version)
         except VLLMError:
-            if not self.managed or server.process is None or server.process.poll() is None:
+            if not self.managed or server.process is None or not _exits_soon(server.process):
                 raise
         started = time.perf_counter()
         self._restart(server)  # ends with _sync_server for self._latest, i.e. this version
@@ -664,3 +664,13 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+def _exits_soon(process: subprocess.Popen[bytes], within_s: float = 2.0) -> bool:
+    """Whether a replica whose request just failed is dying. A crashed server's sockets are reset
+    while it exits, a moment before the process can be reaped: poll() alone would miss it."""
+    try:
+        process.wait(within_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True

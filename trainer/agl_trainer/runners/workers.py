@@ -11,6 +11,10 @@ infrastructure errors (retried) and is replaced.
 
 A function that hangs past the timeout is reported as timed out; its thread cannot be killed and
 finishes in the background (its late calls are attributed to a rollout that is already closed).
+
+Each worker answers on a pipe of its own. A multiprocessing.Queue shared by all workers would hold
+a lock across processes while one writes: a worker killed mid-write (a harness calling os._exit)
+leaves it taken, and every other worker blocks on its next result forever.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
 from typing import Any
 
 from agl_trainer.runners.base import (
@@ -82,8 +87,14 @@ def load_function(reference: str) -> Any:
     return target
 
 
-def _worker_main(reference: str, env: dict[str, str], requests: Any, results: Any, threads: int) -> None:
+def _worker_main(reference: str, env: dict[str, str], requests: Any, results: Connection, threads: int) -> None:
     """A runner worker: import once, then run each request on a thread inside agl.rollout()."""
+    send_lock = threading.Lock()  # this process's threads take turns on the pipe
+
+    def send(item: Any) -> None:
+        with send_lock:
+            results.send(item)
+
     os.environ.update(env)
     # `agl` runs as a console script, whose sys.path starts at the venv's bin/: make the current
     # directory importable, as `python -c` would, so `examples.demo.harness` resolves from the repo.
@@ -93,9 +104,9 @@ def _worker_main(reference: str, env: dict[str, str], requests: Any, results: An
         function = load_function(reference)
         import agl
     except BaseException as error:  # report, never hang the parent
-        results.put(("failed", f"{type(error).__name__}: {error}"))
+        send(("failed", f"{type(error).__name__}: {error}"))
         return
-    results.put(("ready", os.getpid()))
+    send(("ready", os.getpid()))
     _exit_with_parent()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agl-harness")
     is_async = asyncio.iscoroutinefunction(function)
@@ -116,7 +127,7 @@ def _worker_main(reference: str, env: dict[str, str], requests: Any, results: An
         except BaseException as error:  # the harness's own failure
             cause = Cause.HARNESS_ERROR.value
             message = "".join(traceback.format_exception_only(type(error), error)).strip()
-        results.put(_Result(request.request_id, cause, reward, message, time.monotonic() - started))
+        send(_Result(request.request_id, cause, reward, message, time.monotonic() - started))
 
     while True:
         request = requests.get()
@@ -140,14 +151,17 @@ def _exit_with_parent() -> None:
 
 
 class _Worker:
-    def __init__(self, context: Any, reference: str, env: dict[str, str], results: Any, threads: int) -> None:
+    def __init__(self, context: Any, reference: str, env: dict[str, str], threads: int) -> None:
         self.requests = context.Queue()
+        self.results, results_end = context.Pipe(duplex=False)
         self.process = context.Process(
-            target=_worker_main, args=(reference, env, self.requests, results, threads), daemon=True
+            target=_worker_main, args=(reference, env, self.requests, results_end, threads), daemon=True
         )
         self.pending: set[int] = set()
         self.abandoned = 0  # requests given up on (timed out, cancelled) that may still be running
+        self.reader: threading.Thread | None = None
         self.process.start()
+        results_end.close()  # the worker holds the only writing end: its exit is EOF here
 
     def discard_queue(self) -> None:
         """Drop what is still queued for a dead or stopped worker. Without this, the queue's feeder
@@ -183,12 +197,10 @@ class FunctionRunner:
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._context = mp.get_context("spawn")  # never fork a process that holds torch threads
-        self._results: Any = None
         self._workers: list[_Worker] = []
         self._futures: dict[int, asyncio.Future[_Result]] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: threading.Thread | None = None
         self._stopping = False
 
     def _worker_env(self) -> dict[str, str]:
@@ -200,41 +212,51 @@ class FunctionRunner:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._results = self._context.Queue()
         threads = max(1, math.ceil(self._concurrency / self.workers))
         self._threads = threads
-        self._workers = [self._spawn() for _ in range(self.workers)]
-        await asyncio.to_thread(self._await_ready, len(self._workers))
-        self._reader = threading.Thread(target=self._read_results, name="agl-runner-results", daemon=True)
-        self._reader.start()
+        self._workers = [_Worker(self._context, self.reference, self._worker_env(), threads) for _ in range(self.workers)]
+        await asyncio.to_thread(self._await_ready)
+        for worker in self._workers:
+            self._start_reader(worker)
         asyncio.get_running_loop().create_task(self._watch_workers())
 
     def _spawn(self) -> _Worker:
-        return _Worker(self._context, self.reference, self._worker_env(), self._results, self._threads)
+        worker = _Worker(self._context, self.reference, self._worker_env(), self._threads)
+        self._start_reader(worker)
+        return worker
 
-    def _await_ready(self, count: int) -> None:
+    def _await_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        ready = 0
-        while ready < count:
+        for worker in self._workers:
             try:
-                message = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise HarnessNotFound(f"runner workers did not start within {READY_TIMEOUT_S:.0f} s") from None
+                if not worker.results.poll(max(0.1, deadline - time.monotonic())):
+                    raise HarnessNotFound(f"runner workers did not start within {READY_TIMEOUT_S:.0f} s")
+                message = worker.results.recv()
+            except (EOFError, OSError):
+                message = ("failed", f"the worker exited while starting (exit code {worker.process.exitcode})")
+            except HarnessNotFound:
+                self._terminate_all()
+                raise
             if message[0] == "failed":
                 self._terminate_all()
                 raise HarnessNotFound(f"runner worker could not load {self.reference!r}: {message[1]}")
-            ready += 1
 
-    def _read_results(self) -> None:
+    def _start_reader(self, worker: _Worker) -> None:
+        worker.reader = threading.Thread(
+            target=self._read_results, args=(worker,), name=f"agl-runner-results-{worker.process.pid}", daemon=True
+        )
+        worker.reader.start()
+
+    def _read_results(self, worker: _Worker) -> None:
+        """One worker's results, until it exits (EOF)."""
         while True:
             try:
-                item = self._results.get()
+                item = worker.results.recv()
             except (EOFError, OSError):
                 return
-            if item is None:
-                return
             if isinstance(item, _Result) and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._resolve, item)
+                with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+                    self._loop.call_soon_threadsafe(self._resolve, item)
             elif isinstance(item, tuple) and item[0] == "failed":
                 log.error("a replacement runner worker failed to start: %s", item[1])
 
@@ -299,14 +321,12 @@ class FunctionRunner:
             with contextlib.suppress(Exception):
                 worker.requests.put(None)
         await asyncio.to_thread(self._join_all)
-        if self._results is not None:
-            with contextlib.suppress(Exception):
-                self._results.put(None)
-        if self._reader is not None:
-            await asyncio.to_thread(self._reader.join, 5.0)
-        if self._results is not None:
-            self._results.cancel_join_thread()
-            self._results.close()
+        for worker in self._workers:  # exited workers: their readers saw EOF
+            if worker.reader is not None:
+                await asyncio.to_thread(worker.reader.join, 5.0)
+                if worker.reader.is_alive():
+                    continue  # never close a pipe under a thread still reading it
+            worker.results.close()
         for future in self._futures.values():
             if not future.done():
                 future.cancel()

@@ -1,0 +1,184 @@
+"""Span building off the hot path: token arrays decoded in slices (with a cache of repeated
+slices), jobs built in order in a background task that defers to active calls."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import msgspec
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from agl import semconv
+from agl_sidecar import otlp, token_arrays
+from agl_sidecar.attribution import Identity
+from agl_sidecar.exporter import ExportCounters
+from agl_sidecar.foreground import Foreground
+from agl_sidecar.spans import CallRecord, SpanRecorder
+from agl_sidecar.token_arrays import SliceCache, encode_token_ids
+from tests.support.otlp_sink import any_value
+
+
+def _run(generator):
+    """Drive a builder generator to its return value, counting its slices."""
+    steps = 0
+    while True:
+        try:
+            next(generator)
+            steps += 1
+        except StopIteration as done:
+            return done.value, steps
+
+
+@pytest.mark.parametrize("length", [0, 1, 4095, 4096, 4097, 35000])
+def test_json_token_arrays_encode_like_the_ids_in_slices(length):
+    ids = [random.randrange(0, 200_000) for _ in range(length)]
+    cache = SliceCache()
+    encoded, steps = _run(encode_token_ids(msgspec.Raw(msgspec.json.encode(ids)), cache))
+    expected = otlp.IntArray.of(ids)
+    assert encoded.length == length and encoded.elements == expected.elements
+    if length == 35000:  # ~200 KB of JSON: decoded a slice per step, never in one go
+        assert steps >= 35000 * 6 // token_arrays.SLICE_JSON_BYTES
+    listed, _ = _run(encode_token_ids(ids, cache))  # a stream's assembled list, the same bytes
+    assert listed.elements == expected.elements
+
+
+def test_repeated_slices_come_from_the_cache_and_a_longer_prompt_reuses_its_prefix():
+    cache = SliceCache()
+    prompt = [random.randrange(0, 150_000) for _ in range(30_000)]
+    first, _ = _run(encode_token_ids(msgspec.Raw(msgspec.json.encode(prompt)), cache))
+    assert cache.hits == 0 and cache.misses > 4
+    # The next turn of the conversation: the same prefix plus new tokens.
+    extended = prompt + [random.randrange(0, 150_000) for _ in range(5_000)]
+    second, steps = _run(encode_token_ids(msgspec.Raw(msgspec.json.encode(extended)), cache))
+    assert second.elements == otlp.IntArray.of(extended).elements
+    assert second.elements.startswith(first.elements)
+    assert cache.hits >= 30_000 * 6 // token_arrays.SLICE_JSON_BYTES - 1
+    assert steps <= 5_000 * 7 // token_arrays.SLICE_JSON_BYTES + 2  # only the new slices are decoded
+
+
+def test_json_with_spaces_null_and_non_integer_arrays():
+    ids = list(range(10_000))
+    spaced = msgspec.Raw(b"[" + b", ".join(str(i).encode() for i in ids) + b"]")
+    encoded, _ = _run(encode_token_ids(spaced, SliceCache()))
+    assert encoded.elements == otlp.IntArray.of(ids).elements
+    assert _run(encode_token_ids(msgspec.Raw(b"null"), SliceCache()))[0] is None
+    strings = msgspec.Raw(msgspec.json.encode([f"a,{i}" for i in range(10_000)]))  # commas inside strings
+    with pytest.raises(msgspec.ValidationError):
+        _run(encode_token_ids(strings, SliceCache()))
+
+
+def test_slice_cache_stays_within_its_bytes():
+    cache = SliceCache(max_bytes=100_000)
+    for _ in range(10):
+        ids = [random.randrange(0, 150_000) for _ in range(40_000)]
+        _run(encode_token_ids(msgspec.Raw(msgspec.json.encode(ids)), cache))
+    assert 0 < cache._bytes <= 100_000
+
+
+class _Exporter:
+    """Collects what the recorder submits (the exporter's interface for the recorder)."""
+
+    def __init__(self) -> None:
+        self.spans: list[bytes] = []
+        self.counters = ExportCounters()
+
+    def submit(self, span: bytes) -> None:
+        self.spans.append(span)
+
+    def decoded(self) -> list[tuple[str, dict]]:
+        framer = otlp.RequestFramer({"service.name": "t"}, "agl", "0")
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(framer.request(self.spans))
+        spans = request.resource_spans[0].scope_spans[0].spans if self.spans else []
+        return [(s.name, {kv.key: any_value(kv.value) for kv in s.attributes}) for s in spans]
+
+
+def _call(rollout: str, prompt: list[int], completion: list[int]) -> CallRecord:
+    call = CallRecord(api="openai.chat", operation="chat", identity=Identity(rollout_id=rollout), trace_parent=None,
+                      start_ns=1, model="tiny")
+    call.prompt_ids = msgspec.Raw(msgspec.json.encode(prompt))
+    choice = call.choice(0)
+    choice.token_ids = msgspec.Raw(msgspec.json.encode(completion))
+    choice.logprobs = msgspec.Raw(b'{"content":[{"logprob":-0.25}]}')
+    return call
+
+
+async def test_spans_are_built_in_the_background_in_order():
+    exporter = _Exporter()
+    recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
+    recorder.start()
+    prompt = list(range(20_000))
+    call = _call("r1", prompt, [7])
+    call.seq = recorder.next_seq(call.identity)
+    recorder.finish(call)
+    recorder.reward(Identity(rollout_id="r1"), 1.0, "task", 0, None, {})
+    recorder.rollout_end(Identity(rollout_id="r1"), semconv.STATUS_SUCCEEDED, None)
+    assert exporter.spans == [] and recorder.backlog == 3  # finish() only queued the work
+    assert await recorder.drain(5)
+    names = [name for name, _ in exporter.decoded()]
+    assert names == ["chat tiny", semconv.SPAN_REWARD, semconv.SPAN_ROLLOUT]
+    attrs = exporter.decoded()[0][1]
+    assert attrs[semconv.PROMPT_TOKEN_IDS] == prompt and attrs[semconv.COMPLETION_TOKEN_IDS] == [7]
+    assert attrs[semconv.COMPLETION_LOGPROBS] == [-0.25] and attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 20_000
+    assert recorder.calls_recorded == 1
+    await recorder.close()
+
+
+async def test_the_builder_waits_for_active_calls_but_not_forever():
+    foreground = Foreground()
+    exporter = _Exporter()
+    recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=0.3)  # type: ignore[arg-type]
+    recorder.start()
+    foreground.enter()  # a call is being proxied
+    recorder.finish(_call("r1", list(range(30_000)), [1]))
+    await asyncio.sleep(0.1)
+    assert exporter.spans == []  # deferred to the active call
+    foreground.leave()
+    assert await recorder.drain(2) and len(exporter.spans) == 1
+
+    foreground.enter()  # a call that stays active: the span is built anyway after max_defer_s
+    recorder.finish(_call("r2", list(range(30_000)), [1]))
+    assert await recorder.drain(3) and len(exporter.spans) == 2
+    foreground.leave()
+    await recorder.close()
+
+
+async def test_a_span_that_fails_to_build_is_counted_and_the_builder_goes_on(monkeypatch):
+    exporter = _Exporter()
+    recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
+    recorder.start()
+    real_span = otlp.span
+    calls = iter([RuntimeError("encoder bug")])
+
+    def flaky_span(**kwargs):
+        for error in calls:
+            raise error
+        return real_span(**kwargs)
+
+    monkeypatch.setattr(otlp, "span", flaky_span)
+    recorder.finish(_call("r1", [1, 2], [3]))
+    recorder.finish(_call("r2", [1, 2], [3]))
+    assert await recorder.drain(2)
+    assert recorder.build_failures == 1 and exporter.counters.spans_failed == 1 and len(exporter.spans) == 1
+    await recorder.close()
+
+
+async def test_close_builds_what_is_still_queued():
+    exporter = _Exporter()
+    foreground = Foreground()
+    recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
+    recorder.start()
+    foreground.enter()
+    for i in range(3):
+        recorder.finish(_call(f"r{i}", list(range(10_000)), [1]))
+    await recorder.close(timeout_s=0.05)  # the drain times out behind the active call
+    assert len(exporter.spans) == 3 and recorder.backlog == 0
+
+
+def test_without_a_running_builder_spans_are_built_at_once():
+    exporter = _Exporter()
+    recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
+    recorder.finish(_call("r1", [1, 2, 3], [4]))
+    assert len(exporter.spans) == 1
