@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from _load import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / "scripts" / "setup_bench_peers.sh"
@@ -61,12 +62,6 @@ class Peer:
         except ProcessLookupError:
             pass
         self.proc.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tree(pid: int) -> list[int]:

@@ -28,7 +28,6 @@ import asyncio
 import copy
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _load import JSON, free_port, one_call, run_block, wait_up  # bench/ is on sys.path as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -195,65 +196,6 @@ def translation_costs(seconds: float) -> None:
 
 
 # --- part 2 ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_up(session: Any, url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url) as reply:
-                await reply.read()
-                return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
-
-
-JSON = {"Content-Type": "application/json"}
-
-
-async def one_call(
-    session: Any, url: str, body: bytes, stream: bool, headers: dict[str, str] = JSON
-) -> float:
-    started = time.perf_counter()
-    async with session.post(url, data=body, headers=headers) as reply:
-        if reply.status != 200:
-            raise RuntimeError(f"{url}: HTTP {reply.status}: {(await reply.text())[:300]}")
-        if stream:
-            async for _ in reply.content.iter_any():
-                pass
-        else:
-            await reply.read()
-    return time.perf_counter() - started
-
-
-async def block(
-    session: Any,
-    url: str,
-    body: bytes,
-    stream: bool,
-    calls: int,
-    concurrency: int,
-    headers: dict[str, str] = JSON,
-) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    remaining = calls
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            latencies.append(await one_call(session, url, body, stream, headers))
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - started
-
-
 def bodies(stream: bool, with_litellm: bool) -> dict[str, tuple[str, str, dict[str, Any]]]:
     question = [{"role": "user", "content": "What is the weather in Paris today? " * 20}]
     chat = {"model": "tiny", "messages": question, "max_tokens": 64, "stream": stream}
@@ -298,8 +240,8 @@ async def through_sidecar(engine: str, sidecar: str, quick: bool, litellm: Any =
     if litellm is not None:
         bases["litellm"] = (litellm.base, {**JSON, **litellm.headers})
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await wait_up(session, engine + "/health")
-        await wait_up(session, sidecar + "/healthz")
+        await wait_up(engine + "/health", session)
+        await wait_up(sidecar + "/healthz", session)
         print("\nPart 2: through agl-sidecar (fake vLLM, 64 output tokens); added = p50 - direct's p50")
         rounds, per_block = (3, 20) if quick else (8, 40)
         for stream in (False, True):
@@ -319,7 +261,7 @@ async def through_sidecar(engine: str, sidecar: str, quick: bool, litellm: Any =
                 for _ in range(rounds):
                     for name, (url, body, headers) in targets.items():
                         calls = per_block * (4 if concurrency > 1 else 1)
-                        got, took = await block(session, url, body, stream, calls, concurrency, headers)
+                        got, took = await run_block(session, url, body, stream, calls, concurrency, headers)
                         lat[name] += got
                         busy[name] += took
                 report(stream, concurrency, lat, busy)

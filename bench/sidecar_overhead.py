@@ -23,7 +23,6 @@ import asyncio
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,10 +31,10 @@ import time
 from pathlib import Path
 
 import _peers  # bench/_peers.py (bench/ is on sys.path when this runs as a script)
+from _load import JSON, free_port, pct, run_block, wait_up
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-JSON = {"Content-Type": "application/json"}
 
 FAKE = """
 import sys, asyncio, uvloop
@@ -106,12 +105,6 @@ web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loo
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -125,61 +118,10 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def wait_up(url: str, session) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url) as r:
-                await r.read()
-                return
-        except Exception:
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
-
-
-async def one_call(session, url: str, body: bytes, stream: bool, headers: dict[str, str] = JSON) -> float:
-    started = time.perf_counter()
-    async with session.post(url, data=body, headers=headers) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:300]}")
-        if stream:
-            async for _ in r.content.iter_any():
-                pass
-        else:
-            await r.read()
-    return time.perf_counter() - started
-
-
-async def run_block(session, url: str, body: bytes | list[bytes], stream: bool, calls: int, concurrency: int,
-                    headers: dict[str, str] = JSON, first: int = 0) -> tuple[list[float], float]:
-    """`calls` calls, `concurrency` at a time; a list of bodies is sent in turn from `first`, one per call."""
-    latencies: list[float] = []
-    remaining = calls
-    bodies = body if isinstance(body, list) else [body]
-    turn = first
-
-    async def worker() -> None:
-        nonlocal remaining, turn
-        while remaining > 0:
-            remaining -= 1
-            next_body = bodies[turn % len(bodies)]
-            turn += 1
-            latencies.append(await one_call(session, url, next_body, stream, headers))
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - started
-
-
 def unique_text(chars: int, seed: int) -> str:
     """`chars` characters of words in an order no other seed gives (different token IDs throughout)."""
     words = random.Random(seed).choices(["lorem", "ipsum", "dolor", "sit", "amet", "agent", "tool", "call", "model"], k=chars // 4)
     return " ".join(words)[:chars]
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 async def main(quick: bool, with_peers: bool) -> None:

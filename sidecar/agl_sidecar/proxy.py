@@ -195,17 +195,12 @@ class Proxy:
             response.headers["Retry-After"] = str(max(1, int(sidecar.config.max_hold_s // 10) or 1))
             return response
         except asyncio.CancelledError:
-            call.end_reason = semconv.END_CLIENT_DISCONNECTED
-            call.error_type = "client_disconnected"
-            sidecar.recorder.finish(call)
+            _client_gone(sidecar, call)
             raise
         try:
             return await self._dispatch(request, kind, front, body, parsed, call, overrides)
         except asyncio.CancelledError:  # the client went away while the engine worked
-            if not call.finished:
-                call.end_reason = semconv.END_CLIENT_DISCONNECTED
-                call.error_type = "client_disconnected"
-                sidecar.recorder.finish(call)
+            _client_gone(sidecar, call)
             raise
         except Exception as exc:  # a sidecar bug: answer clearly, keep the record
             log.exception("agl-sidecar: call failed inside the sidecar")
@@ -317,9 +312,7 @@ class Proxy:
         try:
             data = await upstream_response.read()  # the engine is done: a transfer, not a wait
         except asyncio.CancelledError:
-            call.end_reason = semconv.END_CLIENT_DISCONNECTED
-            call.error_type = "client_disconnected"
-            self.sidecar.recorder.finish(call)
+            _client_gone(self.sidecar, call)
             raise
         except aiohttp.ClientError as exc:
             return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
@@ -338,14 +331,10 @@ class Proxy:
             await response.write_eof()
         except ConnectionResetError:
             self.sidecar.metrics.client_disconnects += 1
-            call.end_reason = semconv.END_CLIENT_DISCONNECTED
-            call.error_type = "client_disconnected"
-            self.sidecar.recorder.finish(call)
+            _client_gone(self.sidecar, call)
             return response
         except asyncio.CancelledError:
-            call.end_reason = semconv.END_CLIENT_DISCONNECTED
-            call.error_type = "client_disconnected"
-            self.sidecar.recorder.finish(call)
+            _client_gone(self.sidecar, call)
             raise
         self.sidecar.recorder.finish(call)
         return response
@@ -385,14 +374,10 @@ class Proxy:
             await response.write_eof()
         except ConnectionResetError:  # the client went away: closing the upstream stops the engine
             self.sidecar.metrics.client_disconnects += 1
-            call.end_reason = semconv.END_CLIENT_DISCONNECTED
-            call.error_type = "client_disconnected"
-            self.sidecar.recorder.finish(call)
+            _client_gone(self.sidecar, call)
             return response  # aiohttp finishes a response to a gone client quietly
         except asyncio.CancelledError:  # counted by handle()
-            call.end_reason = semconv.END_CLIENT_DISCONNECTED
-            call.error_type = "client_disconnected"
-            self.sidecar.recorder.finish(call)
+            _client_gone(self.sidecar, call)
             raise
         except (aiohttp.ClientError, TimeoutError) as exc:
             call.end_reason = semconv.END_UPSTREAM_ERROR
@@ -403,6 +388,16 @@ class Proxy:
             return response
         self.sidecar.recorder.finish(call)
         return response
+
+
+def _client_gone(sidecar: Sidecar, call: CallRecord) -> None:
+    """The harness went away: record the call as ended by it (once; a finished call is not changed,
+    its span is built from it later)."""
+    if call.finished:
+        return
+    call.end_reason = semconv.END_CLIENT_DISCONNECTED
+    call.error_type = "client_disconnected"
+    sidecar.recorder.finish(call)
 
 
 def _record_choice(call: CallRecord, c: Any, flags: Flags, strip: list[tuple[bytes, msgspec.Raw]]) -> None:

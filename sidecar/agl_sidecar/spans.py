@@ -53,6 +53,9 @@ class Choice:
 
 @dataclass(slots=True)
 class CallRecord:
+    """What one model call observed, filled in by the proxy. Not to be changed once
+    `SpanRecorder.finish` has taken it: its span is built from it later."""
+
     api: str
     operation: str
     identity: Identity

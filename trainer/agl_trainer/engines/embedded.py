@@ -38,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any, Self
 
 import msgspec
@@ -482,39 +483,24 @@ class EmbeddedEngine:
                     "prompt_text": None,
                 },
             )
-        index_of = {id(s): i for i, s in enumerate(sequences)}
-        sent = [0] * len(sequences)
-        shown = [""] * len(sequences)
-        while any(sent[i] < len(s.token_ids) or not s.finished for i, s in enumerate(sequences)):
-            sequence, count, _ = await queue.get()
-            index = index_of[id(sequence)]
-            if sequence.finish_reason == "error":
-                break
-            for position in range(sent[index], count):
-                done = sequence.finished and position + 1 == len(sequence.token_ids)
-                text = self._text(sequence, position + 1)
-                delta, shown[index] = (
-                    text[len(shown[index]) :],
-                    text if len(text) >= len(shown[index]) else shown[index],
+        async for index, sequence, position, delta, done in self._deltas(sequences, queue):
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"content": delta},
+                "logprobs": wire.chat_logprobs(
+                    self.tokenizer, sequence, position, position + 1, req.return_tokens_as_token_ids
                 )
-                choice: dict[str, Any] = {
-                    "index": index,
-                    "delta": {"content": delta},
-                    "logprobs": wire.chat_logprobs(
-                        self.tokenizer, sequence, position, position + 1, req.return_tokens_as_token_ids
-                    )
-                    if req.logprobs
-                    else None,
-                    "finish_reason": sequence.finish_reason if done else None,
-                }
-                if done:
-                    choice["stop_reason"] = sequence.stop_reason
-                choice["token_ids"] = [sequence.token_ids[position]] if req.return_token_ids else None
-                chunk = {**head, "choices": [choice]}
-                if done and not include_usage:
-                    chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
-                await _send(response, chunk)
-            sent[index] = max(sent[index], count)
+                if req.logprobs
+                else None,
+                "finish_reason": sequence.finish_reason if done else None,
+            }
+            if done:
+                choice["stop_reason"] = sequence.stop_reason
+            choice["token_ids"] = [sequence.token_ids[position]] if req.return_token_ids else None
+            chunk = {**head, "choices": [choice]}
+            if done and not include_usage:
+                chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
+            await _send(response, chunk)
         completion_tokens = sum(len(s.token_ids) for s in sequences)
         self._tokens_out += completion_tokens
         if include_usage:
@@ -584,48 +570,33 @@ class EmbeddedEngine:
         await response.prepare(request)
         head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        index_of = {id(s): i for i, s in enumerate(sequences)}
-        sent = [0] * len(sequences)
-        shown = [""] * len(sequences)
         offsets = [0] * len(sequences)
-        while any(sent[i] < len(s.token_ids) or not s.finished for i, s in enumerate(sequences)):
-            sequence, count, _ = await queue.get()
-            index = index_of[id(sequence)]
-            if sequence.finish_reason == "error":
-                break
-            for position in range(sent[index], count):
-                done = sequence.finished and position + 1 == len(sequence.token_ids)
-                text = self._text(sequence, position + 1)
-                delta, shown[index] = (
-                    text[len(shown[index]) :],
-                    text if len(text) >= len(shown[index]) else shown[index],
+        async for index, sequence, position, delta, done in self._deltas(sequences, queue):
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, offsets[index] = wire.completion_logprobs(
+                    self.tokenizer,
+                    sequence,
+                    position,
+                    position + 1,
+                    offsets[index],
+                    req.return_tokens_as_token_ids,
                 )
-                logprobs = None
-                if req.logprobs is not None:
-                    logprobs, offsets[index] = wire.completion_logprobs(
-                        self.tokenizer,
-                        sequence,
-                        position,
-                        position + 1,
-                        offsets[index],
-                        req.return_tokens_as_token_ids,
-                    )
-                choice = {
-                    "index": index,
-                    "text": delta,
-                    "logprobs": logprobs,
-                    "finish_reason": sequence.finish_reason if done else None,
-                    "stop_reason": sequence.stop_reason if done else None,
-                    "prompt_token_ids": sequence.prompt_ids
-                    if (req.return_token_ids and position == 0)
-                    else None,
-                    "token_ids": [sequence.token_ids[position]] if req.return_token_ids else None,
-                }
-                chunk = {**head, "choices": [choice]}
-                if done and not include_usage:
-                    chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
-                await _send(response, chunk)
-            sent[index] = max(sent[index], count)
+            choice = {
+                "index": index,
+                "text": delta,
+                "logprobs": logprobs,
+                "finish_reason": sequence.finish_reason if done else None,
+                "stop_reason": sequence.stop_reason if done else None,
+                "prompt_token_ids": sequence.prompt_ids
+                if (req.return_token_ids and position == 0)
+                else None,
+                "token_ids": [sequence.token_ids[position]] if req.return_token_ids else None,
+            }
+            chunk = {**head, "choices": [choice]}
+            if done and not include_usage:
+                chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
+            await _send(response, chunk)
         completion_tokens = sum(len(s.token_ids) for s in sequences)
         self._tokens_out += completion_tokens
         if include_usage:
@@ -642,6 +613,31 @@ class EmbeddedEngine:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    async def _deltas(
+        self, sequences: list[Sequence], queue: asyncio.Queue[Any]
+    ) -> AsyncIterator[tuple[int, Sequence, int, str, bool]]:
+        """Each new token of a stream as (choice index, sequence, position, text delta, last?), in
+        the order the scheduler produced them; stops early when a sequence failed."""
+        index_of = {id(s): i for i, s in enumerate(sequences)}
+        sent = [0] * len(sequences)
+        shown = [""] * len(sequences)
+        while any(sent[i] < len(s.token_ids) or not s.finished for i, s in enumerate(sequences)):
+            sequence, count, _ = await queue.get()
+            index = index_of[id(sequence)]
+            if sequence.finish_reason == "error":
+                return
+            for position in range(sent[index], count):
+                done = sequence.finished and position + 1 == len(sequence.token_ids)
+                text = self._text(sequence, position + 1)
+                # Detokenizing a prefix can shorten the text (a byte-level token completes later):
+                # what was shown stays shown.
+                delta, shown[index] = (
+                    text[len(shown[index]) :],
+                    text if len(text) >= len(shown[index]) else shown[index],
+                )
+                yield index, sequence, position, delta, done
+            sent[index] = max(sent[index], count)
 
     def _raise_if_failed(self, sequence: Sequence) -> None:
         if sequence.finish_reason == "error":
