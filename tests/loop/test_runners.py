@@ -314,7 +314,7 @@ def test_a_worker_killed_mid_traffic_blocks_neither_the_others_nor_exit(tmp_path
             await runner.start()
             try:
                 tasks = [{{"id": f"t-{{i}}", "marker": {str(tmp_path / "marker")!r}, "pad": "x" * 16384,
-                           "error_bytes": 1_000_000}} for i in range(128)]
+                           "error_bytes": 262_144}} for i in range(128)]
                 outcomes = await asyncio.gather(
                     *(runner.run(RolloutSpec(rollout_id="r" + t["id"], task_id=t["id"], task=t)) for t in tasks)
                 )
