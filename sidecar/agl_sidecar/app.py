@@ -30,7 +30,7 @@ from agl_sidecar.gate import Gate
 from agl_sidecar.metrics import Metrics
 from agl_sidecar.otlp import RequestFramer
 from agl_sidecar.protocols.base import ProtocolError
-from agl_sidecar.protocols.registry import ADAPTERS, adapter_for
+from agl_sidecar.protocols.registry import ADAPTERS, load_adapter
 from agl_sidecar.proxy import CHAT, COMPLETIONS, Proxy, identity_from
 from agl_sidecar.routing import NoUpstream, Router, validate_upstream
 from agl_sidecar.spans import SpanRecorder
@@ -213,7 +213,7 @@ def translated(path: str) -> Any:
     async def handler(request: web.Request) -> web.StreamResponse:
         sidecar = _sidecar(request)
         try:
-            adapter = adapter_for(path)
+            adapter = await load_adapter(path)
         except (ImportError, AttributeError) as exc:
             return _openai_error(501, f"/v1{path} is not available in this sidecar: {exc}", "not_implemented")
         raw = await request.read()

@@ -34,6 +34,7 @@ def test_help_explains_every_flag(capsys):
         ({"upstream": ["http://a"], "sampling": {"warmup": {"temperature": 1}}}, "mode 'warmup'"),
         ({"upstream": ["http://a"], "colour": "blue"}, "unknown setting 'colour'"),
         ({"upstream": ["http://a"], "otlp_endpoint": "collector:4318"}, "'otlp_endpoint'"),
+        ({"upstream": ["http://a"], "token_cache_bytes": -1}, "'token_cache_bytes' must be >= 0"),
     ],
 )
 def test_bad_config_names_key_and_fix(layers, fragment):

@@ -38,6 +38,12 @@ class EchoAdapter:
     api = "test.echo"
     path = "/echo"
     tokenize_only = False
+    prepared_on: list[str] = []
+
+    def prepare(self) -> None:
+        import threading
+
+        self.prepared_on.append(threading.current_thread().name)
 
     def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body.get("say"), str):
@@ -69,11 +75,11 @@ COUNT = CountAdapter()
 def echo_adapters():
     added = {"/echo": f"{__name__}:ECHO", "/echo/count": f"{__name__}:COUNT"}
     registry.ADAPTERS.update(added)
-    registry.adapter_for.cache_clear()
+    registry.clear_caches()
     yield
     for key in added:
         registry.ADAPTERS.pop(key)
-    registry.adapter_for.cache_clear()
+    registry.clear_caches()
 
 
 def test_adapter_unary_stream_tokenize_and_errors(echo_adapters, fake, make_sidecar, otlp_sink):
@@ -95,9 +101,57 @@ def test_adapter_unary_stream_tokenize_and_errors(echo_adapters, fake, make_side
     malformed = httpx.post(url, content=b"{nope")
     assert malformed.status_code == 400 and malformed.json()["kind"] == "error"
 
+    # Each of the two adapters was prepared (its imports) once, off the event loop's thread.
+    assert len(ECHO.prepared_on) == 2 and "agl-sidecar" not in ECHO.prepared_on
+
     spans = otlp_sink.wait_for(lambda spans: len(spans) >= 2)
     assert len(spans) == 2  # the tokenize-only call records no span
     for span in spans:
         assert span.attributes[semconv.CALL_API] == "test.echo"
         assert span.attributes[semconv.ROLLOUT_ID] == "ad"
         assert span.attributes[semconv.PROMPT_TOKEN_IDS] == chat_prompt_ids([{"role": "user", "content": "hello"}])
+
+
+def test_the_first_translated_call_does_not_stall_other_calls(fake, tmp_path):
+    """A fresh sidecar process imports litellm (seconds of CPU) for its first /v1/messages call:
+    in a worker thread, so chat calls arriving meanwhile are served, not held until it is done."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agl_sidecar.cli", "--upstream", fake.base_url, "--listen", "127.0.0.1:0",
+         "--spool-dir", str(tmp_path / "spool")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = process.stdout.readline()  # "agl-sidecar listening on http://127.0.0.1:PORT"
+        url = line.strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://127.0.0.1:"), line
+        took: dict[str, float] = {}
+
+        def messages() -> None:
+            started = time.perf_counter()
+            reply = httpx.post(url + "/v1/messages", timeout=120, json={
+                "model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+            assert reply.status_code == 200, reply.text
+            took["messages"] = time.perf_counter() - started
+
+        first = threading.Thread(target=messages)
+        first.start()
+        time.sleep(0.3)  # the import is under way
+        chats = []
+        while first.is_alive() and len(chats) < 20:
+            started = time.perf_counter()
+            reply = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+                "model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+            assert reply.status_code == 200
+            chats.append(time.perf_counter() - started)
+        first.join()
+        assert chats, "the first /v1/messages call was done before a chat call was sent"
+        # Blocked by the import, the first chat call would take about as long as the rest of it.
+        assert max(chats) < took["messages"] / 3, (chats, took)
+    finally:
+        process.terminate()
+        process.wait(10)

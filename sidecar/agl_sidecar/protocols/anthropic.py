@@ -341,6 +341,9 @@ class MessagesAdapter:
     path = "/messages"
     tokenize_only = False
 
+    def prepare(self) -> None:
+        anthropic_adapter()
+
     def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         _validate(body, _MessagesRequest)
         chat = _to_chat(body)

@@ -45,6 +45,11 @@ class ProtocolAdapter(Protocol):
     # passes the tokenize response to from_chat_response.
     tokenize_only: bool
 
+    def prepare(self) -> None:
+        """Import what translating needs (litellm: seconds of CPU). Called once, in a worker
+        thread, before the adapter's first request, so the event loop keeps serving meanwhile."""
+        ...
+
     def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat-completions request for `body`; raises ProtocolError for a malformed body."""
         ...

@@ -3,7 +3,9 @@ use (they pull litellm, which costs seconds), so a sidecar that serves only chat
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import threading
 from functools import cache
 
 from agl_sidecar.protocols.base import ProtocolAdapter
@@ -21,3 +23,29 @@ def adapter_for(path: str) -> ProtocolAdapter:
     """The adapter mounted at `path` (a key of ADAPTERS)."""
     module_name, attribute = ADAPTERS[path].split(":")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+_prepared: dict[str, ProtocolAdapter] = {}
+_preparing = threading.Lock()
+
+
+def _prepare(path: str) -> ProtocolAdapter:
+    with _preparing:  # concurrent first calls wait for one import
+        adapter = adapter_for(path)
+        adapter.prepare()
+        return adapter
+
+
+async def load_adapter(path: str) -> ProtocolAdapter:
+    """`adapter_for(path)`, its imports done in a worker thread the first time: importing litellm on
+    the event loop would stall every call the sidecar is serving for seconds."""
+    adapter = _prepared.get(path)
+    if adapter is None:
+        adapter = _prepared[path] = await asyncio.to_thread(_prepare, path)
+    return adapter
+
+
+def clear_caches() -> None:
+    """Forget loaded adapters (after ADAPTERS changed)."""
+    adapter_for.cache_clear()
+    _prepared.clear()

@@ -154,6 +154,9 @@ class ResponsesAdapter:
     path = "/responses"
     tokenize_only = False
 
+    def prepare(self) -> None:
+        responses_config()
+
     def __init__(self, store: ConversationStore | None = None) -> None:
         self.store = store or ConversationStore()
         # What to_chat_request built for a body, so the response can store the conversation
