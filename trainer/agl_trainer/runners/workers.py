@@ -27,7 +27,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import queue
 import sys
 import threading
 import time
