@@ -67,7 +67,7 @@ def encode_token_ids(
     for text, full_size in wire.int_array_pieces(value, SLICE_JSON_BYTES):
         encoded = cache.get(text) if full_size else None
         if encoded is None:
-            ids = wire.int_array(text)
+            ids = wire.token_ids(text)
             if ids is None:
                 return None
             encoded = otlp.IntArray.of(ids)

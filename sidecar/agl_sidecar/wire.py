@@ -146,7 +146,7 @@ _chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None)
 _legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None)
 
 
-def token_ids(raw: Raw) -> list[int] | None:
+def token_ids(raw: Raw | bytes) -> list[int] | None:
     return _ints.decode(raw)
 
 
@@ -168,10 +168,6 @@ def int_array_pieces(raw: Raw, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
             return
         yield b"[" + data[start:cut] + b"]", True
         start = cut + 1
-
-
-def int_array(text: bytes) -> list[int] | None:
-    return _ints.decode(text)
 
 
 def chat_logprobs(raw: Raw) -> list[float] | None:
