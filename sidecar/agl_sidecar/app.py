@@ -100,6 +100,14 @@ class Sidecar:
         if self._session is not None:
             await self._session.close()
 
+    async def flush_spans(self, timeout_s: float) -> bool:
+        """Build the queued spans and send them (or spool them); False if that took over `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if not await self.recorder.drain(timeout_s):
+            return False
+        return await self.exporter.flush(max(deadline - loop.time(), 0.001))
+
     # --- request helpers -----------------------------------------------------------------------
     def identity(self, request: web.Request) -> Identity:
         return identity_from(request, self.config.rollout_api_keys)
@@ -385,12 +393,20 @@ async def pause(request: web.Request) -> web.Response:
         return _json(400, {"error": f"{exc}; expected {{\"drain\": true, \"timeout_s\": 60}}"})
     if body.timeout_s <= 0:
         return _json(400, {"error": "pause: timeout_s must be > 0"})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.timeout_s
     sidecar.gate.pause()
-    if body.drain and not await sidecar.gate.drain(body.timeout_s):
+    if not body.drain:
+        return _json(200, _short_state(sidecar))
+    if not await sidecar.gate.drain(body.timeout_s):
         state = _short_state(sidecar)
         state["error"] = f"in-flight calls did not finish within {body.timeout_s:g} s; the sidecar stays paused"
         return _json(504, state)
-    return _json(200, _short_state(sidecar))
+    # A drained pause also delivers the drained calls' spans (built off the calls' path, so maybe not
+    # sent yet): the trainer assembles its batch right after it, and a rollout whose call spans are
+    # missing then would be dropped as having no samples.
+    spans_flushed = await sidecar.flush_spans(max(deadline - loop.time(), 1.0))
+    return _json(200, {**_short_state(sidecar), "spans_flushed": spans_flushed})
 
 
 async def resume(request: web.Request) -> web.Response:

@@ -36,6 +36,17 @@ def ledger(out: Path) -> list[tuple[int, str, int]]:
     return rows
 
 
+def diagnosis(out: Path) -> str:
+    """What each step trained and why rollouts were dropped: what a failure here needs to be read."""
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shown = [{k: v for k, v in m.items() if k == "step" or k.startswith("rollouts/") or "drop" in k} for m in steps]
+    with RolloutStore(out / "rollouts.db") as store:
+        dropped = sorted({(i.dropped_reason, i.end_cause, i.late_spans) for i in store.rollouts() if i.dropped_reason})
+    log = out / "sidecar.log"
+    tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+    return f"steps: {shown}; dropped: {dropped}; sidecar.log ends: {tail}"
+
+
 @pytest.mark.slow
 def test_kill_and_resume_trains_every_rollout_once(tmp_path: Path, model_dir: Path) -> None:
     tasks = [{"id": f"t{i}", "key": f"k{i % 8}", "calls": 2, "tool_s": 0.05 * (i % 4)} for i in range(6)]
@@ -78,7 +89,7 @@ def test_kill_and_resume_trains_every_rollout_once(tmp_path: Path, model_dir: Pa
     rows = ledger(out)
     trained = [(rid, attempt) for _, rid, attempt in rows]
     assert len(trained) == len(set(trained)), "a rollout was trained twice"
-    assert sorted({step for step, _, _ in rows}) == list(range(1, 8))  # every step once, continuing
+    assert sorted({step for step, _, _ in rows}) == list(range(1, 8)), diagnosis(out)  # every step, continuing
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 7
 

@@ -55,6 +55,26 @@ async def test_pause_with_50_rollouts_mid_flight_then_resume(make_sidecar, otlp_
                 assert span.attributes[semconv.CALL_HELD_MS] > 0
 
 
+async def test_drained_pause_answers_after_the_drained_calls_spans_are_sent(make_sidecar, otlp_sink):
+    # The trainer assembles right after a drained pause; a span still queued then would be missing.
+    # A 30 s export interval: only the pause's flush can have sent these spans when it answers.
+    with FakeVLLM(latency_s=0.2) as fake:
+        sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint, export_interval_s=30)
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8}
+        async with httpx.AsyncClient(timeout=30) as http:
+            calls = [
+                asyncio.create_task(http.post(f"{sidecar.url}/rollouts/f{i}/v1/chat/completions", json=body))
+                for i in range(8)
+            ]
+            await _wait(lambda: fake.active >= 8)
+            paused = (await http.post(f"{sidecar.url}/agl/v1/pause", json={"drain": True, "timeout_s": 30})).json()
+            assert paused["in_flight"] == 0 and paused["spans_flushed"] is True
+            sent = {span.attributes[semconv.ROLLOUT_ID] for span in otlp_sink.named(semconv.call_span_name("chat", "tiny"))}
+            assert sent == {f"f{i}" for i in range(8)}
+            assert all(r.status_code == 200 for r in await asyncio.gather(*calls))
+            await http.post(f"{sidecar.url}/agl/v1/resume", json={})
+
+
 async def test_held_call_times_out_with_503_and_retry_after(fake, make_sidecar, otlp_sink):
     sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint, max_hold_s=0.3)
     async with httpx.AsyncClient(timeout=10) as http:

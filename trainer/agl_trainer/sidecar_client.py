@@ -3,6 +3,7 @@
 The trainer never imports agl_sidecar; they talk HTTP only. Admin API (bearer token):
 
     POST /agl/v1/pause   {"drain": true, "timeout_s": 60}  new calls held; answers once drained
+                         and the drained calls' spans are sent
     POST /agl/v1/resume  {"policy_version": 3, "upstreams": [...]}  held calls go out
     GET  /agl/v1/state
     POST /rollouts/{id}/reward {"value": 1.0, "name": "reward"}   (a grader's reward)
@@ -39,6 +40,7 @@ class SidecarState(msgspec.Struct, kw_only=True):
     policy_version: int = 0
     upstreams: list[str] = []
     counters: dict[str, Any] = {}
+    spans_flushed: bool = True  # a drained pause: the drained calls' spans were sent in time
 
 
 _decode_state = msgspec.json.Decoder(SidecarState).decode
@@ -62,7 +64,8 @@ class SidecarAdmin:
         await self._client.aclose()
 
     async def pause(self, *, drain: bool = True, timeout_s: float = 60.0) -> SidecarState:
-        """Hold new calls; with `drain`, return once in-flight calls have finished."""
+        """Hold new calls; with `drain`, return once in-flight calls have finished and their spans
+        have been sent (`spans_flushed` false: not within `timeout_s`)."""
         body = {"drain": drain, "timeout_s": timeout_s}
         return await self._post("/agl/v1/pause", body, timeout=timeout_s + 10)
 

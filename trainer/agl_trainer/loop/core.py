@@ -318,7 +318,9 @@ class TrainingLoop:
         started = time.monotonic()
         in_flight_at_pause = len(self.tasks)
         try:
-            await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
+            paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
+            if not paused.spans_flushed:
+                self.progress.log("agl: the sidecar had not sent all call spans by the drain timeout; updating anyway")
         except SidecarError as error:
             self.progress.log(f"agl: drain did not finish ({error}); updating anyway")
         times.draining = time.monotonic() - started
