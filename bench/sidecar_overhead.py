@@ -1,6 +1,6 @@
 """What agl-sidecar adds to a model call, against a minimal pass-through proxy (the floor).
 
-    python bench/sidecar_overhead.py [--quick] [--peers]
+    python bench/sidecar_overhead.py [--quick] [--peers] [--case TEXT] [--blocks N]
 
 Over loopback, in one run: a fake vLLM upstream (tests/support/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
@@ -124,7 +124,7 @@ def unique_text(chars: int, seed: int) -> str:
     return " ".join(words)[:chars]
 
 
-async def main(quick: bool, with_peers: bool) -> None:
+async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: int | None = None) -> None:
     import aiohttp
     import msgspec
 
@@ -191,7 +191,7 @@ async def main(quick: bool, with_peers: bool) -> None:
             width = 16 if peers else 13
             header = f"{'case':<24}{'target':<{width}}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>9}"
             print(header)
-            blocks = 3 if quick else 8
+            blocks = blocks or (3 if quick else 8)
             # The same prompt every call, as the issue's cases; then prompts that never repeat, the
             # worst case for the sidecar's cache of token-array slices (an agent resends its whole
             # conversation each turn, so real traffic sits between the two).
@@ -200,7 +200,10 @@ async def main(quick: bool, with_peers: bool) -> None:
             shapes += [(30000, False, True)]
             for chars, stream, unique in shapes:
                 for concurrency in (1, 64):
-                    per_block = (8 if concurrency == 1 else 64) if quick else (24 if concurrency == 1 else 192)
+                    case = f"{chars // 1000}k{' unique' if unique else ''} {'stream' if stream else 'unary'} c={concurrency}"
+                    if only is not None and only not in case:
+                        continue
+                    per_block = (8 if concurrency == 1 else 64) if quick else (48 if concurrency == 1 else 192)
                     if chars == 30000 and concurrency == 64:
                         per_block //= 2
                     # Unique: a prompt per call of each target, and two more for the warm-up.
@@ -219,7 +222,6 @@ async def main(quick: bool, with_peers: bool) -> None:
                     # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
                     bodies["litellm"] = bodies["direct"]
                     bodies["agentlightning"] = bodies["floor"]
-                    case = f"{chars // 1000}k{' unique' if unique else ''} {'stream' if stream else 'unary'} c={concurrency}"
                     case_targets = dict(targets)
                     for name, url in targets.items():  # warm-up; a peer that refuses the case sits it out
                         try:
@@ -302,8 +304,13 @@ if __name__ == "__main__":
     parser.add_argument("--peers", action="store_true",
                         help="also measure the litellm proxy and Agent Lightning's gateway (installs them under /tmp "
                              "with scripts/setup_bench_peers.sh on first use)")
+    parser.add_argument("--case", metavar="TEXT",
+                        help="run only the cases whose name contains TEXT, e.g. --case '30k unary c=1'")
+    parser.add_argument("--blocks", type=int, metavar="N", help="interleaved blocks per case (default 8, 3 with --quick)")
     args = parser.parse_args()
+    if args.blocks is not None and args.blocks < 1:
+        parser.error(f"--blocks must be at least 1, got {args.blocks}")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import uvloop
 
-    uvloop.run(main(args.quick, args.peers))
+    uvloop.run(main(args.quick, args.peers, args.case, args.blocks))

@@ -132,7 +132,7 @@ class Proxy:
         sidecar = self.sidecar
         started = time.perf_counter()
         status = 500
-        sidecar.foreground.enter()  # span building waits while this call has work to do
+        sidecar.foreground.begin()  # span building waits while this call has work to do
         try:
             response = await self._handle(request, kind, front, body)
             status = response.status
@@ -142,7 +142,7 @@ class Proxy:
             sidecar.metrics.client_disconnects += 1
             raise
         finally:
-            sidecar.foreground.leave()
+            sidecar.foreground.end()
             sidecar.metrics.observe(front.api, status, time.perf_counter() - started)
 
     async def _handle(self, request: web.Request, kind: str, front: Front, body: bytes | None) -> web.StreamResponse:
@@ -353,21 +353,33 @@ class Proxy:
         response = web.StreamResponse(status=200, headers={"Content-Type": content_type})
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()
-        pending = b""
+        # The start of an event not yet complete, as received: an event that spans reads (the first
+        # one carries the prompt's IDs, 200 KB for a 30k-char prompt) is searched and joined once,
+        # not once per read.
+        partial: list[bytes] = []
         foreground = self.sidecar.foreground
         try:
             await response.prepare(request)
             while data := await foreground.waiting(upstream_response.content.readany()):
-                pending += data
-                if b"\n\n" not in pending:
+                if partial:
+                    if b"\n\n" not in data and not (partial[-1][-1:] == b"\n" and data[:1] == b"\n"):
+                        partial.append(data)
+                        continue
+                    partial.append(data)
+                    data = b"".join(partial)
+                    partial.clear()
+                events = data.split(b"\n\n")
+                rest = events.pop()
+                if rest:
+                    partial.append(rest)
+                if not events:
                     continue
-                events = pending.split(b"\n\n")
-                pending = events.pop()
                 out = front.stream([recorder.event(event) for event in events if event])
                 if out:
                     await response.write(out)
-            if pending.strip():
-                await response.write(front.stream([recorder.event(pending.strip())]))
+            rest = b"".join(partial).strip()
+            if rest:
+                await response.write(front.stream([recorder.event(rest)]))
             tail = front.end_stream()
             if tail:
                 await response.write(tail)
@@ -417,8 +429,10 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
     """Record the response's ids, tokens and logprobs on `call`; return the body for the harness."""
     strip: list[tuple[bytes, msgspec.Raw]] = []
     if kind == CHAT:
-        parsed = wire.chat_response.decode(data)
+        parsed, lifted = wire.decode_lifted(wire.chat_response, data, K_PROMPT_TOKEN_IDS)
         prompt_raw = parsed.prompt_token_ids
+        if lifted is not None and prompt_raw == wire.LIFTED:
+            prompt_raw = lifted
         if not flags.token_ids:
             strip.append((K_PROMPT_TOKEN_IDS, prompt_raw))
         for c in parsed.choices:
@@ -517,17 +531,23 @@ class StreamRecorder:
         by markers: vLLM writes `"logprobs":{...}` right before `,"finish_reason":`, and `"key":` /
         `,"key":` with unescaped quotes cannot occur inside a JSON string. None: use the general path."""
         try:
-            chunk = wire.typed_chat_chunk.decode(payload)
+            if len(payload) > 4096:  # the first chunk, with the prompt's IDs: lift them out to decode
+                chunk, lifted = wire.decode_lifted(wire.typed_chat_chunk, payload, K_PROMPT_TOKEN_IDS)
+            else:
+                chunk, lifted = wire.typed_chat_chunk.decode(payload), None
         except msgspec.MsgspecError:
             return None
         if chunk.error is not None or len(chunk.choices) > 1:
             return None
         call = self.call
         flags = self.flags
+        prompt = chunk.prompt_token_ids
+        if lifted is not None and prompt == wire.LIFTED:
+            prompt = lifted
         # Locate every value to strip before recording anything: on a miss the general path
         # handles the chunk from scratch.
         cuts: list[tuple[int, int]] = []
-        has_prompt = chunk.prompt_token_ids != wire.NULL
+        has_prompt = prompt != wire.NULL
         if has_prompt and not flags.token_ids:
             at = payload.rfind(b'"prompt_token_ids":[')
             if at < 0:
@@ -546,7 +566,7 @@ class StreamRecorder:
                     return None
                 cuts.append((at + 11, end))
         if has_prompt and call.prompt_ids is None:
-            call.prompt_ids = chunk.prompt_token_ids
+            call.prompt_ids = prompt
         for c in chunk.choices:
             choice = call.choice(c.index)
             if c.finish_reason is not None:

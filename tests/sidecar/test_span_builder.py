@@ -150,6 +150,43 @@ async def test_the_builder_waits_for_active_calls_but_not_forever():
     await recorder.close()
 
 
+def _after_one_call(settle_s: float) -> tuple[Foreground, _Exporter, SpanRecorder]:
+    """A running builder and one call answered (nothing else in flight), its span queued."""
+    foreground = Foreground(settle_s=settle_s)
+    exporter = _Exporter()
+    recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
+    recorder.start()
+    foreground.begin()
+    recorder.finish(_call("r1", list(range(3_000)), [1]))
+    foreground.end()
+    return foreground, exporter, recorder
+
+
+async def test_after_the_last_call_the_builder_settles_then_builds():
+    _, exporter, recorder = _after_one_call(settle_s=0.3)
+    await asyncio.sleep(0.1)
+    assert exporter.spans == []  # a harness that calls again at once would call now
+    assert await recorder.drain(2) and len(exporter.spans) == 1  # after settle_s, with no next call
+    await recorder.close()
+
+
+async def test_a_span_is_built_while_the_next_call_waits_on_the_engine():
+    foreground, exporter, recorder = _after_one_call(settle_s=60)
+    await asyncio.sleep(0.05)
+    assert exporter.spans == []  # settling: the next call may be on its way
+    foreground.begin()  # it is: while the proxy works on it, the builder still waits
+    await asyncio.sleep(0.05)
+    assert exporter.spans == []
+    engine = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(foreground.waiting(engine))
+    assert await recorder.drain(2) and len(exporter.spans) == 1  # built during the engine's time
+    assert not engine.done()
+    engine.set_result(None)
+    await waiting
+    foreground.end()
+    await recorder.close()
+
+
 async def test_a_span_that_fails_to_build_is_counted_and_the_builder_goes_on(monkeypatch):
     exporter = _Exporter()
     recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
