@@ -28,7 +28,7 @@ SETTLE_S = 0.002
 
 
 class Foreground:
-    __slots__ = ("active", "in_flight", "settle_s", "_last_end", "_changed", "_waiters")
+    __slots__ = ("_changed", "_last_end", "_waiters", "active", "in_flight", "settle_s")
 
     def __init__(self, settle_s: float = SETTLE_S) -> None:
         self.active = 0  # calls the proxy is working on now

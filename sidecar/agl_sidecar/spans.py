@@ -34,6 +34,7 @@ from agl_sidecar import otlp, wire
 from agl_sidecar.attribution import Identity, TraceParent
 from agl_sidecar.exporter import SpanExporter
 from agl_sidecar.foreground import Foreground
+from agl_sidecar.lru import BytesLRU
 from agl_sidecar.token_arrays import SliceCache, encode_token_ids
 
 log = logging.getLogger("agl_sidecar.spans")
@@ -95,37 +96,8 @@ class CallRecord:
         return found
 
 
-class _LastSequences:
-    """Per rollout, the last finished call's seq and full token sequence (as encoded int-array
-    elements): a bounded LRU by bytes, since a 35k-token sequence is ~200 KB."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[int, otlp.IntArray]] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, rollout_id: str) -> tuple[int, otlp.IntArray] | None:
-        item = self._items.get(rollout_id)
-        if item is not None:
-            self._items.move_to_end(rollout_id)
-        return item
-
-    def forget(self, rollout_id: str) -> None:
-        old = self._items.pop(rollout_id, None)
-        if old is not None:
-            self._bytes -= len(old[1].elements)
-
-    def put(self, rollout_id: str, seq: int, sequence: otlp.IntArray) -> None:
-        old = self._items.pop(rollout_id, None)
-        if old is not None:
-            self._bytes -= len(old[1].elements)
-        if len(sequence.elements) > self.max_bytes:
-            return
-        self._items[rollout_id] = (seq, sequence)
-        self._bytes += len(sequence.elements)
-        while self._bytes > self.max_bytes and self._items:
-            _, (_, evicted) = self._items.popitem(last=False)
-            self._bytes -= len(evicted.elements)
+def _sequence_size(rollout_id: str, item: tuple[int, otlp.IntArray]) -> int:
+    return len(item[1].elements)
 
 
 class _Rollouts:
@@ -182,7 +154,9 @@ class SpanRecorder:
         self.foreground = foreground or Foreground()
         self.max_defer_s = max_defer_s
         self.rollouts = _Rollouts()
-        self._last = _LastSequences(prompt_ref_max_bytes)
+        # Per rollout, the last finished call's seq and full token sequence (prompt + choice-0
+        # completion, as encoded int-array elements): ~200 KB for 35k tokens, so bounded by bytes.
+        self._last: BytesLRU[str, tuple[int, otlp.IntArray]] = BytesLRU(prompt_ref_max_bytes, _sequence_size)
         self._static: dict[tuple[Any, ...], bytes] = {}
         self.slices = SliceCache(token_cache_bytes)
         self.calls_recorded = 0
@@ -420,7 +394,7 @@ class SpanRecorder:
             if index > 0:
                 attrs.append((semconv.completion_finish_reason_key(index), choice.finish_reason or ""))
         if rollout_id and call.seq is not None and first is not None:
-            self._last.put(rollout_id, call.seq, prompt + first)
+            self._last.put(rollout_id, (call.seq, prompt + first))
         return attrs
 
     # --- rewards and rollout ends --------------------------------------------------------------
@@ -459,7 +433,7 @@ class SpanRecorder:
         code = otlp.STATUS_ERROR if status == semconv.STATUS_FAILED else otlp.STATUS_UNSET
         rollout_id = identity.rollout_id
         # After the rollout's queued calls: an ended rollout makes no more calls to reference.
-        forget = functools.partial(self._last.forget, rollout_id)
+        forget = functools.partial(self._last.pop, rollout_id)
         self._internal_span(semconv.SPAN_ROLLOUT, start, now, attrs, parent, code, forget)
 
     def _internal_span(

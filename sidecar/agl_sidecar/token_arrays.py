@@ -10,12 +10,12 @@ Slices are cut at the first comma after a fixed size, so equal leading IDs give 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Generator
 
 from msgspec import Raw
 
 from agl_sidecar import otlp, wire
+from agl_sidecar.lru import BytesLRU
 
 SLICE_TOKENS = 2048  # ~0.15 ms to decode and encode
 SLICE_JSON_BYTES = 12 * 1024  # about 2k token IDs of JSON text
@@ -25,30 +25,28 @@ class SliceCache:
     """Encoded int-array slices by their JSON text; an LRU bounded by bytes (text + encoding)."""
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[bytes, otlp.IntArray] = OrderedDict()
-        self._bytes = 0
+        self._lru: BytesLRU[bytes, otlp.IntArray] = BytesLRU(max_bytes, _slice_size)
         self.hits = 0
         self.misses = 0
 
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
+
     def get(self, text: bytes) -> otlp.IntArray | None:
-        found = self._items.get(text)
+        found = self._lru.get(text)
         if found is None:
             self.misses += 1
-            return None
-        self.hits += 1
-        self._items.move_to_end(text)
+        else:
+            self.hits += 1
         return found
 
     def put(self, text: bytes, encoded: otlp.IntArray) -> None:
-        size = len(text) + len(encoded.elements)
-        if size > self.max_bytes or text in self._items:
-            return
-        self._items[text] = encoded
-        self._bytes += size
-        while self._bytes > self.max_bytes:
-            old_text, old = self._items.popitem(last=False)
-            self._bytes -= len(old_text) + len(old.elements)
+        self._lru.put(text, encoded)
+
+
+def _slice_size(text: bytes, encoded: otlp.IntArray) -> int:
+    return len(text) + len(encoded.elements)
 
 
 def encode_token_ids(

@@ -335,18 +335,18 @@ def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as
     assert sent == expected
 
 
+_CHOICE = b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5]'
+
+
 @pytest.mark.parametrize(
     ("body", "prompt"),
     [
         # only a nested key of that name: not the response's prompt
-        (b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5],'
-         b'"extra":{"prompt_token_ids":[1,2,3]}}]}', None),
+        (_CHOICE + b',"extra":{"prompt_token_ids":[1,2,3]}}]}', None),
         # the key twice: no lift, decoded whole
-        (b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5],'
-         b'"extra":{"prompt_token_ids":[9]}}],"prompt_token_ids":[1,2,3]}', [1, 2, 3]),
+        (_CHOICE + b',"extra":{"prompt_token_ids":[9]}}],"prompt_token_ids":[1,2,3]}', [1, 2, 3]),
         # a "]" inside the value: the lift cuts wrongly, so the body is decoded whole
-        (b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5]}],'
-         b'"prompt_token_ids":[1,"]",3]}', [1, "]", 3]),
+        (_CHOICE + b'}],"prompt_token_ids":[1,"]",3]}', [1, "]", 3]),
     ],
 )
 def test_a_prompt_array_that_cannot_be_lifted_safely_is_decoded_whole(body, prompt):

@@ -74,12 +74,12 @@ def test_slice_cache_stays_within_its_bytes():
     for _ in range(10):
         ids = [random.randrange(0, 150_000) for _ in range(40_000)]
         _run(encode_token_ids(msgspec.Raw(msgspec.json.encode(ids)), cache))
-    assert 0 < cache._bytes <= 100_000
+    assert 0 < cache.bytes <= 100_000
     off = SliceCache(max_bytes=0)  # token_cache_bytes: 0
     raw = msgspec.Raw(msgspec.json.encode(list(range(20_000))))
     for _ in range(2):
         _run(encode_token_ids(raw, off))
-    assert off.hits == 0 and off._bytes == 0
+    assert off.hits == 0 and off.bytes == 0
 
 
 class _Exporter:

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import msgspec
 from agl import semconv
 
+from agl_sidecar.lru import BytesLRU
 from agl_sidecar.protocols._litellm import responses_config
 from agl_sidecar.protocols._sse import sse_event
 from agl_sidecar.protocols.base import ProtocolError
@@ -51,38 +52,30 @@ class ConversationStore:
     """Conversations by response id, encoded as JSON bytes, evicted LRU past either bound."""
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 256 * 1024 * 1024) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._lru: BytesLRU[str, bytes] = BytesLRU(max_bytes, _data_size, max_entries)
         self._encode = msgspec.json.Encoder().encode
         self._decode = msgspec.json.Decoder(list[dict[str, Any]]).decode
 
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
+
     def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        data = self._encode(messages)
-        if len(data) > self.max_bytes:
-            return  # larger than the whole store: keeping it would evict everything else
-        old = self._items.pop(response_id, None)
-        if old is not None:
-            self.bytes -= len(old)
-        self._items[response_id] = data
-        self.bytes += len(data)
-        while len(self._items) > self.max_entries or self.bytes > self.max_bytes:
-            _, evicted = self._items.popitem(last=False)
-            self.bytes -= len(evicted)
+        self._lru.put(response_id, self._encode(messages))
 
     def get(self, response_id: str) -> list[dict[str, Any]] | None:
-        data = self._items.get(response_id)
-        if data is None:
-            return None
-        self._items.move_to_end(response_id)
-        return self._decode(data)
+        data = self._lru.get(response_id)
+        return None if data is None else self._decode(data)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._lru)
 
     def __contains__(self, response_id: object) -> bool:
-        return response_id in self._items
+        return response_id in self._lru
+
+
+def _data_size(response_id: str, data: bytes) -> int:
+    return len(data)
 
 
 def openai_error(status: int, message: str, error_type: str = "", param: str | None = None) -> dict[str, Any]:
