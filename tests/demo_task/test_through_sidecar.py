@@ -87,11 +87,12 @@ def test_two_calls_recorded_with_extending_token_ids(sidecar: str, otlp_sink: An
             if s.attributes.get(semconv.ROLLOUT_ID) == f"r{number}" and semconv.CALL_SEQ in s.attributes
         ]
         calls = _full_prompts(mine)
-        assert sorted(calls) == [0, 1]
+        assert sorted(calls) == [0, 1], (number, calls)
         (prompt1, completion1), (prompt2, completion2) = calls[0], calls[1]
-        assert 1 <= len(completion1) <= 3 and 1 <= len(completion2) <= 2
+        seen = f"episode {number}: call 1 {prompt1} + {completion1}, call 2 {prompt2} + {completion2}"
+        assert 1 <= len(completion1) <= 3 and 1 <= len(completion2) <= 2, seen
         if not any(t in SPECIAL for t in completion1[:-1]):  # text can't carry a special token back
-            assert prompt2[: len(prompt1) + len(completion1)] == prompt1 + completion1
+            assert prompt2[: len(prompt1) + len(completion1)] == prompt1 + completion1, seen
             checked += 1
         assert all(s.attributes.get(semconv.TOKENS_SOURCE) == semconv.TOKENS_FROM_ENGINE for s in mine)
         assert all(
