@@ -19,7 +19,6 @@ once done). A peer that cannot be installed, started or called for a case is rep
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
 import shutil
@@ -118,6 +117,26 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _cases() -> list[tuple[str, int, bool, bool, int]]:
+    """(name, prompt chars, stream, unique prompts, concurrency) of every case, in the order run.
+
+    The same prompt every call, as the issue's cases; then prompts that never repeat, the worst case
+    for the sidecar's cache of token-array slices (an agent resends its whole conversation each
+    turn, so real traffic sits between the two)."""
+    shapes = [(2000, stream, False) for stream in (False, True)]
+    shapes += [(30000, stream, False) for stream in (False, True)]
+    shapes += [(30000, False, True)]
+    return [
+        (f"{chars // 1000}k{' unique' if unique else ''} {'stream' if stream else 'unary'} c={concurrency}",
+         chars, stream, unique, concurrency)
+        for chars, stream, unique in shapes
+        for concurrency in (1, 64)
+    ]
+
+
+CASES = _cases()
+
+
 def unique_text(chars: int, seed: int) -> str:
     """`chars` characters of words in an order no other seed gives (different token IDs throughout)."""
     words = random.Random(seed).choices(["lorem", "ipsum", "dolor", "sit", "amet", "agent", "tool", "call", "model"], k=chars // 4)
@@ -192,79 +211,71 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
             header = f"{'case':<24}{'target':<{width}}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>9}"
             print(header)
             blocks = blocks or (3 if quick else 8)
-            # The same prompt every call, as the issue's cases; then prompts that never repeat, the
-            # worst case for the sidecar's cache of token-array slices (an agent resends its whole
-            # conversation each turn, so real traffic sits between the two).
-            shapes = [(2000, stream, False) for stream in (False, True)]
-            shapes += [(30000, stream, False) for stream in (False, True)]
-            shapes += [(30000, False, True)]
-            for chars, stream, unique in shapes:
-                for concurrency in (1, 64):
-                    case = f"{chars // 1000}k{' unique' if unique else ''} {'stream' if stream else 'unary'} c={concurrency}"
-                    if only is not None and only not in case:
+            for case, chars, stream, unique, concurrency in CASES:
+                if only is not None and only not in case:
+                    continue
+                per_block = (8 if concurrency == 1 else 64) if quick else (48 if concurrency == 1 else 192)
+                if chars == 30000 and concurrency == 64:
+                    per_block //= 2
+                # Unique: a prompt per call of each target, and two more for the warm-up.
+                prompts = [unique_text(chars, i) for i in range(per_block * blocks + 2)] if unique else [
+                    ("lorem ipsum " * (chars // 12 + 1))[:chars]]
+                bodies = {}
+                for name, with_ids in (("direct", True), ("floor", False)):
+                    bodies[name] = []
+                    for content in prompts:
+                        plain = {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                                 "max_tokens": 32, "stream": stream}
+                        if with_ids:
+                            plain = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+                        bodies[name].append(msgspec.json.encode(plain))
+                bodies["agl-sidecar"] = bodies["agl-noexport"] = bodies["floor"]
+                # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
+                bodies["litellm"] = bodies["direct"]
+                bodies["agentlightning"] = bodies["floor"]
+                case_targets = dict(targets)
+                for name, url in targets.items():  # warm-up; a peer that refuses the case sits it out
+                    try:
+                        await run_block(session, url, bodies[name], stream, 2, 1, headers[name],
+                                        first=len(prompts) - 2)
+                    except RuntimeError as e:
+                        if not any(name == p.name for p in peers):
+                            raise
+                        print(f"{case:<24}{name:<{width}}NOT RUN: {str(e).split(': ', 1)[-1]}")
+                        del case_targets[name]
+                lat: dict[str, list[float]] = {t: [] for t in case_targets}
+                wall: dict[str, float] = {t: 0.0 for t in case_targets}
+                for block in range(blocks):
+                    for name, url in case_targets.items():
+                        values, seconds = await run_block(session, url, bodies[name], stream, per_block,
+                                                          concurrency, headers[name], first=block * per_block)
+                        lat[name] += values
+                        wall[name] += seconds
+                        if name in calls_made:
+                            calls_made[name] += len(values)
+                base50, base99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
+                added = {}
+                for name in case_targets:
+                    p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
+                    rps = len(lat[name]) / wall[name]
+                    added[name] = (p50 - base50, rps)
+                    print(f"{case:<24}{name:<{width}}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
+                          f"{(p99 - base99) * 1e3:9.2f}{rps:9.1f}")
+                floor_added, floor_rps = added["floor"]
+                agl_added, agl_rps = added["agl-sidecar"]
+                ratio = agl_added / floor_added if floor_added > 0 else float("nan")
+                target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
+                print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
+                      f"{agl_rps / floor_rps:.0%} ({target})")
+                for peer in peers:
+                    if peer.name not in added:
                         continue
-                    per_block = (8 if concurrency == 1 else 64) if quick else (48 if concurrency == 1 else 192)
-                    if chars == 30000 and concurrency == 64:
-                        per_block //= 2
-                    # Unique: a prompt per call of each target, and two more for the warm-up.
-                    prompts = [unique_text(chars, i) for i in range(per_block * blocks + 2)] if unique else [
-                        ("lorem ipsum " * (chars // 12 + 1))[:chars]]
-                    bodies = {}
-                    for name, with_ids in (("direct", True), ("floor", False)):
-                        bodies[name] = []
-                        for content in prompts:
-                            plain = {"model": "tiny", "messages": [{"role": "user", "content": content}],
-                                     "max_tokens": 32, "stream": stream}
-                            if with_ids:
-                                plain = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
-                            bodies[name].append(msgspec.json.encode(plain))
-                    bodies["agl-sidecar"] = bodies["agl-noexport"] = bodies["floor"]
-                    # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
-                    bodies["litellm"] = bodies["direct"]
-                    bodies["agentlightning"] = bodies["floor"]
-                    case_targets = dict(targets)
-                    for name, url in targets.items():  # warm-up; a peer that refuses the case sits it out
-                        try:
-                            await run_block(session, url, bodies[name], stream, 2, 1, headers[name],
-                                            first=len(prompts) - 2)
-                        except RuntimeError as e:
-                            if not any(name == p.name for p in peers):
-                                raise
-                            print(f"{case:<24}{name:<{width}}NOT RUN: {str(e).split(': ', 1)[-1]}")
-                            del case_targets[name]
-                    lat: dict[str, list[float]] = {t: [] for t in case_targets}
-                    wall: dict[str, float] = {t: 0.0 for t in case_targets}
-                    for block in range(blocks):
-                        for name, url in case_targets.items():
-                            values, seconds = await run_block(session, url, bodies[name], stream, per_block,
-                                                              concurrency, headers[name], first=block * per_block)
-                            lat[name] += values
-                            wall[name] += seconds
-                            if name in calls_made:
-                                calls_made[name] += len(values)
-                    base50, base99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
-                    added = {}
-                    for name in case_targets:
-                        p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
-                        rps = len(lat[name]) / wall[name]
-                        added[name] = (p50 - base50, rps)
-                        print(f"{case:<24}{name:<{width}}{p50 * 1e3:9.2f}{p99 * 1e3:9.2f}{(p50 - base50) * 1e3:9.2f}"
-                              f"{(p99 - base99) * 1e3:9.2f}{rps:9.1f}")
-                    floor_added, floor_rps = added["floor"]
-                    agl_added, agl_rps = added["agl-sidecar"]
-                    ratio = agl_added / floor_added if floor_added > 0 else float("nan")
-                    target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
-                    print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
-                          f"{agl_rps / floor_rps:.0%} ({target})")
-                    for peer in peers:
-                        if peer.name not in added:
-                            continue
-                        peer_added, peer_rps = added[peer.name]
-                        vs_floor = peer_added / floor_added if floor_added > 0 else float("nan")
-                        vs_peer = agl_added / peer_added if peer_added > 0 else float("nan")
-                        print(f"{'':<24}=> {peer.name} added p50 / floor's {vs_floor:.2f}x, throughput / floor's "
-                              f"{peer_rps / floor_rps:.0%}; agl-sidecar vs {peer.name}: added p50 {vs_peer:.2f}x, "
-                              f"throughput {agl_rps / peer_rps:.2f}x")
+                    peer_added, peer_rps = added[peer.name]
+                    vs_floor = peer_added / floor_added if floor_added > 0 else float("nan")
+                    vs_peer = agl_added / peer_added if peer_added > 0 else float("nan")
+                    print(f"{'':<24}=> {peer.name} added p50 / floor's {vs_floor:.2f}x, throughput / floor's "
+                          f"{peer_rps / floor_rps:.0%}; agl-sidecar vs {peer.name}: added p50 {vs_peer:.2f}x, "
+                          f"throughput {agl_rps / peer_rps:.2f}x")
             busy_rss = rss_mb(sidecar.pid)
             for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar)):
                 used = cpu_s(p.pid) - cpu_before[name]
@@ -308,6 +319,8 @@ if __name__ == "__main__":
                         help="run only the cases whose name contains TEXT, e.g. --case '30k unary c=1'")
     parser.add_argument("--blocks", type=int, metavar="N", help="interleaved blocks per case (default 8, 3 with --quick)")
     args = parser.parse_args()
+    if args.case is not None and not any(args.case in case[0] for case in CASES):
+        parser.error(f"--case {args.case!r} matches no case; the cases are: {', '.join(c[0] for c in CASES)}")
     if args.blocks is not None and args.blocks < 1:
         parser.error(f"--blocks must be at least 1, got {args.blocks}")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -222,3 +222,26 @@ def test_a_store_that_cannot_commit_gets_503_and_the_retry_is_stored(store_path)
     with RolloutStore(store_path) as reopened:
         assert len(reopened.span_ids()) == 4
     store.close()
+
+
+def test_a_sender_that_goes_away_mid_body_is_counted_not_a_traceback(receiver, store, caplog):
+    import socket
+    import time
+
+    host, port = receiver.url.removeprefix("http://").rsplit(":", 1)
+    body = request(rollout_spans()).SerializeToString()
+    with socket.create_connection((host, int(port))) as sender:
+        sender.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[: len(body) // 2]
+        )
+        time.sleep(0.2)  # the receiver is now waiting for the rest
+    deadline = time.monotonic() + 10
+    while receiver.stats().bad_requests.get("sender_disconnected") != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert receiver.stats().bad_requests == {"sender_disconnected": 1}
+    assert not [r for r in caplog.records if r.exc_info], "a disconnect is logged as a traceback"
+    assert receiver.stats().stored == 0  # half a batch is not stored
+    assert post(receiver, body).status_code == 200  # the resend is
+    assert [call.call_seq for call in store.load("r1").calls] == [0, 1]

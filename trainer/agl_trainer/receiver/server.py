@@ -215,6 +215,12 @@ class Receiver:
                 raise RequestRefused(
                     413, "too_large", f"body over the limit of {self.config.max_request_bytes} bytes"
                 ) from None
+            except ConnectionError:
+                # The sender went away mid-body (a sidecar stopping while it exports): nothing was
+                # acknowledged, so it sends the batch again (or spooled it); nothing to store here.
+                self._counter.refused("sender_disconnected")
+                log.info("a sender closed its connection before its batch arrived; it will resend it")
+                return web.Response(status=400)
             self._counter.request(len(body))
             loop = asyncio.get_running_loop()
             batch = await loop.run_in_executor(
