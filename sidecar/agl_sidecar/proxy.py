@@ -429,10 +429,8 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
     """Record the response's ids, tokens and logprobs on `call`; return the body for the harness."""
     strip: list[tuple[bytes, msgspec.Raw]] = []
     if kind == CHAT:
-        parsed, lifted = wire.decode_lifted(wire.chat_response, data, K_PROMPT_TOKEN_IDS)
+        parsed = wire.decode_lifted(wire.chat_response, data, "prompt_token_ids")
         prompt_raw = parsed.prompt_token_ids
-        if lifted is not None and prompt_raw == wire.LIFTED:
-            prompt_raw = lifted
         if not flags.token_ids:
             strip.append((K_PROMPT_TOKEN_IDS, prompt_raw))
         for c in parsed.choices:
@@ -531,23 +529,17 @@ class StreamRecorder:
         by markers: vLLM writes `"logprobs":{...}` right before `,"finish_reason":`, and `"key":` /
         `,"key":` with unescaped quotes cannot occur inside a JSON string. None: use the general path."""
         try:
-            if len(payload) > 4096:  # the first chunk, with the prompt's IDs: lift them out to decode
-                chunk, lifted = wire.decode_lifted(wire.typed_chat_chunk, payload, K_PROMPT_TOKEN_IDS)
-            else:
-                chunk, lifted = wire.typed_chat_chunk.decode(payload), None
+            chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
         except msgspec.MsgspecError:
             return None
         if chunk.error is not None or len(chunk.choices) > 1:
             return None
         call = self.call
         flags = self.flags
-        prompt = chunk.prompt_token_ids
-        if lifted is not None and prompt == wire.LIFTED:
-            prompt = lifted
         # Locate every value to strip before recording anything: on a miss the general path
         # handles the chunk from scratch.
         cuts: list[tuple[int, int]] = []
-        has_prompt = prompt != wire.NULL
+        has_prompt = chunk.prompt_token_ids != wire.NULL
         if has_prompt and not flags.token_ids:
             at = payload.rfind(b'"prompt_token_ids":[')
             if at < 0:
@@ -566,7 +558,7 @@ class StreamRecorder:
                     return None
                 cuts.append((at + 11, end))
         if has_prompt and call.prompt_ids is None:
-            call.prompt_ids = prompt
+            call.prompt_ids = chunk.prompt_token_ids
         for c in chunk.choices:
             choice = call.choice(c.index)
             if c.finish_reason is not None:

@@ -170,7 +170,10 @@ def int_array_pieces(raw: Raw, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
         start = cut + 1
 
 
-LIFTED = Raw(b"0")
+_LIFTED = Raw(b"0")
+# Below this a body is decoded as it is: lifting costs two searches and a copy, and only a prompt's
+# IDs (the first chunk of a stream, a whole response) make a body this large.
+LIFT_MIN_BYTES = 4096
 
 
 def lift_int_array(body: bytes, key: bytes) -> tuple[bytes, Raw | None]:
@@ -179,9 +182,8 @@ def lift_int_array(body: bytes, key: bytes) -> tuple[bytes, Raw | None]:
 
     A response's prompt IDs are most of its bytes (200 KB for a 30k-char prompt), and a decoder
     validates every byte of a Raw field to find where it ends; `]` ends an int array, so two byte
-    searches find it at memchr speed. The caller uses the array only where the decoded field reads
-    `LIFTED` (the key was the one it decodes, not a nested one); the builder validates the array
-    when it decodes it, as it would have without the lift."""
+    searches find it at memchr speed. The builder validates the array when it decodes it, as it
+    would have without the lift."""
     at = body.find(key)
     if at < 0 or body.find(key, at + len(key)) >= 0:
         return body, None
@@ -194,17 +196,23 @@ def lift_int_array(body: bytes, key: bytes) -> tuple[bytes, Raw | None]:
     return body[:start] + b"0" + body[end:], Raw(body[start:end])
 
 
-def decode_lifted(decoder: msgspec.json.Decoder[Any], body: bytes, key: bytes) -> tuple[Any, Raw | None]:
-    """`decoder.decode(body)`, with the int array after `key` lifted out first (`lift_int_array`):
-    the value and the lifted array (None if nothing was lifted). A value the lift cut wrongly (a `]`
-    inside a string in the array) is decoded whole instead."""
-    view, lifted = lift_int_array(body, key)
-    if lifted is not None:
-        try:
-            return decoder.decode(view), lifted
-        except msgspec.MsgspecError:
-            pass
-    return decoder.decode(body), None
+def decode_lifted(decoder: msgspec.json.Decoder[Any], body: bytes, field: str) -> Any:
+    """`decoder.decode(body)`, the int array of the top-level Raw `field` lifted out first
+    (`lift_int_array`) and put back into the decoded value: the same value, decoded without
+    scanning the array. A key of that name nested deeper is left where it was; a value the lift cut
+    wrongly (a `]` inside a string in the array) is decoded whole instead."""
+    if len(body) >= LIFT_MIN_BYTES:
+        view, lifted = lift_int_array(body, b'"' + field.encode() + b'":')
+        if lifted is not None:
+            try:
+                value = decoder.decode(view)
+            except msgspec.MsgspecError:
+                pass
+            else:
+                if getattr(value, field) == _LIFTED:  # the lifted key was the top-level one
+                    setattr(value, field, lifted)
+                    return value
+    return decoder.decode(body)
 
 
 def chat_logprobs(raw: Raw) -> list[float] | None:

@@ -320,22 +320,36 @@ def _record(body: bytes):
     return json.loads(out), prompt, [json.loads(bytes(c.token_ids)) for c in call.choices.values()]
 
 
-def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole():
+def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole(monkeypatch):
     from agl_sidecar import wire
 
-    body = (FIXTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes().strip()
-    engine = json.loads(body)
-    view, lifted = wire.lift_int_array(body, b'"prompt_token_ids":')
-    assert lifted is not None and json.loads(bytes(lifted)) == engine["prompt_token_ids"]
-    assert json.loads(view)["prompt_token_ids"] == 0 and len(view) < len(body)
+    engine = json.loads((FIXTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes())
+    engine["prompt_token_ids"] *= 300  # a long prompt, as vLLM writes it (compact JSON)
+    body = json.dumps(engine, separators=(",", ":")).encode()
+    lifts = []
+
+    def spy(data: bytes, key: bytes):
+        view, lifted = real_lift(data, key)
+        lifts.append(lifted)
+        return view, lifted
+
+    real_lift = wire.lift_int_array
+    monkeypatch.setattr(wire, "lift_int_array", spy)
     sent, prompt, completions = _record(body)
+    assert len(lifts) == 1 and json.loads(bytes(lifts[0])) == engine["prompt_token_ids"]  # it was lifted
     assert prompt == engine["prompt_token_ids"] and completions == [engine["choices"][0]["token_ids"]]
     expected = dict(engine, prompt_token_ids=None)
     expected["choices"] = [dict(c, token_ids=None, logprobs=None) for c in engine["choices"]]
     assert sent == expected
+    view, _ = real_lift(body, b'"prompt_token_ids":')
+    assert json.loads(view)["prompt_token_ids"] == 0 and len(view) < len(body) // 10
 
 
-_CHOICE = b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"token_ids":[5]'
+# Long enough to be lifted (wire.LIFT_MIN_BYTES).
+_CHOICE = (
+    b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"' + b"x" * 5000 + b'"},'
+    b'"token_ids":[5]'
+)
 
 
 @pytest.mark.parametrize(
@@ -350,6 +364,9 @@ _CHOICE = b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","conte
     ],
 )
 def test_a_prompt_array_that_cannot_be_lifted_safely_is_decoded_whole(body, prompt):
+    from agl_sidecar import wire
+
+    assert len(body) >= wire.LIFT_MIN_BYTES
     sent, recorded, completions = _record(body)
     assert recorded == prompt and completions == [[5]]
     assert sent.get("prompt_token_ids") is None and sent["choices"][0]["token_ids"] is None
