@@ -55,8 +55,10 @@ def test_cross_checks(tmp_path: Path) -> None:
         load_config(None, [*base, "--harness.function=just_a_name"])
     with pytest.raises(ConfigError, match="config key tasks: .*does not exist"):
         load_config(None, ["--tasks=/nope.jsonl", f"--model.path={tmp_path}", "--harness.function=m:f"])
-    with pytest.raises(ConfigError, match="verl trains with vllm"):
-        load_config(None, [*base, "--harness.function=m:f", "--backend.name=verl"])
+    with pytest.raises(ConfigError, match="config key backend.verl.nnode: unknown key .*backend.verl.nnodes"):
+        load_config(None, [*base, "--harness.function=m:f", "--backend.name=verl", "--backend.verl.nnode=2"])
+    with pytest.raises(ConfigError, match="config key backend.verl.n_gpus_per_node"):
+        load_config(None, [*base, "--harness.function=m:f", "--backend.verl.n_gpus_per_node=0"])
 
 
 def test_bad_tasks_file(tmp_path: Path) -> None:

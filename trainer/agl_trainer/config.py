@@ -70,6 +70,32 @@ class ModelConfig(_Section):
     name: Annotated[str, _doc("the model name the engine serves (what harnesses send as `model`)")] = "tiny"
 
 
+class VerlConfig(_Section):
+    """Where verl's workers run. The same config runs on a laptop CPU, one GPU, one node or several."""
+
+    nnodes: Annotated[int, _doc("machines in the Ray cluster that run training workers (verl's trainer.nnodes)", ge=1)] = 1
+    n_gpus_per_node: Annotated[
+        int, _doc("training workers per machine: GPUs, or processes on a CPU (verl's trainer.n_gpus_per_node)", ge=1)
+    ] = 1
+    ray_address: Annotated[
+        str | None,
+        _doc("an existing Ray cluster (`auto`, `HOST:6379`, `ray://HOST:10001`); null starts a local one"),
+    ] = None
+    strategy: Annotated[Literal["fsdp2"], _doc("verl's actor strategy (FSDP2)")] = "fsdp2"
+    param_offload: Annotated[bool, _doc("offload parameters to CPU between steps (collocated GPUs)")] = False
+    optimizer_offload: Annotated[bool, _doc("offload optimizer state to CPU between steps")] = False
+    gradient_checkpointing: Annotated[bool, _doc("recompute activations in backward (less memory)")] = False
+    ulysses_sequence_parallel_size: Annotated[int, _doc("Ulysses sequence parallelism per model replica", ge=1)] = 1
+    weight_sync: Annotated[
+        Literal["auto", "in_place", "nccl", "cuda_ipc"],
+        _doc("how new weights reach the engine: in_place (gathered tensors through the engine's load path), "
+             "nccl or cuda_ipc (vLLM's GPU weight transfer); auto picks cuda_ipc on GPUs, in_place on CPU"),
+    ] = "auto"
+    override: Annotated[
+        dict[str, Any], _doc("verl actor config keys by dotted name, applied last (e.g. fsdp_config.wrap_policy...)")
+    ] = {}
+
+
 class BackendConfig(_Section):
     name: Annotated[Literal["torch", "verl"], _doc("training backend")] = "torch"
     lr: Annotated[float, _doc("learning rate", gt=0)] = 1e-3
@@ -81,6 +107,7 @@ class BackendConfig(_Section):
     options: Annotated[
         dict[str, Any], _doc("further backend settings by name (micro_batch_tokens, warmup_steps, ...)")
     ] = {}
+    verl: VerlConfig = msgspec.field(default_factory=VerlConfig)
 
 
 class EngineConfig(_Section):
@@ -345,8 +372,6 @@ def check_config(config: Config, base: Path) -> None:
         raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
     if not Path(config.model.path).exists():
         raise ConfigError(f"config key model.path: {config.model.path} does not exist (fix: a model directory)")
-    if config.backend.name == "verl" and config.engine.name != "vllm":
-        raise ConfigError("config key backend.name: verl trains with vllm (fix: set engine.name: vllm)")
 
 
 def _check_program(key: str, program: str, cwd: str | None) -> None:
