@@ -341,3 +341,57 @@ def test_a_worker_killed_mid_traffic_blocks_neither_the_others_nor_exit(tmp_path
             code = None
     text = (tmp_path / "out.txt").read_text()
     assert code == 0 and "done" in text, text[-3000:]
+
+
+@pytest.mark.parametrize("stopped", [True, False], ids=["stopped", "crashed-without-stop"])
+def test_a_process_whose_worker_died_with_a_full_queue_still_exits(tmp_path: Path, stopped: bool) -> None:
+    """A worker dies with more requests queued for it than a pipe holds (64 x 16 KiB), and the
+    trainer exits, with or without stopping the runner (a crash or an interrupt skips stop()). With
+    a multiprocessing.Queue the feeder thread stayed blocked on the dead worker's full pipe and the
+    interpreter waited for it at exit, forever. Runs in its own process group with a hard timeout,
+    output to a file, so a regression fails instead of hanging the suite."""
+    program = textwrap.dedent(
+        f"""
+        import asyncio, os, signal
+        from agl_trainer.runners.base import Endpoint, RolloutSpec
+        from agl_trainer.runners.workers import FunctionRunner
+
+        async def main():
+            endpoint = Endpoint(sidecar_url="http://127.0.0.1:9", otlp_endpoint="")
+            runner = FunctionRunner("tests.loop.harnesses:hang", endpoint, workers=1, concurrency=64, retries=0)
+            await runner.start()
+            [worker] = runner._workers
+            os.kill(worker.process.pid, signal.SIGKILL)
+            worker.process.join()  # dead before the runner's watcher can notice and discard its queue
+            tasks = [
+                asyncio.ensure_future(runner.run(RolloutSpec(f"r{{i}}", f"t{{i}}", {{"pad": "x" * 16384}})))
+                for i in range(64)
+            ]
+            await asyncio.sleep(0.1)  # every request is now queued for the dead worker
+            if {stopped!r}:
+                await runner.stop()
+            print("leaving", flush=True)
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """
+    )
+    path = tmp_path / "exit_with_full_queue.py"
+    path.write_text(program)
+    with open(tmp_path / "out.txt", "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(path)],
+            cwd=Path(__file__).parents[2],
+            stdout=out,
+            stderr=out,
+            start_new_session=True,  # its workers too are killed on a timeout
+        )
+        try:
+            code = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+            code = None
+    text = (tmp_path / "out.txt").read_text()
+    assert "leaving" in text, text[-3000:]
+    assert code == 0, f"the process did not exit (exit code {code}): {text[-3000:]}"

@@ -15,6 +15,14 @@ finishes in the background (its late calls are attributed to a rollout that is a
 Each worker answers on a pipe of its own. A multiprocessing.Queue shared by all workers would hold
 a lock across processes while one writes: a worker killed mid-write (a harness calling os._exit)
 leaves it taken, and every other worker blocks on its next result forever.
+
+Requests go to each worker on a pipe of its own too, not a multiprocessing.Queue: a Queue's feeder
+thread is joined at interpreter exit, and the parent keeps the Queue's read end open, so a worker
+that died with more queued for it than a pipe holds left the feeder blocked on a write nobody would
+read and the trainer hung at exit (whenever stop() had not discarded that queue first: a crash, an
+interrupt, a worker dying between two watcher passes). Here the parent holds only the write end
+(a dead worker makes writes fail with EPIPE, and the sender drops the rest) and the sender is a
+daemon thread that nothing joins, so exit never waits for it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import queue
 import sys
 import threading
 import time
@@ -86,7 +95,9 @@ def load_function(reference: str) -> Any:
     return target
 
 
-def _worker_main(reference: str, env: dict[str, str], requests: Any, results: Connection, threads: int) -> None:
+def _worker_main(
+    reference: str, env: dict[str, str], requests: Connection, results: Connection, threads: int
+) -> None:
     """A runner worker: import once, then run each request on a thread inside agl.rollout()."""
     send_lock = threading.Lock()  # this process's threads take turns on the pipe
 
@@ -129,7 +140,10 @@ def _worker_main(reference: str, env: dict[str, str], requests: Any, results: Co
         send(_Result(request.request_id, cause, reward, message, time.monotonic() - started))
 
     while True:
-        request = requests.get()
+        try:
+            request = requests.recv()
+        except (EOFError, OSError):  # the trainer closed our pipe or died
+            break
         if request is None:
             break
         pool.submit(one, request)
@@ -149,23 +163,63 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="agl-parent-watch", daemon=True).start()
 
 
+class _RequestPipe:
+    """Requests to one worker: put() never blocks; a daemon thread writes them to the worker's pipe.
+
+    The parent holds only the pipe's write end, so once the worker is gone a write fails (EPIPE)
+    and the thread drops what is left and ends; while the worker lives but reads nothing, the thread
+    may wait on a full pipe, and since it is a daemon nothing waits for it at exit."""
+
+    def __init__(self, connection: Connection, name: str) -> None:
+        self._connection = connection
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._send_all, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: Any) -> None:
+        if not self._closed:
+            self._items.put(item)
+
+    def close(self) -> None:
+        """Send nothing more; what is still queued is dropped."""
+        self._closed = True
+        self._items.put(_CLOSE)
+
+    def _send_all(self) -> None:
+        try:
+            while True:
+                item = self._items.get()
+                if item is _CLOSE or self._closed:
+                    return
+                self._connection.send(item)
+        except (OSError, ValueError):  # the worker is gone (EPIPE) or the pipe was closed
+            self._closed = True
+        finally:
+            with contextlib.suppress(OSError):
+                self._connection.close()
+
+
+_CLOSE = object()
+
+
 class _Worker:
     def __init__(self, context: Any, reference: str, env: dict[str, str], threads: int) -> None:
-        self.requests = context.Queue()
+        requests_end, requests = context.Pipe(duplex=False)
         self.results, results_end = context.Pipe(duplex=False)
         self.process = context.Process(
-            target=_worker_main, args=(reference, env, self.requests, results_end, threads), daemon=True
+            target=_worker_main, args=(reference, env, requests_end, results_end, threads), daemon=True
         )
         self.pending: set[int] = set()
         self.abandoned = 0  # requests given up on (timed out, cancelled) that may still be running
         self.reader: threading.Thread | None = None
         self.process.start()
         results_end.close()  # the worker holds the only writing end: its exit is EOF here
+        requests_end.close()  # ... and the only reading end: its exit is EPIPE for the sender
+        self.requests = _RequestPipe(requests, name=f"agl-runner-requests-{self.process.pid}")
 
     def discard_queue(self) -> None:
-        """Drop what is still queued for a dead or stopped worker. Without this, the queue's feeder
-        thread waits at interpreter exit for a reader that will never come, and the trainer hangs."""
-        self.requests.cancel_join_thread()
+        """Drop what is still queued for a dead or stopped worker."""
         self.requests.close()
 
 
