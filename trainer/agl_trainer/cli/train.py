@@ -13,6 +13,8 @@ rollouts.db, rollouts/*.log, sidecar.log}. Ctrl-C stops after the current step (
 
 config keys (default):
 """
+DEFAULT_GPU_MEMORY_GIB = 80.0
+FLAGS = ("--resume", "--quiet", "--check", "--dry-run")
 
 
 def _epilog() -> str:
@@ -37,13 +39,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config and print the memory per GPU (model, gradients, AdamW, KV cache); "
+        "starts nothing; exit 1 when it does not fit",
+    )
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_GIB,
+        help=f"GPU memory for --dry-run (default {DEFAULT_GPU_MEMORY_GIB:g}; an H200 has 141)",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG [--KEY VALUE ...]",
                         help="a YAML config (keys below), then config keys as flags")
     parser.set_defaults(run=run, _accepts_extra=True)
 
 
 def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """CONFIG and the overrides, wherever --resume/--quiet/--check appear among them."""
+    """CONFIG and the overrides, wherever --resume/--quiet/--check/--dry-run/--gpu-memory-gib appear."""
     argv = list(getattr(args, "argv", []) or [])
     if "train" in argv:  # the raw order: argparse moves unknown flags away from their values
         rest = argv[argv.index("train") + 1 :]
@@ -52,9 +66,14 @@ def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     config: str | None = None
     overrides: list[str] = []
     expects_value = False
-    for item in rest:
-        if item in ("--resume", "--quiet", "--check"):
-            setattr(args, item[2:], True)
+    items = iter(rest)
+    for item in items:
+        if item in FLAGS:
+            setattr(args, item[2:].replace("-", "_"), True)
+        elif item == "--gpu-memory-gib":
+            args.gpu_memory_gib = _gib_value(next(items, None))
+        elif item.startswith("--gpu-memory-gib="):
+            args.gpu_memory_gib = _gib_value(item.split("=", 1)[1])
         elif config is None and not item.startswith("--") and not expects_value:
             config = item
         else:
@@ -63,6 +82,18 @@ def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
             continue
         expects_value = False
     return config, overrides
+
+
+def _gib_value(text: str | None) -> float:
+    from agl_trainer.cli import CLIError
+
+    try:
+        value = float(text) if text is not None else 0.0
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise CLIError(f"--gpu-memory-gib needs a positive number of GiB, got {text!r} (e.g. --gpu-memory-gib 141)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,10 +105,26 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(path, overrides)
     except ConfigError as error:
         raise CLIError(str(error)) from None
-    if args.check:
+    if args.check or getattr(args, "dry_run", False):
         print(f"agl: config OK ({config.loop.mode}, {config.loop.batch_rollouts} rollouts a step)")
+    if getattr(args, "dry_run", False):
+        return dry_run(config, float(getattr(args, "gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)))
+    if args.check:
         return 0
     return train(config, resume=args.resume, quiet=args.quiet)
+
+
+def dry_run(config: Any, gpu_memory_gib: float) -> int:
+    """Print the memory arithmetic per GPU; 0 when the run fits, 1 when it does not."""
+    from agl_trainer.cli import CLIError
+    from agl_trainer.resources import ArchitectureError, format_plan, plan_resources
+
+    try:
+        plan = plan_resources(config, gpu_memory_gib)
+    except ArchitectureError as error:
+        raise CLIError(f"config key model.path: {error}") from None
+    print(format_plan(plan))
+    return 0 if plan.fits else 1
 
 
 def train(config: Any, *, resume: bool = False, quiet: bool = False) -> int:

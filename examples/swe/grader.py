@@ -1,0 +1,84 @@
+"""The test-based grader (harness.grader): after the agent finished, run the task's FAIL_TO_PASS and
+PASS_TO_PASS tests in the rollout's workspace and print the reward on the last stdout line.
+
+    AGL_TASK='{...}' AGL_ROLLOUT_ID=r1 python examples/swe/grader.py      # the runner sets both
+    python examples/swe/grader.py --task-json '{...}' --workspace DIR     # by hand
+
+Reward 1.0 when every listed test passes, else 0.0 (SWE-bench's "resolved"). The test files are
+restored from the task's repo first, so editing a test does not pass it. pytest's usage errors (a
+test id that does not exist) are the task's fault: exit 2 with the message, no reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `examples` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.swe.swe_task import SweTask, TaskError, parse_task, workspace_for
+
+PYTEST_PASSED, PYTEST_FAILED = 0, 1
+
+
+def grade(task: SweTask, workspace: Path, timeout_s: float = 300.0) -> float:
+    """1.0 if all of the task's tests pass in `workspace`, 0.0 if any fails."""
+    if not workspace.is_dir():
+        raise TaskError(f"workspace {workspace} does not exist (did the harness run?)")
+    for name in task.test_files:
+        original = task.repo / name
+        if not original.is_file():
+            raise TaskError(f"task {task.id}: test file {name} is not in {task.repo}")
+        target = workspace / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(original, target)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(workspace), *task.tests]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run(
+        command, cwd=workspace, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+    )
+    sys.stderr.write(result.stdout[-4000:])
+    if result.returncode == PYTEST_PASSED:
+        return 1.0
+    if result.returncode == PYTEST_FAILED:
+        return 0.0
+    raise TaskError(
+        f"task {task.id}: pytest exited {result.returncode} (not a test result: a missing test id?):\n"
+        f"{(result.stdout + result.stderr)[-2000:]}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task-json", default=os.environ.get("AGL_TASK"), help="the task (default: $AGL_TASK)")
+    parser.add_argument("--workspace", help="the repo copy to grade (default: the rollout's, from $AGL_ROLLOUT_ID)")
+    parser.add_argument("--keep", action="store_true", default=os.environ.get("AGL_SWE_KEEP") == "1",
+                        help="keep the workspace (default: removed after grading; AGL_SWE_KEEP=1)")
+    parser.add_argument("--timeout-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    try:
+        if not args.task_json:
+            raise TaskError("no task: set AGL_TASK (the runner does) or pass --task-json")
+        task = parse_task(json.loads(args.task_json))
+        rollout_id = os.environ.get("AGL_ROLLOUT_ID", "")
+        if not args.workspace and not rollout_id:
+            raise TaskError("no workspace: pass --workspace or set AGL_ROLLOUT_ID (the runner does)")
+        workspace = Path(args.workspace) if args.workspace else workspace_for(rollout_id)
+        reward = grade(task, workspace, args.timeout_s)
+    except (TaskError, json.JSONDecodeError, subprocess.TimeoutExpired) as error:
+        print(f"grader: {error}", file=sys.stderr)
+        return 2
+    if not args.keep and not args.workspace:
+        shutil.rmtree(workspace, ignore_errors=True)
+    print(f"{reward:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

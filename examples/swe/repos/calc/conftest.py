@@ -1,0 +1,1 @@
+# Makes the module at the repository root importable from tests/ (pytest rootdir conftest).

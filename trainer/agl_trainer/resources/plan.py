@@ -1,0 +1,393 @@
+"""Memory per GPU for a config, before anything starts: does the run fit, and if not, what to change.
+
+    plan = plan_resources(config, gpu_memory_gib=80)
+    print(format_plan(plan))          # the arithmetic, line by line
+    plan.fits, plan.fixes             # verdict and the suggested changes
+
+Collocated RL has two phases on each GPU, and both must fit:
+
+- generating: the engine holds gpu_memory_utilization x GPU memory (weights, KV cache, its
+  activations); the trainer keeps what is not offloaded (FSDP-sharded parameters and gradients
+  unless backend.verl.param_offload, AdamW state unless optimizer_offload).
+- training: sharded parameters + gradients, then either the micro-batch's activations (forward and
+  backward) or the AdamW state (optimizer step); the engine keeps its memory unless it sleeps
+  (engine.options.collocated: vLLM's sleep mode frees weights and KV cache while training).
+
+Numbers: FSDP shards parameters, gradients and AdamW state (two moments) evenly over
+nnodes x n_gpus_per_node ranks, in the master dtype (verl's `fsdp_config.model_dtype`, fp32 by
+default; the torch backend's `param_dtype`). Activations are an estimate: bf16 layer tensors
+(6 x hidden + 4 x intermediate per token and layer; with gradient checkpointing only the layer
+inputs plus one layer), fp32 logits and their gradient, for backend.options.micro_batch_tokens
+tokens (divided by Ulysses sequence parallelism). The engine's KV cache is what is left of its
+budget after its weights (bf16, split by tensor parallelism) and a reserve for its activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl_trainer.config import Config
+from agl_trainer.resources.architecture import (
+    Architecture,
+    dtype_bytes,
+    read_architecture,
+    safetensors_parameters,
+)
+
+GIB = 1024**3
+CUDA_CONTEXT_GIB = 1.0  # per process on a GPU: CUDA context, NCCL buffers, allocator slack
+ENGINE_RESERVE_GIB = 1.5  # vLLM's activation peak (profiled at start) and CUDA graphs
+VLLM_DEFAULT_UTILIZATION = 0.9
+DEFAULT_MICRO_BATCH_TOKENS = 8192  # the backends' default (TorchBackendConfig.micro_batch_tokens)
+MAX_GPUS_SEARCHED = 4096
+GPUS_PER_NODE = 8  # the usual node; more GPUs on one node come before more nodes
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    name: str
+    replicas: int
+    tensor_parallel: int
+    dtype_bytes: int
+    utilization: float | None  # vLLM: fraction of GPU memory; None: embedded (in-process)
+    max_model_len: int
+    kv_bytes_per_token: int
+    collocated: bool
+    weights_bytes: float  # per GPU
+    budget_bytes: float  # per GPU: what the engine claims (vLLM) or holds (embedded)
+    kv_bytes: float  # per GPU, <= 0 when the weights leave no room
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tensor_parallel
+
+    @property
+    def kv_tokens(self) -> int:
+        return max(0, int(self.kv_bytes // self.kv_bytes_per_token)) if self.kv_bytes_per_token else 0
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    backend: str
+    world_size: int
+    nnodes: int
+    gpus_per_node: int
+    param_bytes: int  # per parameter, master dtype
+    params_bytes: float  # per GPU, sharded
+    grads_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+    gathered_bytes: float  # FSDP: unsharded layers in flight (current + prefetched)
+    micro_batch_tokens: int
+    param_offload: bool
+    optimizer_offload: bool
+    gradient_checkpointing: bool
+    sequence_parallel: int
+
+    @property
+    def resident_bytes(self) -> float:
+        """Held on the GPU while the engine generates."""
+        kept = 0.0 if self.param_offload else self.params_bytes + self.grads_bytes
+        return kept + (0.0 if self.optimizer_offload else self.optimizer_bytes)
+
+    @property
+    def training_peak_bytes(self) -> float:
+        base = self.params_bytes + self.grads_bytes
+        return base + max(self.activation_bytes + self.gathered_bytes, self.optimizer_bytes)
+
+
+@dataclass
+class ResourcePlan:
+    model_path: str
+    architecture: Architecture
+    parameters: int
+    parameters_source: str  # "safetensors" or "config.json"
+    has_weights: bool
+    trainer: TrainerPlan
+    engine: EnginePlan
+    gpu_memory_gib: float
+    generating_bytes: float = 0.0
+    training_bytes: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def peak_bytes(self) -> float:
+        return max(self.generating_bytes, self.training_bytes)
+
+
+def plan_resources(config: Config, gpu_memory_gib: float = 80.0, *, base: Path | None = None) -> ResourcePlan:
+    """The per-GPU arithmetic for `config` on GPUs of `gpu_memory_gib` (see the module docstring)."""
+    if gpu_memory_gib <= 0:
+        raise ValueError(f"--gpu-memory-gib must be positive, got {gpu_memory_gib}")
+    assert config.model.path is not None, "load_config checks model.path"
+    model_dir = Path(config.model.path)
+    if base is not None and not model_dir.is_absolute() and not model_dir.exists():
+        model_dir = base / model_dir
+    arch = read_architecture(model_dir)
+    stored = safetensors_parameters(model_dir)
+    parameters = stored if stored is not None else arch.parameters
+    plan = _plan(config, arch, parameters, gpu_memory_gib)
+    plan.model_path = str(config.model.path)
+    plan.parameters_source = "safetensors" if stored is not None else "config.json"
+    plan.has_weights = stored is not None or any(model_dir.glob("*.bin"))
+    if not plan.has_weights:
+        plan.notes.append(
+            f"{config.model.path} holds no weights (only the architecture): the run itself needs the "
+            "model's safetensors there (set model.path to the downloaded model directory)"
+        )
+    if not arch.known_layout and stored is None:
+        plan.notes.append(
+            f"model_type {arch.model_type!r}: counted with the Llama-style layout (no safetensors to read)"
+        )
+    plan.fixes += _suggest_scale(config, arch, parameters, gpu_memory_gib, plan)
+    return plan
+
+
+def _plan(config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float) -> ResourcePlan:
+    trainer = _trainer_plan(config, arch, parameters)
+    engine = _engine_plan(config, arch, parameters, gpu_memory_gib)
+    plan = ResourcePlan(
+        model_path="", architecture=arch, parameters=parameters, parameters_source="", has_weights=False,
+        trainer=trainer, engine=engine, gpu_memory_gib=gpu_memory_gib,
+    )  # fmt: skip
+    _check(plan, config)
+    return plan
+
+
+def _trainer_plan(config: Config, arch: Architecture, parameters: int) -> TrainerPlan:
+    backend, verl, options = config.backend, config.backend.verl, config.backend.options
+    if backend.name == "verl":
+        world, nnodes, per_node = verl.nnodes * verl.n_gpus_per_node, verl.nnodes, verl.n_gpus_per_node
+        master = _override(verl.override, "fsdp_config.model_dtype") or "fp32"
+        param_offload, optimizer_offload = verl.param_offload, verl.optimizer_offload
+        checkpointing, sp = verl.gradient_checkpointing, verl.ulysses_sequence_parallel_size
+    else:  # the torch backend: one process, nothing sharded or offloaded
+        world, nnodes, per_node = 1, 1, 1
+        master = str(options.get("param_dtype", "float32"))
+        param_offload = optimizer_offload = False
+        checkpointing, sp = bool(options.get("gradient_checkpointing", False)), 1
+    param_bytes = dtype_bytes(master, 4)
+    tokens = int(options.get("micro_batch_tokens", DEFAULT_MICRO_BATCH_TOKENS))
+    local_tokens = max(1, tokens // sp)
+    layer_tensors = 6 * arch.hidden_size + 4 * arch.intermediate_size  # bf16 elements kept per token
+    if checkpointing:
+        per_token = 2 * (arch.num_hidden_layers * arch.hidden_size + layer_tensors)
+    else:
+        per_token = 2 * arch.num_hidden_layers * layer_tensors
+    logits = 8 * arch.vocab_size  # fp32 logits and their gradient
+    activations = float(local_tokens * (per_token + logits))
+    gathered = 2 * 2.0 * arch.layer_parameters if world > 1 else 0.0  # bf16, current + prefetched layer
+    return TrainerPlan(
+        backend=backend.name, world_size=world, nnodes=nnodes, gpus_per_node=per_node,
+        param_bytes=param_bytes,
+        params_bytes=parameters * param_bytes / world,
+        grads_bytes=parameters * param_bytes / world,
+        optimizer_bytes=2 * parameters * param_bytes / world,
+        activation_bytes=activations, gathered_bytes=gathered, micro_batch_tokens=tokens,
+        param_offload=param_offload, optimizer_offload=optimizer_offload,
+        gradient_checkpointing=checkpointing, sequence_parallel=sp,
+    )  # fmt: skip
+
+
+def _engine_plan(config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float) -> EnginePlan:
+    options = config.engine.options
+    gpu = gpu_memory_gib * GIB
+    max_len = int(options.get("max_model_len") or arch.max_position_embeddings or 4096)
+    if config.engine.name == "vllm":
+        extra = [str(a) for a in options.get("extra_args", [])]
+        tp = int(_flag(extra, "--tensor-parallel-size", "-tp") or 1)
+        kv_dtype = _flag(extra, "--kv-cache-dtype")
+        weight_dtype = str(options.get("dtype", "auto"))
+        weight_bytes = dtype_bytes(None if weight_dtype == "auto" else weight_dtype, 2)
+        kv_bytes = dtype_bytes(None if kv_dtype in (None, "auto") else kv_dtype, weight_bytes)
+        utilization = float(options.get("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION)
+        weights = parameters * weight_bytes / tp
+        budget = utilization * gpu
+        return EnginePlan(
+            name="vllm", replicas=config.engine.replicas, tensor_parallel=tp, dtype_bytes=weight_bytes,
+            utilization=utilization, max_model_len=max_len,
+            kv_bytes_per_token=arch.kv_bytes_per_token(kv_bytes), collocated=bool(options.get("collocated", False)),
+            weights_bytes=weights, budget_bytes=budget, kv_bytes=budget - weights - ENGINE_RESERVE_GIB * GIB,
+        )  # fmt: skip
+    # The embedded engine keeps its own fp32 copy of the weights in the trainer's process; its KV
+    # cache grows with the batch (engine.max_batch), not from a preallocated budget.
+    weights = parameters * 4.0
+    return EnginePlan(
+        name="embedded", replicas=1, tensor_parallel=1, dtype_bytes=4, utilization=None, max_model_len=max_len,
+        kv_bytes_per_token=arch.kv_bytes_per_token(4), collocated=False,
+        weights_bytes=weights, budget_bytes=weights, kv_bytes=0.0,
+    )  # fmt: skip
+
+
+def _check(plan: ResourcePlan, config: Config) -> None:
+    trainer, engine, gpu = plan.trainer, plan.engine, plan.gpu_memory_gib * GIB
+    context = CUDA_CONTEXT_GIB * GIB * (2 if engine.name == "vllm" else 1)
+    plan.generating_bytes = engine.budget_bytes + trainer.resident_bytes + context
+    engine_while_training = engine.budget_bytes
+    if engine.name == "vllm" and engine.collocated:
+        engine_while_training = 0.0  # asleep: level 1 moves weights to CPU, drops the KV cache
+    plan.training_bytes = trainer.training_peak_bytes + engine_while_training + context
+    if engine.name == "vllm":
+        if trainer.backend == "verl" and engine.gpus > trainer.world_size:
+            plan.notes.append(
+                f"engine: {engine.replicas} replica(s) x TP {engine.tensor_parallel} = {engine.gpus} GPUs, more than "
+                f"the {trainer.world_size} training GPUs; the extra replicas need GPUs of their own"
+            )
+        need = engine.max_model_len * engine.kv_bytes_per_token
+        if engine.kv_bytes < need:
+            plan.problems.append(
+                f"engine: the KV cache gets {_gib(max(engine.kv_bytes, 0))} per GPU but one sequence of max_model_len "
+                f"{engine.max_model_len} needs {_gib(need)} (vLLM refuses to start)"
+            )
+            plan.fixes.append(
+                "raise engine.options.gpu_memory_utilization, lower engine.options.max_model_len, "
+                "or split the model with tensor parallelism (engine.options.extra_args: [--tensor-parallel-size, 2])"
+            )
+    if plan.generating_bytes > gpu:
+        plan.problems.append(
+            f"while generating: {_gib(plan.generating_bytes)} per GPU > {plan.gpu_memory_gib:g} GiB"
+        )
+        if trainer.backend == "verl" and not (trainer.param_offload and trainer.optimizer_offload):
+            plan.fixes.append(
+                "set backend.verl.param_offload: true and backend.verl.optimizer_offload: true "
+                "(the trainer's state leaves the GPU while vLLM generates)"
+            )
+        if engine.utilization is not None:
+            room = (gpu - trainer.resident_bytes - context) / gpu
+            if room > 0.05:
+                plan.fixes.append(f"lower engine.options.gpu_memory_utilization to {int(room * 100) / 100:.2f} or less")
+    if plan.training_bytes > gpu:
+        plan.problems.append(f"while training: {_gib(plan.training_bytes)} per GPU > {plan.gpu_memory_gib:g} GiB")
+        if engine.name == "vllm" and not engine.collocated:
+            plan.fixes.append("set engine.options.collocated: true (vLLM sleeps while the trainer trains)")
+        if trainer.activation_bytes > trainer.optimizer_bytes:
+            if not trainer.gradient_checkpointing:
+                key = "backend.verl.gradient_checkpointing" if trainer.backend == "verl" else "backend.options.gradient_checkpointing"
+                plan.fixes.append(f"set {key}: true (recompute activations in backward)")
+            plan.fixes.append(
+                f"lower backend.options.micro_batch_tokens (now {trainer.micro_batch_tokens}: activations "
+                f"{_gib(trainer.activation_bytes)} per GPU)"
+            )
+        if trainer.backend == "torch":
+            plan.fixes.append("use backend.name: verl to shard the model over several GPUs (FSDP2)")
+
+
+def _suggest_scale(
+    config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float, plan: ResourcePlan
+) -> list[str]:
+    """The fewest GPUs on which this config fits, for verl: more GPUs on the one node (up to 8),
+    then more nodes of the configured size."""
+    if plan.fits or config.backend.name != "verl":
+        return []
+    verl = config.backend.verl
+    layouts = [(1, n) for n in range(verl.n_gpus_per_node + 1, GPUS_PER_NODE + 1)] if verl.nnodes == 1 else []
+    layouts += [(nodes, verl.n_gpus_per_node) for nodes in range(verl.nnodes + 1, MAX_GPUS_SEARCHED // verl.n_gpus_per_node + 1)]
+    for nodes, per_node in layouts:
+        if _plan(_with_layout(config, nodes, per_node), arch, parameters, gpu_memory_gib).fits:
+            return [
+                f"more GPUs: backend.verl.nnodes: {nodes}, backend.verl.n_gpus_per_node: {per_node} "
+                f"({nodes * per_node} GPUs) fits as configured otherwise"
+            ]
+    return []
+
+
+def _with_layout(config: Config, nodes: int, per_node: int) -> Config:
+    import msgspec
+
+    verl = msgspec.structs.replace(config.backend.verl, nnodes=nodes, n_gpus_per_node=per_node)
+    return msgspec.structs.replace(config, backend=msgspec.structs.replace(config.backend, verl=verl))
+
+
+def _override(override: dict[str, Any], dotted: str) -> str | None:
+    """A verl actor key from backend.verl.override, given nested or dotted."""
+    if dotted in override:
+        return str(override[dotted])
+    node: Any = override
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return str(node)
+
+
+def _flag(args: list[str], *names: str) -> str | None:
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def format_plan(plan: ResourcePlan) -> str:
+    arch, trainer, engine = plan.architecture, plan.trainer, plan.engine
+    gpu = plan.gpu_memory_gib
+    b = f"{plan.parameters / 1e9:.2f} B" if plan.parameters >= 1e8 else f"{plan.parameters / 1e6:.2f} M"
+    lines = [
+        f"model: {plan.model_path} ({arch.model_type}, {b} parameters from {plan.parameters_source}; "
+        f"{arch.num_hidden_layers} layers, hidden {arch.hidden_size}, heads {arch.num_attention_heads}/"
+        f"{arch.num_key_value_heads} kv x {arch.head_dim}, vocab {arch.vocab_size}, "
+        f"{'tied' if arch.tie_word_embeddings else 'untied'} embeddings)",
+    ]
+    if trainer.backend == "verl":
+        lines.append(
+            f"training: verl FSDP2 over {trainer.world_size} GPUs ({trainer.nnodes} node(s) x {trainer.gpus_per_node}), "
+            f"master weights {trainer.param_bytes * 8}-bit, AdamW; offload params {_yes(trainer.param_offload)}, "
+            f"optimizer {_yes(trainer.optimizer_offload)}; gradient checkpointing {_yes(trainer.gradient_checkpointing)}"
+            + (f"; Ulysses SP {trainer.sequence_parallel}" if trainer.sequence_parallel > 1 else "")
+        )
+    else:
+        lines.append(f"training: torch backend, one device, master weights {trainer.param_bytes * 8}-bit, AdamW")
+    lines.append(
+        f"  per GPU: weights {_gib(trainer.params_bytes)}, gradients {_gib(trainer.grads_bytes)}, "
+        f"AdamW {_gib(trainer.optimizer_bytes)}, activations ~{_gib(trainer.activation_bytes)} "
+        f"({trainer.micro_batch_tokens} tokens a micro-batch)"
+        + (f", gathered layers {_gib(trainer.gathered_bytes)}" if trainer.gathered_bytes else "")
+    )
+    kv_token = f"{engine.kv_bytes_per_token / 1024:.0f} KiB/token"
+    if engine.name == "vllm":
+        lines.append(
+            f"engine: vLLM, {engine.replicas} replica(s) x TP {engine.tensor_parallel}, weights "
+            f"{engine.dtype_bytes * 8}-bit, gpu_memory_utilization {engine.utilization:g} ({_gib(engine.budget_bytes)}), "
+            f"max_model_len {engine.max_model_len}, {'sleeps while training' if engine.collocated else 'stays resident while training'}"
+        )
+        sequences = engine.kv_tokens // engine.max_model_len
+        lines.append(
+            f"  per GPU: weights {_gib(engine.weights_bytes)}, KV cache {_gib(max(engine.kv_bytes, 0))} = "
+            f"{engine.kv_tokens:,} tokens at {kv_token} ({sequences} sequence(s) of max_model_len)"
+        )
+    else:
+        lines.append(
+            f"engine: embedded (in the trainer's process), fp32 weights {_gib(engine.weights_bytes)}; "
+            f"KV cache grows with the batch at {kv_token}"
+        )
+    lines.append(
+        f"per GPU of {gpu:g} GiB: generating {_gib(plan.generating_bytes)}, training {_gib(plan.training_bytes)} "
+        f"(incl. {CUDA_CONTEXT_GIB:g} GiB CUDA context per process)"
+    )
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    if plan.fits:
+        lines.append(f"fits: peak {_gib(plan.peak_bytes)} of {gpu:g} GiB per GPU")
+    else:
+        lines.append(f"does not fit on {gpu:g} GiB GPUs:")
+        lines += [f"  - {problem}" for problem in plan.problems]
+        lines += [f"  fix: {fix}" for fix in dict.fromkeys(plan.fixes)]
+    return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "on" if flag else "off"
