@@ -45,9 +45,8 @@ class RunResult:
 
 
 def build_backend(config: Config, model_path: str) -> Any:
-    """The training backend named by backend.name, validated (errors name the key)."""
-    if config.backend.name == "verl":
-        raise ConfigError("config key backend.name: verl needs GPUs and vLLM (fix: backend.name: torch here)")
+    """The training backend named by backend.name, validated (errors name the key). `backend.options`
+    and `backend.algorithm` mean the same for both backends; `backend.verl` says where verl's workers run."""
     from agl_trainer.algorithms import AlgorithmConfig, AlgorithmConfigError
     from agl_trainer.backends import BackendConfigError, TorchBackend, TorchBackendConfig
 
@@ -61,10 +60,31 @@ def build_backend(config: Config, model_path: str) -> Any:
             algorithm=algorithm,
             **config.backend.options,
         )
+        if config.backend.name == "verl":
+            from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
+
+            verl = config.backend.verl
+            verl_config = VerlBackendConfig(
+                training=backend_config,
+                nnodes=verl.nnodes,
+                n_gpus_per_node=verl.n_gpus_per_node,
+                ray_address=verl.ray_address,
+                strategy=verl.strategy,
+                param_offload=verl.param_offload,
+                optimizer_offload=verl.optimizer_offload,
+                gradient_checkpointing=verl.gradient_checkpointing,
+                ulysses_sequence_parallel_size=verl.ulysses_sequence_parallel_size,
+                weight_sync=verl.weight_sync,
+                override=dict(verl.override),
+                rollouts_per_batch=config.loop.batch_rollouts,
+            )
+            return VerlBackend(verl_config)  # raises BackendConfigError before workers start, too
     except TypeError as error:
         raise ConfigError(f"config key backend: {error} (fix: see the backend's settings)") from None
-    except (AlgorithmConfigError, BackendConfigError) as error:
+    except AlgorithmConfigError as error:
         raise ConfigError(f"config key backend.{error}") from None
+    except BackendConfigError as error:
+        raise ConfigError(f"config key {error}") from None
     return TorchBackend(backend_config)
 
 
@@ -164,6 +184,9 @@ class Session:
 
         torch.manual_seed(config.seed)
         backend = await asyncio.to_thread(build_backend, config, model_path)
+        close_backend = getattr(backend, "close", None)  # the verl backend stops its workers (and Ray)
+        if close_backend is not None:
+            self._stack.callback(close_backend)
         state = LoopState(run_id=run_id)
         if latest is not None:
             state = checkpoints.load(latest)

@@ -1,0 +1,313 @@
+"""The Ray worker: verl's `TrainingWorker` (one FSDP2 engine per rank) with agl's loss and a few
+agl-shaped calls. Imported in the Ray worker processes (and by the driver only to name the class).
+
+Each call takes per-rank payloads built by the driver (`payload.py`), so the driver decides which
+rows each data-parallel rank gets; the worker turns a payload into verl's no-padding TensorDict,
+runs the engine, and answers with plain tensors and floats.
+
+The loss (`_agl_loss`) is agl's `rl_objective` on the trained positions of each micro-batch, with
+the per-token weights the driver computed over the whole mini-batch, times the data-parallel size:
+FSDP averages gradients over ranks, and the weights already sum the whole mini-batch, so the
+average of dp_size * (this rank's share) is exactly the mini-batch's gradient.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils import tensordict_utils as tu
+from verl.utils.distributed import initialize_global_process_group_ray
+from verl.workers.engine_workers import TrainingWorker
+
+from agl_trainer.algorithms import AlgorithmConfig, rl_objective, truncated_importance_weights
+from agl_trainer.backends.schedule import LRLambda
+
+# payload fields aligned to logit positions: value t belongs to the token at t + 1
+SHIFTED_FIELDS = ("weights", "advantages", "engine_logprobs", "versions", "old_logprobs")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker needs, plain values only (it crosses Ray)."""
+
+    model_path: str
+    trust_remote_code: bool
+    attn_implementation: str
+    model_override: dict[str, Any]  # HF config keys (dropout off, attention implementation)
+    model_dtype: str  # master weights: fp32 | bf16
+    compute_dtype: str  # FSDP mixed-precision param dtype: fp32 | bf16
+    use_remove_padding: bool
+    gradient_checkpointing: bool
+    param_offload: bool
+    optimizer_offload: bool
+    ulysses_sequence_parallel_size: int
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    max_grad_norm: float | None
+    warmup_steps: int
+    total_steps: int | None
+    lr_schedule: str
+    min_lr_ratio: float
+    seed: int
+    algorithm: AlgorithmConfig
+    dist_backend: str | None  # "cpu:gloo" on the CPU platform; None lets verl choose (nccl on GPUs)
+    override: dict[str, Any] = field(default_factory=dict)  # dotted verl keys, applied last
+
+
+def build_training_worker_config(settings: WorkerSettings):
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+    from agl_trainer.backends.verl.overrides import apply_overrides
+
+    model = HFModelConfig(
+        path=settings.model_path,
+        trust_remote_code=settings.trust_remote_code,
+        load_tokenizer=False,  # the tokenizer would rewrite pad/eos ids in the model config; agl copies its files
+        override_config={"attn_implementation": settings.attn_implementation, **settings.model_override},
+        use_remove_padding=settings.use_remove_padding,
+        enable_gradient_checkpointing=settings.gradient_checkpointing,
+    )
+    precision = {"param_dtype": settings.compute_dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine = FSDPEngineConfig(
+        strategy="fsdp2",
+        model_dtype=settings.model_dtype,
+        mixed_precision=precision,
+        param_offload=settings.param_offload,
+        optimizer_offload=settings.optimizer_offload,
+        ulysses_sequence_parallel_size=settings.ulysses_sequence_parallel_size,
+        use_torch_compile=False,  # compiling the entropy kernel costs more than it saves at agl's step sizes
+        use_dynamic_bsz=True,
+        use_remove_padding=settings.use_remove_padding,
+        seed=settings.seed,
+    )
+    optim = FSDPOptimizerConfig(
+        optimizer="AdamW",
+        lr=settings.lr,
+        betas=settings.betas,
+        weight_decay=settings.weight_decay,
+        clip_grad=float("inf") if settings.max_grad_norm is None else settings.max_grad_norm,
+        override_optimizer_config={"eps": settings.eps},
+        total_training_steps=settings.total_steps or 1,
+    )
+    checkpoint = CheckpointConfig(
+        save_contents=["model", "optimizer", "extra"], load_contents=["model", "optimizer", "extra"]
+    )
+    apply_overrides({"model": model, "engine": engine, "optim": optim, "checkpoint": checkpoint}, settings.override)
+    return TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=model,
+        engine_config=engine,
+        optimizer_config=optim,
+        checkpoint_config=checkpoint,
+    )
+
+
+class AglTrainingWorker(TrainingWorker):
+    def __init__(self, settings: WorkerSettings) -> None:
+        if settings.dist_backend is not None:
+            # verl would ask for "cpu:gloo,<device>:<backend>", which is "cpu:gloo,cpu:gloo" on a CPU
+            initialize_global_process_group_ray(backend=settings.dist_backend)
+        torch.manual_seed(settings.seed)
+        super().__init__(build_training_worker_config(settings))
+        self.settings = settings
+        self.loss_fn = self._agl_loss
+        self._sums: dict[str, float] = defaultdict(float)
+        self._maxima: dict[str, float] = defaultdict(float)
+        self._current_version = 0
+
+    # ---------------------------------------------------------------------------------- set-up
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agl_init(self) -> dict[str, Any]:
+        """Build model, optimizer and agl's LR schedule (warmup + constant/linear/cosine, stepped
+        once per optimizer step, as the torch backend does). Returns where this rank runs."""
+        import ray
+
+        self.engine.initialize()
+        schedule = LRLambda(
+            self.settings.warmup_steps,
+            self.settings.total_steps,
+            self.settings.lr_schedule,
+            self.settings.min_lr_ratio,
+        )
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = self.settings.lr
+            group.pop("initial_lr", None)
+        self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.engine.optimizer, schedule)
+        self.engine.checkpoint_manager.lr_scheduler = self.engine.lr_scheduler
+        return {
+            "rank": torch.distributed.get_rank(),
+            "dp_rank": self.engine.get_data_parallel_rank(),
+            "dp_size": self.engine.get_data_parallel_size(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "vocab_size": int(self.engine.model_config.hf_config.vocab_size),
+        }
+
+    # -------------------------------------------------------------------------------- training
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def agl_train(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One optimizer step on this rank's rows of one mini-batch; sums over the DP group."""
+        started = time.perf_counter()
+        self._sums, self._maxima = defaultdict(float), defaultdict(float)
+        self._current_version = int(payload["current_version"])
+        data = self._tensordict(payload, train=True)
+        with self.engine.train_mode():
+            output = self.engine.train_batch(data, loss_function=self._agl_loss)
+        grad_norm = float(output["metrics"]["grad_norm"])
+        lr = float(self.engine.lr_scheduler.get_last_lr()[0])  # the rate this step used
+        self.engine.lr_scheduler_step()
+        sums = self._reduce(self._sums, torch.distributed.ReduceOp.SUM)
+        maxima = self._reduce(self._maxima, torch.distributed.ReduceOp.MAX)
+        return {
+            "sums": sums,
+            "maxima": maxima,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "compute_s": time.perf_counter() - started,
+        }
+
+    def _agl_loss(self, model_output: dict[str, Any], data, dp_group=None):
+        algo: AlgorithmConfig = self.settings.algorithm
+        weights = data["weights"].values()
+        keep = weights != 0
+        log_prob_all = model_output["log_probs"].values()
+        self._count_micro_batch(data)
+        if not bool(keep.any()):
+            return (log_prob_all * 0.0).sum(), {}  # a rank's padding rows: no loss, but join the backward
+        log_prob = log_prob_all[keep]
+        w = weights[keep].float()
+        entropy = model_output.get("entropy")
+        entropy = entropy.values()[keep] if entropy is not None else None
+        if entropy is not None and algo.entropy_coef == 0:
+            entropy = entropy.detach()
+        old = data["old_logprobs"].values()[keep].float() if "old_logprobs" in data.keys() else log_prob.detach()
+        importance = None
+        if not algo.bypass_old_logprobs and algo.importance_scope != "off":
+            iw = truncated_importance_weights(
+                old,
+                data["engine_logprobs"].values()[keep].float(),
+                w,
+                data["versions"].values()[keep],
+                self._current_version,
+                cap=algo.importance_cap,
+                scope=algo.importance_scope,  # type: ignore[arg-type]
+            )
+            importance = iw.weights
+            self._sums["is_applied"] += float(iw.applied.sum())
+            self._sums["is_capped"] += float(iw.capped.sum())
+            self._sums["is_weight_sum"] += float(torch.where(iw.applied, iw.weights, 0.0).sum())
+            if iw.applied.any():
+                value = float(torch.where(iw.applied, iw.weights, 0.0).max())
+                self._maxima["is_weight_max"] = max(self._maxima["is_weight_max"], value)
+        out = rl_objective(
+            algo,
+            log_prob=log_prob,
+            old_log_prob=old,
+            advantages=data["advantages"].values()[keep].float(),
+            weights=w,
+            importance_weights=importance,
+            entropy=entropy,
+        )
+        for key, value in out.sums.items():
+            if key.endswith("_max"):
+                self._maxima[key] = max(self._maxima[key], float(value))
+            else:
+                self._sums[key] += float(value)
+        self._sums["loss"] += float(out.loss.detach())
+        return out.loss * self.engine.get_data_parallel_size(), {}
+
+    def _count_micro_batch(self, data) -> None:
+        lengths = data["input_ids"].offsets().diff()
+        real = int(lengths.sum())
+        self._sums["micro_batches"] += 1
+        self._sums["real_positions"] += real
+        if not self.settings.use_remove_padding:
+            self._sums["padded_positions"] += int(lengths.numel() * lengths.max()) - real
+
+    def _reduce(self, values: dict[str, float], op) -> dict[str, float]:
+        keys = sorted(values)
+        if not keys:
+            return {}
+        tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        group = self.engine.get_data_parallel_group()
+        if torch.distributed.get_world_size(group) > 1:
+            tensor = tensor.to(self.device_name)
+            torch.distributed.all_reduce(tensor, op=op, group=group)
+        return dict(zip(keys, tensor.cpu().tolist(), strict=True))
+
+    # ------------------------------------------------------------------------------- inference
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def agl_logprobs(self, payload: dict[str, Any]) -> torch.Tensor:
+        """Log-probs at logit positions (value t: log p(token t + 1)), concatenated over this rank's rows."""
+        data = self._tensordict(payload, train=False)
+        with self.engine.eval_mode():
+            output = self.engine.infer_batch(data, loss_function=None)
+        return output["model_output"]["log_probs"].values().float().cpu()
+
+    def _tensordict(self, payload: dict[str, Any], *, train: bool):
+        lengths = payload["lengths"].long()
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.long)
+        offsets[1:] = lengths.cumsum(0)
+
+        def nested(values: torch.Tensor) -> torch.Tensor:
+            return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+        tensors = {
+            "input_ids": nested(payload["input_ids"].long()),
+            "position_ids": nested(payload["position_ids"].long()),
+            "loss_mask": nested(payload["loss_mask"].float()),
+        }
+        if train:
+            for name in SHIFTED_FIELDS:
+                if name in payload:
+                    tensors[name] = nested(payload[name])
+        non_tensors = {
+            "temperature": 1.0,
+            "use_remove_padding": self.settings.use_remove_padding,
+            "use_dynamic_bsz": True,
+            "max_token_len_per_gpu": int(payload["max_token_len"]),
+            "micro_batch_size_per_gpu": 1,
+            "use_fused_kernels": False,
+            "calculate_entropy": train,
+            "global_token_num": lengths.tolist(),
+        }
+        return tu.get_tensordict(tensor_dict=tensors, non_tensor_dict=non_tensors)
+
+    # --------------------------------------------------------------------------------- weights
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agl_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+        """Full tensors under HF names on rank 0 (None elsewhere). Every rank walks the generator:
+        each tensor's gather is a collective. A tied output embedding appears once."""
+        from verl.utils.model import convert_weight_keys
+
+        module = self.engine.module
+        seen: set[int] = set()
+        duplicates = {}
+        for name, parameter in module.named_parameters(remove_duplicate=False):
+            if id(parameter) in seen:
+                duplicates[name] = None  # tied to a parameter listed before it (lm_head to embed_tokens)
+            seen.add(id(parameter))
+        tied = set(convert_weight_keys(duplicates, getattr(module, "_fsdp_wrapped_module", module)))
+        is_rank0 = torch.distributed.get_rank() == 0
+        out: dict[str, torch.Tensor] = {}
+        per_tensor, _ = self.engine.get_per_tensor_param()
+        for name, tensor in per_tensor:
+            if is_rank0 and name not in tied:
+                out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
+        return out if is_rank0 else None
+
+    # ----------------------------------------------------------------------------- checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agl_save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path, global_step=0, max_ckpt_to_keep=None)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agl_load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path, del_local_after_load=False)
