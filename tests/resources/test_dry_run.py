@@ -82,8 +82,12 @@ def test_offload_moves_the_trainer_state_out_of_the_generating_phase(capsys: pyt
     assert gib(resident, "training") == pytest.approx(gib(offloaded, "training"), abs=0.01)
 
 
-def test_bf16_master_weights_halve_the_trainer_state(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = dry_run(capsys, "--backend.verl.override={fsdp_config: {model_dtype: bf16}}")
+@pytest.mark.parametrize(
+    "flag", ["--backend.options.param_dtype=bfloat16", "--backend.verl.override={fsdp_config.model_dtype: bf16}"]
+)
+def test_bf16_master_weights_halve_the_trainer_state(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    code, out, err = dry_run(capsys, flag)
+    assert code == 0, err
     assert "master weights 16-bit" in out
     assert gib(out.split("engine:")[0], "weights") == pytest.approx(QWEN3_8B * 2 / 8 / GIB, abs=0.01)
 
@@ -129,3 +133,20 @@ def test_torch_backend_with_the_embedded_engine(capsys: pytest.CaptureFixture[st
     params = safetensors_parameters(model)
     assert f"{params / 1e6:.2f} M parameters from safetensors" in out
     assert "torch backend, one device" in out and "engine: embedded" in out and "holds no weights" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend.device=cpu"], "config key backend.verl.param_offload: True needs CUDA GPUs"),
+        (["--loop.batch_rollouts=4", "--loop.group_size=4"], "data-parallel size 8"),
+        (["--engine.options.gpu_memory_util=0.5"], "unknown setting(s) gpu_memory_util"),
+        (["--backend.options.micro_batch_tokenz=1"], "config key backend.options:"),
+    ],
+)
+def test_backend_and_engine_settings_are_checked_before_the_arithmetic(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, out, err = dry_run(capsys, *args)
+    assert code == 2 and message in err
+    assert "config OK" not in out and "per GPU" not in out

@@ -105,11 +105,10 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(path, overrides)
     except ConfigError as error:
         raise CLIError(str(error)) from None
-    if args.check or getattr(args, "dry_run", False):
-        print(f"agl: config OK ({config.loop.mode}, {config.loop.batch_rollouts} rollouts a step)")
     if getattr(args, "dry_run", False):
         return dry_run(config, float(getattr(args, "gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)))
     if args.check:
+        print(f"agl: config OK ({config.loop.mode}, {config.loop.batch_rollouts} rollouts a step)")
         return 0
     return train(config, resume=args.resume, quiet=args.quiet)
 
@@ -117,8 +116,15 @@ def run(args: argparse.Namespace) -> int:
 def dry_run(config: Any, gpu_memory_gib: float) -> int:
     """Print the memory arithmetic per GPU; 0 when the run fits, 1 when it does not."""
     from agl_trainer.cli import CLIError
+    from agl_trainer.config import ConfigError
     from agl_trainer.resources import ArchitectureError, format_plan, plan_resources
+    from agl_trainer.resources.settings import check_settings
 
+    try:
+        check_settings(config)
+    except ConfigError as error:
+        raise CLIError(str(error)) from None
+    print(f"agl: config OK ({config.loop.mode}, {config.loop.batch_rollouts} rollouts a step)")
     try:
         plan = plan_resources(config, gpu_memory_gib)
     except ArchitectureError as error:

@@ -14,8 +14,8 @@ Collocated RL has two phases on each GPU, and both must fit:
   (engine.options.collocated: vLLM's sleep mode frees weights and KV cache while training).
 
 Numbers: FSDP shards parameters, gradients and AdamW state (two moments) evenly over
-nnodes x n_gpus_per_node ranks, in the master dtype (verl's `fsdp_config.model_dtype`, fp32 by
-default; the torch backend's `param_dtype`). Activations are an estimate: bf16 layer tensors
+nnodes x n_gpus_per_node ranks, in the master dtype (backend.options.param_dtype, float32 by
+default, or the verl override fsdp_config.model_dtype). Activations are an estimate: bf16 layer tensors
 (6 x hidden + 4 x intermediate per token and layer; with gradient checkpointing only the layer
 inputs plus one layer), fp32 logits and their gradient, for backend.options.micro_batch_tokens
 tokens (divided by Ulysses sequence parallelism). The engine's KV cache is what is left of its
@@ -166,7 +166,11 @@ def _trainer_plan(config: Config, arch: Architecture, parameters: int) -> Traine
     backend, verl, options = config.backend, config.backend.verl, config.backend.options
     if backend.name == "verl":
         world, nnodes, per_node = verl.nnodes * verl.n_gpus_per_node, verl.nnodes, verl.n_gpus_per_node
-        master = _override(verl.override, "fsdp_config.model_dtype") or "fp32"
+        master = (
+            _override(verl.override, "fsdp_config.model_dtype")
+            or _override(verl.override, "engine.model_dtype")
+            or str(options.get("param_dtype", "float32"))
+        )
         param_offload, optimizer_offload = verl.param_offload, verl.optimizer_offload
         checkpointing, sp = verl.gradient_checkpointing, verl.ulysses_sequence_parallel_size
     else:  # the torch backend: one process, nothing sharded or offloaded
