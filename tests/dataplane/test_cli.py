@@ -19,7 +19,7 @@ def wide_terminal(monkeypatch):
 def write_jsonl(path, requests, bad_line_at=None):
     lines = [json.dumps(to_otlp_json(message)) for message in requests]
     if bad_line_at is not None:
-        lines.insert(bad_line_at, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "nothex"}]}]}]}')
+        lines.insert(bad_line_at, '{"resourceSpans": [{"scopeSpans": "not a list"}]}')
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -45,7 +45,7 @@ def test_import_ls_inspect(tmp_path, capsys):
         main(["traces", "import", str(source), "--store", store]) == 1
     )  # one line is bad: exit 1, the rest in
     out = capsys.readouterr().out
-    assert "10 stored" in out and "line 2: traceId 'nothex' is not hex" in out
+    assert "10 stored" in out and "line 2: invalid OTLP JSON: Expected `array`" in out
 
     assert main(["traces", "import", str(source), "--store", store]) == 1
     assert "0 stored, 10 already there" in capsys.readouterr().out

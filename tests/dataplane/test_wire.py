@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from agl_trainer.receiver.arrays import decode_double_array, decode_int_array
+from agl_trainer.receiver.contract import Violation, classify
 from agl_trainer.receiver.wire import DecodeError, decode_json, decode_protobuf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -145,5 +146,11 @@ def test_truncated_request_is_an_error():
 def test_malformed_json_names_the_problem():
     with pytest.raises(DecodeError, match="invalid OTLP JSON"):
         decode_json(b'{"resourceSpans": 3}')
-    with pytest.raises(DecodeError, match="traceId"):
-        decode_json(b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}')
+    # A span's bad id is that span's problem, not the request's: the contract refuses it alone.
+    [raw] = decode_json(
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "0102030405060708",'
+        b' "name": "agl.reward", "attributes": [{"key": "agl.rollout.id", "value": {"stringValue": "r"}}]}]}]}]}'
+    )
+    assert raw.trace_id == b""
+    violation = classify(raw)
+    assert isinstance(violation, Violation) and violation.reason == "reward.bad_ids"

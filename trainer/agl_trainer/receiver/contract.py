@@ -3,6 +3,14 @@
 A span that breaks the contract becomes a `Violation` with a stable reason string; it is counted
 and kept (as a reason row), never raised. Spans that are not agl's (a harness's own spans sharing
 the pipeline) are `foreign` and ignored.
+
+Everything a record carries into the store is range-checked here, before any transaction, so no
+value can fail a commit (SQLite INTEGER is int64; token arrays are int32): agl ints must be in
+[0, 2^63), token IDs in [0, 2^31), the status code in [0, 2^31); an attribute the decoder could not
+read (wire.BadValue) is a violation named after the attribute. Times are OTLP fixed64: one above
+2^63 - 1 (legal on the wire, centuries away) is clamped to 2^63 - 1 rather than refused, so a
+sender's broken clock costs no training data; a time that is not a fixed64 at all (negative, over
+2^64 - 1, not a number in JSON) is a violation (`bad_time`).
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ import msgspec
 import numpy as np
 from agl import semconv
 
-from agl_trainer.receiver.wire import RawSpan
+from agl_trainer.receiver.wire import UINT64_MAX, BadValue, RawSpan
 
 TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
+INT64_MAX = 2**63 - 1  # SQLite INTEGER
+STATUS_CODE_MAX = 2**31 - 1  # an OTLP enum is an int32
 
 
 class CallRecord(msgspec.Struct, gc=False):
@@ -100,6 +110,8 @@ def _is_call(span: RawSpan) -> bool:
 
 def classify(span: RawSpan) -> Record | None:
     """The record for an agl span, a Violation when it breaks the contract, None when foreign."""
+    if span.problem is not None:
+        return _undecodable(span)
     if span.name == semconv.SPAN_ROLLOUT:
         build: Any = _rollout
         prefix = "rollout"
@@ -113,31 +125,78 @@ def classify(span: RawSpan) -> Record | None:
     try:
         if len(span.trace_id) != 16 or len(span.span_id) != 8:
             raise ContractError("bad_ids")
+        if not 0 <= span.status_code <= STATUS_CODE_MAX:
+            raise ContractError("status_code_out_of_range")
+        _text(span.name, "name")
         return build(span)
     except ContractError as error:
         return Violation(
             span.trace_id,
             span.span_id,
-            span.name,
+            span.name if _storable(span.name) else "",
             f"{prefix}.{error.reason}",
-            rollout_id if isinstance(rollout_id, str) else None,
+            rollout_id if isinstance(rollout_id, str) and _storable(rollout_id) else None,
         )
+
+
+def _undecodable(span: RawSpan) -> Violation:
+    """A span whose own bytes were broken (wire.RawSpan.problem): whatever it was, it is refused."""
+    rollout_id = span.attributes.get(semconv.ROLLOUT_ID)
+    return Violation(
+        span.trace_id,
+        span.span_id,
+        "",
+        "span.undecodable",
+        rollout_id if isinstance(rollout_id, str) and _storable(rollout_id) else None,
+    )
+
+
+def _storable(text: str) -> bool:
+    """Whether SQLite can take the string (a JSON string may hold a lone surrogate; UTF-8 cannot)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(value: str, name: str) -> str:
+    if not _storable(value):
+        raise ContractError(f"{name}_not_utf8")
+    return value
+
+
+def _time(value: int) -> int:
+    """An OTLP fixed64 time as SQLite's int64: clamped above 2^63 - 1, refused when not a fixed64."""
+    if not 0 <= value <= UINT64_MAX:
+        raise ContractError("bad_time")
+    return min(value, INT64_MAX)
+
+
+def _attribute_name(key: str) -> str:
+    return key.replace("agl.", "").replace(".", "_")
 
 
 def _str(attributes: dict[str, Any], key: str, required: bool = False) -> str | None:
     value = attributes.get(key)
     if value is None or value == "":
         if required:
-            raise ContractError(f"missing_{key.replace('agl.', '').replace('.', '_')}")
+            raise ContractError(f"missing_{_attribute_name(key)}")
         return None
+    if type(value) is BadValue:
+        raise ContractError(f"{_attribute_name(key)}_{value.reason}")
     if not isinstance(value, str):
-        raise ContractError(f"{key.replace('agl.', '').replace('.', '_')}_not_string")
-    return value
+        raise ContractError(f"{_attribute_name(key)}_not_string")
+    return _text(value, _attribute_name(key))
 
 
 def _int(attributes: dict[str, Any], key: str, required: bool = False) -> int | None:
     value = attributes.get(key)
-    name = key.replace("agl.", "").replace(".", "_")
+    name = _attribute_name(key)
+    if type(value) is BadValue:
+        raise ContractError(f"{name}_{value.reason}")
     if value is None:
         if required:
             raise ContractError(f"missing_{name}")
@@ -151,6 +210,8 @@ def _int(attributes: dict[str, Any], key: str, required: bool = False) -> int | 
         raise ContractError(f"{name}_not_int")
     if value < 0:
         raise ContractError(f"{name}_negative")
+    if value > INT64_MAX:
+        raise ContractError(f"{name}_out_of_range")
     return value
 
 
@@ -165,6 +226,8 @@ def _token_array(attributes: dict[str, Any], key: str, reason: str) -> np.ndarra
     value = attributes.get(key)
     if value is None:
         return None
+    if type(value) is BadValue:
+        raise ContractError(f"{reason}_{value.reason}")
     if isinstance(value, list) and not value:
         return np.empty(0, dtype=np.int32)
     if not isinstance(value, np.ndarray) or value.dtype.kind != "i":
@@ -183,6 +246,8 @@ def _call(span: RawSpan) -> CallRecord:
     prompt = _token_array(attributes, semconv.PROMPT_TOKEN_IDS, "prompt_token_ids")
     completion = _token_array(attributes, semconv.COMPLETION_TOKEN_IDS, "completion_token_ids")
     logprobs = attributes.get(semconv.COMPLETION_LOGPROBS)
+    if type(logprobs) is BadValue:
+        raise ContractError(f"logprobs_{logprobs.reason}")
     if logprobs is not None:
         if isinstance(logprobs, list) and not logprobs:
             logprobs = np.empty(0, dtype=np.float64)
@@ -198,7 +263,8 @@ def _call(span: RawSpan) -> CallRecord:
     if ref_seq is not None and ref_seq >= call_seq:
         raise ContractError("prompt_ref_not_earlier")
     reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
-    finish = reasons[0] if isinstance(reasons, list) and reasons and isinstance(reasons[0], str) else None
+    first = reasons[0] if isinstance(reasons, list) and reasons else None
+    finish = first if isinstance(first, str) and _storable(first) else None
     return CallRecord(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -208,8 +274,8 @@ def _call(span: RawSpan) -> CallRecord:
         mode=_mode(attributes),
         call_seq=call_seq,  # type: ignore[arg-type]
         name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
+        start_ns=_time(span.start_ns),
+        end_ns=_time(span.end_ns),
         prompt_ids=prompt,
         completion_ids=completion,
         logprobs=logprobs,
@@ -240,9 +306,9 @@ def _rollout(span: RawSpan) -> RolloutRecord:
         task_id=_str(attributes, semconv.TASK_ID),
         mode=_mode(attributes),
         status=status,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        error=span.status_message or None,
+        start_ns=_time(span.start_ns),
+        end_ns=_time(span.end_ns),
+        error=_text(span.status_message, "status_message") or None,
     )
 
 
@@ -251,9 +317,11 @@ def _reward(span: RawSpan) -> RewardRecord:
     value = attributes.get(semconv.REWARD_VALUE)
     if value is None:
         raise ContractError("missing_reward_value")
+    if type(value) is BadValue:
+        raise ContractError(f"reward_value_{value.reason}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ContractError("reward_value_not_number")
-    if not math.isfinite(value):
+    if not math.isfinite(float(value)):  # an int64 always converts
         raise ContractError("reward_value_not_finite")
     return RewardRecord(
         trace_id=span.trace_id,
@@ -264,5 +332,5 @@ def _reward(span: RawSpan) -> RewardRecord:
         name=_str(attributes, semconv.REWARD_NAME) or semconv.DEFAULT_REWARD_NAME,
         value=float(value),
         call_seq=_int(attributes, semconv.CALL_SEQ),
-        end_ns=span.end_ns,
+        end_ns=_time(span.end_ns),
     )

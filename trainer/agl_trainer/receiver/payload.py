@@ -35,22 +35,39 @@ def media_type(content_type: str | None) -> str | None:
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
-    """Undo Content-Encoding (identity, gzip, deflate) without ever holding more than `limit` bytes."""
+    """Undo Content-Encoding (identity, gzip, deflate) without ever holding more than `limit` bytes.
+
+    A gzip body may hold several members (RFC 1952: their concatenation is the content); every
+    member is inflated, so nothing a sender compressed in parts is acknowledged and dropped. Bytes
+    after the last member that are not another member are refused, as is a truncated stream."""
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
         raise DecodeError(f"unsupported content-encoding {encoding!r} (use gzip or none)")
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as error:
-        raise DecodeError(f"body is not valid {encoding}: {error}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
-    if not inflater.eof:
-        raise DecodeError(f"body is truncated {encoding}")
-    return out
+    wbits = 31 if encoding == "gzip" else 15
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(wbits=wbits)
+        try:
+            out = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as error:
+            raise DecodeError(f"body is not valid {encoding}: {error}") from None
+        size += len(out)
+        parts.append(out)
+        if size > limit or inflater.unconsumed_tail:
+            raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
+        if not inflater.eof:
+            raise DecodeError(f"body is truncated {encoding}")
+        rest = inflater.unused_data
+        if not rest:
+            return b"".join(parts) if len(parts) > 1 else parts[0]
+        if encoding != "gzip":
+            raise DecodeError(f"{len(rest)} byte(s) after the end of the {encoding} stream")
+        if rest[:2] != b"\x1f\x8b":
+            raise DecodeError(f"{len(rest)} byte(s) after the last gzip member are not a gzip member")
 
 
 def decode_body(body: bytes, media: str) -> DecodedBatch:

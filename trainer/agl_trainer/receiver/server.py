@@ -135,6 +135,11 @@ class Receiver:
             raise RequestRefused(413, "too_large", str(error)) from None
         except DecodeError as error:
             raise RequestRefused(400, "malformed", f"malformed OTLP payload: {error}") from None
+        except Exception as error:  # noqa: BLE001 (a decoder bug must not become a 5xx the sender retries forever)
+            log.exception("could not decode a request (a receiver bug: please report it)")
+            raise RequestRefused(
+                400, "undecodable", f"the receiver could not decode this request: {type(error).__name__}"
+            ) from None
 
     def _account(self, batch: DecodedBatch, result: WriteResult) -> None:
         self._counter.accepted(
@@ -152,8 +157,8 @@ class Receiver:
         token = self.config.token
         if token is None:
             return
-        expected = f"Bearer {token}"
-        if header is None or not hmac.compare_digest(header.encode(), expected.encode()):
+        expected = f"Bearer {token}".encode()
+        if header is None or not hmac.compare_digest(_header_bytes(header), expected):
             raise RequestRefused(
                 401, "unauthorized", "missing or wrong bearer token (authorization: Bearer ...)"
             )
@@ -306,6 +311,12 @@ class Receiver:
             raise  # abort raises; this keeps type checkers calm
         self._account(batch, result)
         return _export_response("application/x-protobuf", sum(result.violations.values()), result)
+
+
+def _header_bytes(value: str) -> bytes:
+    """A header value as the bytes that were sent: aiohttp keeps bytes that are not UTF-8 as
+    surrogate escapes (a raw 0xFF must compare unequal, never raise)."""
+    return value.encode("utf-8", "surrogateescape")
 
 
 _GRPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}  # google.rpc.Code for the JSON error body

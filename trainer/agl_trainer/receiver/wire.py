@@ -4,10 +4,19 @@ The protobuf path walks the wire format directly instead of building opentelemet
 messages: a span's token arrays are thousands of `AnyValue{int_value}` messages, and turning each
 into a Python object is what makes a naive receiver slow. Int and double arrays are decoded with
 numpy over the raw bytes (`arrays.py`); everything else is a few fields per span.
+
+Bad data is confined to where it is: a value that cannot be decoded (an int over 64 bits, bad
+base64, invalid UTF-8, nesting deeper than MAX_VALUE_DEPTH) becomes a `BadValue` in its attribute,
+and a span whose own bytes are broken becomes a RawSpan with `problem` set; the contract turns
+either into a violation of that span alone (contract.py). Only a request whose framing is broken
+(it cannot be split into spans) raises DecodeError, which the receiver answers with 400.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import struct
 from typing import Any
 
@@ -17,8 +26,20 @@ import numpy as np
 from agl_trainer.receiver.arrays import decode_double_array, decode_int_array, decode_int_arrays
 
 
+MAX_VALUE_DEPTH = 32  # nested arrayValue / kvlistValue levels; agl's own values use 1
+UINT64_MAX = (1 << 64) - 1
+
+
 class DecodeError(ValueError):
     """The payload is not a valid OTLP ExportTraceServiceRequest; the message says where."""
+
+
+class BadValue(msgspec.Struct, frozen=True, gc=False):
+    """An attribute value that could not be decoded; `reason` is a stable token (int_out_of_range,
+    nesting_too_deep, bad_base64, not_int, not_number, invalid_utf8, malformed), `detail` says more."""
+
+    reason: str
+    detail: str = ""
 
 
 class RawSpan(msgspec.Struct, gc=False):
@@ -34,6 +55,7 @@ class RawSpan(msgspec.Struct, gc=False):
     status_code: int
     status_message: str
     attributes: dict[str, Any]
+    problem: str | None = None  # the span's own bytes are broken: what, for its violation
 
 
 _FIXED64 = struct.Struct("<Q")
@@ -95,7 +117,9 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _any_value(buf: bytes, start: int, end: int) -> Any:
+def _any_value(buf: bytes, start: int, end: int, depth: int = 0) -> Any:
+    if depth > MAX_VALUE_DEPTH:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
     value: Any = None
     for field, wire, item in _fields(buf, start, end):
         if field == 1 and wire == 2:
@@ -103,19 +127,42 @@ def _any_value(buf: bytes, start: int, end: int) -> Any:
         elif field == 2 and wire == 0:
             value = bool(item)
         elif field == 3 and wire == 0:
-            value = _signed(item)
+            value = _int64(item)
         elif field == 4 and wire == 1:
             value = _DOUBLE.unpack(item)[0]
         elif field == 5 and wire == 2:
-            value = _array(buf, *item)
+            value = _array(buf, *item, depth + 1)
         elif field == 6 and wire == 2:
-            value = {key: val for key, val in _key_values(buf, *item)}
+            value = _kvlist(buf, *item, depth + 1)
         elif field == 7 and wire == 2:
             value = buf[item[0] : item[1]]
     return value
 
 
-def _array(buf: bytes, start: int, end: int) -> Any:
+def _int64(varint: int) -> int | BadValue:
+    """A decoded int_value varint as int64; one over 64 bits (no valid encoder writes it) is bad."""
+    if varint > UINT64_MAX:
+        return BadValue("int_out_of_range", "an int_value varint over 64 bits")
+    return _signed(varint)
+
+
+def _kvlist(buf: bytes, start: int, end: int, depth: int) -> Any:
+    value: dict[str, Any] = {}
+    for key, item in _key_values(buf, start, end, depth):
+        if type(item) is BadValue:
+            return item
+        value[key] = item
+    return value
+
+
+def _first_bad(items: list[Any]) -> BadValue | None:
+    for item in items:
+        if type(item) is BadValue:
+            return item
+    return None
+
+
+def _array(buf: bytes, start: int, end: int, depth: int = 1) -> Any:
     inner_tag = buf[start + 2] if end - start > 2 else None  # the first element's value field
     if inner_tag == 0x21:
         doubles = decode_double_array(buf, start, end)
@@ -125,9 +172,16 @@ def _array(buf: bytes, start: int, end: int) -> Any:
         ints = decode_int_array(buf, start, end)
         if ints is not None:
             return ints
+    if depth > MAX_VALUE_DEPTH:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
     items = [
-        _any_value(buf, *item) for field, wire, item in _fields(buf, start, end) if field == 1 and wire == 2
+        _any_value(buf, *item, depth)
+        for field, wire, item in _fields(buf, start, end)
+        if field == 1 and wire == 2
     ]
+    bad = _first_bad(items)
+    if bad is not None:
+        return bad
     if items and all(type(item) is int for item in items):
         return np.array(items, dtype=np.int64)
     if items and all(type(item) is float for item in items):
@@ -135,7 +189,7 @@ def _array(buf: bytes, start: int, end: int) -> Any:
     return items
 
 
-def _key_values(buf: bytes, start: int, end: int):
+def _key_values(buf: bytes, start: int, end: int, depth: int):
     for field, wire, item in _fields(buf, start, end):
         if field == 1 and wire == 2:  # KeyValue
             key, value = "", None
@@ -143,7 +197,7 @@ def _key_values(buf: bytes, start: int, end: int):
                 if kv_field == 1 and kv_wire == 2:
                     key = _text(buf, kv_item)
                 elif kv_field == 2 and kv_wire == 2:
-                    value = _any_value(buf, *kv_item)
+                    value = _any_value(buf, *kv_item, depth)
             yield key, value
 
 
@@ -167,7 +221,7 @@ def _attribute_value(buf: bytes, start: int, end: int) -> Any:
             return buf[start + 1]
         value, pos = _varint(buf, start + 1, end)
         if pos == end:
-            return _signed(value)
+            return _int64(value)
     elif tag == 0x0A or tag == 0x2A:  # string_value, array_value
         length = buf[start + 1]
         if length < 0x80:
@@ -188,6 +242,27 @@ def _attribute_value(buf: bytes, start: int, end: int) -> Any:
 
 
 def _key_value(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
+    """A KeyValue; a value that cannot be decoded becomes a BadValue (its bytes are bounded by the
+    KeyValue's length, so nothing past it is affected), a key that cannot be is a DecodeError."""
+    try:
+        return _key_value_fields(buf, pos, end)
+    except DecodeError as error:
+        key = _key_only(buf, pos, end)
+        reason = "invalid_utf8" if "UTF-8" in str(error) else "malformed"
+        return key, BadValue(reason, str(error))
+    except RecursionError:  # bounded by MAX_VALUE_DEPTH; kept as a guard for a deep stack
+        return _key_only(buf, pos, end), BadValue("nesting_too_deep", "values nested too deep")
+
+
+def _key_only(buf: bytes, pos: int, end: int) -> str:
+    """The key of a KeyValue whose value is broken; raises DecodeError if the key itself is."""
+    for field, wire, item in _fields(buf, pos, end):
+        if field == 1 and wire == 2:
+            return _text(buf, item)
+    return ""
+
+
+def _key_value_fields(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
     """A KeyValue (key = 1, value = 2, both length-delimited), without the generic field walk."""
     key, value = "", None
     origin = pos
@@ -220,7 +295,12 @@ def _key_value(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
 def _resolve(buf: bytes, pending: list[tuple[dict[str, Any], str, _IntArray]]) -> None:
     decoded = decode_int_arrays(buf, [(item.start, item.end) for _, _, item in pending])
     for (attributes, key, item), values in zip(pending, decoded, strict=True):
-        attributes[key] = values if values is not None else _array(buf, item.start, item.end)
+        if values is None:
+            try:
+                values = _array(buf, item.start, item.end)
+            except DecodeError as error:  # bounded by its KeyValue: only this attribute is bad
+                values = BadValue("malformed", str(error))
+        attributes[key] = values
 
 
 def _span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
@@ -297,9 +377,27 @@ def decode_protobuf(buf: bytes) -> list[RawSpan]:
                 continue
             for ss_field, ss_wire, ss_item in _fields(buf, *rs_item):
                 if ss_field == 2 and ss_wire == 2:
-                    spans.append(_span(buf, *ss_item, pending))
+                    spans.append(_contained_span(buf, *ss_item, pending))
     _resolve(buf, pending)
     return spans
+
+
+def _contained_span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
+    """A span; one whose bytes are broken inside its own length is returned with `problem` set
+    (its ids when they could be read), so it costs no other span of the request."""
+    mark = len(pending)
+    try:
+        return _span(buf, start, end, pending)
+    except (DecodeError, RecursionError) as error:
+        del pending[mark:]  # its deferred arrays belong to a span that is not kept
+        trace_id = span_id = b""
+        with contextlib.suppress(DecodeError):
+            for field, wire, item in _fields(buf, start, end):
+                if field == 1 and wire == 2:
+                    trace_id = buf[item[0] : item[1]]
+                elif field == 2 and wire == 2:
+                    span_id = buf[item[0] : item[1]]
+        return RawSpan(trace_id, span_id, b"", "", 0, 0, 0, 0, "", {}, problem=f"undecodable: {error}")
 
 
 # --- OTLP JSON (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding) -------------
@@ -325,7 +423,7 @@ class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
 
 class JsonKeyValue(msgspec.Struct, forbid_unknown_fields=False):
     key: str
-    value: JsonAnyValue | None = None
+    value: msgspec.Raw = msgspec.Raw()  # decoded on its own (_JSON_VALUE): a bad value costs only itself
 
 
 class JsonStatus(msgspec.Struct, forbid_unknown_fields=False):
@@ -358,6 +456,7 @@ class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
 
 
 _JSON_DECODER = msgspec.json.Decoder(JsonExportRequest)
+_JSON_VALUE = msgspec.json.Decoder(JsonAnyValue | None)
 _KINDS = {
     "SPAN_KIND_UNSPECIFIED": 0,
     "SPAN_KIND_INTERNAL": 1,
@@ -369,56 +468,107 @@ _KINDS = {
 _STATUS = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
 
-def _json_int(value: int | str, what: str) -> int:
+def _json_int(value: int | str) -> int | None:
+    """An OTLP JSON integer (a number, or a decimal string as the JSON mapping writes int64s)."""
+    if type(value) is int:
+        return value
     try:
         return int(value)
     except ValueError:
-        raise DecodeError(f"{what}: {value!r} is not an integer") from None
+        return None
 
 
-def _json_value(value: JsonAnyValue | None) -> Any:
+def _json_int64(value: int | str) -> int | BadValue:
+    number = _json_int(value)
+    if number is None:
+        return BadValue("not_int", f"intValue {str(value)[:40]!r} is not an integer")
+    if not -(1 << 63) <= number < 1 << 63:
+        return BadValue("int_out_of_range", f"intValue {str(value)[:40]} is outside int64")
+    return number
+
+
+def _json_attribute(raw: msgspec.Raw, depth: int = 0) -> Any:
+    """A KeyValue's value, decoded on its own: whatever is wrong with it is a BadValue of its own."""
+    if not raw:  # absent
+        return None
+    if depth > MAX_VALUE_DEPTH:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
+    try:
+        value = _JSON_VALUE.decode(raw)
+    except RecursionError:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
+    except msgspec.DecodeError as error:
+        return BadValue("malformed", str(error))
+    return _json_value(value, depth)
+
+
+def _json_value(value: JsonAnyValue | None, depth: int) -> Any:
     if value is None:
         return None
+    if depth > MAX_VALUE_DEPTH:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
     if value.stringValue is not None:
         return value.stringValue
     if value.intValue is not None:
-        return _json_int(value.intValue, "intValue")
+        return _json_int64(value.intValue)
     if value.boolValue is not None:
         return value.boolValue
     if value.doubleValue is not None:
         try:
             return float(value.doubleValue)
         except ValueError:
-            raise DecodeError(f"doubleValue: {value.doubleValue!r} is not a number") from None
+            return BadValue("not_number", f"doubleValue {str(value.doubleValue)[:40]!r} is not a number")
     if value.arrayValue is not None:
-        items = [_json_value(item) for item in value.arrayValue.values]
+        items = [_json_value(item, depth + 1) for item in value.arrayValue.values]
+        bad = _first_bad(items)
+        if bad is not None:
+            return bad
         if items and all(type(item) is int for item in items):
-            return np.array(items, dtype=np.int64)
+            return np.array(items, dtype=np.int64)  # every item is in int64 (_json_int64)
         if items and all(type(item) is float for item in items):
             return np.array(items, dtype=np.float64)
         return items
     if value.kvlistValue is not None:
-        return {kv.key: _json_value(kv.value) for kv in value.kvlistValue.values}
+        entries = {}
+        for kv in value.kvlistValue.values:
+            item = _json_attribute(kv.value, depth + 1)
+            if type(item) is BadValue:
+                return item
+            entries[kv.key] = item
+        return entries
     if value.bytesValue is not None:
-        import base64
-
-        return base64.b64decode(value.bytesValue)
+        try:
+            return base64.b64decode(value.bytesValue, validate=True)
+        except (binascii.Error, ValueError):
+            return BadValue("bad_base64", "bytesValue is not base64")
     return None
 
 
-def _hex_id(value: str, what: str) -> bytes:
+def _json_id(value: str) -> bytes:
+    """A trace or span id: hex, as the OTLP JSON encoding writes it; base64, as a generic protobuf
+    JSON mapping would, is accepted too. Anything else is b"" (the contract's bad_ids)."""
     try:
         return bytes.fromhex(value)
     except ValueError:
-        raise DecodeError(f"{what} {value!r} is not hex") from None
+        pass
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
-def _enum(value: int | str, names: dict[str, int], what: str) -> int:
-    if isinstance(value, int):
-        return value
-    if value in names:
+def _enum(value: int | str, names: dict[str, int]) -> int:
+    """An enum given as a number or its name; -1 when it is neither (the contract decides)."""
+    if type(value) is str and value in names:
         return names[value]
-    return _json_int(value, what)
+    number = _json_int(value)
+    return -1 if number is None else number
+
+
+def _json_time(value: int | str) -> int:
+    """A fixed64 time; -1 (which the contract refuses) when it is not an integer."""
+    number = _json_int(value)
+    return -1 if number is None else number
 
 
 def decode_json(body: bytes) -> list[RawSpan]:
@@ -427,6 +577,8 @@ def decode_json(body: bytes) -> list[RawSpan]:
         request = _JSON_DECODER.decode(body)
     except msgspec.DecodeError as error:
         raise DecodeError(f"invalid OTLP JSON: {error}") from None
+    except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
+        raise DecodeError("invalid OTLP JSON: nested too deep") from None
     spans: list[RawSpan] = []
     for resource_spans in request.resourceSpans:
         for scope_spans in resource_spans.scopeSpans:
@@ -434,16 +586,16 @@ def decode_json(body: bytes) -> list[RawSpan]:
                 status = span.status or JsonStatus()
                 spans.append(
                     RawSpan(
-                        trace_id=_hex_id(span.traceId, "traceId"),
-                        span_id=_hex_id(span.spanId, "spanId"),
-                        parent_span_id=_hex_id(span.parentSpanId, "parentSpanId"),
+                        trace_id=_json_id(span.traceId),
+                        span_id=_json_id(span.spanId),
+                        parent_span_id=_json_id(span.parentSpanId),
                         name=span.name,
-                        kind=_enum(span.kind, _KINDS, "kind"),
-                        start_ns=_json_int(span.startTimeUnixNano, "startTimeUnixNano"),
-                        end_ns=_json_int(span.endTimeUnixNano, "endTimeUnixNano"),
-                        status_code=_enum(status.code, _STATUS, "status.code"),
+                        kind=_enum(span.kind, _KINDS),
+                        start_ns=_json_time(span.startTimeUnixNano),
+                        end_ns=_json_time(span.endTimeUnixNano),
+                        status_code=_enum(status.code, _STATUS),
                         status_message=status.message,
-                        attributes={kv.key: _json_value(kv.value) for kv in span.attributes},
+                        attributes={kv.key: _json_attribute(kv.value) for kv in span.attributes},
                     )
                 )
     return spans

@@ -14,6 +14,7 @@ training loop its own). SQLite's WAL lets readers run while the writer writes.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
@@ -40,6 +41,8 @@ from agl_trainer.store.records import (
     WriteResult,
 )
 from agl_trainer.store.schema import SCHEMA, SCHEMA_VERSION
+
+log = logging.getLogger("agl.store")
 
 DURABILITY = {"full": "FULL", "normal": "NORMAL"}
 DEFAULT_GRACE_S = 2.0
@@ -129,10 +132,11 @@ class RolloutStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite rolls back by itself on some errors (SQLITE_FULL)
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     # --- ingest -------------------------------------------------------------------------------
     def write(self, records: Iterable[Record]) -> WriteResult:
@@ -140,31 +144,64 @@ class RolloutStore:
         return self.write_batches([records])[0]
 
     def write_batches(self, batches: Sequence[Iterable[Record]]) -> list[WriteResult]:
-        """Store several requests' records in one transaction (one fsync), a result for each."""
+        """Store several requests' records in one transaction (one fsync), a result for each.
+
+        Records are range-checked before they get here (receiver/contract.py), so a value SQLite
+        refuses is a bug; should one slip through anyway, it must cost no other request: the group
+        is written again one request per transaction, and a request that still fails record by
+        record, the refused record kept as a `store_rejected` violation. Errors of the store itself
+        (disk full, I/O, lock timeout) are raised: nothing of the group was written."""
+        batches = [list(records) for records in batches]
         now = self.clock()
-        results = []
+        try:
+            with self._transaction() as db:
+                return [self._write_records(db, records, now) for records in batches]
+        except _DATA_ERRORS as error:
+            log.error("a record the store refused broke a group commit (%r); writing its requests apart", error)
+        return [self._write_alone(records, now) for records in batches]
+
+    def _write_alone(self, records: list[Record], now: float) -> WriteResult:
+        try:
+            with self._transaction() as db:
+                return self._write_records(db, records, now)
+        except _DATA_ERRORS:
+            pass
         with self._transaction() as db:
-            for records in batches:
-                result = WriteResult(violations={})
-                for record in records:
-                    if isinstance(record, CallRecord):
-                        inserted = self._insert_call(db, record, now)
-                        if inserted:
-                            result.tokens += _size(record.prompt_ids) + _size(record.completion_ids)
-                    elif isinstance(record, RewardRecord):
-                        inserted = self._insert_reward(db, record, now)
-                    elif isinstance(record, RolloutRecord):
-                        inserted = self._insert_rollout_span(db, record, now)
-                    else:
-                        inserted = self._insert_violation(db, record, now)
-                        if inserted:
-                            result.violations[record.reason] = result.violations.get(record.reason, 0) + 1
-                    if inserted:
-                        result.stored += 1
-                    else:
-                        result.duplicates += 1
-                results.append(result)
-        return results
+            result = WriteResult(violations={})
+            for record in records:
+                db.execute("SAVEPOINT agl_record")
+                try:
+                    self._write_record(db, record, now, result)
+                except _DATA_ERRORS as error:
+                    db.execute("ROLLBACK TO agl_record")
+                    log.error("the store refused a span (%r); kept as a store_rejected violation", error)
+                    self._write_record(db, _rejected(record), now, result)
+                db.execute("RELEASE agl_record")
+            return result
+
+    def _write_records(self, db: sqlite3.Connection, records: list[Record], now: float) -> WriteResult:
+        result = WriteResult(violations={})
+        for record in records:
+            self._write_record(db, record, now, result)
+        return result
+
+    def _write_record(self, db: sqlite3.Connection, record: Record, now: float, result: WriteResult) -> None:
+        if isinstance(record, CallRecord):
+            inserted = self._insert_call(db, record, now)
+            if inserted:
+                result.tokens += _size(record.prompt_ids) + _size(record.completion_ids)
+        elif isinstance(record, RewardRecord):
+            inserted = self._insert_reward(db, record, now)
+        elif isinstance(record, RolloutRecord):
+            inserted = self._insert_rollout_span(db, record, now)
+        else:
+            inserted = self._insert_violation(db, record, now)
+            if inserted:
+                result.violations[record.reason] = result.violations.get(record.reason, 0) + 1
+        if inserted:
+            result.stored += 1
+        else:
+            result.duplicates += 1
 
     def _touch_rollout(
         self,
@@ -511,6 +548,27 @@ class RolloutStore:
                 " UNION ALL SELECT trace_id, span_id FROM violations"
             ).fetchall()
         return {(row[0], row[1]) for row in rows}
+
+
+# What SQLite (or the sqlite3 module) refuses in a value: an int over int64, a string that is not
+# UTF-8, a value of the wrong type. Not its own faults (OperationalError: full, I/O, locked).
+_DATA_ERRORS = (
+    OverflowError,
+    UnicodeEncodeError,
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.DataError,
+)
+
+
+def _rejected(record: Record) -> Violation:
+    rollout_id = getattr(record, "rollout_id", None)
+    if isinstance(rollout_id, str):
+        try:
+            rollout_id.encode()
+        except UnicodeEncodeError:
+            rollout_id = None
+    return Violation(record.trace_id, record.span_id, "", "store_rejected", rollout_id)
 
 
 def _size(array: np.ndarray | None) -> int:
