@@ -2,11 +2,23 @@
 
 The hot path only appends encoded span bytes to a queue. A background task frames batches below
 `max_batch_bytes` (collectors reject gRPC messages over 4 MiB), compresses them in a worker thread
-(zlib releases the GIL) and sends them. While the endpoint is down, batches go to the spool directory
-as ready-to-send files and are replayed oldest first once a probe succeeds, with exponential backoff
-between probes. Memory is bounded: past `max_memory_bytes` pending spans go to the spool at once.
-A span that cannot be kept (spool full or unwritable, or rejected by the endpoint as malformed) is
-counted as failed and logged: never dropped silently.
+(zlib releases the GIL) and sends them. While the endpoint is down, batches go to this sidecar's
+spool slot (spool.py) as ready-to-send files and are replayed oldest first once a probe succeeds,
+with exponential backoff between probes. Memory is bounded: past `max_memory_bytes` pending spans
+go to the spool at once.
+
+One bad span never costs another: a batch the endpoint refuses for good (400, 413, any other
+non-retryable answer) is split in halves and each half resent, down to the single spans refused
+alone, which go to the dead-letter directory (counted: spans_dead_lettered). A spool file the
+endpoint keeps answering 5xx while it accepts later files is treated the same way after
+`POISON_STRIKES` tries, so it never blocks the files behind it. An OTLP partialSuccess (the
+endpoint accepted the request but refused some spans) is counted as spans_rejected and logged; per
+the OTLP spec those spans are not resent. Spans that cannot be kept at all (spool full or
+unwritable) are counted as failed and logged: never dropped silently.
+
+Guarantee: a span counted in spans_exported was acknowledged (2xx) by the endpoint. A span waiting
+in memory (spans_pending) dies with a SIGKILL unless durable mode (durable.py) is on; a span in the
+spool (spans_in_spool) survives it.
 """
 
 from __future__ import annotations
@@ -21,32 +33,52 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 
+from agl_sidecar import otlp
+from agl_sidecar.durable import SpanLog, read_segment
 from agl_sidecar.otlp import RequestFramer
+from agl_sidecar.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_name, write_atomic
 
 log = logging.getLogger("agl_sidecar.exporter")
 
-SPOOL_SUFFIX = ".otlp.gz"
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+# A spool file answered 5xx this many times while the endpoint accepted the files after it is
+# split like a refused one: its bad span(s) go to the dead-letter directory, the rest is delivered.
+POISON_STRIKES = 3
 
 
 @dataclass
 class ExportCounters:
     spans_submitted: int = 0
-    spans_exported: int = 0
+    spans_exported: int = 0  # acknowledged by the endpoint
     spans_spooled: int = 0
     spans_replayed: int = 0
-    spans_failed: int = 0
-    spans_pending: int = 0
+    spans_failed: int = 0  # lost, each logged
+    spans_dead_lettered: int = 0  # refused for good by the endpoint: set aside on disk
+    spans_rejected: int = 0  # accepted requests' spans the endpoint refused (OTLP partialSuccess)
+    spans_pending: int = 0  # in memory, not yet sent
+    spans_in_spool: int = 0  # on disk, waiting for the endpoint
+    durable_write_failures: int = 0  # durable mode: spans that could not be logged before the answer
     bytes_exported: int = 0
     bytes_spooled: int = 0
     export_requests: int = 0
     export_errors: int = 0
     spool_files: int = 0
     extra: dict[str, int] = field(default_factory=dict)
+
+
+GAUGES = ("spans_pending", "spans_in_spool", "spool_files")
+
+
+class Sent(NamedTuple):
+    outcome: str  # "ok", "refused" (not worth retrying), "retry"
+    status: int | None = None  # the endpoint's HTTP status; None when it was not reached
+    rejected: int = 0  # partialSuccess.rejected_spans of an "ok"
+    message: str = ""
 
 
 def traces_url(endpoint: str) -> str:
@@ -71,11 +103,13 @@ class SpanExporter:
         max_backoff_s: float = 30.0,
         compression_level: int = 1,
         compress: bool = True,
+        durable: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.protocol = protocol
         self.framer = framer
-        self.spool_dir = Path(spool_dir)
+        self.spool_root = Path(spool_dir)
+        self.spool = Spool(spool_dir, endpoint or "none", protocol)
         self.headers = dict(headers or {})
         self.max_batch_bytes = max_batch_bytes
         self.max_memory_bytes = max_memory_bytes
@@ -85,6 +119,8 @@ class SpanExporter:
         self.max_backoff_s = max_backoff_s
         self.compression_level = compression_level
         self.compress = compress
+        self.durable = durable and endpoint is not None
+        self.log: SpanLog | None = SpanLog(self.spool) if self.durable else None
         self.counters = ExportCounters()
         self.down = False
         self._pending: deque[bytes] = deque()
@@ -96,12 +132,18 @@ class SpanExporter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="agl-export")
         self._backoff_s = 0.5
         self._next_probe = 0.0
-        self._file_seq = 0
         self._warned_no_endpoint = False
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopping = False
         self._in_flight: list[bytes] | None = None  # the batch being sent: spooled if cut short
+        self._strikes: dict[str, int] = {}  # spool file name -> 5xx answers while later files passed
+        self._spool_bytes_now = 0
+
+    @property
+    def spool_dir(self) -> Path:
+        """This sidecar's own spool slot."""
+        return self.spool.directory
 
     # --- hot path ------------------------------------------------------------------------------
     def submit(self, span: bytes) -> None:
@@ -113,6 +155,8 @@ class SpanExporter:
                 self._warned_no_endpoint = True
                 log.error("agl-sidecar: no --otlp-endpoint configured; spans are counted as failed, not exported")
             return
+        if self.log is not None:
+            self.log.append(span)
         self._pending.append(span)
         self._pending_bytes += self.framer.overhead(span)
         self.counters.spans_pending = len(self._pending)
@@ -120,14 +164,21 @@ class SpanExporter:
         if self._pending_bytes >= self.max_batch_bytes:
             self._wake.set()
 
+    async def sync_durable(self) -> None:
+        """Durable mode: return once every span submitted so far is on disk."""
+        if self.log is not None:
+            await self.log.sync()
+            self.counters.durable_write_failures = self.log.write_failures
+
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        self.counters.spool_files = len(self._spool_files())
-        if self.counters.spool_files:
-            self._idle.clear()  # spans from an earlier run wait to be replayed
         if self.endpoint is None:
             return
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.spool.open)
+        await self._recover_span_logs()
+        self._refresh_spool_counts()
+        if self.counters.spool_files:
+            self._idle.clear()  # spans from an earlier run wait to be replayed
         if self.protocol == "grpc":
             self._grpc = _GrpcSender(self.endpoint, self.headers, self.timeout_s)
         else:
@@ -148,6 +199,29 @@ class SpanExporter:
             return False
         return True
 
+    async def deliver(self, timeout_s: float) -> bool:
+        """Send everything queued so far and wait, up to `timeout_s`, until the endpoint has
+        acknowledged it all: nothing pending, nothing in the spool. While the endpoint is down the
+        spool is retried every `interval_s` (not after the backoff) until then."""
+        if self._task is None:
+            return not self._pending and not self.counters.spool_files
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await self.flush(max(deadline - loop.time(), 0.001))
+            if self.delivered:
+                return True
+            if loop.time() >= deadline:
+                return False
+            self._next_probe = 0.0  # try the spool now
+            self._wake.set()
+            await asyncio.sleep(min(self.interval_s, max(deadline - loop.time(), 0.0)))
+
+    @property
+    def delivered(self) -> bool:
+        """Everything submitted so far was acknowledged by the endpoint (or dead-lettered/failed)."""
+        return not self._pending and self._in_flight is None and not self.counters.spool_files
+
     async def close(self, timeout_s: float = 5.0) -> None:
         """Send what is pending; whatever cannot be sent in time goes to the spool."""
         if self._task is not None:
@@ -162,12 +236,15 @@ class SpanExporter:
         leftover = ([self._in_flight] if self._in_flight else []) + self._take_batches()
         self._in_flight = None
         if leftover:
-            await self._spool_batches(leftover)
+            await self._spool_batches(leftover, settle=True)
+        if self.log is not None:
+            await self.log.close()
         if self._session is not None:
             await self._session.close()
         if self._grpc is not None:
             await self._grpc.close()  # type: ignore[attr-defined]
         self._pool.shutdown(wait=True)
+        self.spool.close()
 
     # --- background loop -----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -190,27 +267,23 @@ class SpanExporter:
                     return
 
     async def _cycle(self) -> None:
+        if self.log is not None:
+            await self.log.rotate()  # what is pending now is in closed segments: deletable once settled
         if self._pending_bytes > self.max_memory_bytes:
-            await self._spool_batches(self._take_batches())
+            await self._spool_batches(self._take_batches(), settle=True)
         if self.counters.spool_files and (time.monotonic() >= self._next_probe or self._stopping and not self.down):
             await self._replay()
         while self._pending:
             if self.down or self.counters.spool_files:
-                await self._spool_batches(self._take_batches())  # keep order: older spans are spooled
+                await self._spool_batches(self._take_batches(), settle=True)  # keep order: older spans first
                 return
             batch = self._in_flight = self._next_batch()
-            payload = await self._encode(batch)
-            outcome = await self._send(payload, compressed=self.compress)
-            if outcome == "ok":
-                self.counters.spans_exported += len(batch)
-            elif outcome == "rejected":
-                self._fail(len(batch), "rejected by the endpoint")
-            else:
+            rest = await self._deliver(batch)
+            if rest:
                 self._mark_down()
-                if not self.compress:
-                    payload = await self._gzip(payload)
-                await self._write_spool(payload, len(batch))
+                await self._spool_batches([rest])
             self._in_flight = None
+            self._settle(len(batch))
 
     def _next_batch(self) -> list[bytes]:
         batch: list[bytes] = []
@@ -244,6 +317,10 @@ class SpanExporter:
         self._pending_bytes = 0
         return batches
 
+    def _settle(self, spans: int) -> None:
+        if self.log is not None:
+            self.log.settle(spans)
+
     async def _encode(self, batch: Sequence[bytes]) -> bytes:
         """The request body for `batch`: gzipped (in the worker thread) unless compression is off."""
         request = self.framer.request(batch)
@@ -254,37 +331,65 @@ class SpanExporter:
     async def _gzip(self, data: bytes) -> bytes:
         return await asyncio.get_running_loop().run_in_executor(self._pool, gzip.compress, data, self.compression_level)
 
-    async def _send(self, payload: bytes, compressed: bool = True) -> str:
-        """"ok", "rejected" (not worth retrying) or "retry"."""
+    async def _deliver(self, spans: list[bytes], refuse_5xx: bool = False) -> list[bytes]:
+        """Send `spans`; a request refused for good is split in halves
+        until the spans refused alone are found and set aside. Returns the spans still to send when
+        the endpoint stopped answering (empty: every span acknowledged, rejected or set aside).
+        `refuse_5xx`: treat a 5xx as a refusal (a file that fails while others pass)."""
+        stack = [spans]
+        while stack:
+            part = stack.pop()
+            sent = await self._send(await self._encode(part), self.compress)
+            refused = sent.outcome == "refused" or (refuse_5xx and sent.outcome == "retry" and sent.status is not None)
+            if sent.outcome == "ok":
+                self.counters.spans_exported += len(part) - min(sent.rejected, len(part))
+                if sent.rejected:
+                    self.counters.spans_rejected += sent.rejected
+                    log.error("agl-sidecar: the endpoint refused %d of %d span(s) in an accepted request: %s",
+                              sent.rejected, len(part), sent.message or "(no message)")
+            elif not refused:
+                return part + [span for later in reversed(stack) for span in later]
+            elif len(part) == 1:
+                await self._dead_letter(part, f"HTTP {sent.status}: {sent.message}")
+            else:
+                middle = len(part) // 2
+                stack.append(part[middle:])
+                stack.append(part[:middle])
+        return []
+
+    async def _send(self, payload: bytes, compressed: bool = True) -> Sent:
         self.counters.export_requests += 1
         if self._grpc is not None:
             outcome = await self._grpc.send(payload)  # type: ignore[attr-defined]
             if outcome != "ok":
                 self.counters.export_errors += 1
-            else:
-                self.counters.bytes_exported += len(payload)
-            return outcome
+                return Sent("refused" if outcome == "rejected" else "retry", None if outcome == "retry" else 400)
+            self.counters.bytes_exported += len(payload)
+            return Sent("ok")
         assert self._session is not None and self.endpoint is not None
         headers = {"content-type": "application/x-protobuf", **self.headers}
         if compressed:
             headers["content-encoding"] = "gzip"
         try:
             async with self._session.post(traces_url(self.endpoint), data=payload, headers=headers) as response:
-                await response.read()
+                body = await response.read()
                 status = response.status
+                json_body = "json" in response.headers.get("content-type", "")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self.counters.export_errors += 1
             log.warning("agl-sidecar: OTLP endpoint %s unreachable: %s", self.endpoint, exc)
-            return "retry"
+            return Sent("retry")
         if 200 <= status < 300:
             self.counters.bytes_exported += len(payload)
-            return "ok"
+            rejected, message = otlp.partial_success(body, json_body)
+            return Sent("ok", status, rejected, message)
         self.counters.export_errors += 1
+        message = body[:300].decode(errors="replace")
         if status in RETRYABLE_STATUS:
             log.warning("agl-sidecar: OTLP endpoint answered %s; spooling and retrying", status)
-            return "retry"
-        log.error("agl-sidecar: OTLP endpoint rejected a batch with HTTP %s", status)
-        return "rejected"
+            return Sent("retry", status, message=message)
+        log.error("agl-sidecar: OTLP endpoint refused a request with HTTP %s: %s", status, message)
+        return Sent("refused", status, message=message)
 
     def _mark_down(self) -> None:
         if not self.down:
@@ -294,86 +399,169 @@ class SpanExporter:
         self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)
 
     async def _replay(self) -> None:
-        for path in self._spool_files():
+        suspects: list[Path] = []  # files answered 5xx this round: the endpoint may still take later ones
+        for path in self.spool.files():
             try:
                 payload = path.read_bytes()
             except OSError as exc:
                 log.error("agl-sidecar: cannot read spool file %s: %s", path, exc)
                 continue
-            spans = _spans_in_name(path)
-            if self.protocol == "grpc":
+            spans = spans_in_name(path)
+            if self.protocol == "grpc":  # gRPC compresses on its own; HTTP sends the file as it is
                 payload = gzip.decompress(payload)
-            outcome = await self._send(payload)
-            if outcome == "retry":
-                self._mark_down()
+            sent = await self._send(payload)
+            if sent.outcome == "retry":
+                if sent.status is None or suspects:  # unreachable, or two files in a row failed
+                    self._strike_out(suspects, passed=False)
+                    self._mark_down()
+                    return
+                suspects.append(path)
+                continue
+            self._strike_out(suspects, passed=True)
+            suspects = []
+            if sent.outcome == "ok":
+                self._replayed(spans - min(sent.rejected, spans), sent)
+            elif not await self._replay_split(path, f"HTTP {sent.status}", refuse_5xx=False):
                 return
-            if outcome == "ok":
-                self.counters.spans_exported += spans
-                self.counters.spans_replayed += spans
-            else:
-                self._fail(spans, f"spool file {path.name} rejected by the endpoint")
             path.unlink(missing_ok=True)
-            self.counters.spool_files = max(0, self.counters.spool_files - 1)
+        if suspects:
+            self._strike_out(suspects, passed=False)
+            self._mark_down()
+            self._refresh_spool_counts()
+            return
+        for path in self.spool.files():  # files that failed POISON_STRIKES times while others passed
+            if self._strikes.get(path.name, 0) >= POISON_STRIKES:
+                if not await self._replay_split(path, "repeated 5xx", refuse_5xx=True):
+                    return
+                self._strikes.pop(path.name, None)
+                path.unlink(missing_ok=True)
         if self.down:
             log.warning("agl-sidecar: OTLP endpoint is back; spool replayed")
         self.down = False
         self._backoff_s = 0.5
-        self.counters.spool_files = len(self._spool_files())
+        self._refresh_spool_counts()
 
-    async def _spool_batches(self, batches: list[list[bytes]]) -> None:
+    def _strike_out(self, suspects: list[Path], passed: bool) -> None:
+        """Files answered 5xx: a strike each when a later file passed (the endpoint works, they do not)."""
+        for path in suspects:
+            if passed:
+                self._strikes[path.name] = self._strikes.get(path.name, 0) + 1
+                log.error("agl-sidecar: the endpoint answers 5xx to spool file %s but takes others (%d of %d tries)",
+                          path.name, self._strikes[path.name], POISON_STRIKES)
+
+    def _replayed(self, spans: int, sent: Sent) -> None:
+        self.counters.spans_exported += spans
+        self.counters.spans_replayed += spans
+        if sent.rejected:
+            self.counters.spans_rejected += sent.rejected
+            log.error("agl-sidecar: the endpoint refused %d span(s) of a replayed request: %s", sent.rejected, sent.message)
+
+    async def _replay_split(self, path: Path, why: str, refuse_5xx: bool) -> bool:
+        """Deliver a refused spool file span set by span set; False (file rewritten with what is left)
+        when the endpoint stopped answering meanwhile."""
+        try:
+            spans = otlp.split_request(gzip.decompress(path.read_bytes()))
+        except (ValueError, OSError, EOFError, gzip.BadGzipFile) as exc:
+            await self._dead_letter_file(path, f"{why}; and the file cannot be read back: {exc}")
+            return True
+        log.error("agl-sidecar: spool file %s (%d spans) refused (%s); resending it in parts", path.name, len(spans), why)
+        exported_before = self.counters.spans_exported
+        rest = await self._deliver(spans, refuse_5xx=refuse_5xx)
+        self.counters.spans_replayed += self.counters.spans_exported - exported_before
+        if rest:
+            payload = await self._gzip(self.framer.request(rest))
+            renamed = path.with_name(path.name[: -len(SPOOL_SUFFIX)].rsplit("-", 1)[0] + f"-{len(rest)}{SPOOL_SUFFIX}")
+            await asyncio.get_running_loop().run_in_executor(self._pool, write_atomic, renamed, payload)
+            if renamed != path:
+                path.unlink(missing_ok=True)
+            self._mark_down()
+            self._refresh_spool_counts()
+            return False
+        return True
+
+    async def _dead_letter(self, spans: list[bytes], why: str) -> None:
+        payload = await self._gzip(self.framer.request(spans))
+        try:
+            where = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.spool.dead_letter, payload, len(spans), why
+            )
+        except OSError as exc:
+            self._fail(len(spans), f"refused by the endpoint ({why}) and cannot be set aside: {exc}")
+            return
+        self.counters.spans_dead_lettered += len(spans)
+        log.error("agl-sidecar: %d span(s) refused by the endpoint for good (%s); set aside in %s", len(spans), why, where)
+
+    async def _dead_letter_file(self, path: Path, why: str) -> None:
+        spans = spans_in_name(path)
+        self.spool.dead_letter_dir.mkdir(parents=True, exist_ok=True)
+        os.replace(path, self.spool.dead_letter_dir / path.name)
+        (self.spool.dead_letter_dir / (path.name + ".why.txt")).write_text(why + "\n")
+        self.counters.spans_dead_lettered += spans
+        log.error("agl-sidecar: spool file %s set aside in %s: %s", path.name, self.spool.dead_letter_dir, why)
+
+    async def _spool_batches(self, batches: list[list[bytes]], settle: bool = False) -> None:
+        """Write batches to the spool; `settle`: they came from the pending queue (durable log order)."""
         for batch in batches:
             await self._write_spool(await self._gzip(self.framer.request(batch)), len(batch))
+            if settle:
+                self._settle(len(batch))
 
     async def _write_spool(self, payload: bytes, spans: int) -> None:
-        if self._spool_bytes() + len(payload) > self.max_spool_bytes:
-            self._fail(spans, f"spool {self.spool_dir} is full ({self.max_spool_bytes} bytes)")
-            return
-        self._file_seq += 1
-        name = f"{time.time_ns():020d}-{os.getpid()}-{self._file_seq:08d}-{spans}{SPOOL_SUFFIX}"
-        path = self.spool_dir / name
+        if self._spool_bytes_now + len(payload) > self.max_spool_bytes:
+            self._spool_bytes_now = self.spool.bytes()
+            if self._spool_bytes_now + len(payload) > self.max_spool_bytes:
+                self._fail(spans, f"spool {self.spool_dir} is full ({self.max_spool_bytes} bytes)")
+                return
+        path = self.spool.new_name(SPOOL_SUFFIX, spans)
         try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, _write_atomic, path, payload)
+            await asyncio.get_running_loop().run_in_executor(self._pool, write_atomic, path, payload)
         except OSError as exc:
             self._fail(spans, f"cannot write spool file {path}: {exc}")
+            try:
+                path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            except OSError:
+                pass
             return
+        self._spool_bytes_now += len(payload)
         self.counters.spans_spooled += spans
         self.counters.bytes_spooled += len(payload)
         self.counters.spool_files += 1
+        self.counters.spans_in_spool += spans
 
-    def _spool_files(self) -> list[Path]:
-        try:
-            return sorted(self.spool_dir.glob("*" + SPOOL_SUFFIX))
-        except OSError:
-            return []
+    def _refresh_spool_counts(self) -> None:
+        files = self.spool.files()
+        self.counters.spool_files = len(files)
+        self.counters.spans_in_spool = sum(spans_in_name(path) for path in files)
+        self._spool_bytes_now = self.spool.bytes()
 
-    def _spool_bytes(self) -> int:
-        total = 0
-        for path in self._spool_files():
+    async def _recover_span_logs(self) -> None:
+        """Durable-mode log segments a killed sidecar left: their spans become spool files."""
+        for segment in self.spool.files(WAL_SUFFIX):
             try:
-                total += path.stat().st_size
-            except OSError:
-                pass
-        return total
+                spans = list(read_segment(segment))
+            except OSError as exc:
+                log.error("agl-sidecar: cannot read span log %s: %s", segment, exc)
+                continue
+            batch: list[bytes] = []
+            size = 0
+            batches: list[list[bytes]] = []
+            for span in spans:
+                cost = self.framer.overhead(span)
+                if batch and size + cost > self.max_batch_bytes:
+                    batches.append(batch)
+                    batch, size = [], 0
+                batch.append(span)
+                size += cost
+            if batch:
+                batches.append(batch)
+            await self._spool_batches(batches)
+            if spans:
+                log.warning("agl-sidecar: recovered %d span(s) of answered calls from %s", len(spans), segment.name)
+            segment.unlink(missing_ok=True)
 
     def _fail(self, spans: int, why: str) -> None:
         self.counters.spans_failed += spans
         log.error("agl-sidecar: %d span(s) lost: %s (%d lost so far)", spans, why, self.counters.spans_failed)
-
-
-def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _spans_in_name(path: Path) -> int:
-    try:
-        return int(path.name[: -len(SPOOL_SUFFIX)].rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return 0
 
 
 class _GrpcSender:

@@ -26,9 +26,24 @@ STATUS_OK = 1
 STATUS_ERROR = 2
 
 
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+# Where a span says which of its int attributes were out of range (their values are not sent).
+OUT_OF_RANGE_KEY = "agl.export.out_of_range"
+
+
+class OutOfRange(OverflowError):
+    """An int that no protobuf int64/uint64 field can hold: encoding it would write an over-long
+    varint that receivers reject or, worse, store wrapped."""
+
+
 def _varint(value: int) -> bytes:
     if value < 0:
+        if value < INT64_MIN:
+            raise OutOfRange(f"{value} is below int64")
         value += 1 << 64  # int64 as two's complement, 10 bytes
+    elif value >> 64:
+        raise OutOfRange(f"{value} is above uint64")
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -71,6 +86,8 @@ def _fixed_element(value: int) -> bytes:
 def _int_element(value: int) -> bytes:
     if 0 <= value < TABLE_LIMIT:
         return _fixed_element(value)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise OutOfRange(f"token ID {value} is outside int64")
     inner = b"\x18" + varint(value)
     return b"\x0a" + varint(len(inner)) + inner
 
@@ -193,6 +210,8 @@ def any_value(value: AttributeValue) -> bytes:
     if isinstance(value, bool):
         return b"\x10" + (b"\x01" if value else b"\x00")
     if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise OutOfRange(f"{value} is outside int64")
         return b"\x18" + varint(value)
     if isinstance(value, float):
         return b"\x21" + struct.pack("<d", value)
@@ -244,6 +263,7 @@ def _attribute_pieces(field_number: int, items: Iterable[tuple[str, AttributeVal
     small = _SMALL
     pairs = _PAIRS
     append = out.append
+    out_of_range: list[str] = []
     for key, value in items:
         if value is None:
             continue
@@ -265,7 +285,13 @@ def _attribute_pieces(field_number: int, items: Iterable[tuple[str, AttributeVal
             size = len(raw)
             encoded = b"\x0a" + (small[size] if size < 16384 else _varint(size)) + raw
         elif kind is int:
-            encoded = b"\x18" + (small[value] if 0 <= value < 16384 else _varint(value))  # type: ignore[index,operator]
+            if 0 <= value < 16384:  # type: ignore[operator]
+                encoded = b"\x18" + small[value]  # type: ignore[index]
+            elif INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
+                encoded = b"\x18" + _varint(value)  # type: ignore[arg-type]
+            else:  # the value is not sent: the span says so, and which key, in OUT_OF_RANGE_KEY
+                out_of_range.append(f"{key}={value}"[:200])
+                continue
         elif kind is float:
             encoded = b"\x21" + _PACK_DOUBLE(value)
         else:
@@ -277,6 +303,8 @@ def _attribute_pieces(field_number: int, items: Iterable[tuple[str, AttributeVal
         if kind is str and len(pairs) < 8192:
             pairs[(field_number, key, value)] = whole  # type: ignore[index]
         append(whole)
+    if out_of_range:
+        append(_field_bytes(field_number, key_value(OUT_OF_RANGE_KEY, out_of_range)))
 
 
 def span(
@@ -334,3 +362,83 @@ class RequestFramer:
         resource_spans = len(self._resource) + len(pieces[2]) + scope_spans
         pieces[0] = _TAGS[1] + varint(resource_spans)
         return b"".join(pieces)
+
+
+# --- reading back: the spans of a request this module framed, and the endpoint's answer ----------
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("truncated or over-long varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
+    """(field number, wire type, value) of one message level; lengths checked, groups refused."""
+    out: list[tuple[int, int, bytes | int]] = []
+    at = 0
+    while at < len(data):
+        key, at = _read_varint(data, at)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, at = _read_varint(data, at)
+            out.append((number, 0, value))
+        elif wire_type == 2:
+            size, at = _read_varint(data, at)
+            if at + size > len(data):
+                raise ValueError("a field runs past the end of the message")
+            out.append((number, 2, data[at : at + size]))
+            at += size
+        elif wire_type in (1, 5):
+            width = 8 if wire_type == 1 else 4
+            if at + width > len(data):
+                raise ValueError("a fixed-width field runs past the end of the message")
+            out.append((number, wire_type, data[at : at + width]))
+            at += width
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+    return out
+
+
+def split_request(request: bytes) -> list[bytes]:
+    """The encoded spans of an ExportTraceServiceRequest (as `RequestFramer.request` takes them)."""
+    spans: list[bytes] = []
+    for number, _, resource_spans in _fields(request):
+        if number != 1 or not isinstance(resource_spans, bytes):
+            continue
+        for inner, _, scope_spans in _fields(resource_spans):
+            if inner != 2 or not isinstance(scope_spans, bytes):
+                continue
+            spans += [value for n, _, value in _fields(scope_spans) if n == 2 and isinstance(value, bytes)]
+    return spans
+
+
+def partial_success(body: bytes, json: bool) -> tuple[int, str]:
+    """(rejected spans, error message) from an ExportTraceServiceResponse; (0, "") when it has none
+    or cannot be read (a 2xx is a success whatever its body)."""
+    if not body:
+        return 0, ""
+    try:
+        if json:
+            import msgspec
+
+            decoded = msgspec.json.decode(body)
+            partial = decoded.get("partialSuccess") or decoded.get("partial_success") or {}
+            rejected = partial.get("rejectedSpans", partial.get("rejected_spans", 0))
+            return int(rejected or 0), str(partial.get("errorMessage", partial.get("error_message", "")))
+        rejected, message = 0, ""
+        for number, _, value in _fields(body):
+            if number == 1 and isinstance(value, bytes):
+                for inner, _, item in _fields(value):
+                    if inner == 1 and isinstance(item, int):
+                        rejected = item
+                    elif inner == 2 and isinstance(item, bytes):
+                        message = item.decode(errors="replace")
+        return rejected, message
+    except Exception:  # noqa: BLE001 - an unreadable answer to an accepted request is still accepted
+        return 0, ""

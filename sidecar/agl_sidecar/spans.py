@@ -22,7 +22,7 @@ import os
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,8 +149,11 @@ class SpanRecorder:
         foreground: Foreground | None = None,
         max_defer_s: float = MAX_DEFER_S,
         token_cache_bytes: int = 64 * 1024 * 1024,
+        durable: bool = False,
     ) -> None:
         self.exporter = exporter
+        # Durable mode: spans are built on the call's path, and logged before its last byte goes out.
+        self.durable = durable
         self.foreground = foreground or Foreground()
         self.max_defer_s = max_defer_s
         self.rollouts = _Rollouts()
@@ -179,7 +182,7 @@ class SpanRecorder:
     # --- the builder task ----------------------------------------------------------------------
     def start(self) -> None:
         """Build spans in a background task of the running loop (until then they are built at once)."""
-        if self._task is None:
+        if self._task is None and not self.durable:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="agl-span-builder")
 
     async def drain(self, timeout_s: float = 10.0) -> bool:
@@ -273,6 +276,18 @@ class SpanRecorder:
         call.end_ns = time.time_ns()
         self._defer(self._build_call(call))
 
+    def persister(self, call: CallRecord) -> Callable[[], Awaitable[None]] | None:
+        """Durable mode: what the response awaits before its final bytes (the call's span built and
+        on disk); None otherwise."""
+        if not self.durable:
+            return None
+
+        async def persist() -> None:
+            self.finish(call)
+            await self.exporter.sync_durable()
+
+        return persist
+
     def _build_call(self, call: CallRecord) -> Iterator[None]:
         identity = call.identity
         prompt: otlp.IntArray | None = None
@@ -287,7 +302,7 @@ class SpanRecorder:
                         call.tokens_absent = True
                         break
                     completions.append((index, choice, ids))
-            except msgspec.MsgspecError:  # the engine sent something other than an int array
+            except (msgspec.MsgspecError, otlp.OutOfRange):  # not an int array, or IDs beyond int64
                 call.tokens_absent = True
         has_tokens = prompt is not None and not call.tokens_absent
         # Attributes that repeat across calls are encoded once per distinct combination.

@@ -44,30 +44,30 @@ def test_endpoint_down_then_up_loses_no_span(fake, make_sidecar, tmp_path):
         counters = sidecar.sidecar.exporter.counters
         _calls(sidecar.url, 30)
         _wait(lambda: counters.spans_spooled >= 30)
-        assert sink.spans == [] and list((tmp_path / "s").glob("*.otlp.gz"))
+        assert sink.spans == [] and list((tmp_path / "s").rglob("*.otlp.gz"))
         sink.fail_with = None  # the endpoint comes back
         spans = sink.wait_for(lambda spans: len(spans) >= 30, timeout=20)
         assert sorted(s.attributes[semconv.CALL_SEQ] for s in spans) == list(range(30))
         _wait(lambda: counters.spool_files == 0)
         assert counters.spans_failed == 0 and counters.spans_replayed == 30
-        assert not list((tmp_path / "s").glob("*.otlp.gz"))
+        assert not list((tmp_path / "s").rglob("*.otlp.gz"))
         _calls(sidecar.url, 1)  # live export works again
         sink.wait_for(lambda spans: len(spans) >= 31)
 
 
 def test_spool_survives_a_restart(fake, tmp_path):
     spool = str(tmp_path / "spool")
-    with OTLPSink(fail_with=503) as down:
+    with OTLPSink(fail_with=503) as sink:
         settings = {"upstream": [fake.base_url], "listen": "127.0.0.1:0", "spool_dir": spool,
-                    "export_interval_s": 0.05, "otlp_endpoint": down.endpoint}
+                    "export_interval_s": 0.05, "otlp_endpoint": sink.endpoint}
         with BackgroundSidecar(build(settings)) as sidecar:
             _calls(sidecar.url, 5)
         # Stopped while the endpoint was down: the spans wait on disk.
-        assert list(Path(spool).glob("*.otlp.gz"))
-    with OTLPSink() as sink:
-        with BackgroundSidecar(build({**settings, "otlp_endpoint": sink.endpoint})):
+        assert list(Path(spool).rglob("*.otlp.gz"))
+        sink.fail_with = None
+        with BackgroundSidecar(build(settings)):
             spans = sink.wait_for(lambda spans: len(spans) >= 5, timeout=20)
-    assert len(spans) == 5 and not list(Path(spool).glob("*.otlp.gz"))
+    assert len(spans) == 5 and not list(Path(spool).rglob("*.otlp.gz"))
 
 
 def test_big_spans_are_batched_below_the_byte_limit(make_sidecar, otlp_sink):
