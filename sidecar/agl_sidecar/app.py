@@ -63,6 +63,7 @@ class Sidecar:
             max_spool_bytes=config.spool_max_bytes,
             interval_s=config.export_interval_s,
             compress=config.compress_export,
+            durable=config.durable_spans,
         )
         self.foreground = Foreground()
         self.recorder = SpanRecorder(
@@ -70,6 +71,7 @@ class Sidecar:
             config.prompt_ref_memory_bytes,
             foreground=self.foreground,
             token_cache_bytes=config.token_cache_bytes,
+            durable=config.durable_spans,
         )
         self.proxy = Proxy(self)
         self._session: aiohttp.ClientSession | None = None
@@ -101,12 +103,13 @@ class Sidecar:
             await self._session.close()
 
     async def flush_spans(self, timeout_s: float) -> bool:
-        """Build the queued spans and send them (or spool them); False if that took over `timeout_s`."""
+        """Build the queued spans and deliver them; True once the endpoint acknowledged every one
+        (spooled is not delivered), False if that did not happen within `timeout_s`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if not await self.recorder.drain(timeout_s):
             return False
-        return await self.exporter.flush(max(deadline - loop.time(), 0.001))
+        return await self.exporter.deliver(max(deadline - loop.time(), 0.001))
 
     # --- request helpers -----------------------------------------------------------------------
     def identity(self, request: web.Request) -> Identity:
@@ -405,8 +408,18 @@ async def pause(request: web.Request) -> web.Response:
     # A drained pause also delivers the drained calls' spans (built off the calls' path, so maybe not
     # sent yet): the trainer assembles its batch right after it, and a rollout whose call spans are
     # missing then would be dropped as having no samples.
+    # spans_flushed: acknowledged by the endpoint, not merely spooled (the trainer reads them from there).
     spans_flushed = await sidecar.flush_spans(max(deadline - loop.time(), 1.0))
-    return _json(200, {**_short_state(sidecar), "spans_flushed": spans_flushed})
+    counters = sidecar.exporter.counters
+    return _json(200, {
+        **_short_state(sidecar),
+        "spans_flushed": spans_flushed,
+        "spans_building": sidecar.recorder.backlog,
+        "spans_pending": counters.spans_pending,
+        "spans_in_spool": counters.spans_in_spool,
+        "spans_dead_lettered": counters.spans_dead_lettered,
+        "spans_failed": counters.spans_failed,
+    })
 
 
 async def resume(request: web.Request) -> web.Response:

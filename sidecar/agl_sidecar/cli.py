@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
     add("--spool-dir", metavar="DIR",
         help="where spans wait on disk while the OTLP endpoint is down; replayed when it is back "
              "(default ~/.local/state/agl-sidecar/spool)")
+    add("--durable-spans", action="store_true", default=None,
+        help="write each call's span to disk (fsync) before the harness gets the call's last byte, so a "
+             "killed sidecar loses no answered call's span (costs an fsync per group of concurrent calls)")
     add("--policy-version", type=int, metavar="N", help="policy version stamped on calls until a resume changes it (default 0)")
     add("--health-interval-s", type=float, metavar="S", help="seconds between upstream /health probes (default 5)")
     add("--default-mode", choices=["train", "val"],

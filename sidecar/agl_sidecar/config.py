@@ -39,6 +39,8 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_hold_s: float = 600.0
     spool_dir: str = msgspec.field(default_factory=default_spool_dir)
     spool_max_bytes: int = 8 * 1024**3
+    # Each call's span is fsync-ed to the spool before the harness gets the call's last byte (see durable.py)
+    durable_spans: bool = False
     export_batch_bytes: int = 3 * 1024 * 1024
     export_memory_bytes: int = 64 * 1024 * 1024
     export_interval_s: float = 0.25

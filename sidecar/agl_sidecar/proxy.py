@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar import wire
+from agl_sidecar import durable, wire
 from agl_sidecar.attribution import Identity, parse_traceparent
 from agl_sidecar.gate import HeldTooLong
 from agl_sidecar.routing import NoUpstream, Upstream
@@ -321,7 +321,8 @@ class Proxy:
         except msgspec.MsgspecError:
             out = data  # not an OpenAI body: pass it on untouched, record no tokens
             call.tokens_absent = True
-        response = web.Response(
+        response = durable.unary_response(  # durable mode: the span is on disk before the body goes
+            self.sidecar.recorder.persister(call),
             status=200,
             body=front.unary(out),
             headers={"Content-Type": upstream_response.headers.get("Content-Type", "application/json")},
@@ -350,7 +351,9 @@ class Proxy:
         call: CallRecord,
     ) -> web.StreamResponse:
         content_type = upstream_response.headers.get("Content-Type", "text/event-stream; charset=utf-8")
-        response = web.StreamResponse(status=200, headers={"Content-Type": content_type})
+        response = durable.stream_response(  # durable mode: the last chunk waits for the span
+            self.sidecar.recorder.persister(call), status=200, headers={"Content-Type": content_type}
+        )
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()
         # The start of an event not yet complete, as received: an event that spans reads (the first
