@@ -26,6 +26,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `examples` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import agl
 import yaml
 
 from examples.swe.swe_task import TaskError, fresh_copy, parse_task, workspace_for
@@ -59,12 +60,13 @@ def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Pat
     if temperature is not None:
         model_kwargs["temperature"] = temperature
     environment = {**(settings.get("environment") or {}), "cwd": str(workspace)}
-    agent = DefaultAgent(
-        swe_model(model, model_kwargs=model_kwargs, **model_settings),
-        LocalEnvironment(**environment),
-        **agent_settings,
-    )
-    result = agent.run(task.problem_statement)
+    with agl.rollout(task_id=task.id):  # the rollout's id comes from the runner (AGL_ROLLOUT_ID)
+        agent = DefaultAgent(
+            swe_model(model, model_kwargs=model_kwargs, **model_settings),
+            LocalEnvironment(**environment),
+            **agent_settings,
+        )
+        result = agent.run(task.problem_statement)
     return {"task": task.id, "exit_status": result.get("exit_status"), "steps": agent.n_calls, "workspace": str(workspace)}
 
 
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness: {error}", file=sys.stderr)
         return 2
     print(json.dumps(outcome))
+    agl.flush()
     return 0
 
 

@@ -1,0 +1,90 @@
+"""The SWE example's test-based grader: 0.0 on each shipped (broken) repo, 1.0 once the task's
+reference patch is applied, tests restored before grading, and clear errors for bad tasks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples.swe.grader import grade
+from examples.swe.swe_task import TaskError, fresh_copy, parse_task
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = [json.loads(line) for line in (ROOT / "examples/swe/tasks.jsonl").read_text().splitlines() if line.strip()]
+
+
+def apply_patch(workspace: Path, patch: str) -> None:
+    subprocess.run(["git", "apply", "-p1", "-"], input=patch.encode(), cwd=workspace, check=True)
+
+
+@pytest.mark.parametrize("raw", TASKS, ids=[t["id"] for t in TASKS])
+def test_broken_repo_scores_0_and_the_reference_fix_scores_1(raw: dict, tmp_path: Path) -> None:
+    task = parse_task(raw)
+    workspace = fresh_copy(task, tmp_path / "ws")
+    assert grade(task, workspace) == 0.0
+    apply_patch(workspace, raw["patch"])
+    assert grade(task, workspace) == 1.0
+
+
+def test_pass_to_pass_counts_too(tmp_path: Path) -> None:
+    """A 'fix' that breaks a PASS_TO_PASS test is not a fix."""
+    raw = next(t for t in TASKS if t["id"] == "calc-mean")
+    task = parse_task(raw)
+    workspace = fresh_copy(task, tmp_path / "ws")
+    apply_patch(workspace, raw["patch"])
+    source = workspace / "calc.py"
+    source.write_text(source.read_text().replace("return sum(values)", "return 0"))
+    assert grade(task, workspace) == 0.0
+
+
+def test_edited_tests_are_restored_before_grading(tmp_path: Path) -> None:
+    task = parse_task(TASKS[0])
+    workspace = fresh_copy(task, tmp_path / "ws")
+    for name in task.test_files:
+        (workspace / name).write_text("def test_mean():\n    pass\n")
+    assert grade(task, workspace) == 0.0
+
+
+def test_grader_as_the_runner_runs_it(tmp_path: Path) -> None:
+    """AGL_TASK and AGL_ROLLOUT_ID from the environment, the reward on the last stdout line, the
+    rollout's workspace removed afterwards."""
+    raw = TASKS[1]
+    workspace = fresh_copy(parse_task(raw), tmp_path / "r-1")
+    apply_patch(workspace, raw["patch"])
+    env = {**os.environ, "AGL_TASK": json.dumps(raw), "AGL_ROLLOUT_ID": "r-1", "AGL_SWE_WORKDIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, str(ROOT / "examples/swe/grader.py")], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "1.0"
+    assert not workspace.exists()
+
+
+def test_grader_errors_name_the_problem(tmp_path: Path) -> None:
+    script = str(ROOT / "examples/swe/grader.py")
+    env = {**os.environ, "AGL_ROLLOUT_ID": "nope", "AGL_SWE_WORKDIR": str(tmp_path), "AGL_TASK": json.dumps(TASKS[0])}
+    missing = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, check=False)
+    assert missing.returncode == 2 and "workspace" in missing.stderr and "does not exist" in missing.stderr
+    bad_id = {**TASKS[0], "FAIL_TO_PASS": ["tests/test_calc.py::test_no_such_test"]}
+    fresh_copy(parse_task(bad_id), tmp_path / "ws")
+    env["AGL_TASK"] = json.dumps(bad_id)
+    result = subprocess.run([sys.executable, script, "--workspace", str(tmp_path / "ws")], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "pytest exited 4" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"FAIL_TO_PASS": []}, "at least one test must fail"),
+        ({"FAIL_TO_PASS": "tests/x.py::t"}, "expected a list of pytest test ids"),
+        ({"PASS_TO_PASS": ["../outside.py::t"]}, "must name a test inside the repo"),
+        ({"repo": "repos/none"}, "is not a directory"),
+        ({"problem_statement": ""}, "'problem_statement': expected a non-empty string"),
+    ],
+)
+def test_bad_tasks_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(TaskError, match=message):
+        parse_task({**TASKS[0], **change})
