@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from agl import semconv
+from agl_sidecar import inputs
 
 
 @dataclass(slots=True)
@@ -54,15 +55,6 @@ def parse_traceparent(header: str | None) -> TraceParent | None:
     return TraceParent(trace_id, span_id)
 
 
-def _int_or_none(value: str | None) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     """The API key a client sent: `Authorization: Bearer KEY` or `x-api-key: KEY` (Anthropic)."""
     auth = headers.get("authorization")
@@ -78,24 +70,34 @@ def resolve(
     api_key_rollouts: Mapping[str, str],
 ) -> Identity:
     """The call's rollout identity from the first source that names a rollout; task, attempt and
-    mode are filled from headers and baggage whichever source named the rollout."""
+    mode are filled from headers and baggage whichever source named the rollout. An id or attempt
+    that a span cannot carry raises inputs.BadInput naming its source (the harness gets a 400
+    before anything is forwarded: a call is never answered while its span cannot be recorded)."""
     baggage_header = headers.get("baggage")
     baggage = parse_baggage(baggage_header) if baggage_header else {}
     identity = Identity()
     if path_rollout_id:
-        identity.rollout_id = path_rollout_id
-        identity.attempt = _int_or_none(path_attempt)
+        identity.rollout_id = inputs.text(path_rollout_id, "rollout id in the URL path")
+        identity.attempt = inputs.count(path_attempt, "attempt in the URL path")
     elif headers.get(semconv.HEADER_ROLLOUT_ID):
-        identity.rollout_id = headers[semconv.HEADER_ROLLOUT_ID]
+        identity.rollout_id = inputs.text(headers[semconv.HEADER_ROLLOUT_ID], semconv.HEADER_ROLLOUT_ID)
     elif baggage.get(semconv.BAGGAGE_ROLLOUT_ID):
-        identity.rollout_id = baggage[semconv.BAGGAGE_ROLLOUT_ID]
+        identity.rollout_id = inputs.text(baggage[semconv.BAGGAGE_ROLLOUT_ID], "baggage " + semconv.BAGGAGE_ROLLOUT_ID)
     elif api_key_rollouts:
         key = bearer_token(headers)
         if key is not None:
             identity.rollout_id = api_key_rollouts.get(key)
-    identity.task_id = headers.get(semconv.HEADER_TASK_ID) or baggage.get(semconv.BAGGAGE_TASK_ID)
+    task_id = headers.get(semconv.HEADER_TASK_ID)
+    if task_id:
+        identity.task_id = inputs.text(task_id, semconv.HEADER_TASK_ID)
+    elif baggage.get(semconv.BAGGAGE_TASK_ID):
+        identity.task_id = inputs.text(baggage[semconv.BAGGAGE_TASK_ID], "baggage " + semconv.BAGGAGE_TASK_ID)
     if identity.attempt is None:
-        identity.attempt = _int_or_none(headers.get(semconv.HEADER_ATTEMPT) or baggage.get(semconv.BAGGAGE_ATTEMPT))
+        attempt = headers.get(semconv.HEADER_ATTEMPT)
+        if attempt:
+            identity.attempt = inputs.count(attempt, semconv.HEADER_ATTEMPT)
+        elif baggage.get(semconv.BAGGAGE_ATTEMPT):
+            identity.attempt = inputs.count(baggage[semconv.BAGGAGE_ATTEMPT], "baggage " + semconv.BAGGAGE_ATTEMPT)
     mode = headers.get(semconv.HEADER_MODE) or baggage.get(semconv.BAGGAGE_MODE)
     identity.mode = mode if mode in semconv.MODES else None
     return identity

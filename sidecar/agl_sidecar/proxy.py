@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar import durable, wire
+from agl_sidecar import durable, inputs, wire
 from agl_sidecar.attribution import Identity, parse_traceparent
 from agl_sidecar.gate import HeldTooLong
 from agl_sidecar.routing import NoUpstream, Upstream
@@ -68,6 +68,11 @@ def decode_request(kind: str, body: bytes) -> wire.Request:
         if not body.strip():
             return _raise("empty request body: send a JSON object", None)
         return _raise(f"request body is not valid JSON: {exc}", None)
+    except RecursionError:
+        return _raise(DEEP_JSON, None)
+
+
+DEEP_JSON = "request body is nested too deeply (JSON arrays and objects more than ~500 levels deep)"
 
 
 def _raise(message: str, param: str | None) -> Any:
@@ -148,14 +153,15 @@ class Proxy:
     async def _handle(self, request: web.Request, kind: str, front: Front, body: bytes | None) -> web.StreamResponse:
         sidecar = self.sidecar
         if body is None:
-            body = await request.read()
+            try:
+                body = await read_body(request, sidecar.config.max_body_bytes)
+            except inputs.TooLarge as exc:
+                return front.error(413, exc.message, "invalid_request_error")
         try:
             parsed = decode_request(kind, body)
-        except BadRequest as exc:
+            identity = sidecar.identity(request)
+        except (BadRequest, inputs.BadInput) as exc:
             return front.error(400, exc.message, "invalid_request_error", exc.param)
-        if parsed.n is not None and parsed.n < 1:
-            return front.error(400, f"'n' must be >= 1, got {parsed.n}", "invalid_request_error", "n")
-        identity = sidecar.identity(request)
         mode = identity.mode or sidecar.config.default_mode
         overrides = sidecar.config.sampling.get(mode, {}) if mode else {}
         call = CallRecord(
@@ -233,16 +239,16 @@ class Proxy:
 
             return await complete_via_litellm(sidecar, request, kind, front, body, parsed, call, upstream, overrides)
         out_body = upstream_body(body, kind, parsed, sidecar.config.inject_token_ids, overrides)
-        headers = {"Content-Type": "application/json"}
-        auth = sidecar.upstream_authorization(request)
-        if auth:
-            headers["Authorization"] = auth
         tried: tuple[Upstream, ...] = ()
         # A pooled keep-alive connection the engine already closed (vLLM's default keep-alive is
         # 5 s) fails before any response arrives: resend once on a fresh connection.
         stale_connection_retries = 1
         while True:
             call.upstream = upstream.url
+            headers = {"Content-Type": "application/json"}
+            auth = sidecar.upstream_authorization(request, upstream)
+            if auth:
+                headers["Authorization"] = auth
             upstream.in_flight += 1
             try:
                 upstream_response = await sidecar.foreground.waiting(
@@ -318,7 +324,7 @@ class Proxy:
             return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
         try:
             out = record_unary(kind, data, flags, call, self.sidecar.config.capture_messages)
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             out = data  # not an OpenAI body: pass it on untouched, record no tokens
             call.tokens_absent = True
         response = durable.unary_response(  # durable mode: the span is on disk before the body goes
@@ -400,9 +406,33 @@ class Proxy:
             call.error_message = repr(exc)
             self.sidecar.metrics.upstream_errors += 1
             self.sidecar.recorder.finish(call)
+            # The engine broke off: the harness must see a broken stream too, as it would talking
+            # to the engine directly, never a clean end. Closing the connection without the chunked
+            # terminator does that on every API (what was already sent is flushed first); aiohttp's
+            # final write_eof then meets a closed transport, which it takes quietly.
+            if request.transport is not None:
+                request.transport.close()
             return response
         self.sidecar.recorder.finish(call)
         return response
+
+
+def record_usage(call: CallRecord, usage: wire.Usage) -> None:
+    """The engine's token counts; a count a span cannot carry (beyond int64) is left out."""
+    call.input_tokens = inputs.int64_or_none(usage.prompt_tokens)
+    call.output_tokens = inputs.int64_or_none(usage.completion_tokens)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, or inputs.TooLarge past `limit` bytes: a declared length over it is refused
+    before a byte is read, an undeclared one (chunked) as soon as it passes it."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise inputs.TooLarge(limit)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise inputs.TooLarge(limit) from None
 
 
 def _client_gone(sidecar: Sidecar, call: CallRecord) -> None:
@@ -453,9 +483,8 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
     call.response_id = parsed.id
     call.response_model = parsed.model
     if parsed.usage is not None:
-        call.input_tokens = parsed.usage.prompt_tokens
-        call.output_tokens = parsed.usage.completion_tokens
-    return wire.null_out(data, strip) if strip else data
+        record_usage(call, parsed.usage)
+    return wire.strip(data, strip, flags.token_ids, flags.logprobs) if strip else data
 
 
 class StreamRecorder:
@@ -493,8 +522,7 @@ class StreamRecorder:
             call.response_id = chunk.id
             call.response_model = chunk.model
         if chunk.usage is not None:
-            call.input_tokens = chunk.usage.prompt_tokens
-            call.output_tokens = chunk.usage.completion_tokens
+            record_usage(call, chunk.usage)
         strip: list[tuple[bytes, msgspec.Raw]] = []
         flags = self.flags
         if self.kind == CHAT and call.prompt_ids is None and chunk.prompt_token_ids != wire.NULL:
@@ -523,7 +551,7 @@ class StreamRecorder:
             if not flags.logprobs:
                 strip.append((K_LOGPROBS, c.logprobs))
         if strip:
-            return DATA + wire.null_out(payload, strip)
+            return DATA + wire.strip(payload, strip, flags.token_ids, flags.logprobs)
         return event
 
 
@@ -539,27 +567,33 @@ class StreamRecorder:
             return None
         call = self.call
         flags = self.flags
-        # Locate every value to strip before recording anything: on a miss the general path
-        # handles the chunk from scratch.
+        # Locate every value to strip before recording anything, and confirm each located span of
+        # bytes is exactly the decoded value (another engine's spacing or key order moves them): on
+        # a miss the general path handles the chunk from scratch.
         cuts: list[tuple[int, int]] = []
         has_prompt = chunk.prompt_token_ids != wire.NULL
         if has_prompt and not flags.token_ids:
             at = payload.rfind(b'"prompt_token_ids":[')
-            if at < 0:
+            end = payload.find(b"]", at) + 1
+            if at < 0 or payload[at + 19 : end] != bytes(chunk.prompt_token_ids):
                 return None
-            cuts.append((at + 19, payload.index(b"]", at) + 1))
+            cuts.append((at + 19, end))
         for c in chunk.choices:
             if c.token_ids is not None and not flags.token_ids:
                 at = payload.rfind(b'"token_ids":[')
-                if at < 0:
+                end = payload.find(b"]", at) + 1
+                if at < 0 or payload[at + 12 : end] != wire.encode(c.token_ids):
                     return None
-                cuts.append((at + 12, payload.index(b"]", at) + 1))
+                cuts.append((at + 12, end))
             if c.logprobs is not None and not flags.logprobs:
                 at = payload.find(b'"logprobs":{')
                 end = payload.find(b',"finish_reason":', at)
-                if at < 0 or end < 0:
+                if at < 0 or end < 0 or not wire.same_chat_logprobs(payload[at + 11 : end], c.logprobs):
                     return None
                 cuts.append((at + 11, end))
+        cuts.sort()
+        if any(cuts[i][0] < cuts[i - 1][1] for i in range(1, len(cuts))):
+            return None  # two located values overlap: the layout is not vLLM's
         if has_prompt and call.prompt_ids is None:
             call.prompt_ids = chunk.prompt_token_ids
         for c in chunk.choices:
@@ -574,11 +608,9 @@ class StreamRecorder:
             call.response_id = chunk.id
             call.response_model = chunk.model
         if chunk.usage is not None:
-            call.input_tokens = chunk.usage.prompt_tokens
-            call.output_tokens = chunk.usage.completion_tokens
+            record_usage(call, chunk.usage)
         if not cuts:
             return DATA + payload
-        cuts.sort()
         out = [DATA]
         position = 0
         for begin, end in cuts:

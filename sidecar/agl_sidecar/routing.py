@@ -11,9 +11,11 @@ lose their prefix cache); it returns on a passing probe.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import zlib
 from collections.abc import Iterable
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -28,10 +30,16 @@ class NoUpstream(Exception):
 
 
 class Upstream:
-    __slots__ = ("url", "healthy", "in_flight", "litellm_model", "failed_probes", "_salt")
+    """One replica. `url` never holds credentials (it is shown in spans, /agl/v1/state and logs):
+    `http://user:pass@host` is kept as `http://host` plus `authorization` (Basic) for the requests."""
+
+    __slots__ = ("url", "authorization", "healthy", "in_flight", "litellm_model", "failed_probes", "_salt")
 
     def __init__(self, url: str) -> None:
         self.litellm_model = url[len(LITELLM_PREFIX) :] if url.startswith(LITELLM_PREFIX) else None
+        self.authorization: str | None = None
+        if not self.litellm_model:
+            url, self.authorization = split_credentials(url)
         self.url = url if self.litellm_model else normalize_url(url)
         self.healthy = True
         self.in_flight = 0
@@ -45,6 +53,17 @@ class Upstream:
         return f"Upstream({self.url!r}, healthy={self.healthy})"
 
 
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """`http://user:pass@host:port/p` -> (`http://host:port/p`, `Basic base64(user:pass)`)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    return urlunsplit(parts._replace(netloc=hostport)), f"Basic {token}"
+
+
 def normalize_url(url: str) -> str:
     """`http://h:p/v1/` -> `http://h:p` (the sidecar appends /v1/... itself)."""
     url = url.rstrip("/")
@@ -56,7 +75,15 @@ def validate_upstream(url: str) -> str | None:
     if url.startswith(LITELLM_PREFIX):
         return None if len(url) > len(LITELLM_PREFIX) else "litellm: needs a model, e.g. litellm:openai/gpt-4o-mini"
     if not url.startswith(("http://", "https://")):
-        return f"upstream {url!r} must start with http://, https:// or litellm:"
+        return f"upstream {split_credentials(url)[0]!r} must start with http://, https:// or litellm:"
+    shown = split_credentials(url)[0]
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        return f"upstream {shown!r} is not a valid URL ({exc})"
+    if not parts.hostname:
+        return f"upstream {shown!r} has no host, e.g. http://127.0.0.1:8000"
     return None
 
 
@@ -65,9 +92,9 @@ class Router:
         self.upstreams: list[Upstream] = [Upstream(url) for url in urls]
 
     def set_urls(self, urls: Iterable[str]) -> None:
-        known = {u.url: u for u in self.upstreams}
+        known = {(u.url, u.authorization): u for u in self.upstreams}
         fresh = [Upstream(url) for url in urls]
-        self.upstreams = [known.get(u.url, u) for u in fresh]
+        self.upstreams = [known.get((u.url, u.authorization), u) for u in fresh]
 
     @property
     def urls(self) -> list[str]:
@@ -96,9 +123,10 @@ class Router:
         async def probe(upstream: Upstream) -> None:
             if upstream.litellm_model:
                 return
+            headers = {"Authorization": upstream.authorization} if upstream.authorization else None
             try:
                 async with session.get(
-                    upstream.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+                    upstream.url + "/health", headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
                 ) as response:
                     ok = response.status == 200
                     await response.read()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import socket
 import threading
@@ -10,9 +11,29 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from agl_sidecar.app import SIDECAR_KEY, Sidecar, build_app
 from agl_sidecar.config import SidecarConfig
+
+
+class _ClientErrorsAsWarnings(logging.Filter):
+    """aiohttp logs a request its HTTP parser refuses (a control character in a header, a malformed
+    request line; it answers 400 itself) as an error with a traceback: the client's fault, so one
+    warning line says it instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            record.msg = f"{record.getMessage()}: refused, {exc.code}: {exc.message}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_CLIENT_ERRORS_AS_WARNINGS = _ClientErrorsAsWarnings()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -25,6 +46,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 async def start_site(config: SidecarConfig) -> tuple[web.AppRunner, Sidecar, str]:
     """Start serving; returns the runner, the sidecar state and the base URL actually bound."""
+    server_log = logging.getLogger("aiohttp.server")
+    if _CLIENT_ERRORS_AS_WARNINGS not in server_log.filters:
+        server_log.addFilter(_CLIENT_ERRORS_AS_WARNINGS)
     app = build_app(config)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the
     # upstream request (the engine stops generating for nobody).

@@ -13,6 +13,8 @@ from typing import Any
 import msgspec
 from msgspec import Raw, Struct
 
+from agl_sidecar.inputs import Count, Int64, Positive
+
 NULL = Raw(b"null")
 
 
@@ -21,18 +23,20 @@ class StreamOptions(Struct):
     include_usage: bool | None = None
 
 
+# Ints the span copies are range-checked here, where they enter (a ValidationError naming the field,
+# answered 400): an engine refuses such values anyway, and a span must never carry an int it cannot.
 class ChatRequest(Struct):
     messages: list[Raw]
     model: str | None = None
     stream: bool | None = False
-    n: int | None = None
+    n: Positive | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Count | None = None
     return_token_ids: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
     stream_options: StreamOptions | None = None
 
 
@@ -40,12 +44,12 @@ class CompletionRequest(Struct):
     prompt: Raw
     model: str | None = None
     stream: bool | None = False
-    n: int | None = None
-    logprobs: int | None = None
+    n: Positive | None = None
+    logprobs: Count | None = None
     return_token_ids: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     stream_options: StreamOptions | None = None
 
 
@@ -215,6 +219,14 @@ def decode_lifted(decoder: msgspec.json.Decoder[Any], body: bytes, field: str) -
     return decoder.decode(body)
 
 
+def same_chat_logprobs(data: bytes, value: ChatLogprobs) -> bool:
+    """Whether `data` is exactly one JSON value equal to `value` (bytes located by a marker)."""
+    try:
+        return _chat_logprobs.decode(data) == value
+    except (msgspec.MsgspecError, RecursionError):
+        return False
+
+
 def chat_logprobs(raw: Raw) -> list[float] | None:
     parsed = _chat_logprobs.decode(raw)
     if parsed is None or parsed.content is None:
@@ -241,8 +253,36 @@ encode = msgspec.json.encode
 decode_any = msgspec.json.decode
 
 
-def null_out(body: bytes, fields: list[tuple[bytes, Raw]]) -> bytes:
-    """`body` with each `"key":<raw value>` replaced by `"key":null`.
+def strip(body: bytes, fields: list[tuple[bytes, Raw]], token_ids: bool, logprobs: bool) -> bytes:
+    """`body` (a response or chunk) without the values in `fields`: the byte splice when it locates
+    every one of them, else the decoded body re-encoded without them (`strip_decoded`); an engine
+    that spells its JSON differently from vLLM (spaces, escapes, another key order) gets that."""
+    out = null_out(body, fields)
+    return out if out is not None else strip_decoded(body, token_ids, logprobs)
+
+
+def strip_decoded(body: bytes, token_ids: bool, logprobs: bool) -> bytes:
+    """The slow path: decode, null the injected fields the harness did not ask for, re-encode."""
+    data = msgspec.json.decode(body)
+    if not isinstance(data, dict):
+        return body
+    drop = [] if token_ids else ["prompt_token_ids", "token_ids"]
+    if not logprobs:
+        drop.append("logprobs")
+    if "prompt_token_ids" in drop and data.get("prompt_token_ids") is not None:
+        data["prompt_token_ids"] = None
+    choices = data.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict):
+            for key in drop:
+                if choice.get(key) is not None:
+                    choice[key] = None
+    return msgspec.json.encode(data)
+
+
+def null_out(body: bytes, fields: list[tuple[bytes, Raw]]) -> bytes | None:
+    """`body` with each `"key":<raw value>` replaced by `"key":null`; None when a value is not found
+    spelled so (the caller then takes the slow path).
 
     The pattern `"key":` with an unescaped closing quote cannot occur inside a JSON string, so a
     match is always the field itself. Each value is located by a short needle (key + the value's
@@ -258,7 +298,7 @@ def null_out(body: bytes, fields: list[tuple[bytes, Raw]]) -> bytes:
         while True:
             at = body.find(needle, start)
             if at < 0:
-                break
+                return None  # spelled otherwise (`"key": [`, an escaped key): not for the byte path
             begin = at + len(key)
             end = begin + len(value)
             if (begin, end) not in cuts and body[begin:end] == value:

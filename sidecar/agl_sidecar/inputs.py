@@ -1,0 +1,83 @@
+"""Checks for values that enter the sidecar from outside (URL paths, headers, JSON bodies), made where
+they enter: a value a span would carry must be one the span's encoding and the receiver's store can
+hold, or the request is refused with a 4xx naming the field. One bad call must never cost a span
+(its own or another's) further down the line.
+
+The contract (docs/spans.md): span ints are int64; identity counters (`agl.attempt`, `agl.call.seq`,
+`agl.policy.version`) are non-negative int64; ids are text without control characters.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Annotated
+
+import msgspec
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+# Types for msgspec request structs: out of range is a ValidationError naming the field.
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # attempts, sequence numbers, versions
+Positive = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+
+
+class BadInput(Exception):
+    """A value from outside the sidecar cannot be accepted; `param` names where it came from."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class TooLarge(Exception):
+    """A request body over the configured limit (--max-body-bytes)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is over the sidecar's limit of {limit} bytes (--max-body-bytes)")
+        self.message = str(self)
+        self.limit = limit
+
+
+def count(text: str | None, param: str) -> int | None:
+    """A non-negative int64 given as decimal text (a path segment, a header, a baggage entry)."""
+    if text is None or text == "":
+        return None
+    stripped = text.strip()
+    # isdecimal: int() would also take '+1', '1_0' and surrounding whitespace; a header is digits.
+    if not (stripped.isascii() and stripped.isdecimal()) or len(stripped) > 19:
+        raise BadInput(f"{param} must be an integer from 0 to {INT64_MAX}, got {_shown(text)}", param)
+    value = int(stripped)
+    if value > INT64_MAX:
+        raise BadInput(f"{param} must be an integer from 0 to {INT64_MAX}, got {_shown(text)}", param)
+    return value
+
+
+def text(value: str | None, param: str) -> str | None:
+    """An id as it may enter a span: text with no control characters (a terminal would act on them)
+    and no undecodable bytes (a header's raw 0xFF arrives as a lone surrogate, which UTF-8 cannot
+    encode: the span would be lost)."""
+    if value is None:
+        return None
+    if value.isascii():
+        if value.isprintable():
+            return value
+    elif all(unicodedata.category(ch) not in ("Cc", "Cs") for ch in value):
+        return value
+    raise BadInput(f"{param} must be printable UTF-8 text, got {_shown(value)}", param)
+
+
+def _shown(value: str) -> str:
+    """`value` safe to put in an error message: escaped, and short."""
+    shown = value.encode("ascii", "backslashreplace").decode("ascii")
+    return repr(shown[:64] + ("..." if len(shown) > 64 else ""))
+
+
+def int64_or_none(value: object) -> int | None:
+    """An engine- or provider-reported count as a span may carry it: an int in int64 range, or
+    None (the attribute is left out rather than the span made unencodable)."""
+    if isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX:
+        return value
+    return None
