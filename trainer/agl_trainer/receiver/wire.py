@@ -295,6 +295,8 @@ def _key_value_fields(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
 def _resolve(buf: bytes, pending: list[tuple[dict[str, Any], str, _IntArray]]) -> None:
     decoded = decode_int_arrays(buf, [(item.start, item.end) for _, _, item in pending])
     for (attributes, key, item), values in zip(pending, decoded, strict=True):
+        if attributes.get(key) is not item:
+            continue  # the key came again later in the span: the last value wins, as for any other
         if values is None:
             try:
                 values = _array(buf, item.start, item.end)
