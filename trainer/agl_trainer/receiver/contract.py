@@ -181,7 +181,7 @@ def _attribute_name(key: str) -> str:
 
 def _str(attributes: dict[str, Any], key: str, required: bool = False) -> str | None:
     value = attributes.get(key)
-    if value is None or value == "":
+    if value is None or (type(value) is str and not value):  # `== ""` on a numpy array raises
         if required:
             raise ContractError(f"missing_{_attribute_name(key)}")
         return None
