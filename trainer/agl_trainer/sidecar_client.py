@@ -40,7 +40,18 @@ class SidecarState(msgspec.Struct, kw_only=True):
     policy_version: int = 0
     upstreams: list[str] = []
     counters: dict[str, Any] = {}
-    spans_flushed: bool = True  # a drained pause: the drained calls' spans were sent in time
+    # A drained pause: every span of the drained calls was acknowledged by the OTLP endpoint within
+    # the timeout (spooled on the sidecar's disk is not delivered: the trainer cannot read it yet).
+    spans_flushed: bool = True
+    spans_building: int = 0  # ... else how many were still being built,
+    spans_pending: int = 0  # in the sidecar's memory, not yet sent,
+    spans_in_spool: int = 0  # in its spool, waiting for the endpoint,
+    spans_dead_lettered: int = 0  # refused by the endpoint for good (set aside, since the sidecar started)
+    spans_failed: int = 0  # and lost (counted and logged by the sidecar, since it started)
+
+    @property
+    def spans_undelivered(self) -> int:
+        return self.spans_building + self.spans_pending + self.spans_in_spool
 
 
 _decode_state = msgspec.json.Decoder(SidecarState).decode
@@ -64,8 +75,9 @@ class SidecarAdmin:
         await self._client.aclose()
 
     async def pause(self, *, drain: bool = True, timeout_s: float = 60.0) -> SidecarState:
-        """Hold new calls; with `drain`, return once in-flight calls have finished and their spans
-        have been sent (`spans_flushed` false: not within `timeout_s`)."""
+        """Hold new calls; with `drain`, return once in-flight calls have finished and the endpoint
+        has acknowledged their spans (`spans_flushed` false: not within `timeout_s`; the state says
+        how many are still undelivered)."""
         body = {"drain": drain, "timeout_s": timeout_s}
         return await self._post("/agl/v1/pause", body, timeout=timeout_s + 10)
 

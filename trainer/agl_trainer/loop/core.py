@@ -317,10 +317,19 @@ class TrainingLoop:
         times = self._times
         started = time.monotonic()
         in_flight_at_pause = len(self.tasks)
+        undelivered = 0
         try:
+            # The sidecar waits (up to the drain timeout) until the receiver acknowledged the drained
+            # calls' spans; what it could not deliver by then is missing from this batch: say so.
             paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
             if not paused.spans_flushed:
-                self.progress.log("agl: the sidecar had not sent all call spans by the drain timeout; updating anyway")
+                undelivered = max(paused.spans_undelivered, 1)
+                self._count("spans_undelivered_at_update")
+                self.progress.log(
+                    f"agl: {paused.spans_undelivered} call span(s) had not reached the receiver "
+                    f"{self.config.drain_timeout_s:g} s into the drain ({paused.spans_in_spool} in the sidecar's "
+                    "spool: is the receiver reachable?); this batch is assembled without them"
+                )
         except SidecarError as error:
             self.progress.log(f"agl: drain did not finish ({error}); updating anyway")
         times.draining = time.monotonic() - started
@@ -366,6 +375,7 @@ class TrainingLoop:
         rewards = [r.reward for r in results]
         step_metrics.update(times.metrics())
         step_metrics["time/assembly_s"] = assembly_s  # part of time/training_s
+        step_metrics["spans/undelivered_at_update"] = float(undelivered)
         step_metrics.update(
             {
                 "policy_version": float(new_version),

@@ -1,0 +1,62 @@
+"""A killed sidecar and the spans of calls it already answered (issue 14, defect 10).
+
+Without durable mode a span waits in memory between the call's answer and the endpoint's
+acknowledgement: SIGTERM sends or spools it, SIGKILL loses it (the control case shows the test sees
+that). With --durable-spans it is on disk before the harness gets the last byte: SIGKILL loses none."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from tests.sidecar.refusing_sink import RefusingSink, rollout_of
+from tests.sidecar.sidecar_process import SidecarProcess
+
+CALLS = 12
+
+
+def _calls(url: str, stream: bool) -> None:
+    with httpx.Client(timeout=30) as client:
+        for i in range(CALLS):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "stream": stream}
+            r = client.post(f"{url}/rollouts/k{i:02d}/v1/chat/completions", json=body)
+            assert r.status_code == 200
+            if stream:
+                assert "[DONE]" in r.text
+
+
+@pytest.mark.parametrize(
+    ("durable", "sig", "stream", "kept"),
+    [
+        (True, signal.SIGKILL, False, CALLS),
+        (True, signal.SIGKILL, True, CALLS),
+        (False, signal.SIGTERM, False, CALLS),
+        (False, signal.SIGKILL, False, 0),  # control: the window durable mode closes
+    ],
+    ids=["durable-sigkill-unary", "durable-sigkill-stream", "sigterm", "control-sigkill-loses"],
+)
+def test_spans_of_answered_calls_survive_the_sidecar(fake, tmp_path, durable, sig, stream, kept):
+    with RefusingSink() as sink:
+        args = ["--upstream", fake.base_url, "--otlp-endpoint", sink.endpoint, "--spool-dir", str(tmp_path / "spool")]
+        if durable:
+            args.append("--durable-spans")
+        # A long export interval keeps answered calls' spans in memory: the window under test.
+        env = {"AGL_SIDECAR_EXPORT_INTERVAL_S": "60"}
+        sidecar = SidecarProcess(*args, log_path=str(tmp_path / "sidecar.log"), env=env).start()
+        try:
+            _calls(sidecar.url, stream)
+            assert sidecar.signal(sig) is not None
+        finally:
+            sidecar.kill()
+        with SidecarProcess(*args, log_path=str(tmp_path / "sidecar.log"), env={"AGL_SIDECAR_EXPORT_INTERVAL_S": "0.05"}):
+            if kept:
+                sink.wait_for(lambda spans: len(spans) >= kept, timeout=20)
+            else:
+                import time
+
+                time.sleep(1.0)  # a restarted sidecar replays at once; give it time to show it has nothing
+        names = sorted(str(rollout_of(s)) for s in sink.spans)
+    assert len(set(names)) == kept and len(names) >= kept
+    assert set(names) <= {f"k{i:02d}" for i in range(CALLS)}
