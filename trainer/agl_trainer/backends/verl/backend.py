@@ -165,6 +165,9 @@ class VerlBackend:
             payload(batch, lengths, rows, max_token_len=max_token_len, per_token=per_token, current_version=current)
             for rows in parts
         ]
+        single = all(int(p["lengths"].sum()) <= max_token_len for p in by_dp)  # type: ignore[union-attr]
+        for p in by_dp:
+            p["single_micro_batch"] = single
         args = [by_dp[int(info["dp_rank"])] for info in self.ranks]
         started = time.perf_counter()
         answers = getattr(self._workers, method)(args)

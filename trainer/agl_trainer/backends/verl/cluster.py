@@ -15,12 +15,13 @@ from agl_trainer.backends.torch_config import BackendConfigError
 from agl_trainer.backends.verl.config import VerlBackendConfig
 
 
-def worker_env(config: VerlBackendConfig) -> dict[str, str]:
+def worker_env(device: str) -> dict[str, str]:
+    """The environment of every verl process for workers on `device` (cpu or cuda)."""
     env = {"TOKENIZERS_PARALLELISM": "false", "VERL_USE_EXTERNAL_PLUGINS": "none"}
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if name in os.environ:
             env[name] = os.environ[name]
-    if config.device == "cpu":
+    if device == "cpu":
         from agl_trainer.backends.verl.platform_env import platform_env
 
         env.update(platform_env())
@@ -59,7 +60,7 @@ def connect(config: VerlBackendConfig) -> RayHandle:
     """Attach to ray_address, or start a local Ray sized for the workers; reuse an initialised one."""
     import ray
 
-    env = worker_env(config)
+    env = worker_env(config.device)
     if ray.is_initialized():
         return RayHandle(started_here=False)
     runtime_env = {"env_vars": env}
@@ -116,5 +117,5 @@ def start_workers(config: VerlBackendConfig, settings) -> Any:
         resource_pool=pool,
         ray_cls_with_init=cls,
         device_name=config.device,
-        worker_env=worker_env(config),
+        worker_env=worker_env(config.device),
     )

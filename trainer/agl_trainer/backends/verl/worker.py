@@ -13,6 +13,7 @@ average of dp_size * (this rank's share) is exactly the mini-batch's gradient.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.distributed import initialize_global_process_group_ray
 from verl.workers.engine_workers import TrainingWorker
 
-from agl_trainer.algorithms import AlgorithmConfig, rl_objective, truncated_importance_weights
+from agl_trainer.algorithms import AlgorithmConfig, rl_objective, token_logprobs, truncated_importance_weights
 from agl_trainer.backends.schedule import LRLambda
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
@@ -110,12 +111,33 @@ def build_training_worker_config(settings: WorkerSettings):
     )
 
 
+def _vectorised_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+    return token_logprobs(logits, labels)
+
+
+def use_vectorised_logprobs() -> bool:
+    """Without flash-attn's cross-entropy kernel (CPU workers), verl's fallback takes one logsumexp
+    per position in a Python loop (most of a small model's step); agl's token_logprobs is the same
+    math in one call. Patched in verl's FSDP engine module of this worker process only."""
+    from verl.utils import torch_functional
+    from verl.workers.engine.fsdp import transformer_impl
+
+    if torch_functional.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE or torch_functional.NPU_CROSS_ENTROPY_LOSS_AVAILABLE:
+        return False
+    transformer_impl.logprobs_from_logits = _vectorised_logprobs
+    return True
+
+
 class AglTrainingWorker(TrainingWorker):
     def __init__(self, settings: WorkerSettings) -> None:
         if settings.dist_backend is not None:
             # verl would ask for "cpu:gloo,<device>:<backend>", which is "cpu:gloo,cpu:gloo" on a CPU
             initialize_global_process_group_ray(backend=settings.dist_backend)
+            # Ray starts a worker with OMP_NUM_THREADS=1; a CPU worker owns its share of the node
+            local = int(os.environ.get("RAY_LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
         torch.manual_seed(settings.seed)
+        use_vectorised_logprobs()
         super().__init__(build_training_worker_config(settings))
         self.settings = settings
         self.loss_fn = self._agl_loss
@@ -271,9 +293,11 @@ class AglTrainingWorker(TrainingWorker):
         non_tensors = {
             "temperature": 1.0,
             "use_remove_padding": self.settings.use_remove_padding,
-            "use_dynamic_bsz": True,
+            # one micro-batch per rank when every rank's rows fit the budget (the driver decides for
+            # all ranks alike: FSDP's collectives need the same number of micro-batches everywhere)
+            "use_dynamic_bsz": not payload["single_micro_batch"],
             "max_token_len_per_gpu": int(payload["max_token_len"]),
-            "micro_batch_size_per_gpu": 1,
+            "micro_batch_size_per_gpu": int(lengths.numel()),
             "use_fused_kernels": False,
             "calculate_entropy": train,
             "global_token_num": lengths.tolist(),

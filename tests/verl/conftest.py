@@ -1,0 +1,37 @@
+"""Shared pieces of the verl backend tests: a tiny model, a local Ray shared by a module, backend pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agl_trainer.algorithms import AlgorithmConfig
+from agl_trainer.backends import TorchBackendConfig
+
+from tests.algorithms.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("verl-tiny") / "model")
+
+
+def training_config(model: Path, **overrides) -> TorchBackendConfig:
+    algorithm = overrides.pop("algorithm", AlgorithmConfig())
+    return TorchBackendConfig(
+        model_path=model, device="cpu", lr=overrides.pop("lr", 1e-2), algorithm=algorithm, **overrides
+    )
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray for a test module (backends attach to it and leave it running); shut down after."""
+    import ray
+    from agl_trainer.backends.verl.cluster import worker_env
+    if ray.is_initialized():
+        ray.shutdown()
+    env = worker_env("cpu")
+    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    yield
+    ray.shutdown()

@@ -1,0 +1,160 @@
+"""The verl backend against the torch backend on the same batch, at world size 1 and 2 (gloo on the
+CPU, verl's real FSDP2 workers in a local Ray): log-probs, one update (loss, grad norm, every
+metric, the new weights), rollout-mean invariance, and checkpoints that resume exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from agl_trainer.algorithms import AlgorithmConfig
+from agl_trainer.backends import TorchBackend
+from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
+from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
+
+from tests.algorithms.tiny import random_batch, sample
+from tests.verl.conftest import training_config
+
+# every update is off-policy in some way: stale tokens (importance weights), two mini-batches
+# (the second sees weights the first moved), an entropy bonus with a gradient
+ALGORITHM = AlgorithmConfig(entropy_coef=0.01, importance_cap=1.5)
+# AdamW moves an element by about lr whatever its gradient; eps 1e-4 (not 1e-8) keeps elements whose
+# gradient is at rounding level (k_proj.bias: exactly 0 in theory) from being moved by rounding noise
+OPTIONS = {"num_mini_batches": 2, "micro_batch_tokens": 64, "max_grad_norm": 0.5, "eps": 1e-4}
+LR = 1e-2
+
+
+
+def parity_batch() -> TrainingBatch:
+    return random_batch(num_tasks=3, per_task=3, seed=11, max_calls=3, version=0)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["world1", "world2"])
+def pair(request, local_ray, tiny_model, tmp_path_factory):
+    """(verl backend, fresh torch backend factory, checkpoint of the verl backend's initial state)."""
+    config = training_config(tiny_model, algorithm=ALGORITHM, lr=LR, **OPTIONS)
+    backend = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=request.param))
+    initial = backend.save_checkpoint(tmp_path_factory.mktemp("ckpt") / "initial")
+    yield backend, (lambda: TorchBackend(config)), initial
+    backend.close()
+
+
+def test_old_logprobs_equal_the_torch_backend(pair):
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    batch = parity_batch()
+    got, want = verl.compute_logprobs(batch), make_torch().compute_logprobs(batch)
+    assert got.shape == want.shape == batch.loss_mask.shape
+    assert bool((got[batch.loss_mask == 0] == 0).all())
+    trained = batch.loss_mask != 0
+    assert float(want[trained].abs().min()) > 0  # real log-probs to compare, not zeros
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_one_update_equals_the_torch_backend(pair):
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    torch_backend = make_torch()
+    initial_weights = torch_backend.state_dict_for_engine()
+    batch = parity_batch()
+    want = torch_backend.train_step(batch, policy_version=1)
+    got = verl.train_step(batch, policy_version=1)
+    assert want["importance/stale_token_frac"] == 1.0 and want["perf/optimizer_steps"] == 2
+    assert abs(want["loss/total"]) > 1e-3 and want["actor/clip_frac"] > 0  # a real, clipped update
+    for key, value in want.items():
+        if key.startswith("perf/"):
+            continue
+        assert got[key] == pytest.approx(value, abs=1e-5), key
+    assert set(want) - set(got) == set()
+    assert verl.policy_version == torch_backend.policy_version == 2 and verl.step == torch_backend.step == 2
+    new_verl, new_torch = verl.state_dict_for_engine(), torch_backend.state_dict_for_engine()
+    assert set(new_verl) == set(new_torch)
+    for name, tensor in new_torch.items():
+        torch.testing.assert_close(new_verl[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+    moved = max(float((new_torch[n] - initial_weights[n]).abs().max()) for n in new_torch)
+    assert moved > 0.5 * LR
+
+
+def _merged_or_split(split: bool) -> TrainingBatch:
+    prompt, first, tool, second = [3, 4, 5, 6], [20, 21, 22], [12, 13], [23, 24, 25, 26]
+    if split:
+        samples = [
+            sample("a", "t", prompt, first, logprob=-3.0),
+            sample("a", "t", prompt + first + tool, second, logprob=-3.5),
+        ]
+    else:
+        samples = [
+            Sample(
+                "a",
+                "t",
+                prompt + first + tool + second,
+                [0] * 4 + [1] * 3 + [0] * 2 + [1] * 4,
+                [0.0] * 4 + [-3.0] * 3 + [0.0] * 2 + [-3.5] * 4,
+                [-1] * 4 + [0] * 3 + [-1] * 2 + [0] * 4,
+            )
+        ]
+    others = [
+        RolloutResult("b", "t", 0.0, [sample("b", "t", prompt, [30, 31])]),
+        RolloutResult("c", "t", 0.5, [sample("c", "t", prompt, [40, 41, 42, 43, 44])]),
+        RolloutResult("d", "u", 1.0, [sample("d", "u", [7, 8], [50, 51, 52])]),
+        RolloutResult("e", "u", 0.0, [sample("e", "u", [7, 8], [53])]),
+    ]
+    return TrainingBatch.from_rollouts([RolloutResult("a", "t", 1.0, samples), *others])
+
+
+def test_merged_or_split_rollout_gives_the_same_update(pair):
+    """Rollout-mean invariance through verl's DP split and micro-batching, checked on the weights."""
+    verl, _, initial = pair
+    outcomes = []
+    for split in (False, True):
+        verl.load_checkpoint(initial)
+        metrics = verl.train_step(_merged_or_split(split), policy_version=1)
+        outcomes.append((metrics, verl.state_dict_for_engine()))
+    (merged, w_merged), (split, w_split) = outcomes
+    assert merged["loss/total"] == pytest.approx(split["loss/total"], abs=1e-6)
+    assert merged["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-5) and merged["actor/grad_norm"] > 0
+    for name, tensor in w_merged.items():
+        torch.testing.assert_close(w_split[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
+    # the update is real (an invariance between two no-ops would prove nothing)
+    verl.load_checkpoint(initial)
+    before = verl.state_dict_for_engine()
+    moved = max(float((w_split[n] - before[n]).abs().max()) for n in before)
+    assert moved > 1e-4
+
+
+def test_checkpoint_resumes_exactly(pair, tmp_path):
+    verl, _, initial = pair
+    verl.load_checkpoint(initial)
+    batch = parity_batch()
+    verl.train_step(batch)
+    middle = verl.save_checkpoint(tmp_path / "middle")
+    after_two = verl.train_step(batch)
+    weights_two = verl.state_dict_for_engine()
+    verl.load_checkpoint(middle)
+    assert verl.step == 2 and verl.policy_version == 1
+    again = verl.train_step(batch)
+    assert again["loss/total"] == after_two["loss/total"]
+    assert again["actor/grad_norm"] == after_two["actor/grad_norm"]
+    assert again["actor/lr"] == after_two["actor/lr"]
+    for name, tensor in verl.state_dict_for_engine().items():
+        assert torch.equal(tensor, weights_two[name]), name
+    assert not math.isnan(again["actor/entropy"])
+
+
+def test_save_hf_loads_in_transformers(pair, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    batch = parity_batch()
+    verl.train_step(batch)
+    out = verl.save_hf(tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
+    expected[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    expected = expected * (batch.loss_mask != 0)
+    torch.testing.assert_close(verl.compute_logprobs(batch), expected, atol=1e-5, rtol=0)
+    assert (out / "tokenizer.json").is_file()
