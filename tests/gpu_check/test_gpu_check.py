@@ -1,0 +1,99 @@
+"""scripts/gpu_check.sh and bench/gpu_step.py, the parts that run without a GPU: the step
+measurement on a tiny model on the CPU (numbers checked against their definitions), the script's
+refusals on a machine without CUDA, and the `gpu` selection it runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def gpu_step() -> ModuleType:
+    """bench/gpu_step.py as a module (bench/ is not a package)."""
+    if "gpu_step" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "bench" / "gpu_step.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_step"] = module  # its dataclass looks itself up there
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_step"]
+
+
+def run_tiny(tmp_path: Path, backend: str) -> list[dict]:
+    out = tmp_path / "step.json"
+    args = ["--device", "cpu", "--tiny", "--backend", backend, "--steps", "1", "--tasks", "2", "--per-task", "2",
+            "--max-len", "128", "--peak-tflops", "100", "--json", str(out)]  # fmt: skip
+    assert gpu_step().main(args) == 0
+    return json.loads(out.read_text())
+
+
+def test_tiny_cpu_step_numbers_follow_their_definitions(tmp_path: Path) -> None:
+    (result,) = run_tiny(tmp_path, "torch")
+    module = gpu_step()
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    independent = sum(p.numel() for p in AutoModelForCausalLM.from_config(Qwen2Config(**module.TINY)).parameters())
+    assert result["parameters"] == independent
+    batch = sys.modules["train_step"].ragged_batch(2, 2, module.TINY["vocab_size"], 128, seed=0)
+    assert result["tokens"] == int(batch.attention_mask.sum())
+    assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["step_s"])
+    assert result["mfu"] == pytest.approx(6 * independent * result["tokens"] / result["step_s"] / 100e12)
+    assert result["step_s"] > 0 and abs(result["loss"]) < 10
+
+
+@pytest.mark.slow
+def test_tiny_cpu_step_with_both_backends_same_loss(tmp_path: Path) -> None:
+    torch_result, verl_result = run_tiny(tmp_path, "both")
+    assert (torch_result["backend"], verl_result["backend"]) == ("torch", "verl")
+    assert verl_result["tokens"] == torch_result["tokens"]
+    assert verl_result["loss"] == pytest.approx(torch_result["loss"], abs=1e-5)  # same batch, same weights
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_step_without_cuda_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_step().main(["--device", "cuda", "--tiny"]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def run_script(path_dirs: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable, "PATH": os.pathsep.join(path_dirs + [os.environ["PATH"]])}
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_script_refuses_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    no_smi = subprocess.run(["bash", "-c", "command -v nvidia-smi"], capture_output=True, check=False).returncode != 0
+    if no_smi:
+        result = run_script([str(empty)])
+        assert result.returncode == 2 and "no NVIDIA GPU here" in result.stderr
+    # A driver tool that answers, but a torch without CUDA: the second guard names torch.
+    smi = empty / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771 MiB'\n")
+    smi.chmod(0o755)
+    result = run_script([str(empty)])
+    assert result.returncode == 2 and "torch does not see CUDA" in result.stderr
+
+
+def test_script_syntax_and_gpu_selection() -> None:
+    assert subprocess.run(["bash", "-n", str(SCRIPT)], check=False).returncode == 0
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout[-2000:]
+    ids = listed.stdout
+    assert "tests/algorithms/test_torch_backend.py::test_bf16_step_on_cuda" in ids
+    assert "tests/vllm/test_vllm_gpu.py::test_collocated_sleep_wake_and_sync_on_gpu" in ids
