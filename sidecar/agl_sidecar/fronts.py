@@ -69,7 +69,7 @@ class AdapterFront:
         return self.error(status, message, error_type)
 
     def unary(self, body: bytes) -> bytes:
-        chat = msgspec.json.decode(body)
+        chat = msgspec.json.decode(body)  # the engine's: a failure is the proxy's upstream error
         return msgspec.json.encode(self.adapter.from_chat_response(chat, self.original))
 
     def start_stream(self) -> None:
@@ -79,7 +79,12 @@ class AdapterFront:
         assert self._translator is not None
         out: list[bytes] = []
         for event in events:
-            if not event.startswith(b"data: ") or event[6:].strip() == b"[DONE]":
+            if not event.startswith(b"data: "):  # other SSE fields first: its data line is last
+                at = event.rfind(b"\ndata: ")
+                if at < 0:
+                    continue
+                event = event[at + 1 :]
+            if event[6:].strip() == b"[DONE]":
                 continue
             try:
                 chunk = msgspec.json.decode(event[6:])

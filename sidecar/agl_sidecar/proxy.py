@@ -327,10 +327,15 @@ class Proxy:
         except (msgspec.MsgspecError, RecursionError):
             out = data  # not an OpenAI body: pass it on untouched, record no tokens
             call.tokens_absent = True
+        try:
+            translated = front.unary(out)
+        except (msgspec.MsgspecError, RecursionError, LookupError, TypeError, ValueError, AttributeError) as exc:
+            message = f"upstream {call.upstream} answered a body that is not a chat completion ({exc!r})"[:500]
+            return self._fail(call, front, 502, message, "upstream_error")
         response = durable.unary_response(  # durable mode: the span is on disk before the body goes
             self.sidecar.recorder.persister(call),
             status=200,
-            body=front.unary(out),
+            body=translated,
             headers={"Content-Type": upstream_response.headers.get("Content-Type", "application/json")},
         )
         try:
@@ -367,9 +372,14 @@ class Proxy:
         # not once per read.
         partial: list[bytes] = []
         foreground = self.sidecar.foreground
+        carriage_return = False  # a read ended in CR: its LF may start the next read
         try:
             await response.prepare(request)
             while data := await foreground.waiting(upstream_response.content.readany()):
+                if carriage_return or b"\r" in data:  # SSE also ends lines with CRLF or CR
+                    data, carriage_return = _lf_lines(data, carriage_return)
+                    if not data:
+                        continue
                 if partial:
                     if b"\n\n" not in data and not (partial[-1][-1:] == b"\n" and data[:1] == b"\n"):
                         partial.append(data)
@@ -415,6 +425,17 @@ class Proxy:
             return response
         self.sidecar.recorder.finish(call)
         return response
+
+
+def _lf_lines(data: bytes, carriage_return: bool) -> tuple[bytes, bool]:
+    """`data` with CRLF and CR line ends as LF, and whether it ended in a CR (held back: with the
+    LF that may begin the next read it is one line end, not two)."""
+    if carriage_return:
+        data = b"\r" + data
+    held = data.endswith(b"\r")
+    if held:
+        data = data[:-1]
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
 
 
 def record_usage(call: CallRecord, usage: wire.Usage) -> None:
@@ -500,7 +521,7 @@ class StreamRecorder:
 
     def event(self, event: bytes) -> bytes:
         if not event.startswith(DATA):
-            return event
+            return self._event_lines(event)
         payload = event[6:]
         if payload == DONE:
             return event
@@ -511,7 +532,7 @@ class StreamRecorder:
         try:
             chunk = self._decode(payload)
         except msgspec.MsgspecError:
-            return event
+            return self._event_lines(event) if b"\n" in event else event
         call = self.call
         if chunk.error is not None:
             call.end_reason = semconv.END_UPSTREAM_ERROR
@@ -554,6 +575,27 @@ class StreamRecorder:
             return DATA + wire.strip(payload, strip, flags.token_ids, flags.logprobs)
         return event
 
+
+    def _event_lines(self, event: bytes) -> bytes:
+        """An event not spelled `data: <one JSON line>` (vLLM's): `data:` without the space, other
+        fields (`event:`, `id:`, comments), JSON over several `data:` lines. Its data is handled as
+        one `data: ` line; the other lines are kept before it."""
+        data: list[bytes] = []
+        other: list[bytes] = []
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line:
+                other.append(line)
+        if not data:
+            return event
+        payload = b"\n".join(data)
+        if b"\n" in payload:  # JSON written over several lines: one line, as vLLM writes it
+            try:
+                payload = wire.encode(wire.decode_any(payload))
+            except (msgspec.MsgspecError, RecursionError):
+                return event
+        return b"\n".join([*other, self.event(DATA + payload)])
 
     def _chat_fast(self, payload: bytes) -> bytes | None:
         """The common chat chunk (at most one choice) in one typed decode, its stripped fields found

@@ -65,6 +65,12 @@ class ScriptedEngine:
             ready.set()
             loop.run_forever()
             self._server.close()
+            # Finish the connections' tasks here: left to the garbage collector, they would run
+            # their cleanup on whichever thread collects them, at any moment.
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 
