@@ -95,3 +95,51 @@ def test_errors_are_messages_not_tracebacks(tmp_path, capsys):
     assert main(["traces", "import", str(tmp_path / "missing.jsonl"), "--store", store]) == 2
     assert main(["receive", "--store", store, "--listen", "nohost"]) == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+HOSTILE_IDS = {
+    "esc\x1b]0;pwned\x07\x1b[2J": "esc\\x1b]0;pwned\\x07\\x1b[2J",
+    "nul\x00byte": "nul\\x00byte",
+    "cr\rlf\nend": "cr\\x0dlf\\x0aend",
+    "bidi\u202eevil": "bidi\\u202eevil",
+    "c1\x9bcsi": "c1\\x9bcsi",
+    "markup[/]x[red]y": "markup[/]x[red]y",  # shown as typed, not read as rich markup
+}
+
+
+def test_control_characters_from_harnesses_never_reach_the_terminal_raw(tmp_path, capsys):
+    """Rollout and task ids with ESC, NUL, CR/LF, C1 and bidi controls are shown as escapes in
+    `agl traces ls` and `agl traces inspect` (once they reached the terminal raw)."""
+    from agl_trainer.store import RolloutStore
+
+    from tests.dataplane.ingest import ingest
+
+    store_path = tmp_path / "s.db"
+    with RolloutStore(store_path) as store:
+        for index, rollout_id in enumerate(HOSTILE_IDS):
+            ingest(
+                store,
+                [
+                    call_span(rollout_id, 0, [1, 2], [3], task_id=f"task\x1b[31m{index}"),
+                    reward_span(rollout_id, 1.0, name="re\x1bward"),
+                    rollout_span(rollout_id, task_id=f"task\x1b[31m{index}"),
+                ],
+            )
+    raw = "\x1b\x00\r\x07\u202e\x9b"
+
+    assert main(["traces", "ls", "--store", str(store_path), "--grace-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert not set(raw) & set(out), [c for c in out if c in raw]
+    for shown in HOSTILE_IDS.values():
+        assert shown in out
+    assert "task\\x1b[31m0" in out
+
+    for rollout_id, shown in HOSTILE_IDS.items():
+        assert main(["traces", "inspect", rollout_id, "--store", str(store_path)]) == 0
+        out = capsys.readouterr().out
+        assert not set(raw) & set(out)
+        assert shown in out and "re\\x1bward" in out
+
+    assert main(["traces", "inspect", "esc\x1b", "--store", str(store_path), "--attempt", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "no rollout matches 'esc\\x1b'" in err and "\x1b" not in err

@@ -1,8 +1,14 @@
 """A rich terminal view of one assembled rollout: calls, samples with every token marked trained
-or masked, merge boundaries and why merges failed, rewards, policy versions."""
+or masked, merge boundaries and why merges failed, rewards, policy versions.
+
+Everything shown that came from outside (ids, task ids, errors, reward names, decoded tokens) goes
+through `printable()` and into `Text`, never into rich markup: a rollout id holding ESC, NUL, CR
+or a bidi override must not drive the terminal, and one holding `[red]` must not restyle it.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console, Group
@@ -18,11 +24,33 @@ STYLE_CONTEXT = "yellow"  # masked: tool results and template text between merge
 STYLE_TRAINED = "bold green"
 STYLE_BOUNDARY = "bold magenta"
 
+# C0 and C1 controls, DEL, line and paragraph separators, and the bidi controls that reorder text.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object, keep_newlines: bool = False) -> str:
+    """`text` with every control character shown as an escape (ESC as \\x1b); newlines and tabs
+    kept when `keep_newlines` (multi-line errors, decoded token text)."""
+    value = str(text)
+    if keep_newlines:
+        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in "\n\t" else _escape(m), value)
+    return _UNPRINTABLE.sub(_escape, value)
+
+
+def plain(text: object, style: str = "", keep_newlines: bool = False) -> Text:
+    """Outside text for a rich table or panel: escaped, and never read as markup."""
+    return Text(printable(text, keep_newlines), style=style)
+
 
 def _token_text(token: int, tokenizer: Any) -> str:
     if tokenizer is None:
         return f"{token} "
-    return tokenizer.decode([token], skip_special_tokens=False)
+    return printable(tokenizer.decode([token], skip_special_tokens=False), keep_newlines=True)
 
 
 def render(
@@ -36,17 +64,19 @@ def render(
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("rollout", f"{info.rollout_id} (attempt {info.attempt})")
-    head.add_row("task", str(info.task_id))
-    head.add_row("mode", str(info.mode or "train"))
+    head.add_row("rollout", plain(f"{info.rollout_id} (attempt {info.attempt})"))
+    head.add_row("task", plain(info.task_id))
+    head.add_row("mode", plain(info.mode or "train"))
     head.add_row(
         "status",
-        f"{'complete' if info.complete else 'open'}; end cause {info.end_cause or '-'}"
-        f"{'; rollout span: ' + info.status if info.status else ''}"
-        f"{'; harness exit ' + str(info.harness_exit_code) if info.harness_exit_code is not None else ''}",
+        plain(
+            f"{'complete' if info.complete else 'open'}; end cause {info.end_cause or '-'}"
+            f"{'; rollout span: ' + info.status if info.status else ''}"
+            f"{'; harness exit ' + str(info.harness_exit_code) if info.harness_exit_code is not None else ''}"
+        ),
     )
     if info.error:
-        head.add_row("error", info.error)
+        head.add_row("error", plain(info.error, keep_newlines=True))
     training = (
         f"trained at step {info.trained_step}"
         if info.trained_step is not None
@@ -54,7 +84,7 @@ def render(
         if info.dropped_reason
         else "not trained yet"
     )
-    head.add_row("training", training)
+    head.add_row("training", plain(training))
     head.add_row("reward", "none" if assembly.reward is None else f"{assembly.reward:g}")
     if assembly.dropped:
         head.add_row("assembly", Text(f"dropped: {assembly.dropped}", style="bold red"))
@@ -68,7 +98,7 @@ def render(
             rewards.add_column(column)
         for reward in data.rewards:
             rewards.add_row(
-                reward.name,
+                plain(reward.name),
                 f"{reward.value:g}",
                 "-" if reward.call_seq is None else str(reward.call_seq),
                 str(reward.end_ns),
@@ -102,7 +132,7 @@ def render(
             str(placement.policy_version),
             prompt,
             completion,
-            str(call.finish_reason if call else "-"),
+            plain(call.finish_reason if call else "-"),
             "-" if placement.sample is None else str(placement.sample),
             where,
         )
@@ -116,10 +146,10 @@ def render(
             failures.add_row(
                 str(failure.call_seq),
                 str(failure.previous_call_seq),
-                failure.kind,
-                failure.classified_by,
+                plain(failure.kind),
+                plain(failure.classified_by),
                 str(failure.position),
-                failure.detail,
+                plain(failure.detail),
             )
         console.print(failures)
     counted = {**assembly.truncations, **assembly.problems}

@@ -1,4 +1,8 @@
-"""`agl traces`: import, list and inspect what a rollout store holds."""
+"""`agl traces`: import, list and inspect what a rollout store holds.
+
+Ids, task ids and reasons come from harnesses and senders: they are printed through
+`inspect_view.printable` (control characters as visible escapes) and never as rich markup.
+"""
 
 from __future__ import annotations
 
@@ -91,10 +95,12 @@ def run_import(args: argparse.Namespace) -> int:
         f"imported {args.file}: {result.lines} lines, {result.spans} spans, {result.stored} stored,"
         f" {result.duplicates} already there, {result.foreign} not agl's"
     )
+    from agl_trainer.assembly.inspect_view import printable
+
     for reason, count in sorted(result.violations.items()):
-        print(f"  {count} span(s) break the span contract: {reason}")
+        print(f"  {count} span(s) break the span contract: {printable(reason)}")
     for number, reason in result.bad_lines[:20]:
-        print(f"  line {number}: {reason}")
+        print(f"  line {number}: {printable(reason)}")
     if result.bad_lines:
         print(f"agl: {len(result.bad_lines)} line(s) could not be read and were not imported")
         return 1
@@ -111,7 +117,10 @@ def _age(seconds: float) -> str:
 
 def run_ls(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from agl_trainer.assembly.inspect_view import plain, printable
 
     store = _open_store(args.store, grace_s=args.grace_s)
     rollouts = store.rollouts()
@@ -120,7 +129,9 @@ def run_ls(args: argparse.Namespace) -> int:
     if args.limit is not None:
         rollouts = rollouts[-args.limit :]
     now = time.time()
-    table = Table(title=f"{len(rollouts)} of {stats.rollouts} rollouts in {args.store}", title_justify="left")
+    table = Table(
+        title=plain(f"{len(rollouts)} of {stats.rollouts} rollouts in {args.store}"), title_justify="left"
+    )
     table.add_column("rollout", overflow="fold", min_width=12)  # ids are never cut: users copy them
     for column in ("attempt", "task", "mode", "status", "cause", "calls", "rewards", "training", "last span"):
         table.add_column(column)
@@ -137,26 +148,28 @@ def run_ls(args: argparse.Namespace) -> int:
         status = "complete" if r.complete else "open"
         cause_style = "green" if r.end_cause == "ok" else "red" if r.end_cause else ""
         table.add_row(
-            r.rollout_id,
+            plain(r.rollout_id),
             str(r.attempt),
-            r.task_id or "-",
-            r.mode or "train",
+            plain(r.task_id or "-"),
+            plain(r.mode or "train"),
             status,
-            f"[{cause_style}]{r.end_cause or '-'}[/]" if cause_style else "-",
+            plain(r.end_cause or "-", style=cause_style),
             str(r.calls),
             str(r.rewards),
-            training,
+            plain(training),
             _age(now - r.last_span_at) + " ago",
         )
     console = Console()
     console.print(table)
     console.print(
-        f"{stats.complete} complete ({', '.join(f'{k} {v}' for k, v in sorted(stats.by_cause.items())) or '-'}),"
-        f" {stats.ready} ready, {stats.trained} trained, {stats.dropped} dropped; {stats.calls} calls,"
-        f" {stats.rewards} rewards; last step {stats.last_step if stats.last_step is not None else '-'}"
+        plain(
+            f"{stats.complete} complete ({', '.join(f'{k} {v}' for k, v in sorted(stats.by_cause.items())) or '-'}),"
+            f" {stats.ready} ready, {stats.trained} trained, {stats.dropped} dropped; {stats.calls} calls,"
+            f" {stats.rewards} rewards; last step {stats.last_step if stats.last_step is not None else '-'}"
+        )
     )
     for reason, count in sorted(stats.violations.items()):
-        console.print(f"[red]{count} span(s) break the span contract: {reason}[/]")
+        console.print(f"[red]{count} span(s) break the span contract: {escape(printable(reason))}[/]")
     return 0
 
 
@@ -164,7 +177,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from agl_trainer.assembly import AssemblyConfig, assemble_rollout
-    from agl_trainer.assembly.inspect_view import render
+    from agl_trainer.assembly.inspect_view import printable, render
 
     store = _open_store(args.store)
     try:
@@ -182,11 +195,13 @@ def run_inspect(args: argparse.Namespace) -> int:
             ids = sorted({r.rollout_id for r in matches})
             if not ids:
                 raise CLIError(
-                    f"no rollout matches {args.rollout_id!r}; list them with `agl traces ls --store {args.store}`"
+                    f"no rollout matches '{printable(args.rollout_id)}';"
+                    f" list them with `agl traces ls --store {args.store}`"
                 )
             if len(ids) > 1:
+                shown = ", ".join(printable(rollout_id) for rollout_id in ids[:5])
                 raise CLIError(
-                    f"{args.rollout_id!r} matches {len(ids)} rollouts ({', '.join(ids[:5])}...); give more of the id"
+                    f"'{printable(args.rollout_id)}' matches {len(ids)} rollouts ({shown}...); give more of the id"
                 )
             info = max(matches, key=lambda r: r.attempt)
         tokenizer = None
