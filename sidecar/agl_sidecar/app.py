@@ -13,14 +13,14 @@ import hmac
 import ipaddress
 import logging
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar import __version__, wire
+from agl_sidecar import __version__, inputs, wire
 from agl_sidecar.attribution import Identity, bearer_token, parse_traceparent
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.exporter import SpanExporter
@@ -31,8 +31,8 @@ from agl_sidecar.metrics import Metrics
 from agl_sidecar.otlp import RequestFramer
 from agl_sidecar.protocols.base import ProtocolError
 from agl_sidecar.protocols.registry import ADAPTERS, load_adapter
-from agl_sidecar.proxy import CHAT, COMPLETIONS, Proxy, identity_from
-from agl_sidecar.routing import NoUpstream, Router, validate_upstream
+from agl_sidecar.proxy import CHAT, COMPLETIONS, DEEP_JSON, Proxy, identity_from, read_body
+from agl_sidecar.routing import NoUpstream, Router, Upstream, validate_upstream
 from agl_sidecar.spans import SpanRecorder
 
 log = logging.getLogger("agl_sidecar")
@@ -115,13 +115,19 @@ class Sidecar:
     def identity(self, request: web.Request) -> Identity:
         return identity_from(request, self.config.rollout_api_keys)
 
-    def upstream_authorization(self, request: web.Request) -> str | None:
+    def upstream_authorization(self, request: web.Request, upstream: Upstream) -> str | None:
+        """The Authorization the engine gets: --upstream-api-key, else the credentials in the
+        upstream's URL (as Basic auth), else the harness's own header when the sidecar has no key."""
         if self.config.upstream_api_key:
             return f"Bearer {self.config.upstream_api_key}"
+        if upstream.authorization is not None:
+            return upstream.authorization
         # A sidecar with its own API key does not pass the harness's key on.
         if self.config.api_key or self.config.rollout_api_keys:
             return None
-        return request.headers.get("Authorization")
+        given = request.headers.get("Authorization")
+        # A header that arrived with bytes outside latin-1 cannot be sent on as it came.
+        return given if given is None or _latin1(given) else None
 
     def harness_authorized(self, request: web.Request) -> bool:
         if not self.config.api_key:
@@ -129,7 +135,7 @@ class Sidecar:
         key = bearer_token(request.headers)
         if key is None:
             return False
-        if hmac.compare_digest(key, self.config.api_key):
+        if same_secret(key, self.config.api_key):
             return True
         return key in self.config.rollout_api_keys
 
@@ -158,6 +164,20 @@ class Sidecar:
         }
 
 
+def same_secret(given: str, expected: str) -> bool:
+    """A constant-time comparison of a secret a client sent (any bytes: a header's undecodable
+    bytes arrive as surrogates) with the configured one; compare_digest takes only ASCII str."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
+
+
+def _latin1(value: str) -> bool:
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 # --- handlers -----------------------------------------------------------------------------------
 def _sidecar(request: web.Request) -> Sidecar:
     return request.app[SIDECAR_KEY]
@@ -169,6 +189,12 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.
 
 def _openai_error(status: int, message: str, error_type: str = "invalid_request_error", param: str | None = None) -> web.Response:
     return web.Response(status=status, body=wire.error_body(message, error_type, param, status), content_type=JSON)
+
+
+def _bad_input(exc: inputs.BadInput | inputs.TooLarge) -> web.Response:
+    if isinstance(exc, inputs.TooLarge):
+        return _openai_error(413, exc.message)
+    return _openai_error(400, exc.message, param=exc.param)
 
 
 def _unauthorized() -> web.Response:
@@ -198,6 +224,8 @@ async def models(request: web.Request) -> web.StreamResponse:
         return _unauthorized()
     try:
         upstream = sidecar.router.pick(sidecar.identity(request).rollout_id)
+    except inputs.BadInput as exc:
+        return _bad_input(exc)
     except NoUpstream:
         return _openai_error(502, "no upstream is configured", "upstream_unreachable")
     if upstream.litellm_model is not None:
@@ -205,7 +233,7 @@ async def models(request: web.Request) -> web.StreamResponse:
             200, {"object": "list", "data": [{"id": upstream.litellm_model, "object": "model", "owned_by": "litellm"}]}
         )
     headers = {}
-    auth = sidecar.upstream_authorization(request)
+    auth = sidecar.upstream_authorization(request, upstream)
     if auth:
         headers["Authorization"] = auth
     try:
@@ -227,7 +255,10 @@ def translated(path: str) -> Any:
             adapter = await load_adapter(path)
         except (ImportError, AttributeError) as exc:
             return _openai_error(501, f"/v1{path} is not available in this sidecar: {exc}", "not_implemented")
-        raw = await request.read()
+        try:
+            raw = await read_body(request, sidecar.config.max_body_bytes)
+        except inputs.TooLarge as exc:
+            return _json(413, adapter.error_body(413, exc.message, "invalid_request_error"))
         try:
             original = msgspec.json.decode(raw)
             if not isinstance(original, dict):
@@ -235,14 +266,21 @@ def translated(path: str) -> Any:
         except msgspec.DecodeError as exc:
             body = adapter.error_body(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
             return _json(400, body)
+        except RecursionError:
+            return _json(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
         except ProtocolError as exc:
             return _json(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
         if not sidecar.harness_authorized(request):
             return _json(401, adapter.error_body(401, "missing or wrong API key", "authentication_error"))
         try:
             chat_request = adapter.to_chat_request(original)
+            sidecar.identity(request)  # ids a span cannot carry: refused here, in this protocol's shape
         except ProtocolError as exc:
             return _json(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+        except inputs.BadInput as exc:
+            return _json(400, adapter.error_body(400, exc.message, "invalid_request_error"))
+        except RecursionError:
+            return _json(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
         chat_bytes = msgspec.json.encode(chat_request)
         if adapter.tokenize_only:
             return await _tokenize(sidecar, request, adapter, original, chat_bytes)
@@ -260,10 +298,12 @@ async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, origin
         upstream = sidecar.router.pick(sidecar.identity(request).rollout_id)
     except NoUpstream:
         return _json(502, adapter.error_body(502, "no upstream is configured", "api_error"))
+    headers = {"Content-Type": "application/json"}
+    auth = sidecar.upstream_authorization(request, upstream)
+    if auth:
+        headers["Authorization"] = auth
     try:
-        async with sidecar.session.post(
-            upstream.url + "/tokenize", data=chat_bytes, headers={"Content-Type": "application/json"}
-        ) as response:
+        async with sidecar.session.post(upstream.url + "/tokenize", data=chat_bytes, headers=headers) as response:
             body = await response.read()
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -274,15 +314,17 @@ async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, origin
         return _json(200, adapter.from_chat_response(msgspec.json.decode(body), original))
     except ProtocolError as exc:
         return _json(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+    except (msgspec.MsgspecError, RecursionError) as exc:
+        return _json(502, adapter.error_body(502, f"upstream /tokenize answered an unreadable body: {exc}", "api_error"))
 
 
 # --- rewards and rollout ends -------------------------------------------------------------------
 class RewardBody(msgspec.Struct, forbid_unknown_fields=True):
     value: float | int
     name: str = semconv.DEFAULT_REWARD_NAME
-    call_seq: int | None = None
+    call_seq: inputs.Count | None = None
     task_id: str | None = None
-    attributes: dict[str, str | int | float | bool] = {}
+    attributes: dict[str, str | inputs.Int64 | float | bool] = {}
 
 
 class EndBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -298,6 +340,8 @@ def _decode_body(raw: bytes, kind: type, what: str) -> Any:
         raise ValueError(f"{what}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ValueError(f"{what}: the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{what}: {DEEP_JSON}") from None
 
 
 async def reward(request: web.Request) -> web.Response:
@@ -305,16 +349,22 @@ async def reward(request: web.Request) -> web.Response:
     if not sidecar.harness_authorized(request):
         return _unauthorized()
     try:
-        body: RewardBody = _decode_body(await request.read(), RewardBody, "reward")
+        raw = await read_body(request, sidecar.config.max_body_bytes)
+        body: RewardBody = _decode_body(raw, RewardBody, "reward")
+    except inputs.TooLarge as exc:
+        return _bad_input(exc)
     except ValueError as exc:
         return _openai_error(400, f"{exc}; expected {{\"value\": 1.0, \"name\": \"reward\"}}", param="value")
     if isinstance(body.value, bool) or not math.isfinite(float(body.value)):
         return _openai_error(400, f"reward value must be a finite number, got {body.value!r}", param="value")
     if not body.name:
         return _openai_error(400, "reward name must be a non-empty string", param="name")
-    if body.call_seq is not None and body.call_seq < 0:
-        return _openai_error(400, "call_seq must be >= 0", param="call_seq")
-    identity = sidecar.identity(request)
+    try:
+        inputs.text(body.name, "name")
+        inputs.text(body.task_id, "task_id")
+        identity = sidecar.identity(request)
+    except inputs.BadInput as exc:
+        return _bad_input(exc)
     identity.task_id = body.task_id or identity.task_id
     sidecar.recorder.reward(
         identity,
@@ -332,7 +382,10 @@ async def end_rollout(request: web.Request) -> web.Response:
     if not sidecar.harness_authorized(request):
         return _unauthorized()
     try:
-        body: EndBody = _decode_body(await request.read(), EndBody, "end")
+        raw = await read_body(request, sidecar.config.max_body_bytes)
+        body: EndBody = _decode_body(raw, EndBody, "end")
+    except inputs.TooLarge as exc:
+        return _bad_input(exc)
     except ValueError as exc:
         return _openai_error(400, f"{exc}; expected {{\"status\": \"succeeded\"}}", param="status")
     if body.status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
@@ -341,7 +394,11 @@ async def end_rollout(request: web.Request) -> web.Response:
         )
     if body.mode is not None and body.mode not in semconv.MODES:
         return _openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {body.mode!r}", param="mode")
-    identity = sidecar.identity(request)
+    try:
+        inputs.text(body.task_id, "task_id")
+        identity = sidecar.identity(request)
+    except inputs.BadInput as exc:
+        return _bad_input(exc)
     identity.task_id = body.task_id or identity.task_id
     identity.mode = body.mode or identity.mode
     sidecar.recorder.rollout_end(identity, body.status, parse_traceparent(request.headers.get("traceparent")))
@@ -349,13 +406,16 @@ async def end_rollout(request: web.Request) -> web.Response:
 
 
 # --- admin --------------------------------------------------------------------------------------
+MAX_PAUSE_TIMEOUT_S = 7 * 24 * 3600.0  # an event loop timer takes no more
+
+
 class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
     drain: bool = False
-    timeout_s: float = 60.0
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PAUSE_TIMEOUT_S)] = 60.0
 
 
 class ResumeBody(msgspec.Struct, forbid_unknown_fields=True):
-    policy_version: int | None = None
+    policy_version: inputs.Count | None = None
     upstreams: list[str] | None = None
 
 
@@ -368,7 +428,7 @@ def admin_only(handler: Any) -> Any:
         token = sidecar.config.admin_token
         if token:
             given = request.headers.get("Authorization", "")
-            if not (given[:7].lower() == "bearer " and hmac.compare_digest(given[7:].strip(), token)):
+            if not (given[:7].lower() == "bearer " and same_secret(given[7:].strip(), token)):
                 return _json(401, {"error": "admin API: send 'Authorization: Bearer <admin token>' (--admin-token)"})
         elif not _is_loopback(request.remote):
             return _json(
@@ -391,7 +451,9 @@ def _is_loopback(remote: str | None) -> bool:
 async def pause(request: web.Request) -> web.Response:
     sidecar = _sidecar(request)
     try:
-        body: PauseBody = _decode_body(await request.read(), PauseBody, "pause")
+        body: PauseBody = _decode_body(await read_body(request, sidecar.config.max_body_bytes), PauseBody, "pause")
+    except inputs.TooLarge as exc:
+        return _json(413, {"error": exc.message})
     except ValueError as exc:
         return _json(400, {"error": f"{exc}; expected {{\"drain\": true, \"timeout_s\": 60}}"})
     if body.timeout_s <= 0:
@@ -425,7 +487,9 @@ async def pause(request: web.Request) -> web.Response:
 async def resume(request: web.Request) -> web.Response:
     sidecar = _sidecar(request)
     try:
-        body: ResumeBody = _decode_body(await request.read(), ResumeBody, "resume")
+        body: ResumeBody = _decode_body(await read_body(request, sidecar.config.max_body_bytes), ResumeBody, "resume")
+    except inputs.TooLarge as exc:
+        return _json(413, {"error": exc.message})
     except ValueError as exc:
         return _json(400, {"error": f"{exc}; expected {{\"policy_version\": 3, \"upstreams\": [\"http://...\"]}}"})
     if body.upstreams is not None:
@@ -470,7 +534,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 # --- assembly -----------------------------------------------------------------------------------
 def build_app(config: SidecarConfig) -> web.Application:
-    app = web.Application(client_max_size=512 * 1024 * 1024)
+    app = web.Application(client_max_size=config.max_body_bytes)
     sidecar = Sidecar(config)
     app[SIDECAR_KEY] = sidecar
     for prefix in ROLLOUT_PREFIXES:

@@ -67,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
         help="write each call's span to disk (fsync) before the harness gets the call's last byte, so a "
              "killed sidecar loses no answered call's span (costs an fsync per group of concurrent calls)")
     add("--policy-version", type=int, metavar="N", help="policy version stamped on calls until a resume changes it (default 0)")
+    add("--max-body-bytes", type=int, metavar="N",
+        help="largest request body accepted; larger ones get 413 (default 33554432, 32 MiB)")
     add("--health-interval-s", type=float, metavar="S", help="seconds between upstream /health probes (default 5)")
     add("--default-mode", choices=["train", "val"],
         help="rollout mode for calls that do not say (x-agl-mode header or baggage); selects sampling overrides")

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from agl import semconv
+from agl_sidecar.inputs import INT64_MAX, INT64_MIN
 from agl_sidecar.routing import validate_upstream
 
 ENV_PREFIX = "AGL_SIDECAR_"
@@ -56,6 +57,8 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     upstream_api_key: str | None = None
     litellm_params: dict[str, Any] = {}
     policy_version: int = 0
+    # Largest request body accepted (harness calls and admin requests); larger ones get 413
+    max_body_bytes: int = 32 * 1024 * 1024
     service_name: str = "agl-sidecar"
     log_level: str = "warning"
 
@@ -161,6 +164,8 @@ def validate(config: SidecarConfig) -> None:
     for key in ("spool_max_bytes", "export_memory_bytes", "prompt_ref_memory_bytes", "token_cache_bytes"):
         if getattr(config, key) < 0:
             raise ConfigError(f"setting {key!r} must be >= 0 bytes, got {getattr(config, key)}")
+    if config.max_body_bytes <= 0:
+        raise ConfigError(f"setting 'max_body_bytes' must be > 0 bytes, got {config.max_body_bytes}")
     if not 4096 <= config.export_batch_bytes <= 4 * 1024 * 1024:
         raise ConfigError("setting 'export_batch_bytes' must be between 4096 and 4194304 (collectors refuse more)")
     for mode, overrides in config.sampling.items():
@@ -171,5 +176,11 @@ def validate(config: SidecarConfig) -> None:
                 raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} is not a JSON scalar or list")
     if config.default_mode is not None and config.default_mode not in semconv.MODES:
         raise ConfigError(f"setting 'default_mode': {config.default_mode!r} is not one of {list(semconv.MODES)}")
+    if not 0 <= config.policy_version <= INT64_MAX:
+        raise ConfigError(f"setting 'policy_version' must be from 0 to {INT64_MAX}, got {config.policy_version}")
+    for mode, overrides in config.sampling.items():
+        for key, value in overrides.items():
+            if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+                raise ConfigError(f"setting 'sampling.{mode}.{key}': {value} is out of the int64 range")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError("setting 'log_level' must be one of debug, info, warning, error")
