@@ -99,9 +99,15 @@ class SpanLog:
             fsync_dir(self._path.parent)
         data = b"".join(chunks)
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        os.fdatasync(self._fd)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)
+        except OSError:
+            # The segment may now end in a partial span, which ends its recovery: later spans go to
+            # a new segment. This one is deleted once the spans written before it are settled.
+            self._close_segment()
+            raise
         self._written = upto
 
     def _close_segment(self) -> None:
