@@ -95,6 +95,9 @@ def test_errors_are_messages_not_tracebacks(tmp_path, capsys):
     assert main(["traces", "import", str(tmp_path / "missing.jsonl"), "--store", store]) == 2
     assert main(["receive", "--store", store, "--listen", "nohost"]) == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
+    for size in ("nan", "inf", "0"):
+        assert main(["receive", "--store", store, "--listen", "127.0.0.1:0", "--max-request-mb", size]) == 2
+        assert f"--max-request-mb {float(size)}: expected a size in MB" in capsys.readouterr().err
 
 
 HOSTILE_IDS = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -60,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     grpc_host, grpc_port = (
         parse_address(args.grpc_listen, "--grpc-listen") if args.grpc_listen else ("", None)
     )
-    if args.max_request_mb <= 0 or args.max_decompressed_mb <= 0:
-        raise CLIError("--max-request-mb and --max-decompressed-mb must be > 0")
+    for flag, value in (("--max-request-mb", args.max_request_mb), ("--max-decompressed-mb", args.max_decompressed_mb)):
+        if not (math.isfinite(value) and 0 < value <= 1 << 20):  # nan or inf would be a traceback below
+            raise CLIError(f"{flag} {value}: expected a size in MB, > 0 and at most 1048576")
     config = ReceiverConfig(
         host=host,
         port=port,
