@@ -71,8 +71,6 @@ class ExportCounters:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-GAUGES = ("spans_pending", "spans_in_spool", "spool_files")
-
 
 class Sent(NamedTuple):
     outcome: str  # "ok", "refused" (not worth retrying), "retry"

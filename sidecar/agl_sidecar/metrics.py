@@ -5,6 +5,8 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
+# Exporter values that go up and down (the rest only count up).
+EXPORT_GAUGES = ("spans_pending", "spans_in_spool", "spool_files")
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -70,7 +72,7 @@ class Metrics:
         for name, value in gauges.items():
             lines += [f"# TYPE agl_sidecar_{name} gauge", f"agl_sidecar_{name} {value}"]
         for name, value in exporter.items():
-            kind = "gauge" if name in ("spans_pending", "spool_files") else "counter"
+            kind = "gauge" if name in EXPORT_GAUGES else "counter"
             metric = f"agl_sidecar_{name}" + ("_total" if kind == "counter" else "")
             lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
         return "\n".join(lines) + "\n"

@@ -53,3 +53,13 @@ def test_a_torn_tail_ends_recovery_and_keeps_what_came_before(tmp_path):
     data = segment.read_bytes()
     segment.write_bytes(data[:-100])  # killed mid-write: the last span is cut short
     assert list(read_segment(segment)) == [b"x" * 300 + bytes([i]) for i in range(2)]
+
+
+def test_spool_gauges_are_gauges_and_dead_letters_a_counter():
+    from agl_sidecar.exporter import ExportCounters
+    from agl_sidecar.metrics import Metrics
+
+    counters = ExportCounters(spans_in_spool=3, spans_dead_lettered=2)
+    text = Metrics().render({}, {k: v for k, v in vars(counters).items() if k != "extra"})
+    assert "# TYPE agl_sidecar_spans_in_spool gauge\nagl_sidecar_spans_in_spool 3" in text
+    assert "# TYPE agl_sidecar_spans_dead_lettered_total counter\nagl_sidecar_spans_dead_lettered_total 2" in text
