@@ -127,7 +127,8 @@ def classify(span: RawSpan) -> Record | None:
             raise ContractError("bad_ids")
         if not 0 <= span.status_code <= STATUS_CODE_MAX:
             raise ContractError("status_code_out_of_range")
-        _text(span.name, "name")
+        if not span.name.isascii() and not _storable(span.name):
+            raise ContractError("name_not_utf8")
         return build(span)
     except ContractError as error:
         return Violation(
@@ -189,7 +190,9 @@ def _str(attributes: dict[str, Any], key: str, required: bool = False) -> str | 
         raise ContractError(f"{_attribute_name(key)}_{value.reason}")
     if not isinstance(value, str):
         raise ContractError(f"{_attribute_name(key)}_not_string")
-    return _text(value, _attribute_name(key))
+    if not value.isascii() and not _storable(value):
+        raise ContractError(f"{_attribute_name(key)}_not_utf8")
+    return value
 
 
 def _int(attributes: dict[str, Any], key: str, required: bool = False) -> int | None:
@@ -274,8 +277,8 @@ def _call(span: RawSpan) -> CallRecord:
         mode=_mode(attributes),
         call_seq=call_seq,  # type: ignore[arg-type]
         name=span.name,
-        start_ns=_time(span.start_ns),
-        end_ns=_time(span.end_ns),
+        start_ns=span.start_ns if 0 <= span.start_ns <= INT64_MAX else _time(span.start_ns),
+        end_ns=span.end_ns if 0 <= span.end_ns <= INT64_MAX else _time(span.end_ns),
         prompt_ids=prompt,
         completion_ids=completion,
         logprobs=logprobs,

@@ -241,17 +241,13 @@ def _attribute_value(buf: bytes, start: int, end: int) -> Any:
     return _any_value(buf, start, end)
 
 
-def _key_value(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
-    """A KeyValue; a value that cannot be decoded becomes a BadValue (its bytes are bounded by the
-    KeyValue's length, so nothing past it is affected), a key that cannot be is a DecodeError."""
-    try:
-        return _key_value_fields(buf, pos, end)
-    except DecodeError as error:
-        key = _key_only(buf, pos, end)
-        reason = "invalid_utf8" if "UTF-8" in str(error) else "malformed"
-        return key, BadValue(reason, str(error))
-    except RecursionError:  # bounded by MAX_VALUE_DEPTH; kept as a guard for a deep stack
-        return _key_only(buf, pos, end), BadValue("nesting_too_deep", "values nested too deep")
+def _broken_key_value(buf: bytes, pos: int, end: int, error: Exception) -> tuple[str, BadValue]:
+    """A KeyValue whose value could not be decoded: its key and a BadValue (the value's bytes are
+    bounded by the KeyValue's length, so nothing past it is affected); a broken key is a DecodeError."""
+    key = _key_only(buf, pos, end)
+    if isinstance(error, RecursionError):  # bounded by MAX_VALUE_DEPTH; a guard for a deep stack
+        return key, BadValue("nesting_too_deep", "values nested too deep")
+    return key, BadValue("invalid_utf8" if "UTF-8" in str(error) else "malformed", str(error))
 
 
 def _key_only(buf: bytes, pos: int, end: int) -> str:
@@ -262,7 +258,7 @@ def _key_only(buf: bytes, pos: int, end: int) -> str:
     return ""
 
 
-def _key_value_fields(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
+def _key_value(buf: bytes, pos: int, end: int) -> tuple[str, Any]:
     """A KeyValue (key = 1, value = 2, both length-delimited), without the generic field walk."""
     key, value = "", None
     origin = pos
@@ -326,7 +322,10 @@ def _span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
             if stop > end:
                 raise DecodeError(f"span field {field}: length {length} runs past the end at byte {pos}")
             if field == 9:
-                attribute, value = _key_value(buf, pos, stop)
+                try:
+                    attribute, value = _key_value(buf, pos, stop)
+                except (DecodeError, RecursionError) as error:
+                    attribute, value = _broken_key_value(buf, pos, stop, error)
                 if type(value) is _IntArray:
                     pending.append((attributes, attribute, value))
                 attributes[attribute] = value
@@ -379,27 +378,27 @@ def decode_protobuf(buf: bytes) -> list[RawSpan]:
                 continue
             for ss_field, ss_wire, ss_item in _fields(buf, *rs_item):
                 if ss_field == 2 and ss_wire == 2:
-                    spans.append(_contained_span(buf, *ss_item, pending))
+                    mark = len(pending)
+                    try:
+                        spans.append(_span(buf, *ss_item, pending))
+                    except (DecodeError, RecursionError) as error:
+                        del pending[mark:]  # its deferred arrays belong to a span that is not kept
+                        spans.append(_broken_span(buf, *ss_item, error))
     _resolve(buf, pending)
     return spans
 
 
-def _contained_span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
-    """A span; one whose bytes are broken inside its own length is returned with `problem` set
-    (its ids when they could be read), so it costs no other span of the request."""
-    mark = len(pending)
-    try:
-        return _span(buf, start, end, pending)
-    except (DecodeError, RecursionError) as error:
-        del pending[mark:]  # its deferred arrays belong to a span that is not kept
-        trace_id = span_id = b""
-        with contextlib.suppress(DecodeError):
-            for field, wire, item in _fields(buf, start, end):
-                if field == 1 and wire == 2:
-                    trace_id = buf[item[0] : item[1]]
-                elif field == 2 and wire == 2:
-                    span_id = buf[item[0] : item[1]]
-        return RawSpan(trace_id, span_id, b"", "", 0, 0, 0, 0, "", {}, problem=f"undecodable: {error}")
+def _broken_span(buf: bytes, start: int, end: int, error: Exception) -> RawSpan:
+    """A span whose bytes are broken inside its own length, with `problem` set (and its ids when
+    they can be read), so that it costs no other span of the request."""
+    trace_id = span_id = b""
+    with contextlib.suppress(DecodeError):
+        for field, wire, item in _fields(buf, start, end):
+            if field == 1 and wire == 2:
+                trace_id = buf[item[0] : item[1]]
+            elif field == 2 and wire == 2:
+                span_id = buf[item[0] : item[1]]
+    return RawSpan(trace_id, span_id, b"", "", 0, 0, 0, 0, "", {}, problem=f"undecodable: {error}")
 
 
 # --- OTLP JSON (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding) -------------
