@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -55,3 +56,32 @@ def test_equal_sequences_have_equal_bytes_whatever_their_length(values):
     whole = otlp.IntArray.of(values + values)
     assert whole.elements.startswith(otlp.IntArray.of(values).elements)
     assert (otlp.IntArray.of(values) + otlp.IntArray.of(values)).elements == whole.elements
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.one_of(st.integers(), st.integers(min_value=-(2**70), max_value=2**70)))
+def test_any_int_attribute_is_sent_exactly_or_named_as_out_of_range(value):
+    """protobuf decoders accept an over-long varint and store it wrapped: an int outside int64 must
+    never be written, whatever its size; the span says which key it dropped instead."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    encoded = otlp.span(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, parent_span_id=None, name="x", kind=1,
+                        start_ns=1, end_ns=2, attrs=[("agl.attempt", value), ("agl.call.seq", 7)])
+    span = Span()
+    span.ParseFromString(encoded)
+    attrs = {kv.key: kv.value for kv in span.attributes}
+    assert attrs["agl.call.seq"].int_value == 7
+    if -(2**63) <= value < 2**63:
+        assert attrs["agl.attempt"].int_value == value and otlp.OUT_OF_RANGE_KEY not in attrs
+    else:
+        assert "agl.attempt" not in attrs
+        assert [v.string_value for v in attrs[otlp.OUT_OF_RANGE_KEY].array_value.values] == [f"agl.attempt={value}"]
+
+
+@given(values=st.lists(st.integers(min_value=-(2**64), max_value=2**64), max_size=40))
+def test_token_arrays_beyond_int64_are_refused_not_wrapped(values):
+    if all(-(2**63) <= v < 2**63 for v in values):
+        assert otlp.IntArray.of(values).length == len(values)
+    else:
+        with pytest.raises(otlp.OutOfRange):
+            otlp.IntArray.of(values)
