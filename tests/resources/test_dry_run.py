@@ -142,6 +142,7 @@ def test_torch_backend_with_the_embedded_engine(capsys: pytest.CaptureFixture[st
         (["--loop.batch_rollouts=4", "--loop.group_size=4"], "data-parallel size 8"),
         (["--engine.options.gpu_memory_util=0.5"], "unknown setting(s) gpu_memory_util"),
         (["--backend.options.micro_batch_tokenz=1"], "config key backend.options:"),
+        (["--backend.verl.weight_sync=cuda_ipc"], "config key backend.verl.weight_sync: engine.vllm.weight_sync: cuda_ipc"),
     ],
 )
 def test_backend_and_engine_settings_are_checked_before_the_arithmetic(

@@ -28,9 +28,10 @@ servers: same machine, or a shared filesystem given as `weights_dir`.
 A managed server that dies is restarted on its port and given the latest weights, by a watchdog
 thread and before every sync; `ensure_alive()` does the same on demand.
 
-Not used: vLLM's weight-transfer endpoints (/init_weight_transfer_engine, /update_weights). Their
-backends are NCCL or CUDA IPC, and the CPU build answers them with 500 "not configured". Through
-`collective_rpc` the same worker code serves the CPU build and GPU vLLM.
+On GPUs, `weight_sync: nccl | cuda_ipc` uses vLLM's weight-transfer endpoints instead
+(/init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update, with
+vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
+several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ import httpx
 import msgspec
 
 from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.engines.vllm_transfer import (
+    GpuWeightTransfer,
+    WeightTransferError,
+    server_arguments,
+    server_environment,
+)
 
 log = logging.getLogger("agl.engine.vllm")
 
@@ -95,6 +102,11 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_timeout_s: float = 300.0
     watchdog_interval_s: float = 5.0  # 0 disables the watchdog thread
     max_restarts: int = 3  # per replica, then the error is raised
+    # How new weights reach the servers: in_place (safetensors + collective_rpc, CPU and GPU), or
+    # vLLM's GPU weight transfer, nccl or cuda_ipc (vllm_transfer.py); auto: cuda_ipc for one
+    # replica on a GPU, nccl for several, in_place on the CPU. The loop sets it from
+    # backend.verl.weight_sync.
+    weight_sync: Literal["auto", "in_place", "nccl", "cuda_ipc"] = "in_place"
 
     def __post_init__(self) -> None:
         if not self.urls and not self.model:
@@ -199,6 +211,63 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
         return "cpu"
 
 
+def resolve_weight_sync(config: VLLMConfig, device: str) -> Literal["in_place", "nccl", "cuda_ipc"]:
+    """The weight path for `device`; a GPU path that cannot work is refused here, before any start."""
+    sync = config.weight_sync
+    if sync == "auto":
+        if device != "cuda":
+            return "in_place"
+        return "cuda_ipc" if config.replicas == 1 and not config.urls else "nccl"
+    if sync == "in_place":
+        return sync
+    if device != "cuda":
+        raise ValueError(
+            f"engine.vllm.weight_sync: {sync} is vLLM's GPU weight transfer, but the engine runs on the CPU "
+            "(the CPU build of vLLM answers /init_weight_transfer_engine with 500 'not configured'); use "
+            "in_place (backend.verl.weight_sync: in_place or auto)"
+        )
+    if sync == "cuda_ipc":
+        if config.replicas > 1 or len(config.urls) > 1:
+            raise ValueError(
+                "engine.vllm.weight_sync: cuda_ipc shares this process's GPU memory with one server; with "
+                f"{max(config.replicas, len(config.urls))} replicas use nccl"
+            )
+        remote = [u for u in config.urls if not u.split("://", 1)[-1].startswith(("127.0.0.1", "localhost", "[::1]"))]
+        if remote:
+            raise ValueError(
+                f"engine.vllm.weight_sync: cuda_ipc needs the server on this machine, but {remote[0]} is not "
+                "loopback; use nccl"
+            )
+    return sync
+
+
+def _workers_per_server(extra_args: list[str]) -> int:
+    """vLLM workers of one server (tensor x pipeline parallel): the NCCL group's other ranks."""
+    size = 1
+    for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
+        for i, arg in enumerate(extra_args):
+            value = None
+            if arg in flags and i + 1 < len(extra_args):
+                value = extra_args[i + 1]
+            elif arg.startswith(tuple(f + "=" for f in flags)):
+                value = arg.split("=", 1)[1]
+            if value is not None:
+                size *= int(value)
+    return size
+
+
+def _read_safetensors(directory: Path) -> dict[str, object]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise VLLMError(f"weight update: no *.safetensors in {directory}")
+    out: dict[str, object] = {}
+    for file in files:
+        out.update(load_file(str(file)))
+    return out
+
+
 def write_safetensors(state_dict: Mapping[str, object], directory: Path) -> Path:
     """Write CPU tensors as one safetensors file. Tensors that share storage (tied embeddings)
     are written once, under their first name: vLLM ties them again when it loads."""
@@ -252,6 +321,14 @@ class VLLMEngine:
         self._watchdog: threading.Thread | None = None
         self._warned_sleep = False
         self.sleeping = False
+        self.weight_sync = resolve_weight_sync(config, self.device)
+        self._transfer: GpuWeightTransfer | None = None
+        self._latest_state: tuple[int, Mapping[str, object]] | None = None  # GPU transfer: for restarts
+        if self.weight_sync != "in_place":
+            self._transfer = GpuWeightTransfer(
+                self.weight_sync, workers_per_server=_workers_per_server(config.extra_args), host=config.host,
+                timeout_s=config.request_timeout_s,
+            )  # fmt: skip
 
     # --- lifecycle ------------------------------------------------------------------------
     @property
@@ -294,6 +371,8 @@ class VLLMEngine:
         """SIGTERM each server's process group (API server, engine core, workers), then SIGKILL."""
         self._stopped.set()
         with self._lock:
+            if self._transfer is not None:
+                self._transfer.close()
             running = [server.process for server in self._servers if server.process is not None]
             if running:
                 with ThreadPoolExecutor(max_workers=len(running)) as pool:
@@ -340,6 +419,8 @@ class VLLMEngine:
             cmd.append("--enable-sleep-mode")
         if cfg.gpu_memory_utilization is not None and self.device == "cuda":
             cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+        if self.weight_sync != "in_place":
+            cmd += server_arguments(self.weight_sync)
         return cmd + list(cfg.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -353,6 +434,8 @@ class VLLMEngine:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
         if self.device == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_space_gb))
+        if self.weight_sync != "in_place":
+            env.update(server_environment(self.weight_sync))
         # uvicorn closes idle connections after 5 s; a proxy whose pooled connection sat idle
         # through a training step then races that close and fails the call ("Can not write
         # request body"), so keep connections longer than any step.
@@ -456,7 +539,11 @@ class VLLMEngine:
         _terminate(server.process)  # its engine core may outlive the API server
         self._launch(server)
         self._wait_healthy([server])
-        if self._latest is not None:
+        if self._transfer is not None:
+            self._transfer.forget(server.url)  # its NCCL group / IPC engine died with it
+            if self._latest_state is not None:
+                self._sync_servers_gpu([server], *self._latest_state)
+        elif self._latest is not None:
             version, directory = self._latest
             self._sync_server(server, directory, version)
 
@@ -472,6 +559,8 @@ class VLLMEngine:
 
     # --- weights --------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> float:
+        if self._transfer is not None:
+            return self._update_weights_gpu(update)
         started = time.perf_counter()
         directory, write_seconds = self._materialize(update)
         with self._lock:
@@ -502,6 +591,51 @@ class VLLMEngine:
         )  # fmt: skip
         self._prune_weights(keep=directory)
         return seconds
+
+    def _update_weights_gpu(self, update: WeightUpdate) -> float:
+        """vLLM's NCCL / CUDA-IPC weight transfer (vllm_transfer.py) instead of files."""
+        started = time.perf_counter()
+        state_dict = update.state_dict
+        if state_dict is None:
+            if update.directory is None:
+                raise VLLMError(f"weight update v{update.version} has neither state_dict nor directory")
+            state_dict = _read_safetensors(Path(update.directory))
+        with self._lock:
+            restarted = self.ensure_alive() if self.managed else []  # a restart sends _latest_state
+            if self.sleeping:
+                self.wake_up()
+            self._latest_state = (update.version, state_dict)
+            server_seconds = self._sync_servers_gpu(self._servers, update.version, state_dict)
+        seconds = time.perf_counter() - started
+        self.last_sync = SyncReport(
+            version=update.version, seconds=seconds, write_seconds=0.0, server_seconds=server_seconds,
+            load_seconds=server_seconds, worker_results=[{"method": self.weight_sync}], restarted=restarted,
+        )  # fmt: skip
+        log.info("vllm: weights v%d sent by %s to %d replica(s) in %.3f s",
+                 update.version, self.weight_sync, len(self._servers), seconds)  # fmt: skip
+        return seconds
+
+    def _sync_servers_gpu(self, servers: list[_Server], version: int, state_dict: Mapping[str, object]) -> list[float]:
+        """Pause, transfer, drop the prefix cache (it holds the old weights' KV), resume."""
+        assert self._transfer is not None
+        started = time.perf_counter()
+        mode = self.config.pause_mode
+        try:
+            if mode != "none":
+                for server in servers:
+                    self._post(server, "/pause", params={"mode": mode})
+            try:
+                self._transfer.send([s.url for s in servers], state_dict, version)  # type: ignore[arg-type]
+            except WeightTransferError as error:
+                raise VLLMError(str(error)) from error
+            for server in servers:
+                self._post(server, "/reset_prefix_cache")
+                self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
+        finally:
+            if mode != "none":
+                for server in servers:
+                    self._post(server, "/resume")
+        return [time.perf_counter() - started] * len(servers)
 
     def _materialize(self, update: WeightUpdate) -> tuple[Path, float]:
         if update.directory is not None:

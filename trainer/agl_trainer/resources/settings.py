@@ -51,9 +51,14 @@ def check_settings(config: Config) -> None:
     except BackendConfigError as error:
         raise ConfigError(f"config key {error}") from None
     if config.engine.name == "vllm":
-        from agl_trainer.engines.vllm import vllm_config
+        from agl_trainer.engines.vllm import resolve_weight_sync, vllm_config
 
+        settings = {"model": config.model.path, "replicas": config.engine.replicas, **config.engine.options}
+        if config.backend.name == "verl":
+            settings["weight_sync"] = config.backend.verl.weight_sync
         try:
-            vllm_config({"model": config.model.path, "replicas": config.engine.replicas, **config.engine.options})
+            engine = vllm_config(settings)
+            resolve_weight_sync(engine, "cpu" if config.backend.device == "cpu" else "cuda")
         except ValueError as error:
-            raise ConfigError(f"config key engine.options: {error}") from None
+            key = "backend.verl.weight_sync" if "weight_sync" in str(error) else "engine.options"
+            raise ConfigError(f"config key {key}: {error}") from None
