@@ -72,7 +72,7 @@ def decode_request(kind: str, body: bytes) -> wire.Request:
         return _raise(DEEP_JSON, None)
 
 
-DEEP_JSON = "request body is nested too deeply (JSON arrays and objects more than ~500 levels deep)"
+DEEP_JSON = "request body is nested too deeply: JSON arrays and objects nested about 900 levels or more"
 
 
 def _raise(message: str, param: str | None) -> Any:
