@@ -374,6 +374,7 @@ async def reward(request: web.Request) -> web.Response:
         parse_traceparent(request.headers.get("traceparent")),
         dict(body.attributes),
     )
+    await sidecar.exporter.sync_durable()  # --durable-spans: the reward's span is on disk before the 200
     return _json(200, {"rollout_id": identity.rollout_id, "name": body.name, "value": float(body.value)})
 
 
@@ -402,6 +403,7 @@ async def end_rollout(request: web.Request) -> web.Response:
     identity.task_id = body.task_id or identity.task_id
     identity.mode = body.mode or identity.mode
     sidecar.recorder.rollout_end(identity, body.status, parse_traceparent(request.headers.get("traceparent")))
+    await sidecar.exporter.sync_durable()  # --durable-spans: the end's span is on disk before the 200
     return _json(200, {"rollout_id": identity.rollout_id, "status": body.status})
 
 

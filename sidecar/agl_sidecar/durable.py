@@ -50,8 +50,15 @@ class SpanLog:
 
     # --- event loop side -----------------------------------------------------------------------
     def append(self, span: bytes) -> None:
+        """Queue a span for the log; it is written by the next group commit, which starts now if
+        none is running (a span nobody awaits, such as a failed call's, reaches the disk too)."""
         self._buffer.append(_SPAN_TAG + otlp.varint(len(span)) + span)
         self._appended += 1
+        if self._syncing is None:
+            try:
+                self._syncing = asyncio.get_running_loop().create_task(self._sync_once())
+            except RuntimeError:  # no loop running (a synchronous caller): the next sync() writes it
+                pass
 
     async def sync(self) -> None:
         """Return once every span appended so far is on disk (or could not be written: counted)."""

@@ -18,6 +18,7 @@ CALLS = 12
 
 
 def _calls(url: str, stream: bool) -> None:
+    """CALLS calls, then a reward and an end for the first rollout (spans too)."""
     with httpx.Client(timeout=30) as client:
         for i in range(CALLS):
             body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "stream": stream}
@@ -25,14 +26,16 @@ def _calls(url: str, stream: bool) -> None:
             assert r.status_code == 200
             if stream:
                 assert "[DONE]" in r.text
+        assert client.post(f"{url}/rollouts/k00/reward", json={"value": 1.0}).status_code == 200
+        assert client.post(f"{url}/rollouts/k00/end", json={"status": "succeeded"}).status_code == 200
 
 
 @pytest.mark.parametrize(
     ("durable", "sig", "stream", "kept"),
     [
-        (True, signal.SIGKILL, False, CALLS),
-        (True, signal.SIGKILL, True, CALLS),
-        (False, signal.SIGTERM, False, CALLS),
+        (True, signal.SIGKILL, False, CALLS + 2),
+        (True, signal.SIGKILL, True, CALLS + 2),
+        (False, signal.SIGTERM, False, CALLS + 2),
         (False, signal.SIGKILL, False, 0),  # control: the window durable mode closes
     ],
     ids=["durable-sigkill-unary", "durable-sigkill-stream", "sigterm", "control-sigkill-loses"],
@@ -57,6 +60,6 @@ def test_spans_of_answered_calls_survive_the_sidecar(fake, tmp_path, durable, si
                 import time
 
                 time.sleep(1.0)  # a restarted sidecar replays at once; give it time to show it has nothing
-        names = sorted(str(rollout_of(s)) for s in sink.spans)
-    assert len(set(names)) == kept and len(names) >= kept
-    assert set(names) <= {f"k{i:02d}" for i in range(CALLS)}
+        spans = {(str(rollout_of(s)), s.name) for s in sink.spans}
+    assert len(spans) == kept and len(sink.spans) >= kept
+    assert {rollout for rollout, _ in spans} <= {f"k{i:02d}" for i in range(CALLS)}
