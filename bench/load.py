@@ -11,7 +11,8 @@ Three phases, the targets interleaved in blocks within each (a machine shared wi
 every target equally slow):
   c=1   calls one at a time: added p50/p99 latency against direct (what --durable-spans costs a call)
   c=64  64 streams at once: throughput, and the ratio against the floor
-  load  N rollouts at once (default 1,000), K streaming calls each, a reward and an end per rollout:
+  load  N rollouts at once (default 1,000), K streaming calls each, and through the sidecars a reward
+        and an end per rollout (not in its calls/s, but in its wall time):
         errors, p50/p99 added latency, sidecar RSS before/after, and spans stored / spans sent
         (counted in the receiver's store after a drained pause; must be 1.0)
 Bounded: every call has a timeout, the whole run a deadline; --quick finishes in under a minute.
@@ -93,8 +94,10 @@ class Tally:
 
 
 async def rollout(
-    session: Any, base: str, prefix: str, index: int, calls: int, tally: Tally, sidecar: bool, with_ids: bool
+    session: Any, base: str, prefix: str, index: int, calls: int, tally: Tally, sidecar: bool, with_ids: bool,
+    finish: bool,
 ) -> None:
+    """`calls` streaming calls in turn; with `finish` (through a sidecar), then a reward and an end."""
     rid = f"{prefix}-{index}"
     url = f"{base}/rollouts/{rid}/v1/chat/completions" if sidecar else f"{base}/v1/chat/completions"
     content = f"rollout {index}: solve the task"
@@ -105,7 +108,7 @@ async def rollout(
         except Exception as exc:  # noqa: BLE001 - counted and reported, the run goes on
             tally.error(f"{type(exc).__name__}: {exc}")
         content += f" then step {turn}"
-    if sidecar:
+    if sidecar and finish:
         for path, payload in (("reward", b'{"value": 1.0}'), ("end", b'{"status": "succeeded"}')):
             try:
                 async with session.post(f"{base}/rollouts/{rid}/{path}", data=payload, headers=JSON) as reply:
@@ -156,7 +159,9 @@ async def main(rollouts: int, calls: int, quick: bool, deadline_s: float) -> int
             print(f"{'phase':<8}{'target':<14}{'calls':>7}{'errors':>7}{'p50 ms':>9}{'p99 ms':>9}"
                   f"{'+p50 ms':>9}{'+p99 ms':>9}{'calls/s':>9}")
 
-            async def phase(label: str, concurrency: int, per_target: int, blocks: int, k: int) -> dict[str, Tally]:
+            async def phase(
+                label: str, concurrency: int, per_target: int, blocks: int, k: int, finish: bool = False
+            ) -> dict[str, Tally]:
                 tallies = {name: Tally() for name in urls}
                 per_block = max(1, per_target // blocks)
                 for block in range(blocks):
@@ -170,7 +175,7 @@ async def main(rollouts: int, calls: int, quick: bool, deadline_s: float) -> int
                         first = block * per_block
                         for start in range(first, first + per_block, concurrency):
                             await asyncio.gather(*(
-                                rollout(session, base, f"{label}-{name}", i, k, tally, sidecar, name == "direct")
+                                rollout(session, base, f"{label}-{name}", i, k, tally, sidecar, name == "direct", finish)
                                 for i in range(start, min(start + concurrency, first + per_block))
                             ))
                         tally.wall_s += time.perf_counter() - started
@@ -188,7 +193,7 @@ async def main(rollouts: int, calls: int, quick: bool, deadline_s: float) -> int
             one = await phase("c1", 1, 100 if quick else 400, 4 if quick else 8, 1)
             wide = await phase("c64", 64, 256 if quick else 1024, 2 if quick else 4, 1)
             rss_before = {name: rss_mb(procs[name].pid) for name in SIDECARS}
-            load = await phase("load", rollouts, rollouts, 1, calls)
+            load = await phase("load", rollouts, rollouts, 1, calls, finish=True)
             rss_after = {name: rss_mb(procs[name].pid) for name in SIDECARS}
 
             def added(tallies: dict[str, Tally], name: str) -> float:
