@@ -20,7 +20,7 @@ def tiny_model(tmp_path_factory) -> Path:
 def training_config(model: Path, **overrides) -> TorchBackendConfig:
     algorithm = overrides.pop("algorithm", AlgorithmConfig())
     return TorchBackendConfig(
-        model_path=model, device="cpu", lr=overrides.pop("lr", 1e-2), algorithm=algorithm, **overrides
+        model_path=model, device=overrides.pop("device", "cpu"), lr=overrides.pop("lr", 1e-2), algorithm=algorithm, **overrides
     )
 
 

@@ -62,6 +62,7 @@ def connect(config: VerlBackendConfig) -> RayHandle:
 
     env = worker_env(config.device)
     if ray.is_initialized():
+        check_resources(config)
         return RayHandle(started_here=False)
     runtime_env = {"env_vars": env}
     if config.ray_address is not None:
