@@ -609,6 +609,7 @@ class StreamRecorder:
             return None
         call = self.call
         flags = self.flags
+        c = chunk.choices[0] if chunk.choices else None
         # Locate every value to strip before recording anything, and confirm each located span of
         # bytes is exactly the decoded value (another engine's spacing or key order moves them): on
         # a miss the general path handles the chunk from scratch.
@@ -620,32 +621,40 @@ class StreamRecorder:
             if at < 0 or payload[at + 19 : end] != bytes(chunk.prompt_token_ids):
                 return None
             cuts.append((at + 19, end))
-        for c in chunk.choices:
+        logprobs = None
+        if c is not None:
             if c.token_ids is not None and not flags.token_ids:
                 at = payload.rfind(b'"token_ids":[')
                 end = payload.find(b"]", at) + 1
                 if at < 0 or payload[at + 12 : end] != wire.encode(c.token_ids):
                     return None
                 cuts.append((at + 12, end))
-            if c.logprobs is not None and not flags.logprobs:
-                at = payload.find(b'"logprobs":{')
-                end = payload.find(b',"finish_reason":', at)
-                if at < 0 or end < 0 or not wire.same_chat_logprobs(payload[at + 11 : end], c.logprobs):
+            if c.logprobs != wire.NULL:
+                if not flags.logprobs:
+                    at = payload.find(b'"logprobs":{')
+                    end = payload.find(b',"finish_reason":', at)
+                    if at < 0 or end < 0 or payload[at + 11 : end] != bytes(c.logprobs):
+                        return None
+                    cuts.append((at + 11, end))
+                try:
+                    logprobs = wire.chat_logprobs(c.logprobs)
+                except msgspec.MsgspecError:
                     return None
-                cuts.append((at + 11, end))
-        cuts.sort()
-        if any(cuts[i][0] < cuts[i - 1][1] for i in range(1, len(cuts))):
-            return None  # two located values overlap: the layout is not vLLM's
+        if len(cuts) > 1:
+            cuts.sort()
+            for (_, previous_end), (begin, _) in zip(cuts, cuts[1:]):
+                if begin < previous_end:
+                    return None  # two located values overlap: the layout is not vLLM's
         if has_prompt and call.prompt_ids is None:
             call.prompt_ids = chunk.prompt_token_ids
-        for c in chunk.choices:
+        if c is not None:
             choice = call.choice(c.index)
             if c.finish_reason is not None:
                 choice.finish_reason = c.finish_reason
             if c.token_ids:
                 choice.token_ids += c.token_ids
-            if c.logprobs is not None and c.logprobs.content:
-                choice.logprobs += [entry.logprob for entry in c.logprobs.content]
+            if logprobs:
+                choice.logprobs += logprobs
         if call.response_id is None:
             call.response_id = chunk.id
             call.response_model = chunk.model

@@ -34,7 +34,18 @@ def _escaped_keys(text: bytes) -> bytes:
     return text.replace(b'"token_ids":', b'"token\\u005fids":').replace(b'"logprobs":', b'"log\\u0070robs":')
 
 
+def _delta_after_logprobs(raw: bytes) -> bytes:
+    """vLLM's compact spelling with `delta` moved between `logprobs` and `finish_reason`, where the
+    fast path's end marker for logprobs would take it along."""
+    data = json.loads(raw)
+    for i, choice in enumerate(data.get("choices", [])):
+        first = {k: choice[k] for k in ("index", "logprobs", "delta") if k in choice}
+        data["choices"][i] = {**first, **{k: v for k, v in choice.items() if k not in first}}
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 SPELLINGS: dict[str, Callable[[bytes], bytes]] = {
+    "delta_after_logprobs": _delta_after_logprobs,
     "vllm": lambda raw: raw,
     "spaces": lambda raw: json.dumps(json.loads(raw), ensure_ascii=False).encode(),
     "pretty": lambda raw: json.dumps(json.loads(raw), ensure_ascii=False, indent=2).encode(),
