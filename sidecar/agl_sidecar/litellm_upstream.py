@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
+from agl_sidecar.inputs import int64_or_none
 from agl_sidecar.proxy import CHAT, CallRecord
 
 if TYPE_CHECKING:
@@ -32,13 +33,14 @@ def _record(call: CallRecord, response: dict[str, Any]) -> None:
     call.response_id = response.get("id")
     call.response_model = response.get("model")
     for choice in response.get("choices") or []:
-        record = call.choice(int(choice.get("index", 0)))
+        record = call.choice(int64_or_none(choice.get("index", 0)) or 0)
         if choice.get("finish_reason"):
-            record.finish_reason = choice["finish_reason"]
+            record.finish_reason = str(choice["finish_reason"])
     usage = response.get("usage") or {}
     if usage:
-        call.input_tokens = usage.get("prompt_tokens")
-        call.output_tokens = usage.get("completion_tokens")
+        # A provider's counts as a span can carry them (int64), else left out.
+        call.input_tokens = int64_or_none(usage.get("prompt_tokens"))
+        call.output_tokens = int64_or_none(usage.get("completion_tokens"))
 
 
 async def complete_via_litellm(
@@ -99,5 +101,13 @@ async def complete_via_litellm(
         call.end_reason, call.error_type = semconv.END_CLIENT_DISCONNECTED, "client_disconnected"
         sidecar.recorder.finish(call)
         raise
+    except Exception as exc:  # the provider broke off mid-stream: a broken stream for the harness too
+        call.end_reason, call.error_type = semconv.END_UPSTREAM_ERROR, "upstream_stream_broken"
+        call.error_message = f"{type(exc).__name__}: {exc}"[:500]
+        sidecar.metrics.upstream_errors += 1
+        sidecar.recorder.finish(call)
+        if request.transport is not None:
+            request.transport.close()
+        return stream
     sidecar.recorder.finish(call)
     return stream

@@ -90,3 +90,17 @@ def test_engine_dying_mid_stream_is_an_error_for_the_harness_and_in_the_span(
     assert span.status_code == 2
     # The sidecar itself is fine: the next call on a new connection works.
     assert httpx.get(sidecar.url + "/healthz").status_code == 200
+
+
+@pytest.mark.slow  # importing litellm costs seconds
+def test_a_provider_dying_mid_stream_through_litellm_is_an_error_for_the_harness(engine, make_sidecar, otlp_sink):
+    sidecar = make_sidecar(
+        upstream=["litellm:openai/tiny"],
+        otlp_endpoint=otlp_sink.endpoint,
+        litellm_params={"api_base": engine.base_url + "/v1", "api_key": "unused", "max_retries": 0},
+    )
+    with pytest.raises(BROKEN):
+        _chat(sidecar.url + "/rollouts/r-cut")
+    (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
+    assert span.attributes[semconv.CALL_END_REASON] == semconv.END_UPSTREAM_ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == "upstream_stream_broken"
