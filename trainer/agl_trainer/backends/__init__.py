@@ -33,6 +33,24 @@ What `train_step(batch, policy_version=None)` does:
      entropy, grad_norm, lr, ref_kl}, importance/{stale_token_frac, mean, max, capped_frac},
      perf/{tokens_per_s, padding_frac, step_s, micro_batches, ...}; then policy_version += 1.
 
+`verl` (`agl_trainer.backends.verl.VerlBackend`): the same interface and the same update (agl's
+advantages, token weights and `rl_objective`), run by verl 0.9.1's FSDP2 workers in a Ray worker
+group: one node or several, GPUs or CPU processes (gloo, through agl's verl platform plugin):
+
+    from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
+
+    backend = VerlBackend(VerlBackendConfig(
+        training=TorchBackendConfig(model_path="path/to/hf-model", device="cuda", lr=1e-6),
+        nnodes=2, n_gpus_per_node=8,            # 16 FSDP ranks
+        ray_address="auto"))                    # a cluster from `ray start --head`; None starts one here
+    metrics = backend.train_step(batch)         # same metric names, plus perf/dispatch_s (Ray overhead)
+    ...                                         # compute_logprobs, state_dict_for_engine, save_hf,
+    backend.close()                             # save/load_checkpoint as above; close stops the workers
+
+`agl train` builds it for `backend.name: verl` (`backend.verl.*`: nnodes, n_gpus_per_node,
+ray_address, param_offload, optimizer_offload, gradient_checkpointing, ulysses_sequence_parallel_size,
+weight_sync, override). Its checkpoints are verl's sharded ones: resume with the same world size.
+
 On CUDA the master weights and AdamW state stay in `param_dtype` (float32) and the forward runs
 under bfloat16 autocast (`compute_dtype`); set param_dtype: bfloat16 for models that do not fit.
 Dropout is turned off at load (`disable_dropout`): the trainer must score tokens as the engine's
