@@ -74,7 +74,8 @@ def test_request_ints_beyond_int64_are_refused_naming_the_field(fake, make_sidec
     sidecar = make_sidecar(upstream=[fake.base_url])
     body = dict(CHAT) if "chat" in path else {"model": "tiny", "prompt": "hi", "max_tokens": 4}
     body[field] = value
-    _openai_error(post(sidecar.url + path, json=body), 400, field)
+    error = _openai_error(post(sidecar.url + path, json=body), 400, field)
+    assert "Expected `int`" in error["message"]  # the sidecar's refusal, not the engine's
     assert fake.requests == []
 
 
