@@ -182,5 +182,10 @@ def validate(config: SidecarConfig) -> None:
         for key, value in overrides.items():
             if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
                 raise ConfigError(f"setting 'sampling.{mode}.{key}': {value} is out of the int64 range")
+            # The call's span copies these: a value of another type would cost the span.
+            if key in ("temperature", "top_p") and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} must be a number")
+            if key in ("max_tokens", "n") and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} must be an integer")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError("setting 'log_level' must be one of debug, info, warning, error")

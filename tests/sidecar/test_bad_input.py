@@ -226,3 +226,21 @@ def test_pause_refuses_a_timeout_out_of_range(fake, make_sidecar, timeout_s):
     sidecar = make_sidecar(upstream=[fake.base_url])
     response = post(sidecar.url + "/agl/v1/pause", json={"drain": True, "timeout_s": timeout_s})
     assert response.status_code == 400 and "timeout_s" in response.json()["error"]
+
+
+# --- configuration -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"policy_version": 2**63}, "policy_version"),
+        ({"policy_version": -1}, "policy_version"),
+        ({"sampling": {"train": {"max_tokens": 2**64}}}, "sampling.train.max_tokens"),
+        ({"sampling": {"train": {"temperature": "hot"}}}, "sampling.train.temperature"),
+        ({"sampling": {"val": {"n": 1.5}}}, "sampling.val.n"),
+    ],
+)
+def test_configured_values_a_span_copies_are_checked_at_startup(settings, fragment):
+    from agl_sidecar.config import ConfigError, build
+
+    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
+        build({"upstream": ["http://127.0.0.1:1"], **settings})
