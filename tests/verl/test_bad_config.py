@@ -31,7 +31,6 @@ CASES = [
     (["--backend.verl.ulysses_sequence_parallel_size=2", "--backend.verl.n_gpus_per_node=2"],
      "backend.verl.ulysses_sequence_parallel_size", "needs CUDA GPUs"),
     (["--set", "backend.verl.override={\"engine.no_such_field\": 1}"], "backend.verl.override", "has no field 'no_such_field'"),
-    (["--set", "backend.algorithm={\"kl_coef\": 0.1}"], "backend.algorithm.kl_coef", "set kl_coef: 0"),
     (["--set", "backend.options={\"lr_schedule\": \"cosine\"}"], "backend.total_steps", "set it"),
     (["--set", "backend.options={\"packing\": \"packed\"}"], "backend.options.packing", "drop packing"),
 ]

@@ -5,6 +5,7 @@ metric, the new weights), rollout-mean invariance, and checkpoints that resume e
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -158,3 +159,32 @@ def test_save_hf_loads_in_transformers(pair, tmp_path):
     expected = expected * (batch.loss_mask != 0)
     torch.testing.assert_close(verl.compute_logprobs(batch), expected, atol=1e-5, rtol=0)
     assert (out / "tokenizer.json").is_file()
+
+
+def _free_cpus() -> float:
+    import ray
+
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def test_kl_to_the_reference_model_equals_the_torch_backend(local_ray, tiny_model):
+    """kl_coef > 0: a frozen copy of the initial model in each worker; two epochs, so the second
+    update is away from the reference and the KL term has a value and a gradient."""
+    algorithm = AlgorithmConfig(kl_coef=0.5, kl_estimator="k3", entropy_coef=0.0)
+    config = training_config(tiny_model, algorithm=algorithm, lr=LR, ppo_epochs=2, eps=1e-4)
+    batch = parity_batch()
+    want = TorchBackend(config).train_step(batch, policy_version=1)
+    free_before = _free_cpus()
+    backend = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=2))
+    try:
+        assert _free_cpus() == free_before - 2
+        got = backend.train_step(batch, policy_version=1)
+    finally:
+        backend.close()
+    deadline = time.monotonic() + 10  # close() gives the placement groups' CPUs back to the shared Ray
+    while _free_cpus() != free_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _free_cpus() == free_before
+    assert want["actor/ref_kl"] > 1e-6 and want["loss/kl"] > 0
+    for key in ("loss/total", "loss/kl", "actor/ref_kl", "actor/grad_norm", "actor/grad_norm_max", "loss/pg"):
+        assert got[key] == pytest.approx(want[key], abs=1e-5), key

@@ -123,7 +123,7 @@ class VerlBackend:
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
-        lr, dispatch_s = t.lr, 0.0
+        lr, dispatch_s, worker_cpu_s = t.lr, 0.0, 0.0
         for _ in range(t.ppo_epochs):
             for rollouts in split_rollouts(rollout_tokens.tolist(), t.num_mini_batches):
                 in_mini = torch.zeros(batch.num_rollouts, dtype=torch.bool)
@@ -133,6 +133,7 @@ class VerlBackend:
                 samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
                 results, wall = self._call("agl_train", batch, lengths, samples, {**per_token, "weights": weights}, current)
                 dispatch_s += wall - max(r["compute_s"] for r in results)
+                worker_cpu_s += results[0]["compute_cpu_s"]
                 first = results[0]
                 for key, value in first["sums"].items():
                     sums[key] += value
@@ -146,7 +147,9 @@ class VerlBackend:
 
         self.policy_version = current + 1
         elapsed = time.perf_counter() - started
-        return self._metrics(batch, advantages, loss_mask, sums, maxima, grad_norms, lr, elapsed, dispatch_s)
+        metrics = self._metrics(batch, advantages, loss_mask, sums, maxima, grad_norms, lr, elapsed, dispatch_s)
+        metrics["perf/worker_cpu_s"] = worker_cpu_s  # CPU seconds of data-parallel rank 0 in its step calls
+        return metrics
 
     def _call(
         self,
@@ -260,13 +263,7 @@ class VerlBackend:
         """Stop the workers, and Ray when this backend started it. Safe to call twice."""
         workers, self._workers = self._workers, None
         if workers is not None:
-            import ray
-
-            for handle in getattr(workers, "_workers", []):
-                try:
-                    ray.kill(handle)
-                except Exception:  # noqa: BLE001 - an actor that already died is fine
-                    pass
+            cluster.stop_workers(workers)
         handle, self._ray = self._ray, None
         if handle is not None and handle.started_here:
             handle.shutdown()
@@ -317,6 +314,9 @@ class VerlBackend:
             "perf/optimizer_steps": float(len(grad_norms)),
             "perf/dispatch_s": max(dispatch_s, 0.0),
         }
+        if "ref_kl" in sums:
+            out["actor/ref_kl"] = sums["ref_kl"] / tokens
+            out["loss/kl"] = sums["kl_loss"] / updates
         if "entropy_loss" in sums:
             out["loss/entropy"] = sums["entropy_loss"] / updates
         return out

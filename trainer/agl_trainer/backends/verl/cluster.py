@@ -8,6 +8,7 @@ platform plugin's variables): it is set in the job's runtime_env and in each wor
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,15 +109,38 @@ def start_workers(config: VerlBackendConfig, settings) -> Any:
     from agl_trainer.backends.verl.worker import AglTrainingWorker
 
     on_gpu = config.device == "cuda"
+    # verl's default names come from the `random` module, which training seeds: two backends in one
+    # process would ask for the same placement group name
+    prefix = f"agl{uuid.uuid4().hex[:8]}"
     pool = RayResourcePool(
         process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
         use_gpu=on_gpu,
+        name_prefix=prefix,
         max_colocate_count=1,  # one worker per bundle: a CPU bundle asks 1 CPU, not verl's default 10
     )
     cls = RayClassWithInitArgs(ray.remote(AglTrainingWorker), settings=settings)
     return RayWorkerGroup(
         resource_pool=pool,
         ray_cls_with_init=cls,
+        name_prefix=prefix,
         device_name=config.device,
         worker_env=worker_env(config.device),
     )
+
+
+def stop_workers(workers: Any) -> None:
+    """Kill the group's actors and free their placement groups (a shared Ray gets its resources back)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    for handle in getattr(workers, "_workers", []):
+        try:
+            ray.kill(handle)
+        except Exception:  # noqa: BLE001 - an actor that already died is fine
+            pass
+    pool = getattr(workers, "resource_pool", None)
+    for group in getattr(pool, "pgs", None) or []:
+        try:
+            remove_placement_group(group)
+        except Exception:  # noqa: BLE001 - already removed
+            pass

@@ -51,12 +51,6 @@ class VerlBackendConfig:
                 "options.packing",
                 "verl packs micro-batches itself (by micro_batch_tokens); drop packing and max_row_tokens",
             )
-        if t.algorithm.kl_coef > 0:
-            fail(
-                "algorithm.kl_coef",
-                f"{t.algorithm.kl_coef}: the verl backend has no reference model yet; set kl_coef: 0 "
-                "or use backend.name: torch for a KL penalty",
-            )
         device = self.device
         if device == "cpu":
             gpu_only = {

@@ -144,6 +144,7 @@ class AglTrainingWorker(TrainingWorker):
         self._sums: dict[str, float] = defaultdict(float)
         self._maxima: dict[str, float] = defaultdict(float)
         self._current_version = 0
+        self.ref_engine = None
 
     # ---------------------------------------------------------------------------------- set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -164,6 +165,8 @@ class AglTrainingWorker(TrainingWorker):
             group.pop("initial_lr", None)
         self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.engine.optimizer, schedule)
         self.engine.checkpoint_manager.lr_scheduler = self.engine.lr_scheduler
+        if self.settings.algorithm.kl_coef > 0:
+            self.ref_engine = self._build_reference()
         return {
             "rank": torch.distributed.get_rank(),
             "dp_rank": self.engine.get_data_parallel_rank(),
@@ -172,11 +175,37 @@ class AglTrainingWorker(TrainingWorker):
             "vocab_size": int(self.engine.model_config.hf_config.vocab_size),
         }
 
+    def _build_reference(self):
+        """The frozen initial policy for the KL penalty: a second FSDP2 engine of the same model in
+        this process, never stepped (AdamW allocates its state at the first step, so it costs the
+        weights only). Not verl's forward_only engine: that one pins CPU memory, which needs CUDA."""
+        import copy
+
+        from verl.workers.engine import EngineRegistry
+
+        engine = EngineRegistry.new(
+            model_type=self.config.model_type,
+            backend=self.engine_config.strategy,
+            model_config=self.model_config,
+            engine_config=copy.deepcopy(self.engine_config),
+            optimizer_config=self.optimizer_config,
+            checkpoint_config=self.checkpoint_config,
+        )
+        engine.initialize()
+        engine.module.requires_grad_(False)
+        return engine
+
+    def _reference_logprobs(self, data) -> torch.Tensor:
+        """Log-probs of the reference model on this micro-batch (logit positions, concatenated)."""
+        with torch.no_grad(), self.ref_engine.eval_mode():
+            _, output = self.ref_engine.forward_step(data, loss_function=None, forward_only=True)
+        return output["model_output"]["log_probs"].values()
+
     # -------------------------------------------------------------------------------- training
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def agl_train(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One optimizer step on this rank's rows of one mini-batch; sums over the DP group."""
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         self._sums, self._maxima = defaultdict(float), defaultdict(float)
         self._current_version = int(payload["current_version"])
         data = self._tensordict(payload, train=True)
@@ -193,6 +222,7 @@ class AglTrainingWorker(TrainingWorker):
             "grad_norm": grad_norm,
             "lr": lr,
             "compute_s": time.perf_counter() - started,
+            "compute_cpu_s": time.process_time() - started_cpu,  # all this worker's threads
         }
 
     def _agl_loss(self, model_output: dict[str, Any], data, dp_group=None):
@@ -228,6 +258,7 @@ class AglTrainingWorker(TrainingWorker):
             if iw.applied.any():
                 value = float(torch.where(iw.applied, iw.weights, 0.0).max())
                 self._maxima["is_weight_max"] = max(self._maxima["is_weight_max"], value)
+        ref = self._reference_logprobs(data)[keep].float() if self.ref_engine is not None else None
         out = rl_objective(
             algo,
             log_prob=log_prob,
@@ -235,6 +266,7 @@ class AglTrainingWorker(TrainingWorker):
             advantages=data["advantages"].values()[keep].float(),
             weights=w,
             importance_weights=importance,
+            ref_log_prob=ref,
             entropy=entropy,
         )
         for key, value in out.sums.items():
