@@ -21,7 +21,7 @@ from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_
 from agl_trainer.backends.packing import split_rollouts
 from agl_trainer.backends.torch_config import BackendConfigError
 from agl_trainer.backends.verl import cluster
-from agl_trainer.backends.verl.config import VerlBackendConfig
+from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
 from agl_trainer.backends.verl.payload import deal_rows, payload, scatter_logprobs
 from agl_trainer.batch import TrainingBatch
 
@@ -63,7 +63,7 @@ class VerlBackend:
             compute = "bf16" if on_gpu else model_dtype
         else:
             compute = "bf16" if t.compute_dtype == "bfloat16" else "fp32"
-        attention = t.attn_implementation or ("flash_attention_2" if on_gpu and _has_flash_attn() else "sdpa")
+        attention = t.attn_implementation or ("flash_attention_2" if on_gpu and has_flash_attn() else "sdpa")
         return WorkerSettings(
             model_path=str(t.model_path),
             trust_remote_code=t.trust_remote_code,
@@ -331,7 +331,3 @@ def _dropout_off(model_path: Path) -> dict[str, float]:
     return {key: 0.0 for key in DROPOUT_KEYS if isinstance(config.get(key), int | float) and config[key] > 0}
 
 
-def _has_flash_attn() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("flash_attn") is not None

@@ -74,6 +74,12 @@ class VerlBackendConfig:
                 f"{t.device!r}, but CUDA is not available here and no backend.verl.ray_address names a GPU "
                 f"cluster; use device: cpu (n_gpus_per_node then counts CPU worker processes)",
             )
+        if self.ulysses_sequence_parallel_size > 1 and device == "cuda" and not has_flash_attn():
+            fail(
+                "verl.ulysses_sequence_parallel_size",
+                f"{self.ulysses_sequence_parallel_size} needs verl's packed inputs, which need flash-attn; "
+                "pip install flash-attn, or set it to 1",
+            )
         if self.world_size % self.ulysses_sequence_parallel_size:
             fail(
                 "verl.ulysses_sequence_parallel_size",
@@ -150,3 +156,9 @@ def ray_address_problem(address: str, timeout_s: float = 3.0) -> str | None:
             return None
     except OSError as error:
         return f"nothing answers at {host}:{port} ({error.strerror or error})"
+
+
+def has_flash_attn() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
