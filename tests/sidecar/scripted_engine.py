@@ -59,6 +59,7 @@ class ScriptedEngine:
 
         def run() -> None:
             loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
             self._loop = loop
             self._server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
             self.base_url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
@@ -70,7 +71,8 @@ class ScriptedEngine:
             tasks = asyncio.all_tasks(loop)
             for task in tasks:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 
