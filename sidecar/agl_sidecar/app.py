@@ -13,6 +13,7 @@ import hmac
 import ipaddress
 import logging
 import math
+import re
 from typing import Annotated, Any
 
 import aiohttp
@@ -333,15 +334,23 @@ class EndBody(msgspec.Struct, forbid_unknown_fields=True):
     mode: str | None = None
 
 
+class BodyError(ValueError):
+    """A body that does not decode as `kind`; `param` names the top-level field at fault, if one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = re.split(r"[.\[]", param, maxsplit=1)[0] if param else None
+
+
 def _decode_body(raw: bytes, kind: type, what: str) -> Any:
     try:
         return msgspec.json.decode(raw or b"{}", type=kind)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+        raise BodyError(f"{what}: {exc}", wire.error_param(exc)) from None
     except msgspec.DecodeError as exc:
-        raise ValueError(f"{what}: the body is not valid JSON ({exc})") from None
+        raise BodyError(f"{what}: the body is not valid JSON ({exc})") from None
     except RecursionError:
-        raise ValueError(f"{what}: {DEEP_JSON}") from None
+        raise BodyError(f"{what}: {DEEP_JSON}") from None
 
 
 async def reward(request: web.Request) -> web.Response:
@@ -353,8 +362,9 @@ async def reward(request: web.Request) -> web.Response:
         body: RewardBody = _decode_body(raw, RewardBody, "reward")
     except inputs.TooLarge as exc:
         return _bad_input(exc)
-    except ValueError as exc:
-        return _openai_error(400, f"{exc}; expected {{\"value\": 1.0, \"name\": \"reward\"}}", param="value")
+    except BodyError as exc:
+        message = f"{exc}; expected {{\"value\": 1.0, \"name\": \"reward\"}}"
+        return _openai_error(400, message, param=exc.param)
     if isinstance(body.value, bool) or not math.isfinite(float(body.value)):
         return _openai_error(400, f"reward value must be a finite number, got {body.value!r}", param="value")
     if not body.name:
@@ -387,8 +397,9 @@ async def end_rollout(request: web.Request) -> web.Response:
         body: EndBody = _decode_body(raw, EndBody, "end")
     except inputs.TooLarge as exc:
         return _bad_input(exc)
-    except ValueError as exc:
-        return _openai_error(400, f"{exc}; expected {{\"status\": \"succeeded\"}}", param="status")
+    except BodyError as exc:
+        message = f"{exc}; expected {{\"status\": \"succeeded\"}}"
+        return _openai_error(400, message, param=exc.param)
     if body.status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
         return _openai_error(
             400, f"status must be 'succeeded' or 'failed', got {body.status!r}", param="status"

@@ -84,7 +84,7 @@ def test_request_ints_beyond_int64_are_refused_naming_the_field(fake, make_sidec
     [
         ({"value": 1.0, "call_seq": 2**63}, "call_seq"),
         ({"value": 1.0, "call_seq": -1}, "call_seq"),
-        ({"value": 1.0, "attributes": {"k": 10**20}}, None),
+        ({"value": 1.0, "attributes": {"k": 10**20}}, "attributes"),
         ({"value": 1.0, "task_id": "t\x1b[2J"}, "task_id"),
         ({"value": 1.0, "name": "a\nb"}, "name"),
     ],
@@ -92,9 +92,7 @@ def test_request_ints_beyond_int64_are_refused_naming_the_field(fake, make_sidec
 def test_reward_values_a_span_cannot_carry_are_refused(fake, make_sidecar, body, param):
     sidecar = make_sidecar(upstream=[fake.base_url])
     response = post(sidecar.url + "/rollouts/r/reward", json=body)
-    error = _openai_error(response, 400)
-    if param is not None and error["param"] != "value":
-        assert error["param"] == param
+    _openai_error(response, 400, param)
 
 
 # --- ids -----------------------------------------------------------------------------------------
