@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from agl import semconv
 from agl_trainer.store import RolloutKey, RolloutStore, StoreError
@@ -103,6 +105,34 @@ def test_training_state_survives_a_restart(store_path, clock):
         stats = store.stats()
         assert (stats.rollouts, stats.trained, stats.dropped, stats.ready, stats.calls) == (3, 1, 1, 1, 3)
         assert store.rollout("b").dropped_reason == "stale"
+
+
+def test_completed_sees_due_rollouts_without_the_write_lock(store_path, clock):
+    """The loop polls `completed`; it must answer while another connection (the receiver) holds the
+    write lock, and count a rollout due by span, exit or timeout as complete before any refresh."""
+    with open_store(store_path, clock, grace_s=1.0, rollout_timeout_s=60) as store:
+        ingest(store, [call_span("span", 0, [1], [2]), rollout_span("span")])
+        ingest(store, [call_span("exit", 0, [1], [2])])
+        ingest(store, [call_span("slow", 0, [1], [2])])
+        store.mark_harness_exited("exit", 3)
+        keys = ["span", "exit", "slow", "unknown"]
+        assert store.completed(keys) == set()  # within the grace period
+        clock.now += 1.5
+        writer = sqlite3.connect(store_path, isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")  # the receiver mid-commit
+        try:
+            with open_store(store_path, clock, grace_s=1.0, rollout_timeout_s=60, busy_timeout_s=0.05) as poller:
+                assert poller.completed(keys) == {RolloutKey("span", 0), RolloutKey("exit", 0)}
+                clock.now += 60
+                assert poller.completed(keys) == {RolloutKey("span", 0), RolloutKey("exit", 0), RolloutKey("slow", 0)}
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+        assert store.rollout("exit").end_cause is None  # recorded only by a refresh
+        store.mark_dropped([("slow", "stale")])
+        store.mark_trained(["span"], step=1)
+        assert store.completed(keys) == {RolloutKey("exit", 0)}
+        assert store.refresh_completion() == 3 and store.rollout("exit").end_cause == "harness_error"
 
 
 def test_attempts_are_separate_and_unattributed_rewards_apply_to_each(store_path, clock):

@@ -149,14 +149,22 @@ async def test_missing_harness_command_is_a_clear_error(tmp_path: Path) -> None:
 
 
 async def test_concurrency_limit(tmp_path: Path) -> None:
+    """At most `concurrency` harnesses run at once, and that many do: each harness waits (up to 2 s)
+    until a second one is running, so a runner that ran them one by one fails `most == 2`."""
     log = tmp_path / "spans.txt"
     argv = script(
         tmp_path,
         "slow",
         """
-        import sys, time
-        start = time.time(); time.sleep(0.3)
-        open(sys.argv[1], "a").write(f"{start} {time.time()}\\n")
+        import os, sys, time
+        log, me = sys.argv[1], f"{sys.argv[1]}.running-{os.getpid()}"
+        start = time.time(); open(me, "w").close()
+        folder, prefix = os.path.dirname(log), os.path.basename(log) + ".running-"
+        while sum(name.startswith(prefix) for name in os.listdir(folder)) < 2 and time.time() < start + 2:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        os.remove(me)
+        open(log, "a").write(f"{start} {time.time()}\\n")
         """,
     ) + [str(log)]
     runner = CommandRunner(argv, ENDPOINT, concurrency=2)
@@ -166,8 +174,9 @@ async def test_concurrency_limit(tmp_path: Path) -> None:
     outcomes = await asyncio.gather(*(runner.run(spec(f"r{i}")) for i in range(6)))
     assert all(o.ok for o in outcomes)
     intervals = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
+    assert len(intervals) == 6
     most = max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals)
-    assert most <= 2
+    assert most == 2
 
 
 async def test_grader_turns_a_finished_rollout_into_a_reward(tmp_path: Path) -> None:

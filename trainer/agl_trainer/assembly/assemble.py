@@ -155,14 +155,6 @@ def _logprobs(call: CallRow, problems: dict[str, int]) -> np.ndarray:
     return call.logprobs.astype(np.float32, copy=False)
 
 
-def _final_reward(data: RolloutData, name: str) -> float | None:
-    value = None
-    for reward in data.rewards:  # sorted by (end_ns, span_id): the last one wins
-        if reward.name == name and reward.call_seq is None:
-            value = reward.value
-    return value
-
-
 def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any = None) -> RolloutAssembly:
     info = data.info
     problems: dict[str, int] = {}
@@ -230,10 +222,10 @@ def _reward_and_policy(data: RolloutData, config: AssemblyConfig) -> tuple[float
     cause = data.info.end_cause or "ok"
     policy = config.policy_for(cause)
     if policy == DROP:
-        return _final_reward(data, config.reward_name), f"cause:{cause}"
+        return data.final_reward(config.reward_name), f"cause:{cause}"
     if policy != KEEP:
         return float(policy), None
-    reward = _final_reward(data, config.reward_name)
+    reward = data.final_reward(config.reward_name)
     if reward is not None:
         return reward, None
     if config.missing_reward == DROP:

@@ -39,17 +39,3 @@ class AssemblyReport(msgspec.Struct):
         self.calls += len(placed)
         self.merged_calls += sum(p.merged for p in placed)
         self.trained_tokens += sum(s.num_trained_tokens for s in item.result.samples)
-
-    def flat(self) -> dict[str, float]:
-        """One level of numbers, for metrics (`assembly/merge_failures/template`, ...)."""
-        out: dict[str, float] = {
-            "rollouts": self.rollouts,
-            "samples": self.samples,
-            "calls": self.calls,
-            "merged_calls": self.merged_calls,
-            "trained_tokens": self.trained_tokens,
-        }
-        for group in ("merge_failures", "truncations", "call_problems", "dropped"):
-            for key, n in getattr(self, group).items():
-                out[f"{group}/{key}"] = n
-        return out

@@ -76,7 +76,7 @@ def _open_store(path: str, must_exist: bool = True, **kwargs):
 def run_import(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-    from agl_trainer.store.importer import import_jsonl
+    from agl_trainer.receiver.importer import import_jsonl
 
     if not args.file.is_file():
         raise CLIError(f"{args.file}: no such file")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ class LoopState:
     step: int = 0
     policy_version: int = 0
     next_group_index: int = 0
-    trained_since_previous: list[str] = field(default_factory=list)
+    # (rollout id, attempt) of each rollout trained since the previous checkpoint
+    trained_since_previous: list[tuple[str, int]] = field(default_factory=list)
     run_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Checkpoints:
@@ -82,7 +82,10 @@ class Checkpoints:
 
     def load(self, directory: Path) -> LoopState:
         data = json.loads((directory / "loop.json").read_text())
-        return LoopState(**data)
+        known = {f.name for f in fields(LoopState)}  # older checkpoints carry a field since removed
+        state = LoopState(**{name: value for name, value in data.items() if name in known})
+        state.trained_since_previous = [(rid, attempt) for rid, attempt in state.trained_since_previous]
+        return state
 
     def _prune(self, keep: str) -> None:
         steps = sorted(p for p in self.root.glob("step_*") if p.is_dir())

@@ -79,6 +79,18 @@ class LoopSummary:
     failures: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class _StepNotes:
+    """What one update learns on its way, for its metrics."""
+
+    in_flight_at_pause: int
+    undelivered: int = 0  # call spans the drain could not deliver
+    assembly_s: float = 0.0
+    assembly: dict[str, float] = field(default_factory=dict)  # assembly/... counts
+    too_stale: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 class TrainingLoop:
     def __init__(
         self,
@@ -314,16 +326,30 @@ class TrainingLoop:
 
     # --- updating ------------------------------------------------------------------------------
     async def _update(self, batch: list[Group]) -> None:
-        times = self._times
+        """One training step on `batch`, top to bottom."""
+        step = _StepNotes(in_flight_at_pause=len(self.tasks))
+        await self._pause_and_drain(step)
+        if self.config.stale_policy == "drop":
+            await self._drop_stale(exclude=batch)
+        keys = self._trainable_keys(batch)
         started = time.monotonic()
-        in_flight_at_pause = len(self.tasks)
-        undelivered = 0
+        results = await self._assemble(batch, keys, step)
+        await self._train(results, step)
+        self._times.training = time.monotonic() - started
+        new_version = await self._sync_weights()
+        self._advance(batch, keys, results, new_version)
+        await self.sidecar.resume(policy_version=new_version)
+        self._report(batch, results, step)
+
+    async def _pause_and_drain(self, step: _StepNotes) -> None:
+        """Pause the sidecar (new calls held) and wait for in-flight calls and their spans."""
+        started = time.monotonic()
         try:
             # The sidecar waits (up to the drain timeout) until the receiver acknowledged the drained
             # calls' spans; what it could not deliver by then is missing from this batch: say so.
             paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
             if not paused.spans_flushed:
-                undelivered = max(paused.spans_undelivered, 1)
+                step.undelivered = max(paused.spans_undelivered, 1)
                 self._count("spans_undelivered_at_update")
                 self.progress.log(
                     f"agl: {paused.spans_undelivered} call span(s) had not reached the receiver "
@@ -332,34 +358,44 @@ class TrainingLoop:
                 )
         except SidecarError as error:
             self.progress.log(f"agl: drain did not finish ({error}); updating anyway")
-        times.draining = time.monotonic() - started
-        if self.config.stale_policy == "drop":
-            await self._drop_stale(exclude=batch)
+        self._times.draining = time.monotonic() - started
 
-        keys = self._trainable_keys(batch)
+    async def _assemble(self, batch: list[Group], keys: list[RolloutKey], step: _StepNotes) -> list[RolloutResult]:
+        """The batch's rollouts as training samples, with the failed-rollout and staleness rules applied."""
         started = time.monotonic()
         assembled = await asyncio.to_thread(self.data.assemble, keys) if keys else None
-        assembly_s = time.monotonic() - started
+        step.assembly_s = time.monotonic() - started
+        if assembled is not None:
+            step.assembly = {f"assembly/{k}": float(v) for k, v in assembled.report.items() if _number(v)}
         results = self._apply_failed_policy(batch, assembled.results if assembled else [])
-        results, too_stale = self._filter_stale(results)
-        step_metrics: dict[str, float] = {}
+        results, step.too_stale = self._filter_stale(results)
+        return results
+
+    async def _train(self, results: list[RolloutResult], step: _StepNotes) -> None:
         # Collocated on a GPU: the engine frees its memory for training; update_weights wakes it.
         engine_sleep = getattr(self.engine, "sleep", None)
         if engine_sleep is not None:
             await asyncio.to_thread(engine_sleep)
-        if results and any(r.samples for r in results):
-            training_batch = TrainingBatch.from_rollouts(results, self.pad_token_id)
-            train_metrics = await asyncio.to_thread(self.backend.train_step, training_batch, self.version)
-            step_metrics.update({k: float(v) for k, v in train_metrics.items() if _number(v)})
-            step_metrics.update(_batch_metrics(training_batch, self.version))
-        times.training = time.monotonic() - started
+        if not (results and any(r.samples for r in results)):
+            return
+        training_batch = TrainingBatch.from_rollouts(results, self.pad_token_id)
+        train_metrics = await asyncio.to_thread(self.backend.train_step, training_batch, self.version)
+        step.metrics.update({k: float(v) for k, v in train_metrics.items() if _number(v)})
+        step.metrics.update(_batch_metrics(training_batch, self.version))
 
+    async def _sync_weights(self) -> int:
+        """Push the trained weights to the engine as the next policy version; returns it."""
         started = time.monotonic()
         new_version = self.version + 1
         weights = await asyncio.to_thread(self.backend.state_dict_for_engine)
         await asyncio.to_thread(self.engine.update_weights, WeightUpdate(version=new_version, state_dict=weights))
-        times.syncing = time.monotonic() - started
+        self._times.syncing = time.monotonic() - started
+        return new_version
 
+    def _advance(
+        self, batch: list[Group], keys: list[RolloutKey], results: list[RolloutResult], new_version: int
+    ) -> None:
+        """The loop's state after the step: version, step, what was trained; checkpoint when due."""
         self.state.policy_version = new_version
         self.state.step += 1
         key_of = {key.rollout_id: key for key in keys}
@@ -369,35 +405,31 @@ class TrainingLoop:
         if self.state.step % self.config.checkpoint_every == 0:
             started = time.monotonic()
             self._checkpoint()
-            times.checkpoint = time.monotonic() - started
-        await self.sidecar.resume(policy_version=new_version)
+            self._times.checkpoint = time.monotonic() - started
 
-        rewards = [r.reward for r in results]
-        step_metrics.update(times.metrics())
-        step_metrics["time/assembly_s"] = assembly_s  # part of time/training_s
-        step_metrics["spans/undelivered_at_update"] = float(undelivered)
-        step_metrics.update(
+    def _report(self, batch: list[Group], results: list[RolloutResult], step: _StepNotes) -> None:
+        metrics = step.metrics  # the backend's and the batch's, then the loop's own
+        metrics.update(self._times.metrics())
+        metrics["time/assembly_s"] = step.assembly_s  # part of time/training_s
+        metrics["spans/undelivered_at_update"] = float(step.undelivered)
+        metrics.update(
             {
-                "policy_version": float(new_version),
+                "policy_version": float(self.version),
                 "rollouts/trained": float(len(results)),
                 "rollouts/failed": float(sum(len(g.ids_in(Member.FAILED)) for g in batch)),
-                "rollouts/dropped_stale": float(self._dropped_stale + too_stale),
-                "rollouts/in_flight_at_pause": float(in_flight_at_pause),
+                "rollouts/dropped_stale": float(self._dropped_stale + step.too_stale),
+                "rollouts/in_flight_at_pause": float(step.in_flight_at_pause),
             }
         )
-        if rewards:
-            mean = sum(rewards) / len(rewards)
-            step_metrics["reward/mean"] = mean
-            step_metrics["reward/std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        if assembled is not None:
-            step_metrics.update({f"assembly/{k}": float(v) for k, v in assembled.report.items() if _number(v)})
+        metrics.update(_reward_metrics([r.reward for r in results]))
+        metrics.update(step.assembly)
         self._dropped_stale = 0
-        self.history.append(step_metrics)
+        self.history.append(metrics)
         if self.metrics is not None:
-            self.metrics.write(self.state.step, step_metrics)
+            self.metrics.write(self.state.step, metrics)
         if self.on_step is not None:
-            self.on_step(self.state.step, step_metrics)
-        self.progress.step(self.state.step, step_metrics.get("reward/mean"), step_metrics["time/step_s"])
+            self.on_step(self.state.step, metrics)
+        self.progress.step(self.state.step, metrics.get("reward/mean"), metrics["time/step_s"])
 
     def _trainable_keys(self, batch: list[Group]) -> list[RolloutKey]:
         states = (Member.COMPLETE, Member.FAILED) if self.config.failed_rollouts == "zero" else (Member.COMPLETE,)
@@ -441,7 +473,7 @@ class TrainingLoop:
 
     def _checkpoint(self) -> None:
         self.state.next_group_index = self.schedule.next_index
-        self.state.trained_since_previous = [[k.rollout_id, k.attempt] for k in self.trained_since_checkpoint]
+        self.state.trained_since_previous = [(k.rollout_id, k.attempt) for k in self.trained_since_checkpoint]
         self.checkpoints.save(self.state, self.backend)
         # Only now, with weights that include them on disk, do these count as trained.
         if self.trained_since_checkpoint:
@@ -476,3 +508,11 @@ def _batch_metrics(batch: TrainingBatch, version: int) -> dict[str, float]:
         "tokens/trained": float(trained.sum()),
         "samples": float(batch.num_samples),
     }
+
+
+def _reward_metrics(rewards: list[float]) -> dict[str, float]:
+    """reward/mean and reward/std over the trained rollouts (the loop's, over the backend's)."""
+    if not rewards:
+        return {}
+    mean = sum(rewards) / len(rewards)
+    return {"reward/mean": mean, "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))}

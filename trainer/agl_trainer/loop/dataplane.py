@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from agl import semconv
 from agl_trainer.loop.ports import Assembled
-from agl_trainer.runners.base import Cause
-from agl_trainer.store import CAUSE_HARNESS_ERROR, CAUSE_INFRASTRUCTURE_ERROR, CAUSE_TIMEOUT, RolloutKey, RolloutStore
+from agl_trainer.store import Cause, RolloutKey, RolloutStore
 
-_STORE_CAUSE = {
-    Cause.OK.value: None,  # the exit code says it
-    Cause.HARNESS_ERROR.value: CAUSE_HARNESS_ERROR,
-    Cause.TIMEOUT.value: CAUSE_TIMEOUT,
-    Cause.INFRA_ERROR.value: CAUSE_INFRASTRUCTURE_ERROR,
-    Cause.CANCELLED.value: CAUSE_INFRASTRUCTURE_ERROR,
+# The cause the store records for a harness that ended so: OK leaves it to the exit code; a harness
+# the loop cancelled did not fail on its own, so its partial rollout counts as an infrastructure end.
+_HARNESS_CAUSE: dict[str, Cause | None] = {
+    Cause.OK.value: None,
+    Cause.HARNESS_ERROR.value: Cause.HARNESS_ERROR,
+    Cause.TIMEOUT.value: Cause.TIMEOUT,
+    Cause.INFRA_ERROR.value: Cause.INFRA_ERROR,
+    Cause.CANCELLED.value: Cause.INFRA_ERROR,
 }
 
 
@@ -25,35 +25,22 @@ class StoreDataPlane:
 
         self.store = store
         self.assembly = assembly or AssemblyConfig()
-        self.reward_name = self.assembly.reward_name
         self.tokenizer = tokenizer
 
     def complete(self, keys: Collection[RolloutKey]) -> set[RolloutKey]:
-        wanted = set(keys)
-        if not wanted:
-            return set()
-        ready = {info.key for mode in semconv.MODES for info in self.store.ready_rollouts(mode)}
-        return wanted & ready
+        return self.store.completed(keys) if keys else set()
 
     def harness_exited(self, key: RolloutKey, exit_code: int | None, cause: str) -> None:
-        if cause == Cause.OK.value and exit_code is None:
+        if cause == Cause.OK and exit_code is None:
             exit_code = 0  # a function harness that returned
-        self.store.mark_harness_exited(key.rollout_id, exit_code, _STORE_CAUSE.get(cause), attempt=key.attempt)
+        self.store.mark_harness_exited(key.rollout_id, exit_code, _HARNESS_CAUSE.get(cause), attempt=key.attempt)
 
     def assemble(self, keys: list[RolloutKey]) -> Assembled:
         from agl_trainer.assembly import assemble
 
+        self.store.refresh_completion()  # record the end causes `complete` saw due
         assembly = assemble(self.store, keys, self.assembly, self.tokenizer)  # drops are recorded in the store
         return Assembled(assembly.rollouts, _report_metrics(assembly.report))
-
-    def rewards(self, keys: Collection[RolloutKey]) -> dict[RolloutKey, float]:
-        out: dict[RolloutKey, float] = {}
-        for key in keys:
-            data = self.store.load(key)
-            values = [row.value for row in data.rewards if row.name == self.reward_name and row.call_seq is None]
-            if values:
-                out[key] = float(values[-1])
-        return out
 
     def mark_trained(self, keys: list[RolloutKey], step: int) -> None:
         self.store.mark_trained(keys, step)

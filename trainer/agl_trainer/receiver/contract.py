@@ -18,78 +18,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import msgspec
 import numpy as np
 from agl import semconv
 
 from agl_trainer.receiver.wire import UINT64_MAX, BadValue, RawSpan
+from agl_trainer.store.records import CallRecord, Record, RewardRecord, RolloutRecord, Violation
 
 TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
 INT64_MAX = 2**63 - 1  # SQLite INTEGER
 STATUS_CODE_MAX = 2**31 - 1  # an OTLP enum is an int32
-
-
-class CallRecord(msgspec.Struct, gc=False):
-    """A model call span. Token arrays are int32 / float32 numpy arrays (None when absent)."""
-
-    trace_id: bytes
-    span_id: bytes
-    rollout_id: str
-    attempt: int
-    task_id: str | None
-    mode: str | None
-    call_seq: int
-    name: str
-    start_ns: int
-    end_ns: int
-    prompt_ids: np.ndarray | None
-    completion_ids: np.ndarray | None
-    logprobs: np.ndarray | None
-    prompt_ref_seq: int | None
-    prompt_ref_length: int | None
-    prompt_length: int | None
-    policy_version: int | None
-    finish_reason: str | None
-    end_reason: str | None
-    tokens_source: str | None
-    choices: int
-    status_code: int
-
-
-class RolloutRecord(msgspec.Struct, gc=False):
-    trace_id: bytes
-    span_id: bytes
-    rollout_id: str
-    attempt: int
-    task_id: str | None
-    mode: str | None
-    status: str | None
-    start_ns: int
-    end_ns: int
-    error: str | None
-
-
-class RewardRecord(msgspec.Struct, gc=False):
-    trace_id: bytes
-    span_id: bytes
-    rollout_id: str
-    attempt: int | None  # None: the reward names no attempt (e.g. emit_reward(rollout_id=...))
-    task_id: str | None
-    name: str
-    value: float
-    call_seq: int | None
-    end_ns: int
-
-
-class Violation(msgspec.Struct, gc=False):
-    trace_id: bytes
-    span_id: bytes
-    name: str
-    reason: str
-    rollout_id: str | None
-
-
-Record = CallRecord | RolloutRecord | RewardRecord | Violation
 
 
 class ContractError(Exception):

@@ -8,27 +8,18 @@ rollout's data (the store and assembly do).
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agl import semconv
 
+from agl_trainer.store.records import Cause  # the store's vocabulary for a rollout's end
+
 # A harness exiting with this code (EX_TEMPFAIL) says "infrastructure failure, retry me".
 EXIT_INFRA_RETRY = 75
 PLACEHOLDER_API_KEY = "agl-placeholder-key"  # harnesses that insist on a key get one; the sidecar ignores it
-
-
-class Cause(str, enum.Enum):
-    """How a rollout's harness ended."""
-
-    OK = "ok"
-    HARNESS_ERROR = "harness_error"  # non-zero exit or exception: the harness's own failure, not retried
-    TIMEOUT = "timeout"  # killed after harness.timeout_s
-    INFRA_ERROR = "infra_error"  # could not start, killed from outside, worker died: retried
-    CANCELLED = "cancelled"  # stopped by the loop (shutdown, or dropped as too stale)
 
 
 @dataclass(frozen=True)
@@ -109,6 +100,23 @@ class Endpoint:
             env[semconv.ENV_OTLP_ENDPOINT] = self.otlp_endpoint
         env.update(self.extra_env)
         return env
+
+
+async def run_with_retries(
+    attempt: Callable[[RolloutSpec], Awaitable[RolloutOutcome]],
+    spec: RolloutSpec,
+    retries: int,
+    stopping: Callable[[], bool] = lambda: False,
+) -> RolloutOutcome:
+    """Run `attempt` for `spec`; after an infrastructure failure run it again as the next attempt
+    (a new attempt number: the failed one may have partial data), at most `retries` more times."""
+    attempts = 0
+    while True:
+        outcome = await attempt(replace(spec, attempt=spec.attempt + attempts))
+        attempts += 1
+        if outcome.cause is not Cause.INFRA_ERROR or attempts > retries or stopping():
+            outcome.attempts = attempts
+            return outcome
 
 
 async def call_hook(hook: ExitHook | None, outcome: RolloutOutcome) -> None:

@@ -15,10 +15,17 @@ import json
 import re
 import shutil
 import time
-from dataclasses import replace
 from typing import Any
 
-from agl_trainer.runners.base import Cause, Endpoint, ExitHook, RolloutOutcome, RolloutSpec, call_hook
+from agl_trainer.runners.base import (
+    Cause,
+    Endpoint,
+    ExitHook,
+    RolloutOutcome,
+    RolloutSpec,
+    call_hook,
+    run_with_retries,
+)
 
 POLL_S = 2.0
 LABEL = "agl.dev/rollout-id"
@@ -112,13 +119,7 @@ class KubernetesRunner:
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         async with self._slots:
-            attempts = 0
-            while True:
-                outcome = await self._attempt(replace(spec, attempt=spec.attempt + attempts))
-                attempts += 1
-                if outcome.cause is not Cause.INFRA_ERROR or attempts > self.retries:
-                    outcome.attempts = attempts
-                    return outcome
+            return await run_with_retries(self._attempt, spec, self.retries)
 
     async def _attempt(self, spec: RolloutSpec) -> RolloutOutcome:
         manifest = build_job_manifest(

@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from agl_trainer.runners.base import (
@@ -27,6 +26,7 @@ from agl_trainer.runners.base import (
     RolloutOutcome,
     RolloutSpec,
     call_hook,
+    run_with_retries,
 )
 
 KILL_GRACE_S = 2.0  # SIGTERM first so the harness can flush its spans, then SIGKILL
@@ -67,13 +67,7 @@ class CommandRunner:
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         async with self._slots:
-            outcome = await self._attempt(spec)
-            attempts = 1
-            while outcome.cause is Cause.INFRA_ERROR and attempts <= self.retries:
-                outcome = await self._attempt(replace(spec, attempt=spec.attempt + attempts))
-                attempts += 1
-            outcome.attempts = attempts
-            return outcome
+            return await run_with_retries(self._attempt, spec, self.retries)
 
     async def _attempt(self, spec: RolloutSpec) -> RolloutOutcome:
         started = time.monotonic()

@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -54,6 +54,7 @@ from agl_trainer.runners.base import (
     RolloutOutcome,
     RolloutSpec,
     call_hook,
+    run_with_retries,
 )
 
 READY_TIMEOUT_S = 120.0
@@ -338,13 +339,7 @@ class FunctionRunner:
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         async with self._slots:
-            outcome = await self._attempt(spec)
-            attempts = 1
-            while outcome.cause is Cause.INFRA_ERROR and attempts <= self.retries and not self._stopping:
-                outcome = await self._attempt(replace(spec, attempt=spec.attempt + attempts))
-                attempts += 1
-            outcome.attempts = attempts
-            return outcome
+            return await run_with_retries(self._attempt, spec, self.retries, stopping=lambda: self._stopping)
 
     async def _attempt(self, spec: RolloutSpec) -> RolloutOutcome:
         assert self._loop is not None, "FunctionRunner.start() first"

@@ -13,7 +13,7 @@ The training loop's whole API (one SQLite file, WAL mode; see rollout_store.py f
     ready = store.ready_rollouts(mode="train", limit=None)   # complete, not trained, not dropped
     assembly = assemble(store, ready, AssemblyConfig(), tokenizer=None)
     assembly.rollouts  -> list[RolloutResult]   (TrainingBatch.from_rollouts(assembly.rollouts))
-    assembly.report    -> AssemblyReport        (merge failures, truncations, drops; .flat() for metrics)
+    assembly.report    -> AssemblyReport        (merge failures, truncations, drops)
     store.mark_trained([r.key for r in ready if ...], step)   # ids, (id, attempt) or RolloutKey
     store.mark_dropped([(key, reason), ...]) or mark_dropped(keys, reason)  # assemble() records its own
     store.completed(keys) -> set[RolloutKey]; store.final_rewards(keys, name="reward") -> {key: value}
@@ -21,18 +21,14 @@ The training loop's whole API (one SQLite file, WAL mode; see rollout_store.py f
     store.stats()      -> StoreStats
 
 A rollout is complete when its `agl.rollout` span arrived, or its harness exited, plus `grace_s`
-for late spans, or `rollout_timeout_s` after its first span; its `end_cause` is ok,
+for late spans, or `rollout_timeout_s` after its first span; its `end_cause` is a `Cause`: ok,
 harness_error (failed rollout span, non-zero exit), infra_error, timeout, or cancelled. A restarted
 trainer opens the same file: trained and dropped rollouts stay so, the rest are offered again.
 """
 
 from agl_trainer.store.records import (
-    CAUSE_CANCELLED,
-    CAUSE_HARNESS_ERROR,
-    CAUSE_INFRASTRUCTURE_ERROR,
-    CAUSE_OK,
-    CAUSE_TIMEOUT,
     CAUSES,
+    Cause,
     RolloutData,
     RolloutInfo,
     RolloutKey,
@@ -42,11 +38,7 @@ from agl_trainer.store.rollout_store import RolloutStore, StoreError
 
 __all__ = [
     "CAUSES",
-    "CAUSE_CANCELLED",
-    "CAUSE_HARNESS_ERROR",
-    "CAUSE_INFRASTRUCTURE_ERROR",
-    "CAUSE_OK",
-    "CAUSE_TIMEOUT",
+    "Cause",
     "RolloutData",
     "RolloutInfo",
     "RolloutKey",

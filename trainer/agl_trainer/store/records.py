@@ -1,19 +1,29 @@
-"""What the store hands out: rollouts, their calls and rewards, and its statistics."""
+"""The store's record types: what the receiver hands it (`Record`) and what it hands out.
+
+A received record is the stored row plus where it came from: `CallRecord` is a `CallRow` with the
+span's trace, rollout and timing fields, `RewardRecord` a `RewardRow` with its trace and rollout.
+The receiver builds records (receiver/contract.py); the store never imports the receiver.
+"""
 
 from __future__ import annotations
 
-from typing import Final
+import enum
 
 import msgspec
 import numpy as np
 
-# How a rollout ended (rollouts.end_cause).
-CAUSE_OK: Final = "ok"
-CAUSE_HARNESS_ERROR: Final = "harness_error"
-CAUSE_INFRASTRUCTURE_ERROR: Final = "infra_error"  # the same spelling as runners.base.Cause
-CAUSE_TIMEOUT: Final = "timeout"
-CAUSE_CANCELLED: Final = "cancelled"  # stopped by the trainer (shutdown, too stale)
-CAUSES: Final = (CAUSE_OK, CAUSE_HARNESS_ERROR, CAUSE_INFRASTRUCTURE_ERROR, CAUSE_TIMEOUT, CAUSE_CANCELLED)
+
+class Cause(str, enum.Enum):
+    """How a rollout ended: a runner's outcome, and the store's `rollouts.end_cause`."""
+
+    OK = "ok"
+    HARNESS_ERROR = "harness_error"  # non-zero exit, exception or failed rollout span: not retried
+    TIMEOUT = "timeout"  # killed after harness.timeout_s, or no end within rollout_timeout_s
+    INFRA_ERROR = "infra_error"  # could not start, killed from outside, worker died: retried
+    CANCELLED = "cancelled"  # stopped by the loop (shutdown, or dropped as too stale)
+
+
+CAUSES: tuple[str, ...] = tuple(cause.value for cause in Cause)
 
 
 class RolloutKey(msgspec.Struct, frozen=True, order=True):
@@ -48,7 +58,7 @@ class RolloutInfo(msgspec.Struct):
 
 
 class CallRow(msgspec.Struct, gc=False):
-    """A stored call; token arrays decoded to numpy (int32 / float32)."""
+    """A stored call as assembly reads it; token arrays decoded to numpy (int32 / float32)."""
 
     span_id: bytes
     call_seq: int
@@ -67,6 +77,18 @@ class CallRow(msgspec.Struct, gc=False):
     choices: int = 1
 
 
+class CallRecord(CallRow, kw_only=True, gc=False):
+    """A model call span as received: the row plus its trace, rollout and start (None arrays: absent)."""
+
+    trace_id: bytes
+    rollout_id: str
+    attempt: int
+    task_id: str | None
+    mode: str | None
+    start_ns: int
+    status_code: int
+
+
 class RewardRow(msgspec.Struct, gc=False):
     span_id: bytes
     name: str
@@ -75,12 +97,62 @@ class RewardRow(msgspec.Struct, gc=False):
     end_ns: int
 
 
+class RewardRecord(RewardRow, kw_only=True, gc=False):
+    """A reward span as received: the row plus its trace and rollout."""
+
+    trace_id: bytes
+    rollout_id: str
+    attempt: int | None  # None: the reward names no attempt (e.g. emit_reward(rollout_id=...))
+    task_id: str | None
+
+
+class RolloutRecord(msgspec.Struct, gc=False):
+    """An `agl.rollout` span: the harness's own account of the rollout's end."""
+
+    trace_id: bytes
+    span_id: bytes
+    rollout_id: str
+    attempt: int
+    task_id: str | None
+    mode: str | None
+    status: str | None
+    start_ns: int
+    end_ns: int
+    error: str | None
+
+
+class Violation(msgspec.Struct, gc=False):
+    """A span that broke the contract, kept as its reason."""
+
+    trace_id: bytes
+    span_id: bytes
+    name: str
+    reason: str
+    rollout_id: str | None
+
+
+Record = CallRecord | RolloutRecord | RewardRecord | Violation
+
+
 class RolloutData(msgspec.Struct):
-    """Everything assembly needs about one rollout. Calls are sorted by (call_seq, end, span id)."""
+    """Everything assembly needs about one rollout. Calls are sorted by (call_seq, end, span id),
+    rewards by (end, span id)."""
 
     info: RolloutInfo
     calls: list[CallRow]
     rewards: list[RewardRow]
+
+    def final_reward(self, name: str) -> float | None:
+        return final_reward(self.rewards, name)
+
+
+def final_reward(rewards: list[RewardRow], name: str) -> float | None:
+    """A rollout's reward: the last (by end, span id) whole-rollout reward (no call_seq) named `name`."""
+    value = None
+    for reward in rewards:
+        if reward.name == name and reward.call_seq is None:
+            value = reward.value
+    return value
 
 
 class WriteResult(msgspec.Struct):

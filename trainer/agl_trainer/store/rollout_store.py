@@ -25,20 +25,22 @@ from typing import Self
 import numpy as np
 from agl import semconv
 
-from agl_trainer.receiver.contract import CallRecord, Record, RewardRecord, RolloutRecord, Violation
 from agl_trainer.store.records import (
-    CAUSE_HARNESS_ERROR,
-    CAUSE_INFRASTRUCTURE_ERROR,
-    CAUSE_OK,
-    CAUSE_TIMEOUT,
     CAUSES,
+    CallRecord,
     CallRow,
+    Cause,
+    Record,
+    RewardRecord,
     RewardRow,
     RolloutData,
     RolloutInfo,
     RolloutKey,
+    RolloutRecord,
     StoreStats,
+    Violation,
     WriteResult,
+    final_reward,
 )
 from agl_trainer.store.schema import SCHEMA, SCHEMA_VERSION
 
@@ -288,13 +290,14 @@ class RolloutStore:
 
     # --- completion ---------------------------------------------------------------------------
     def mark_harness_exited(
-        self, rollout_id: str, exit_code: int | None, cause: str | None = None, *, attempt: int = 0
+        self, rollout_id: str, exit_code: int | None, cause: Cause | str | None = None, *, attempt: int = 0
     ) -> None:
         """The runner reports that the harness of a rollout exited. The rollout completes after the
         grace period (late spans still arrive). `cause` overrides the cause the exit code implies
         (0: ok, else harness_error), e.g. `infrastructure_error` when the runner itself failed."""
         if cause is not None and cause not in CAUSES:
             raise StoreError(f"cause must be one of {CAUSES}, got {cause!r}")
+        cause = None if cause is None else Cause(cause).value  # a Cause or its spelling
         now = self.clock()
         with self._transaction() as db:
             self._touch_rollout(db, rollout_id, attempt, None, None, now, span=False)
@@ -314,19 +317,19 @@ class RolloutStore:
                 "UPDATE rollouts SET complete = 1, completed_at = ?, end_cause = COALESCE(harness_cause, CASE"
                 " WHEN status = ? THEN ? ELSE ? END)"
                 " WHERE complete = 0 AND rollout_span_at IS NOT NULL AND rollout_span_at <= ?",
-                (now, semconv.STATUS_FAILED, CAUSE_HARNESS_ERROR, CAUSE_OK, grace_due),
+                (now, semconv.STATUS_FAILED, Cause.HARNESS_ERROR.value, Cause.OK.value, grace_due),
             ).rowcount
             changed += db.execute(
                 "UPDATE rollouts SET complete = 1, completed_at = ?, end_cause = COALESCE(harness_cause, CASE"
                 " WHEN harness_exit_code = 0 THEN ? WHEN harness_exit_code IS NULL THEN ? ELSE ? END)"
                 " WHERE complete = 0 AND harness_exited_at IS NOT NULL AND harness_exited_at <= ?",
-                (now, CAUSE_OK, CAUSE_INFRASTRUCTURE_ERROR, CAUSE_HARNESS_ERROR, grace_due),
+                (now, Cause.OK.value, Cause.INFRA_ERROR.value, Cause.HARNESS_ERROR.value, grace_due),
             ).rowcount
             if self.rollout_timeout_s is not None:
                 changed += db.execute(
                     "UPDATE rollouts SET complete = 1, completed_at = ?, end_cause = ?"
                     " WHERE complete = 0 AND first_seen_at <= ?",
-                    (now, CAUSE_TIMEOUT, now - self.rollout_timeout_s),
+                    (now, Cause.TIMEOUT.value, now - self.rollout_timeout_s),
                 ).rowcount
         return changed
 
@@ -397,11 +400,6 @@ class RolloutStore:
                 " FROM calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
                 (key.rollout_id, key.attempt),
             ).fetchall()
-            reward_rows = self._db.execute(
-                "SELECT span_id, name, value, call_seq, end_ns FROM rewards WHERE rollout_id = ?"
-                " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
-                (key.rollout_id, key.attempt),
-            ).fetchall()
         calls = [
             CallRow(
                 span_id=row[0],
@@ -422,34 +420,49 @@ class RolloutStore:
             )
             for row in call_rows
         ]
-        rewards = [RewardRow(*row) for row in reward_rows]
-        return RolloutData(info=info, calls=calls, rewards=rewards)
+        return RolloutData(info=info, calls=calls, rewards=self._rewards(key))
 
-    def completed(self, keys: Iterable[RolloutKey | str]) -> set[RolloutKey]:
-        """Which of `keys` are complete and neither trained on nor dropped."""
-        self.refresh_completion()
-        wanted = {_key(item) for item in keys}
+    def _rewards(self, key: RolloutKey) -> list[RewardRow]:
+        """A rollout's rewards (its attempt's and those naming no attempt), by (end, span id)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT rollout_id, attempt FROM rollouts WHERE complete = 1 AND trained_step IS NULL"
-                " AND dropped_reason IS NULL"
+                "SELECT span_id, name, value, call_seq, end_ns FROM rewards WHERE rollout_id = ?"
+                " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
+                (key.rollout_id, key.attempt),
             ).fetchall()
-        return {RolloutKey(row[0], row[1]) for row in rows} & wanted
+        return [RewardRow(*row) for row in rows]
+
+    def completed(self, keys: Iterable[RolloutKey | str]) -> set[RolloutKey]:
+        """Which of `keys` are complete, or due to complete now, and neither trained on nor dropped.
+
+        Read-only (no write lock, so a poll never waits behind the receiver's commits): a rollout
+        that is due counts as complete here; `refresh_completion` records its completion and end
+        cause, as `ready_rollouts` does before anything reads them."""
+        now = self.clock()
+        grace_due = now - self.grace_s
+        timeout_due = None if self.rollout_timeout_s is None else now - self.rollout_timeout_s
+        out: set[RolloutKey] = set()
+        with self._lock:
+            for key in {_key(item) for item in keys}:
+                row = self._db.execute(
+                    "SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND trained_step IS NULL"
+                    " AND dropped_reason IS NULL AND (complete = 1 OR rollout_span_at <= ? OR harness_exited_at <= ?"
+                    " OR first_seen_at <= ?)",
+                    (key.rollout_id, key.attempt, grace_due, grace_due, timeout_due),
+                ).fetchone()
+                if row is not None:
+                    out.add(key)
+        return out
 
     def final_rewards(
         self, keys: Iterable[RolloutKey | str], name: str = semconv.DEFAULT_REWARD_NAME
     ) -> dict[RolloutKey, float]:
-        """The final reward (`name`, not per-call, the last one winning) of each of `keys` that has one."""
+        """The final reward (records.final_reward) of each of `keys` that has one."""
         out: dict[RolloutKey, float] = {}
-        with self._lock:
-            for key in {_key(item) for item in keys}:
-                row = self._db.execute(
-                    "SELECT value FROM rewards WHERE rollout_id = ? AND (attempt IS NULL OR attempt = ?)"
-                    " AND name = ? AND call_seq IS NULL ORDER BY end_ns DESC, span_id DESC LIMIT 1",
-                    (key.rollout_id, key.attempt, name),
-                ).fetchone()
-                if row is not None:
-                    out[key] = row[0]
+        for key in {_key(item) for item in keys}:
+            value = final_reward(self._rewards(key), name)
+            if value is not None:
+                out[key] = value
         return out
 
     # --- training state -----------------------------------------------------------------------
@@ -527,17 +540,6 @@ class RolloutStore:
             violations=violations,
             last_step=self.last_step(),
         )
-
-    def has_span(self, trace_id: bytes, span_id: bytes) -> bool:
-        """Whether any table holds the span (used by tests and `agl traces`)."""
-        with self._lock:
-            for table in ("calls", "rewards", "rollout_spans", "violations"):
-                found = self._db.execute(
-                    f"SELECT 1 FROM {table} WHERE trace_id = ? AND span_id = ?", (trace_id, span_id)
-                ).fetchone()
-                if found:
-                    return True
-        return False
 
     def span_ids(self) -> set[tuple[bytes, bytes]]:
         """Every stored (trace id, span id)."""

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import msgspec
 
-from agl_trainer.receiver.contract import Record
 from agl_trainer.receiver.payload import JSON, decode_body
 from agl_trainer.receiver.wire import DecodeError
-from agl_trainer.store.rollout_store import RolloutStore
+from agl_trainer.store import RolloutStore
+from agl_trainer.store.records import Record
 
 LINES_PER_TRANSACTION = 200
 
