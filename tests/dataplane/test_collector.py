@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,23 +16,11 @@ from agl_trainer.store import RolloutStore
 
 from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
 from tests.dataplane.processes import AGL, URL_LINE
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 ROTEL = Path(sys.executable).parent.parent / "lib" / "python3.11" / "site-packages" / "rotel" / "rotel-agent"
 GRPC_LINE = re.compile(r"OTLP/gRPC on (\S+)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -97,7 +84,7 @@ def test_spans_through_rotel_into_agl_receive(tmp_path, protocol):
             except OSError:
                 return False
 
-        wait_for(collector_up, "rotel-agent to listen")
+        wait_until(collector_up, "rotel-agent to listen", timeout=60.0)
         prompt = list(range(1000, 5000))  # a long prompt: thousands of AnyValues through the collector
         spans = [
             call_span("via-rotel", 0, prompt, [7, 8, 9]),
@@ -118,7 +105,7 @@ def test_spans_through_rotel_into_agl_receive(tmp_path, protocol):
             with RolloutStore(store_path) as store:
                 return len(store.span_ids()) == 4
 
-        wait_for(stored, "the collector's export to be stored")
+        wait_until(stored, "the collector's export to be stored", timeout=60.0)
         with RolloutStore(store_path, grace_s=0.0) as store:
             data = store.load("via-rotel")
             assert [call.prompt_ids.tolist() for call in data.calls] == [prompt, prompt + [7, 8, 9, 10]]

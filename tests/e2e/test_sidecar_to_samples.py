@@ -4,7 +4,6 @@ exactly the engine's. Each part has its own tests; this one checks they agree on
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -17,13 +16,7 @@ from agl_trainer.batch import TrainingBatch
 from agl_trainer.receiver import Receiver, ReceiverConfig
 from agl_trainer.store import RolloutStore
 from tests.support.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
-
-
-def wait_until(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+from tests.support.waiting import wait_until
 
 
 def scripted_reply(body: dict, choice: int) -> str:
@@ -62,7 +55,7 @@ def test_a_two_call_rollout_becomes_one_exact_sample(tmp_path: Path) -> None:
             ).raise_for_status()
 
             store = RolloutStore(store_path, grace_s=0.0)
-            wait_until(lambda: len(store.ready_rollouts(mode="train")) == 1)
+            wait_until(lambda: len(store.ready_rollouts(mode="train")) == 1, "the rollout to be ready")
             ready = store.ready_rollouts(mode="train")
             result = assemble(store, ready, AssemblyConfig())
     finally:
