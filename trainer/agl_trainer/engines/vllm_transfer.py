@@ -140,7 +140,6 @@ class GpuWeightTransfer:
         del tensors
 
     def _init(self, url: str) -> Any:
-        from vllm.distributed.weight_transfer.base import TrainerInitInfo  # noqa: F401
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
         client = HTTPVLLMWeightSyncClient(url, timeout=self.timeout_s)
