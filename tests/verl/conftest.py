@@ -20,7 +20,11 @@ def tiny_model(tmp_path_factory) -> Path:
 def training_config(model: Path, **overrides) -> TorchBackendConfig:
     algorithm = overrides.pop("algorithm", AlgorithmConfig())
     return TorchBackendConfig(
-        model_path=model, device=overrides.pop("device", "cpu"), lr=overrides.pop("lr", 1e-2), algorithm=algorithm, **overrides
+        model_path=model,
+        device=overrides.pop("device", "cpu"),
+        lr=overrides.pop("lr", 1e-2),
+        algorithm=algorithm,
+        **overrides,
     )
 
 
@@ -29,9 +33,12 @@ def local_ray() -> Iterator[None]:
     """One local Ray for a test module (backends attach to it and leave it running); shut down after."""
     import ray
     from agl_trainer.backends.verl.cluster import worker_env
+
     if ray.is_initialized():
         ray.shutdown()
     env = worker_env("cpu")
-    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    ray.init(
+        num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
+    )
     yield
     ray.shutdown()

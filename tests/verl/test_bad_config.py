@@ -22,17 +22,31 @@ def _free_port() -> int:
 
 
 CASES = [
-    (["--loop.batch_rollouts=2", "--loop.group_size=2", "--backend.verl.n_gpus_per_node=4"],
-     "backend.verl.n_gpus_per_node: data-parallel size 4", "lower n_gpus_per_node or nnodes, or raise loop.batch_rollouts"),
+    (
+        ["--loop.batch_rollouts=2", "--loop.group_size=2", "--backend.verl.n_gpus_per_node=4"],
+        "backend.verl.n_gpus_per_node: data-parallel size 4",
+        "lower n_gpus_per_node or nnodes, or raise loop.batch_rollouts",
+    ),
     (["--backend.verl.param_offload=true"], "backend.verl.param_offload", "needs CUDA GPUs"),
-    (["--backend.verl.optimizer_offload=true"], "backend.verl.optimizer_offload", "run on GPUs with device: cuda"),
+    (
+        ["--backend.verl.optimizer_offload=true"],
+        "backend.verl.optimizer_offload",
+        "run on GPUs with device: cuda",
+    ),
     (["--backend.verl.weight_sync=nccl"], "backend.verl.weight_sync: 'nccl' needs CUDA GPUs", "remove it"),
     (["--backend.verl.weight_sync=cuda_ipc"], "backend.verl.weight_sync: 'cuda_ipc'", "remove it"),
-    (["--backend.verl.ulysses_sequence_parallel_size=2", "--backend.verl.n_gpus_per_node=2"],
-     "backend.verl.ulysses_sequence_parallel_size", "needs CUDA GPUs"),
-    (["--set", "backend.verl.override={\"engine.no_such_field\": 1}"], "backend.verl.override", "has no field 'no_such_field'"),
-    (["--set", "backend.options={\"lr_schedule\": \"cosine\"}"], "backend.total_steps", "set it"),
-    (["--set", "backend.options={\"packing\": \"packed\"}"], "backend.options.packing", "drop packing"),
+    (
+        ["--backend.verl.ulysses_sequence_parallel_size=2", "--backend.verl.n_gpus_per_node=2"],
+        "backend.verl.ulysses_sequence_parallel_size",
+        "needs CUDA GPUs",
+    ),
+    (
+        ["--set", 'backend.verl.override={"engine.no_such_field": 1}'],
+        "backend.verl.override",
+        "has no field 'no_such_field'",
+    ),
+    (["--set", 'backend.options={"lr_schedule": "cosine"}'], "backend.total_steps", "set it"),
+    (["--set", 'backend.options={"packing": "packed"}'], "backend.options.packing", "drop packing"),
 ]
 
 
@@ -52,7 +66,9 @@ def base(tmp_path: Path, tiny_model: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(("flags", "key", "fix"), CASES, ids=[c[1].split(":")[0] + str(i) for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    ("flags", "key", "fix"), CASES, ids=[c[1].split(":")[0] + str(i) for i, c in enumerate(CASES)]
+)
 def test_bad_config_fails_before_workers_start(base, flags, key, fix):
     import ray
 
@@ -71,10 +87,16 @@ def test_missing_model_path(base, tmp_path):
 
 
 def test_cuda_device_on_a_machine_without_cuda(tiny_model):
-    with pytest.raises(BackendConfigError, match="backend.device: 'cuda', but CUDA is not available here.*use device: cpu"):
-        VerlBackendConfig(training=training_config(tiny_model, device="cuda"), n_gpus_per_node=2, cuda_available=False)
+    with pytest.raises(
+        BackendConfigError, match="backend.device: 'cuda', but CUDA is not available here.*use device: cpu"
+    ):
+        VerlBackendConfig(
+            training=training_config(tiny_model, device="cuda"), n_gpus_per_node=2, cuda_available=False
+        )
     # the same on a GPU machine is fine (validation only; nothing starts)
-    config = VerlBackendConfig(training=training_config(tiny_model, device="cuda"), n_gpus_per_node=2, cuda_available=True)
+    config = VerlBackendConfig(
+        training=training_config(tiny_model, device="cuda"), n_gpus_per_node=2, cuda_available=True
+    )
     assert config.device == "cuda" and config.effective_weight_sync == "cuda_ipc"
 
 
@@ -82,8 +104,13 @@ def test_unreachable_ray_address(tiny_model):
     import ray
 
     port = _free_port()
-    with pytest.raises(BackendConfigError, match=rf"backend.verl.ray_address: '127.0.0.1:{port}': nothing answers.*ray start --head"):
-        VerlBackendConfig(training=training_config(tiny_model), ray_address=f"127.0.0.1:{port}", cuda_available=False)
+    with pytest.raises(
+        BackendConfigError,
+        match=rf"backend.verl.ray_address: '127.0.0.1:{port}': nothing answers.*ray start --head",
+    ):
+        VerlBackendConfig(
+            training=training_config(tiny_model), ray_address=f"127.0.0.1:{port}", cuda_available=False
+        )
     with pytest.raises(BackendConfigError, match="backend.verl.ray_address: 'nohost': not HOST:PORT"):
         VerlBackendConfig(training=training_config(tiny_model), ray_address="nohost", cuda_available=False)
     assert not ray.is_initialized()
@@ -96,8 +123,13 @@ def test_cluster_too_small_for_the_workers(tiny_model):
 
     ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:
-        config = VerlBackendConfig(training=training_config(tiny_model), n_gpus_per_node=3, cuda_available=False)
-        with pytest.raises(BackendConfigError, match=r"backend.verl.n_gpus_per_node: 1 node\(s\) with 3 CPU.*nodes with \[1\] CPUs"):
+        config = VerlBackendConfig(
+            training=training_config(tiny_model), n_gpus_per_node=3, cuda_available=False
+        )
+        with pytest.raises(
+            BackendConfigError,
+            match=r"backend.verl.n_gpus_per_node: 1 node\(s\) with 3 CPU.*nodes with \[1\] CPUs",
+        ):
             VerlBackend(config)
     finally:
         ray.shutdown()

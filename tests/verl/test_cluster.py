@@ -19,7 +19,9 @@ def two_node_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False}
+    )
     cluster.add_node(num_cpus=1, num_gpus=0)
     cluster.wait_for_nodes()
     yield cluster

@@ -83,3 +83,29 @@ def test_demo_trains_through_verl_and_resumes(tmp_path: Path, demo_model: Path) 
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(row["step"], row["policy_version"]) for row in rows] == [(1, 1), (2, 2), (3, 3), (4, 4)]
     assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_demo_reward_rises_through_verl(tmp_path: Path) -> None:
+    """`agl demo`'s RL phase with backend.name verl: warm start, then RL; the reward clearly rises."""
+    from examples.demo.prepare import prepare_demo_model
+    from examples.demo.task import write_tasks
+
+    prepared = prepare_demo_model(tmp_path / "demo", seed=0, progress=False)
+    tasks = write_tasks(tmp_path / "demo" / "tasks.jsonl", 256, seed=0)
+    config = load_config(
+        REPO / "examples/demo/config.yaml",
+        [
+            f"--tasks={tasks}",
+            f"--output_dir={tmp_path / 'demo' / 'run'}",
+            f"--model.path={prepared.path}",
+            "--backend.name=verl",
+            "--loop.max_train_s=240",
+        ],
+    )
+    result = asyncio.run(Session(config, quiet=True).run())
+    rewards = [row["reward/mean"] for row in result.summary.history if "reward/mean" in row]
+    assert len(rewards) >= 10, rewards
+    window = max(1, min(10, len(rewards) // 5))
+    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+    assert last >= first + 0.1, (first, last, rewards)

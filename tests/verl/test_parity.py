@@ -26,7 +26,6 @@ OPTIONS = {"num_mini_batches": 2, "micro_batch_tokens": 64, "max_grad_norm": 0.5
 LR = 1e-2
 
 
-
 def parity_batch() -> TrainingBatch:
     return random_batch(num_tasks=3, per_task=3, seed=11, max_calls=3, version=0)
 
@@ -114,7 +113,10 @@ def test_merged_or_split_rollout_gives_the_same_update(pair):
         outcomes.append((metrics, verl.state_dict_for_engine()))
     (merged, w_merged), (split, w_split) = outcomes
     assert merged["loss/total"] == pytest.approx(split["loss/total"], abs=1e-6)
-    assert merged["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-5) and merged["actor/grad_norm"] > 0
+    assert (
+        merged["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-5)
+        and merged["actor/grad_norm"] > 0
+    )
     for name, tensor in w_merged.items():
         torch.testing.assert_close(w_split[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
     # the update is real (an invariance between two no-ops would prove nothing)
@@ -146,7 +148,7 @@ def test_checkpoint_resumes_exactly(pair, tmp_path):
 def test_save_hf_loads_in_transformers(pair, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    verl, make_torch, initial = pair
+    verl, _, initial = pair
     verl.load_checkpoint(initial)
     batch = parity_batch()
     verl.train_step(batch)
@@ -155,7 +157,9 @@ def test_save_hf_loads_in_transformers(pair, tmp_path):
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     expected = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
-    expected[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    expected[:, 1:] = (
+        torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    )
     expected = expected * (batch.loss_mask != 0)
     torch.testing.assert_close(verl.compute_logprobs(batch), expected, atol=1e-5, rtol=0)
     assert (out / "tokenizer.json").is_file()

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import torch
-from agl_trainer.backends.verl.payload import PADDING_ROW, deal_rows, payload, scatter_logprobs, shift_to_logits
+from agl_trainer.backends.verl.payload import (
+    PADDING_ROW,
+    deal_rows,
+    payload,
+    scatter_logprobs,
+    shift_to_logits,
+)
 
 from tests.algorithms.tiny import random_batch
 
@@ -13,7 +19,9 @@ def test_rows_are_dealt_in_equal_numbers_balanced_by_tokens_with_padding_rows():
     parts = deal_rows(list(range(7)), lengths, 2)
     assert [len(p) for p in parts] == [4, 4]
     real = [[r for r in p if r != PADDING_ROW] for p in parts]
-    assert sorted(r for p in real for r in p) == list(range(7)) and sum(p.count(PADDING_ROW) for p in parts) == 1
+    assert (
+        sorted(r for p in real for r in p) == list(range(7)) and sum(p.count(PADDING_ROW) for p in parts) == 1
+    )
     loads = [int(lengths[p].sum()) for p in real]
     assert abs(loads[0] - loads[1]) <= 10
     assert deal_rows([3], lengths, 4) == [[3], [PADDING_ROW], [PADDING_ROW], [PADDING_ROW]]

@@ -25,8 +25,18 @@ from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
 from agl_trainer.backends.verl.payload import deal_rows, payload, scatter_logprobs
 from agl_trainer.batch import TrainingBatch
 
-DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
-                "summary_dropout_prob", "classifier_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob")
+DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "dropout",
+    "attn_pdrop",
+    "resid_pdrop",
+    "embd_pdrop",
+    "summary_dropout_prob",
+    "classifier_dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
 CHECKPOINT_STATE = "agl_state.json"
 
 
@@ -53,6 +63,12 @@ class VerlBackend:
         self._answering = {}
         for info in self.ranks:
             self._answering.setdefault(int(info["dp_rank"]), int(info["rank"]))
+
+    @property
+    def worker_group(self) -> Any:
+        """verl's RayWorkerGroup of `AglTrainingWorker`s (None once closed), for callers that drive the
+        workers directly (e.g. a GPU weight transfer that must not pass through the driver)."""
+        return self._workers
 
     def _worker_settings(self):
         from agl_trainer.backends.verl.worker import WorkerSettings
@@ -129,9 +145,13 @@ class VerlBackend:
                 in_mini = torch.zeros(batch.num_rollouts, dtype=torch.bool)
                 in_mini[rollouts] = True
                 mini_mask = loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
-                weights = token_weights(mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant)
+                weights = token_weights(
+                    mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant
+                )
                 samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
-                results, wall = self._call("agl_train", batch, lengths, samples, {**per_token, "weights": weights}, current)
+                results, _, wall = self._call(
+                    "agl_train", batch, lengths, samples, {**per_token, "weights": weights}, current
+                )
                 dispatch_s += wall - max(r["compute_s"] for r in results)
                 worker_cpu_s += results[0]["compute_cpu_s"]
                 first = results[0]
@@ -147,7 +167,9 @@ class VerlBackend:
 
         self.policy_version = current + 1
         elapsed = time.perf_counter() - started
-        metrics = self._metrics(batch, advantages, loss_mask, sums, maxima, grad_norms, lr, elapsed, dispatch_s)
+        metrics = self._metrics(
+            batch, advantages, loss_mask, sums, maxima, grad_norms, lr, elapsed, dispatch_s
+        )
         metrics["perf/worker_cpu_s"] = worker_cpu_s  # CPU seconds of data-parallel rank 0 in its step calls
         return metrics
 
@@ -159,13 +181,21 @@ class VerlBackend:
         samples: list[int],
         per_token: dict[str, torch.Tensor] | None,
         current: int = 0,
-    ) -> tuple[list[Any], float]:
-        """Deal `samples` to the DP ranks, call `method` on every worker; (answers per DP rank, wall s)."""
+    ) -> tuple[list[Any], list[list[int]], float]:
+        """Deal `samples` to the DP ranks and call `method` on every worker; returns the answer of each
+        DP rank, the rows each DP rank got, and the call's wall seconds."""
         parts = deal_rows(samples, lengths, self.dp_size)
         longest = max((int(lengths[s]) for s in samples), default=1)
         max_token_len = max(self.training.micro_batch_tokens, longest)
         by_dp = [
-            payload(batch, lengths, rows, max_token_len=max_token_len, per_token=per_token, current_version=current)
+            payload(
+                batch,
+                lengths,
+                rows,
+                max_token_len=max_token_len,
+                per_token=per_token,
+                current_version=current,
+            )
             for rows in parts
         ]
         single = all(int(p["lengths"].sum()) <= max_token_len for p in by_dp)  # type: ignore[union-attr]
@@ -175,8 +205,7 @@ class VerlBackend:
         started = time.perf_counter()
         answers = getattr(self._workers, method)(args)
         wall = time.perf_counter() - started
-        self._last_parts = parts
-        return [answers[self._answering[dp]] for dp in range(self.dp_size)], wall
+        return [answers[self._answering[dp]] for dp in range(self.dp_size)], parts, wall
 
     # ---------------------------------------------------------------------------------- inference
     @torch.no_grad()
@@ -184,8 +213,8 @@ class VerlBackend:
         """The current policy's log-prob of every trained token (loss_mask 1), [N, L] on the CPU; 0 elsewhere."""
         lengths = validate_batch(batch, self.vocab_size)
         out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
-        answers, _ = self._call("agl_logprobs", batch, lengths, list(range(batch.num_samples)), None)
-        for rows, flat in zip(self._last_parts, answers, strict=True):
+        answers, parts, _ = self._call("agl_logprobs", batch, lengths, list(range(batch.num_samples)), None)
+        for rows, flat in zip(parts, answers, strict=True):
             scatter_logprobs(out, lengths, rows, flat)
         return out * (batch.loss_mask != 0)
 
@@ -329,5 +358,3 @@ def _dropout_off(model_path: Path) -> dict[str, float]:
     except (OSError, json.JSONDecodeError):
         return {}
     return {key: 0.0 for key in DROPOUT_KEYS if isinstance(config.get(key), int | float) and config[key] > 0}
-
-

@@ -7,6 +7,7 @@ platform plugin's variables): it is set in the job's runtime_env and in each wor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from dataclasses import dataclass
@@ -81,7 +82,11 @@ def connect(config: VerlBackendConfig) -> RayHandle:
             kwargs["num_gpus"] = 0
         kwargs["log_to_driver"] = False
         ray.init(**kwargs)
-    check_resources(config)
+    try:
+        check_resources(config)
+    except BaseException:
+        ray.shutdown()
+        raise
     return RayHandle(started_here=True)
 
 
@@ -134,13 +139,9 @@ def stop_workers(workers: Any) -> None:
     from ray.util.placement_group import remove_placement_group
 
     for handle in getattr(workers, "_workers", []):
-        try:
+        with contextlib.suppress(Exception):  # an actor that already died is fine
             ray.kill(handle)
-        except Exception:  # noqa: BLE001 - an actor that already died is fine
-            pass
     pool = getattr(workers, "resource_pool", None)
     for group in getattr(pool, "pgs", None) or []:
-        try:
+        with contextlib.suppress(Exception):  # already removed
             remove_placement_group(group)
-        except Exception:  # noqa: BLE001 - already removed
-            pass

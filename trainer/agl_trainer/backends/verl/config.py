@@ -40,7 +40,10 @@ class VerlBackendConfig:
         t = self.training
         cuda = self.has_cuda
         if self.strategy != "fsdp2":
-            fail("verl.strategy", f"{self.strategy!r}: only fsdp2 is supported (FSDP1 and Megatron are not wired)")
+            fail(
+                "verl.strategy",
+                f"{self.strategy!r}: only fsdp2 is supported (FSDP1 and Megatron are not wired)",
+            )
         for key in ("nnodes", "n_gpus_per_node", "ulysses_sequence_parallel_size"):
             if getattr(self, key) < 1:
                 fail(f"verl.{key}", f"{getattr(self, key)} must be >= 1")

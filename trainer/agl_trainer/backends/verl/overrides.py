@@ -10,21 +10,34 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-SECTIONS = {"model": "model", "engine": "engine", "fsdp_config": "engine", "optim": "optim", "checkpoint": "checkpoint"}
+SECTIONS = {
+    "model": "model",
+    "engine": "engine",
+    "fsdp_config": "engine",
+    "optim": "optim",
+    "checkpoint": "checkpoint",
+}
 
 
 def _section_classes() -> dict[str, type]:
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
 
-    return {"model": HFModelConfig, "engine": FSDPEngineConfig, "optim": FSDPOptimizerConfig, "checkpoint": CheckpointConfig}
+    return {
+        "model": HFModelConfig,
+        "engine": FSDPEngineConfig,
+        "optim": FSDPOptimizerConfig,
+        "checkpoint": CheckpointConfig,
+    }
 
 
 def override_problem(key: str) -> str | None:
     """Why `key` cannot be applied, or None when it can."""
     parts = key.split(".")
     if len(parts) < 2 or parts[0] not in SECTIONS:
-        return f"{key!r} must start with one of {sorted(SECTIONS)} followed by a field (e.g. engine.wrap_policy)"
+        return (
+            f"{key!r} must start with one of {sorted(SECTIONS)} followed by a field (e.g. engine.wrap_policy)"
+        )
     cls = _section_classes()[SECTIONS[parts[0]]]
     names = {f.name for f in dataclasses.fields(cls)}
     if parts[1] not in names:

@@ -101,7 +101,9 @@ def build_training_worker_config(settings: WorkerSettings):
     checkpoint = CheckpointConfig(
         save_contents=["model", "optimizer", "extra"], load_contents=["model", "optimizer", "extra"]
     )
-    apply_overrides({"model": model, "engine": engine, "optim": optim, "checkpoint": checkpoint}, settings.override)
+    apply_overrides(
+        {"model": model, "engine": engine, "optim": optim, "checkpoint": checkpoint}, settings.override
+    )
     return TrainingWorkerConfig(
         model_type="language_model",
         model_config=model,
@@ -111,7 +113,9 @@ def build_training_worker_config(settings: WorkerSettings):
     )
 
 
-def _vectorised_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+def _vectorised_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True
+) -> torch.Tensor:
     return token_logprobs(logits, labels)
 
 
@@ -122,7 +126,10 @@ def use_vectorised_logprobs() -> bool:
     from verl.utils import torch_functional
     from verl.workers.engine.fsdp import transformer_impl
 
-    if torch_functional.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE or torch_functional.NPU_CROSS_ENTROPY_LOSS_AVAILABLE:
+    if (
+        torch_functional.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE
+        or torch_functional.NPU_CROSS_ENTROPY_LOSS_AVAILABLE
+    ):
         return False
     transformer_impl.logprobs_from_logits = _vectorised_logprobs
     return True
@@ -239,7 +246,11 @@ class AglTrainingWorker(TrainingWorker):
         entropy = entropy.values()[keep] if entropy is not None else None
         if entropy is not None and algo.entropy_coef == 0:
             entropy = entropy.detach()
-        old = data["old_logprobs"].values()[keep].float() if "old_logprobs" in data.keys() else log_prob.detach()
+        old = (
+            data["old_logprobs"].values()[keep].float()
+            if "old_logprobs" in data.keys()  # noqa: SIM118 - a TensorDict wants .keys() for membership
+            else log_prob.detach()
+        )
         importance = None
         if not algo.bypass_old_logprobs and algo.importance_scope != "off":
             iw = truncated_importance_weights(
