@@ -22,7 +22,7 @@ import numpy as np
 from agl import semconv
 
 from agl_trainer.receiver.wire import UINT64_MAX, BadValue, RawSpan
-from agl_trainer.store.records import CallRecord, Record, RewardRecord, RolloutRecord, Violation
+from agl_trainer.store.records import CallSpan, Record, RewardSpan, RolloutSpan, Violation
 
 TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
 INT64_MAX = 2**63 - 1  # SQLite INTEGER
@@ -179,7 +179,7 @@ def _token_array(attributes: dict[str, Any], key: str, reason: str) -> np.ndarra
     return value.astype(np.int32)
 
 
-def _call(span: RawSpan) -> CallRecord:
+def _call(span: RawSpan) -> CallSpan:
     attributes = span.attributes
     rollout_id = _str(attributes, semconv.ROLLOUT_ID, required=True)
     call_seq = _int(attributes, semconv.CALL_SEQ, required=True)
@@ -205,7 +205,7 @@ def _call(span: RawSpan) -> CallRecord:
     reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
     first = reasons[0] if isinstance(reasons, list) and reasons else None
     finish = first if isinstance(first, str) and _storable(first) else None
-    return CallRecord(
+    return CallSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
         rollout_id=rollout_id,  # type: ignore[arg-type]
@@ -231,14 +231,14 @@ def _call(span: RawSpan) -> CallRecord:
     )
 
 
-def _rollout(span: RawSpan) -> RolloutRecord:
+def _rollout(span: RawSpan) -> RolloutSpan:
     attributes = span.attributes
     status = _str(attributes, semconv.ROLLOUT_STATUS)
     if status is not None and status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
         raise ContractError("bad_status")
     if status is None and span.status_code == 2:
         status = semconv.STATUS_FAILED
-    return RolloutRecord(
+    return RolloutSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
         rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
@@ -252,7 +252,7 @@ def _rollout(span: RawSpan) -> RolloutRecord:
     )
 
 
-def _reward(span: RawSpan) -> RewardRecord:
+def _reward(span: RawSpan) -> RewardSpan:
     attributes = span.attributes
     value = attributes.get(semconv.REWARD_VALUE)
     if value is None:
@@ -263,7 +263,7 @@ def _reward(span: RawSpan) -> RewardRecord:
         raise ContractError("reward_value_not_number")
     if not math.isfinite(float(value)):  # an int64 always converts
         raise ContractError("reward_value_not_finite")
-    return RewardRecord(
+    return RewardSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
         rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]

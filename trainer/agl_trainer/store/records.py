@@ -1,7 +1,8 @@
-"""The store's record types: what the receiver hands it (`Record`) and what it hands out.
+"""The store's record types: the spans the receiver hands it (`Record`) and the rows it hands out.
 
-A received record is the stored row plus where it came from: `CallRecord` is a `CallRow` with the
-span's trace, rollout and timing fields, `RewardRecord` a `RewardRow` with its trace and rollout.
+A received span is the stored row plus where it came from: `CallSpan` is a `CallRow` with the
+span's trace, rollout and timing fields, `RewardSpan` a `RewardRow` with its trace and rollout.
+(The sidecar's `agl_sidecar.spans.CallRecord` is the call it is recording, a different concept.)
 The receiver builds records (receiver/contract.py); the store never imports the receiver.
 """
 
@@ -77,7 +78,7 @@ class CallRow(msgspec.Struct, gc=False):
     choices: int = 1
 
 
-class CallRecord(CallRow, kw_only=True, gc=False):
+class CallSpan(CallRow, kw_only=True, gc=False):
     """A model call span as received: the row plus its trace, rollout and start (None arrays: absent)."""
 
     trace_id: bytes
@@ -97,7 +98,7 @@ class RewardRow(msgspec.Struct, gc=False):
     end_ns: int
 
 
-class RewardRecord(RewardRow, kw_only=True, gc=False):
+class RewardSpan(RewardRow, kw_only=True, gc=False):
     """A reward span as received: the row plus its trace and rollout."""
 
     trace_id: bytes
@@ -106,7 +107,7 @@ class RewardRecord(RewardRow, kw_only=True, gc=False):
     task_id: str | None
 
 
-class RolloutRecord(msgspec.Struct, gc=False):
+class RolloutSpan(msgspec.Struct, gc=False):
     """An `agl.rollout` span: the harness's own account of the rollout's end."""
 
     trace_id: bytes
@@ -131,7 +132,7 @@ class Violation(msgspec.Struct, gc=False):
     rollout_id: str | None
 
 
-Record = CallRecord | RolloutRecord | RewardRecord | Violation
+Record = CallSpan | RolloutSpan | RewardSpan | Violation
 
 
 class RolloutData(msgspec.Struct):

@@ -27,16 +27,16 @@ from agl import semconv
 
 from agl_trainer.store.records import (
     CAUSES,
-    CallRecord,
     CallRow,
+    CallSpan,
     Cause,
     Record,
-    RewardRecord,
     RewardRow,
+    RewardSpan,
     RolloutData,
     RolloutInfo,
     RolloutKey,
-    RolloutRecord,
+    RolloutSpan,
     StoreStats,
     Violation,
     WriteResult,
@@ -188,13 +188,13 @@ class RolloutStore:
         return result
 
     def _write_record(self, db: sqlite3.Connection, record: Record, now: float, result: WriteResult) -> None:
-        if isinstance(record, CallRecord):
+        if isinstance(record, CallSpan):
             inserted = self._insert_call(db, record, now)
             if inserted:
                 result.tokens += _size(record.prompt_ids) + _size(record.completion_ids)
-        elif isinstance(record, RewardRecord):
+        elif isinstance(record, RewardSpan):
             inserted = self._insert_reward(db, record, now)
-        elif isinstance(record, RolloutRecord):
+        elif isinstance(record, RolloutSpan):
             inserted = self._insert_rollout_span(db, record, now)
         else:
             inserted = self._insert_violation(db, record, now)
@@ -225,7 +225,7 @@ class RolloutStore:
             (rollout_id, attempt, task_id, mode, now, now, span),
         )
 
-    def _insert_call(self, db: sqlite3.Connection, r: CallRecord, now: float) -> bool:
+    def _insert_call(self, db: sqlite3.Connection, r: CallSpan, now: float) -> bool:
         cursor = db.execute(
             "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
@@ -256,7 +256,7 @@ class RolloutStore:
             self._touch_rollout(db, r.rollout_id, r.attempt, r.task_id, r.mode, now)
         return cursor.rowcount > 0
 
-    def _insert_reward(self, db: sqlite3.Connection, r: RewardRecord, now: float) -> bool:
+    def _insert_reward(self, db: sqlite3.Connection, r: RewardSpan, now: float) -> bool:
         cursor = db.execute(
             "INSERT OR IGNORE INTO rewards VALUES (?,?,?,?,?,?,?,?,?)",
             (r.trace_id, r.span_id, r.rollout_id, r.attempt, r.name, r.value, r.call_seq, r.end_ns, now),
@@ -265,7 +265,7 @@ class RolloutStore:
             self._touch_rollout(db, r.rollout_id, r.attempt, r.task_id, None, now)
         return cursor.rowcount > 0
 
-    def _insert_rollout_span(self, db: sqlite3.Connection, r: RolloutRecord, now: float) -> bool:
+    def _insert_rollout_span(self, db: sqlite3.Connection, r: RolloutSpan, now: float) -> bool:
         cursor = db.execute(
             "INSERT OR IGNORE INTO rollout_spans VALUES (?,?,?,?)",
             (r.trace_id, r.span_id, r.rollout_id, r.attempt),
