@@ -16,7 +16,8 @@ The training loop's whole API (one SQLite file, WAL mode; see rollout_store.py f
     assembly.report    -> AssemblyReport        (merge failures, truncations, drops)
     store.mark_trained([r.key for r in ready if ...], step)   # ids, (id, attempt) or RolloutKey
     store.mark_dropped([(key, reason), ...]) or mark_dropped(keys, reason)  # assemble() records its own
-    store.completed(keys) -> set[RolloutKey]; store.final_rewards(keys, name="reward") -> {key: value}
+    store.completed(keys) -> set[RolloutKey]   # read-only: complete or due now, untrained, not dropped
+    store.final_rewards(keys, name="reward") -> {key: value}   # records.final_reward, per rollout
     store.record_checkpoint(step, path); store.last_checkpoint(); store.last_step()
     store.stats()      -> StoreStats
 
