@@ -21,20 +21,22 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar import __version__, inputs, wire
-from agl_sidecar.attribution import Identity, bearer_token, parse_traceparent
+from agl_sidecar import __version__
+from agl_sidecar.proxy import inputs, wire
+from agl_sidecar.proxy.attribution import Identity, bearer_token, parse_traceparent
 from agl_sidecar.config import SidecarConfig
-from agl_sidecar.exporter import SpanExporter
-from agl_sidecar.foreground import Foreground
-from agl_sidecar.fronts import JSON, AdapterFront, OpenAIFront
-from agl_sidecar.gate import Gate
+from agl_sidecar.spans.exporter import SpanExporter
+from agl_sidecar.spans.foreground import Foreground
+from agl_sidecar.proxy.fronts import JSON, AdapterFront, OpenAIFront
+from agl_sidecar.proxy.gate import Gate
 from agl_sidecar.metrics import Metrics
-from agl_sidecar.otlp import RequestFramer
+from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.protocols.base import ProtocolError
 from agl_sidecar.protocols.registry import ADAPTERS, load_adapter
-from agl_sidecar.proxy import CHAT, COMPLETIONS, DEEP_JSON, Proxy, identity_from, read_body
-from agl_sidecar.routing import NoUpstream, Router, Upstream, validate_upstream
-from agl_sidecar.spans import SpanRecorder
+from agl_sidecar.proxy.handler import Proxy
+from agl_sidecar.proxy.request import CHAT, COMPLETIONS, DEEP_JSON, identity_from, read_body
+from agl_sidecar.proxy.routing import NoUpstream, Router, Upstream, validate_upstream
+from agl_sidecar.spans.recorder import SpanRecorder
 
 log = logging.getLogger("agl_sidecar")
 

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 
 from agl import semconv
-from agl_sidecar.inputs import INT64_MAX, INT64_MIN
-from agl_sidecar.routing import validate_upstream
+from agl_sidecar.proxy.inputs import INT64_MAX, INT64_MIN
+from agl_sidecar.proxy.routing import validate_upstream
 
 ENV_PREFIX = "AGL_SIDECAR_"
 DEFAULT_LISTEN = "127.0.0.1:8400"

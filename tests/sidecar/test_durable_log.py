@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from agl_sidecar.durable import SpanLog, read_segment
-from agl_sidecar.spool import WAL_SUFFIX, Spool
+from agl_sidecar.spans.durable import SpanLog, read_segment
+from agl_sidecar.spans.spool import WAL_SUFFIX, Spool
 
 
 def test_concurrent_calls_share_fsyncs_and_settled_segments_are_deleted(tmp_path, monkeypatch):
@@ -56,7 +56,7 @@ def test_a_torn_tail_ends_recovery_and_keeps_what_came_before(tmp_path):
 
 
 def test_spool_gauges_are_gauges_and_dead_letters_a_counter():
-    from agl_sidecar.exporter import ExportCounters
+    from agl_sidecar.spans.exporter import ExportCounters
     from agl_sidecar.metrics import Metrics
 
     counters = ExportCounters(spans_in_spool=3, spans_dead_lettered=2)

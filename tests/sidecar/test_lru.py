@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl_sidecar.lru import BytesLRU
+from agl_sidecar.spans.lru import BytesLRU
 
 
 def _lru(max_bytes: int, max_entries: int | None = None) -> BytesLRU[str, bytes]:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import ArrayValue
 
-from agl_sidecar import otlp
+from agl_sidecar.spans import otlp
 from tests.support.otlp_sink import any_value
 
 

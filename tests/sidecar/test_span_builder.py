@@ -11,12 +11,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agl import semconv
-from agl_sidecar import otlp, token_arrays
-from agl_sidecar.attribution import Identity
-from agl_sidecar.exporter import ExportCounters
-from agl_sidecar.foreground import Foreground
-from agl_sidecar.spans import CallRecord, SpanRecorder
-from agl_sidecar.token_arrays import SliceCache, encode_token_ids
+from agl_sidecar.spans import otlp, token_arrays
+from agl_sidecar.proxy.attribution import Identity
+from agl_sidecar.spans.exporter import ExportCounters
+from agl_sidecar.spans.foreground import Foreground
+from agl_sidecar.spans.recorder import CallRecord, SpanRecorder
+from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
 from tests.support.otlp_sink import any_value
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 
 from agl import semconv
-from agl_sidecar import otlp
+from agl_sidecar.spans import otlp
 from agl_sidecar.config import build
-from agl_sidecar.exporter import SpanExporter
+from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.metrics import Metrics
-from agl_sidecar.otlp import RequestFramer
+from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.server import BackgroundSidecar
-from agl_sidecar.spool import SPOOL_SUFFIX
+from agl_sidecar.spans.spool import SPOOL_SUFFIX
 from tests.sidecar.refusing_sink import RefusingSink, attributes, rollout_of
 
 FRAMER = RequestFramer({"service.name": "test"}, "agl", "0")

@@ -15,10 +15,11 @@ import msgspec
 import pytest
 
 from agl import semconv
-from agl_sidecar.attribution import Identity
-from agl_sidecar.proxy import CHAT, COMPLETIONS, Flags, StreamRecorder, record_unary
-from agl_sidecar.spans import CallRecord
-from agl_sidecar.wire import chat_request, completion_request
+from agl_sidecar.proxy.attribution import Identity
+from agl_sidecar.proxy.recording import StreamRecorder, record_unary
+from agl_sidecar.proxy.request import CHAT, COMPLETIONS, Flags
+from agl_sidecar.spans.recorder import CallRecord
+from agl_sidecar.proxy.wire import chat_request, completion_request
 from tests.sidecar.scripted_engine import Reply, ScriptedEngine, capture, sse_events
 
 

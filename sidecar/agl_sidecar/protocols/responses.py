@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import msgspec
 from agl import semconv
 
-from agl_sidecar.lru import BytesLRU
+from agl_sidecar.spans.lru import BytesLRU
 from agl_sidecar.protocols._litellm import responses_config
 from agl_sidecar.protocols._sse import sse_event
 from agl_sidecar.protocols.base import ProtocolError

@@ -11,12 +11,13 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar.inputs import int64_or_none
-from agl_sidecar.proxy import CHAT, CallRecord
+from agl_sidecar.proxy.inputs import int64_or_none
+from agl_sidecar.proxy.request import CHAT
+from agl_sidecar.spans.recorder import CallRecord
 
 if TYPE_CHECKING:
     from agl_sidecar.app import Sidecar
-    from agl_sidecar.routing import Upstream
+    from agl_sidecar.proxy.routing import Upstream
 
 # Fields only vLLM understands: litellm would forward or reject them.
 _ENGINE_ONLY = ("return_token_ids", "top_k", "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from agl import semconv
-from agl_sidecar import inputs
+from agl_sidecar.proxy import inputs
 
 
 @dataclass(slots=True)

@@ -37,10 +37,10 @@ from typing import NamedTuple
 
 import aiohttp
 
-from agl_sidecar import otlp
-from agl_sidecar.durable import SpanLog, read_segment
-from agl_sidecar.otlp import RequestFramer
-from agl_sidecar.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_name, write_atomic
+from agl_sidecar.spans import otlp
+from agl_sidecar.spans.durable import SpanLog, read_segment
+from agl_sidecar.spans.otlp import RequestFramer
+from agl_sidecar.spans.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_name, write_atomic
 
 log = logging.getLogger("agl_sidecar.exporter")
 

@@ -14,8 +14,9 @@ from collections.abc import Generator
 
 from msgspec import Raw
 
-from agl_sidecar import otlp, wire
-from agl_sidecar.lru import BytesLRU
+from agl_sidecar.spans import otlp
+from agl_sidecar.proxy import wire
+from agl_sidecar.spans.lru import BytesLRU
 
 SLICE_TOKENS = 2048  # ~0.15 ms to decode and encode
 SLICE_JSON_BYTES = 12 * 1024  # about 2k token IDs of JSON text

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from msgspec import Raw, Struct
 
-from agl_sidecar.inputs import Count, Int64, Positive
+from agl_sidecar.proxy.inputs import Count, Int64, Positive
 
 NULL = Raw(b"null")
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agl_sidecar import otlp
-from agl_sidecar.spool import WAL_SUFFIX, Spool, fsync_dir
+from agl_sidecar.spans import otlp
+from agl_sidecar.spans.spool import WAL_SUFFIX, Spool, fsync_dir
 
 log = logging.getLogger("agl_sidecar.durable")
 

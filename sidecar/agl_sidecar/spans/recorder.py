@@ -30,12 +30,13 @@ import msgspec
 from msgspec import Raw
 
 from agl import semconv
-from agl_sidecar import otlp, wire
-from agl_sidecar.attribution import Identity, TraceParent
-from agl_sidecar.exporter import SpanExporter
-from agl_sidecar.foreground import Foreground
-from agl_sidecar.lru import BytesLRU
-from agl_sidecar.token_arrays import SliceCache, encode_token_ids
+from agl_sidecar.spans import otlp
+from agl_sidecar.proxy import wire
+from agl_sidecar.proxy.attribution import Identity, TraceParent
+from agl_sidecar.spans.exporter import SpanExporter
+from agl_sidecar.spans.foreground import Foreground
+from agl_sidecar.spans.lru import BytesLRU
+from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
 
 log = logging.getLogger("agl_sidecar.spans")
 

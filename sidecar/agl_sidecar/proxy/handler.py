@@ -1,12 +1,9 @@
 """The hot path: one model call from the harness to the engine and back.
 
-The request is typed once (msgspec, only the fields the sidecar reads) and forwarded as bytes with
-`return_token_ids` / logprobs appended when the harness did not ask for them. The response is typed
-once to record token IDs and logprobs, then the fields the harness did not ask for are nulled in the
-original bytes, so the harness receives what the engine would have sent it without the sidecar.
-Streams are passed on as they arrive, each read's complete SSE events in one write.
+Forwarding: the gate, the engine picked and reached (a stale pooled connection resent once), the
+answer recorded (proxy.recording) and passed on; streams as they arrive, each read's complete SSE
+events in one write.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -19,114 +16,32 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar import durable, inputs, wire
-from agl_sidecar.attribution import Identity, parse_traceparent
-from agl_sidecar.gate import HeldTooLong
-from agl_sidecar.routing import NoUpstream, Upstream
-from agl_sidecar.spans import CallRecord
+from agl_sidecar.proxy import inputs, wire
+from agl_sidecar.proxy.attribution import parse_traceparent
+from agl_sidecar.proxy.gate import HeldTooLong
+from agl_sidecar.proxy.litellm_upstream import complete_via_litellm
+from agl_sidecar.proxy.recording import StreamRecorder, record_unary
+from agl_sidecar.proxy.request import (
+    CHAT,
+    OPERATIONS,
+    UPSTREAM_PATHS,
+    BadRequest,
+    Flags,
+    decode_request,
+    read_body,
+    upstream_body,
+)
+from agl_sidecar.proxy.routing import NoUpstream, Upstream
+from agl_sidecar.spans import durable
+from agl_sidecar.spans.recorder import CallRecord
 
 if TYPE_CHECKING:
     from agl_sidecar.app import Sidecar
-    from agl_sidecar.fronts import AdapterFront, OpenAIFront
+    from agl_sidecar.proxy.fronts import AdapterFront, OpenAIFront
 
     Front = OpenAIFront | AdapterFront
 
 log = logging.getLogger("agl_sidecar.proxy")
-
-CHAT = "chat"
-COMPLETIONS = "completions"
-UPSTREAM_PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
-OPERATIONS = {CHAT: semconv.OPERATION_CHAT, COMPLETIONS: semconv.OPERATION_TEXT_COMPLETION}
-
-K_TOKEN_IDS = b'"token_ids":'
-K_PROMPT_TOKEN_IDS = b'"prompt_token_ids":'
-K_LOGPROBS = b'"logprobs":'
-DATA = b"data: "
-DONE = b"[DONE]"
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-def decode_request(kind: str, body: bytes) -> wire.Request:
-    """The typed request, or BadRequest naming what is wrong."""
-    decoder = wire.chat_request if kind == CHAT else wire.completion_request
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        param = wire.error_param(exc)
-        text = str(exc)
-        if text.startswith("Object missing required field"):
-            field = text.split("`")[1] if "`" in text else None
-            return _raise(f"missing required field '{field}'", field)
-        return _raise(f"invalid request body: {text}", param)
-    except msgspec.DecodeError as exc:
-        if not body.strip():
-            return _raise("empty request body: send a JSON object", None)
-        return _raise(f"request body is not valid JSON: {exc}", None)
-    except RecursionError:
-        return _raise(DEEP_JSON, None)
-
-
-DEEP_JSON = "request body is nested too deeply: JSON arrays and objects nested about 900 levels or more"
-
-
-def _raise(message: str, param: str | None) -> Any:
-    raise BadRequest(message, param)
-
-
-class Flags:
-    """What the harness asked the engine for, i.e. what must reach it."""
-
-    __slots__ = ("token_ids", "logprobs")
-
-    def __init__(self, kind: str, request: wire.Request) -> None:
-        self.token_ids = bool(request.return_token_ids)
-        if kind == CHAT:
-            self.logprobs = bool(request.logprobs)
-        else:
-            self.logprobs = request.logprobs is not None
-
-    @property
-    def strips(self) -> bool:
-        return not (self.token_ids and self.logprobs)
-
-
-def upstream_body(
-    body: bytes, kind: str, request: wire.Request, inject: bool, overrides: dict[str, Any]
-) -> bytes:
-    """The request for the engine: the harness's bytes plus the token flags and sampling overrides.
-
-    Keys the harness did not send are appended before the closing brace (no re-encoding); when a key
-    it did send must change, the body is re-encoded so it holds each key once."""
-    add: dict[str, Any] = {}
-    if inject:
-        if not request.return_token_ids:
-            add["return_token_ids"] = True
-        if kind == CHAT:
-            if not request.logprobs:
-                add["logprobs"] = True
-                if request.top_logprobs is None:
-                    add["top_logprobs"] = 0
-        elif request.logprobs is None:
-            add["logprobs"] = 1
-    add.update(overrides)
-    if not add:
-        return body
-    rewrite = bool(overrides) or request.return_token_ids is False or (kind == CHAT and request.logprobs is False)
-    if rewrite:
-        data = msgspec.json.decode(body)
-        data.update(add)
-        return msgspec.json.encode(data)
-    end = body.rfind(b"}")
-    head = body[:end].rstrip()
-    extra = b",".join(b'"' + key.encode() + b'":' + msgspec.json.encode(value) for key, value in add.items())
-    return head + (b"" if head.endswith(b"{") else b",") + extra + b"}"
-
 
 class Proxy:
     def __init__(self, sidecar: Sidecar) -> None:
@@ -235,8 +150,6 @@ class Proxy:
         except NoUpstream:
             return self._fail(call, front, 502, "no upstream is configured", "upstream_unreachable")
         if upstream.litellm_model is not None:
-            from agl_sidecar.litellm_upstream import complete_via_litellm
-
             return await complete_via_litellm(sidecar, request, kind, front, body, parsed, call, upstream, overrides)
         out_body = upstream_body(body, kind, parsed, sidecar.config.inject_token_ids, overrides)
         tried: tuple[Upstream, ...] = ()
@@ -437,25 +350,6 @@ def _lf_lines(data: bytes, carriage_return: bool) -> tuple[bytes, bool]:
         data = data[:-1]
     return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
 
-
-def record_usage(call: CallRecord, usage: wire.Usage) -> None:
-    """The engine's token counts; a count a span cannot carry (beyond int64) is left out."""
-    call.input_tokens = inputs.int64_or_none(usage.prompt_tokens)
-    call.output_tokens = inputs.int64_or_none(usage.completion_tokens)
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, or inputs.TooLarge past `limit` bytes: a declared length over it is refused
-    before a byte is read, an undeclared one (chunked) as soon as it passes it."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise inputs.TooLarge(limit)
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise inputs.TooLarge(limit) from None
-
-
 def _client_gone(sidecar: Sidecar, call: CallRecord) -> None:
     """The harness went away: record the call as ended by it (once; a finished call is not changed,
     its span is built from it later)."""
@@ -464,216 +358,3 @@ def _client_gone(sidecar: Sidecar, call: CallRecord) -> None:
     call.end_reason = semconv.END_CLIENT_DISCONNECTED
     call.error_type = "client_disconnected"
     sidecar.recorder.finish(call)
-
-
-def _record_choice(call: CallRecord, c: Any, flags: Flags, strip: list[tuple[bytes, msgspec.Raw]]) -> None:
-    """Record one choice (its token IDs and logprobs as the engine's JSON, decoded off the hot path by
-    the span builder); queue what the harness did not ask for."""
-    choice = call.choice(c.index)
-    choice.finish_reason = c.finish_reason
-    choice.token_ids = c.token_ids
-    choice.logprobs = c.logprobs
-    if not flags.token_ids:
-        strip.append((K_TOKEN_IDS, c.token_ids))
-    if not flags.logprobs:
-        strip.append((K_LOGPROBS, c.logprobs))
-
-
-def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture: bool) -> bytes:
-    """Record the response's ids, tokens and logprobs on `call`; return the body for the harness."""
-    strip: list[tuple[bytes, msgspec.Raw]] = []
-    if kind == CHAT:
-        parsed = wire.decode_lifted(wire.chat_response, data, "prompt_token_ids")
-        prompt_raw = parsed.prompt_token_ids
-        if not flags.token_ids:
-            strip.append((K_PROMPT_TOKEN_IDS, prompt_raw))
-        for c in parsed.choices:
-            _record_choice(call, c, flags, strip)
-        if capture:
-            call.output_messages = msgspec.json.encode(
-                [msgspec.json.decode(c.message) for c in parsed.choices]
-            ).decode()
-    else:
-        parsed = wire.completion_response.decode(data)
-        prompt_raw = parsed.choices[0].prompt_token_ids if parsed.choices else wire.NULL
-        for c in parsed.choices:
-            _record_choice(call, c, flags, strip)
-            if not flags.token_ids:  # completions carry the prompt's IDs per choice
-                strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
-    call.prompt_ids = None if prompt_raw == wire.NULL else prompt_raw
-    call.response_id = parsed.id
-    call.response_model = parsed.model
-    if parsed.usage is not None:
-        record_usage(call, parsed.usage)
-    return wire.strip(data, strip, flags.token_ids, flags.logprobs) if strip else data
-
-
-class StreamRecorder:
-    """Assembles token IDs and logprobs from a stream's chunks and strips each event."""
-
-    __slots__ = ("kind", "flags", "call", "_decode")
-
-    def __init__(self, kind: str, flags: Flags, call: CallRecord) -> None:
-        self.kind = kind
-        self.flags = flags
-        self.call = call
-        self._decode = wire.chat_chunk.decode if kind == CHAT else wire.completion_chunk.decode
-
-    def event(self, event: bytes) -> bytes:
-        if not event.startswith(DATA):
-            return self._event_lines(event)
-        payload = event[6:]
-        if payload == DONE:
-            return event
-        if self.kind == CHAT:
-            fast = self._chat_fast(payload)
-            if fast is not None:
-                return fast
-        try:
-            chunk = self._decode(payload)
-        except msgspec.MsgspecError:
-            return self._event_lines(event) if b"\n" in event else event
-        call = self.call
-        if chunk.error is not None:
-            call.end_reason = semconv.END_UPSTREAM_ERROR
-            call.error_type = "upstream_stream_error"
-            call.error_message = chunk.error.message or ""
-            return event
-        if call.response_id is None:
-            call.response_id = chunk.id
-            call.response_model = chunk.model
-        if chunk.usage is not None:
-            record_usage(call, chunk.usage)
-        strip: list[tuple[bytes, msgspec.Raw]] = []
-        flags = self.flags
-        if self.kind == CHAT and call.prompt_ids is None and chunk.prompt_token_ids != wire.NULL:
-            call.prompt_ids = chunk.prompt_token_ids
-        if self.kind == CHAT and not flags.token_ids:
-            strip.append((K_PROMPT_TOKEN_IDS, chunk.prompt_token_ids))
-        for c in chunk.choices:
-            choice = call.choice(c.index)
-            if c.finish_reason is not None:
-                choice.finish_reason = c.finish_reason
-            ids = wire.token_ids(c.token_ids)
-            if ids:
-                choice.token_ids += ids
-            if self.kind == CHAT:
-                logprobs = wire.chat_logprobs(c.logprobs)
-            else:
-                logprobs = wire.legacy_logprobs(c.logprobs)
-                if call.prompt_ids is None and c.index == 0 and c.prompt_token_ids != wire.NULL:
-                    call.prompt_ids = c.prompt_token_ids
-                if not flags.token_ids:
-                    strip.append((K_PROMPT_TOKEN_IDS, c.prompt_token_ids))
-            if logprobs:
-                choice.logprobs += logprobs
-            if not flags.token_ids:
-                strip.append((K_TOKEN_IDS, c.token_ids))
-            if not flags.logprobs:
-                strip.append((K_LOGPROBS, c.logprobs))
-        if strip:
-            return DATA + wire.strip(payload, strip, flags.token_ids, flags.logprobs)
-        return event
-
-
-    def _event_lines(self, event: bytes) -> bytes:
-        """An event not spelled `data: <one JSON line>` (vLLM's): `data:` without the space, other
-        fields (`event:`, `id:`, comments), JSON over several `data:` lines. Its data is handled as
-        one `data: ` line; the other lines are kept before it."""
-        data: list[bytes] = []
-        other: list[bytes] = []
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                data.append(line[6:] if line[5:6] == b" " else line[5:])
-            elif line:
-                other.append(line)
-        if not data:
-            return event
-        payload = b"\n".join(data)
-        if b"\n" in payload:  # JSON written over several lines: one line, as vLLM writes it
-            try:
-                payload = wire.encode(wire.decode_any(payload))
-            except (msgspec.MsgspecError, RecursionError):
-                return event
-        return b"\n".join([*other, self.event(DATA + payload)])
-
-    def _chat_fast(self, payload: bytes) -> bytes | None:
-        """The common chat chunk (at most one choice) in one typed decode, its stripped fields found
-        by markers: vLLM writes `"logprobs":{...}` right before `,"finish_reason":`, and `"key":` /
-        `,"key":` with unescaped quotes cannot occur inside a JSON string. None: use the general path."""
-        try:
-            chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
-        except msgspec.MsgspecError:
-            return None
-        if chunk.error is not None or len(chunk.choices) > 1:
-            return None
-        call = self.call
-        flags = self.flags
-        c = chunk.choices[0] if chunk.choices else None
-        # Locate every value to strip before recording anything, and confirm each located span of
-        # bytes is exactly the decoded value (another engine's spacing or key order moves them): on
-        # a miss the general path handles the chunk from scratch.
-        cuts: list[tuple[int, int]] = []
-        has_prompt = chunk.prompt_token_ids != wire.NULL
-        if has_prompt and not flags.token_ids:
-            at = payload.rfind(b'"prompt_token_ids":[')
-            end = payload.find(b"]", at) + 1
-            if at < 0 or payload[at + 19 : end] != bytes(chunk.prompt_token_ids):
-                return None
-            cuts.append((at + 19, end))
-        logprobs = None
-        if c is not None:
-            if c.token_ids is not None and not flags.token_ids:
-                at = payload.rfind(b'"token_ids":[')
-                end = payload.find(b"]", at) + 1
-                if at < 0 or payload[at + 12 : end] != wire.encode(c.token_ids):
-                    return None
-                cuts.append((at + 12, end))
-            if c.logprobs != wire.NULL:
-                if not flags.logprobs:
-                    at = payload.find(b'"logprobs":{')
-                    end = payload.find(b',"finish_reason":', at)
-                    if at < 0 or end < 0 or payload[at + 11 : end] != bytes(c.logprobs):
-                        return None
-                    cuts.append((at + 11, end))
-                try:
-                    logprobs = wire.chat_logprobs(c.logprobs)
-                except msgspec.MsgspecError:
-                    return None
-        if len(cuts) > 1:
-            cuts.sort()
-            for (_, previous_end), (begin, _) in zip(cuts, cuts[1:]):
-                if begin < previous_end:
-                    return None  # two located values overlap: the layout is not vLLM's
-        if has_prompt and call.prompt_ids is None:
-            call.prompt_ids = chunk.prompt_token_ids
-        if c is not None:
-            choice = call.choice(c.index)
-            if c.finish_reason is not None:
-                choice.finish_reason = c.finish_reason
-            if c.token_ids:
-                choice.token_ids += c.token_ids
-            if logprobs:
-                choice.logprobs += logprobs
-        if call.response_id is None:
-            call.response_id = chunk.id
-            call.response_model = chunk.model
-        if chunk.usage is not None:
-            record_usage(call, chunk.usage)
-        if not cuts:
-            return DATA + payload
-        out = [DATA]
-        position = 0
-        for begin, end in cuts:
-            out.append(payload[position:begin])
-            out.append(b"null")
-            position = end
-        out.append(payload[position:])
-        return b"".join(out)
-
-
-def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Identity:
-    from agl_sidecar.attribution import resolve
-
-    info = request.match_info
-    return resolve(request.headers, info.get("rollout_id"), info.get("attempt"), api_key_rollouts)

@@ -1,0 +1,117 @@
+"""The harness's request: typed once (msgspec, only the fields the sidecar reads) and forwarded as
+bytes with `return_token_ids` / logprobs appended when the harness did not ask for them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from agl import semconv
+from agl_sidecar.proxy import inputs, wire
+from agl_sidecar.proxy.attribution import Identity, resolve
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+UPSTREAM_PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+OPERATIONS = {CHAT: semconv.OPERATION_CHAT, COMPLETIONS: semconv.OPERATION_TEXT_COMPLETION}
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def decode_request(kind: str, body: bytes) -> wire.Request:
+    """The typed request, or BadRequest naming what is wrong."""
+    decoder = wire.chat_request if kind == CHAT else wire.completion_request
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        param = wire.error_param(exc)
+        text = str(exc)
+        if text.startswith("Object missing required field"):
+            field = text.split("`")[1] if "`" in text else None
+            return _raise(f"missing required field '{field}'", field)
+        return _raise(f"invalid request body: {text}", param)
+    except msgspec.DecodeError as exc:
+        if not body.strip():
+            return _raise("empty request body: send a JSON object", None)
+        return _raise(f"request body is not valid JSON: {exc}", None)
+    except RecursionError:
+        return _raise(DEEP_JSON, None)
+
+
+DEEP_JSON = "request body is nested too deeply: JSON arrays and objects nested about 900 levels or more"
+
+
+def _raise(message: str, param: str | None) -> Any:
+    raise BadRequest(message, param)
+
+
+class Flags:
+    """What the harness asked the engine for, i.e. what must reach it."""
+
+    __slots__ = ("token_ids", "logprobs")
+
+    def __init__(self, kind: str, request: wire.Request) -> None:
+        self.token_ids = bool(request.return_token_ids)
+        if kind == CHAT:
+            self.logprobs = bool(request.logprobs)
+        else:
+            self.logprobs = request.logprobs is not None
+
+    @property
+    def strips(self) -> bool:
+        return not (self.token_ids and self.logprobs)
+
+
+def upstream_body(
+    body: bytes, kind: str, request: wire.Request, inject: bool, overrides: dict[str, Any]
+) -> bytes:
+    """The request for the engine: the harness's bytes plus the token flags and sampling overrides.
+
+    Keys the harness did not send are appended before the closing brace (no re-encoding); when a key
+    it did send must change, the body is re-encoded so it holds each key once."""
+    add: dict[str, Any] = {}
+    if inject:
+        if not request.return_token_ids:
+            add["return_token_ids"] = True
+        if kind == CHAT:
+            if not request.logprobs:
+                add["logprobs"] = True
+                if request.top_logprobs is None:
+                    add["top_logprobs"] = 0
+        elif request.logprobs is None:
+            add["logprobs"] = 1
+    add.update(overrides)
+    if not add:
+        return body
+    rewrite = bool(overrides) or request.return_token_ids is False or (kind == CHAT and request.logprobs is False)
+    if rewrite:
+        data = msgspec.json.decode(body)
+        data.update(add)
+        return msgspec.json.encode(data)
+    end = body.rfind(b"}")
+    head = body[:end].rstrip()
+    extra = b",".join(b'"' + key.encode() + b'":' + msgspec.json.encode(value) for key, value in add.items())
+    return head + (b"" if head.endswith(b"{") else b",") + extra + b"}"
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, or inputs.TooLarge past `limit` bytes: a declared length over it is refused
+    before a byte is read, an undeclared one (chunked) as soon as it passes it."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise inputs.TooLarge(limit)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise inputs.TooLarge(limit) from None
+
+
+def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Identity:
+    info = request.match_info
+    return resolve(request.headers, info.get("rollout_id"), info.get("attempt"), api_key_rollouts)
