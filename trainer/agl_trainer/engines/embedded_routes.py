@@ -1,0 +1,355 @@
+"""The embedded engine's HTTP routes (aiohttp), vLLM's API over one `EmbeddedEngine`:
+POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;
+GET /v1/models, /health, /ping, /version, /metrics (Prometheus text).
+
+A handler reads its request (embedded_requests.py), submits sequences to the engine's scheduler,
+and answers with a body (embedded_wire.py) or a stream (embedded_stream.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from agl_trainer.engines import embedded_stream as stream
+from agl_trainer.engines import embedded_wire as wire
+from agl_trainer.engines.embedded_batching import Sequence
+from agl_trainer.engines.embedded_requests import RequestReader
+from agl_trainer.engines.embedded_requests import sequences as sequences_of
+from agl_trainer.engines.embedded_wire import RequestError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from agl_trainer.engines.embedded import EmbeddedEngine
+
+_json = msgspec.json.Encoder()
+
+
+def respond(body: Any, status: int = 200) -> web.Response:
+    from aiohttp import web
+
+    return web.Response(body=_json.encode(body), status=status, content_type="application/json")
+
+
+class EngineRoutes:
+    """The handlers, and the request counters /metrics reports."""
+
+    def __init__(self, engine: EmbeddedEngine, reader: RequestReader) -> None:
+        self.engine = engine
+        self.reader = reader
+        self.requests = 0
+        self.errors = 0
+        self.tokens_out = 0
+
+    def app(self) -> web.Application:
+        from aiohttp import web
+
+        app = web.Application(middlewares=[self._errors_middleware()], client_max_size=64 * 1024**2)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/health", self.empty)
+        app.router.add_get("/ping", self.empty)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    def _errors_middleware(self) -> Any:
+        from aiohttp import web
+
+        @web.middleware
+        async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except RequestError as error:
+                self.errors += 1
+                return respond(error.body(), error.code)
+            except web.HTTPMethodNotAllowed:
+                return respond({"detail": "Method Not Allowed"}, 405)
+            except web.HTTPNotFound:
+                return respond({"detail": "Not Found"}, 404)
+
+        return middleware
+
+    def _count_tokens(self, completion_tokens: int) -> None:
+        self.tokens_out += completion_tokens
+
+    # --- small routes ----------------------------------------------------------------------------
+    async def empty(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(status=200)
+
+    async def version(self, request: Any) -> Any:
+        return respond({"version": wire.SYSTEM_FINGERPRINT})
+
+    async def models(self, request: Any) -> Any:
+        engine = self.engine
+        return respond(
+            wire.models_response(
+                engine.served_names, str(engine.config.model_path), engine.max_model_len, engine.created
+            )
+        )
+
+    async def metrics(self, request: Any) -> Any:
+        from aiohttp import web
+
+        scheduler = self.engine.scheduler
+        lines = [
+            "# TYPE agl_engine_requests_total counter",
+            f"agl_engine_requests_total {self.requests}",
+            "# TYPE agl_engine_request_errors_total counter",
+            f"agl_engine_request_errors_total {self.errors}",
+            "# TYPE agl_engine_generated_tokens_total counter",
+            f"agl_engine_generated_tokens_total {self.tokens_out}",
+            "# TYPE agl_engine_steps_total counter",
+            f"agl_engine_steps_total {scheduler.steps if scheduler else 0}",
+            "# TYPE agl_engine_busy_seconds_total counter",
+            f"agl_engine_busy_seconds_total {scheduler.busy_s if scheduler else 0.0}",
+            "# TYPE agl_engine_policy_version gauge",
+            f"agl_engine_policy_version {self.engine.policy_version}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _body(self, request: Any) -> bytes:
+        if "json" not in request.headers.get("content-type", ""):
+            raise RequestError(
+                "1 validation error: Unsupported Media Type: Only 'application/json' is allowed",
+                type="Bad Request",
+            )
+        return await request.read()
+
+    def _submit(self, sequences: list[Sequence]) -> None:
+        self.requests += 1
+        scheduler = self.engine.scheduler
+        assert scheduler is not None  # routes are served only between start() and stop()
+        scheduler.submit(sequences)
+
+    # --- chat ------------------------------------------------------------------------------------
+    async def chat(self, request: Any) -> Any:
+        reader = self.reader
+        req = wire.decode_request(await self._body(request), wire.ChatCompletionRequest)
+        model = reader.model_name(req.model)
+        prompt_ids = reader.render(
+            req.messages,
+            req.add_generation_prompt,
+            req.continue_final_message,
+            req.tools,
+            req.chat_template_kwargs,
+        )
+        reader.check_prompt(prompt_ids)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= wire.MAX_LOGPROBS:
+            raise RequestError(
+                f"top_logprobs must be between 0 and {wire.MAX_LOGPROBS}.", param="top_logprobs"
+            )
+        params = reader.sampling(req, req.max_completion_tokens or req.max_tokens, top, len(prompt_ids))
+        queue: asyncio.Queue = asyncio.Queue()
+        sequences = sequences_of(prompt_ids, params, req.n, req.stream, queue)
+        request_id, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
+        self._submit(sequences)
+        tokenizer = reader.tokenizer
+        if req.stream:
+            with stream.cancel_on_exit(sequences):
+                return await self._chat_stream(
+                    request, req, model, request_id, created, prompt_ids, sequences, queue
+                )
+        with stream.cancel_on_exit(sequences):
+            await stream.wait_all(sequences, queue)
+        choices = []
+        for index, sequence in enumerate(sequences):
+            stream.raise_if_failed(sequence)
+            logprobs = (
+                wire.chat_logprobs(
+                    tokenizer, sequence, 0, len(sequence.token_ids), req.return_tokens_as_token_ids
+                )
+                if req.logprobs
+                else None
+            )
+            text = stream.visible_text(tokenizer, sequence)
+            choices.append(wire.chat_choice(index, text, logprobs, sequence, req.return_token_ids))
+        completion_tokens = sum(len(s.token_ids) for s in sequences)
+        self._count_tokens(completion_tokens)
+        body = wire.chat_response(
+            request_id, created, model, choices, prompt_ids, completion_tokens, req.return_token_ids
+        )
+        return respond(body)
+
+    async def _chat_stream(
+        self,
+        request: Any,
+        req: wire.ChatCompletionRequest,
+        model: str,
+        request_id: str,
+        created: int,
+        prompt_ids: list[int],
+        sequences: list[Sequence],
+        queue: asyncio.Queue[Any],
+    ) -> Any:
+        tokenizer = self.reader.tokenizer
+
+        def choice_of(
+            index: int, sequence: Sequence, position: int, delta: str, done: bool
+        ) -> dict[str, Any]:
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"content": delta},
+                "logprobs": wire.chat_logprobs(
+                    tokenizer, sequence, position, position + 1, req.return_tokens_as_token_ids
+                )
+                if req.logprobs
+                else None,
+                "finish_reason": sequence.finish_reason if done else None,
+            }
+            if done:
+                choice["stop_reason"] = sequence.stop_reason
+            choice["token_ids"] = [sequence.token_ids[position]] if req.return_token_ids else None
+            return choice
+
+        # Each choice opens with the assistant role (and the prompt's ids), as vLLM's do.
+        preludes = [
+            {
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "prompt_token_ids": prompt_ids if req.return_token_ids else None,
+                "prompt_text": None,
+            }
+            for index in range(len(sequences))
+        ]
+        return await stream.stream_choices(
+            request,
+            {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model},
+            tokenizer,
+            sequences,
+            queue,
+            choice_of,
+            prompt_tokens=len(prompt_ids),
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            count_tokens=self._count_tokens,
+            preludes=preludes,
+        )
+
+    # --- completions -------------------------------------------------------------------------------
+    async def completions(self, request: Any) -> Any:
+        reader = self.reader
+        req = wire.decode_request(await self._body(request), wire.CompletionRequest)
+        model = reader.model_name(req.model)
+        if req.echo:
+            raise RequestError("echo is not supported by the embedded engine", param="echo")
+        prompts = [reader.encode_prompt(p) for p in wire.prompts_of(req.prompt)]
+        for prompt_ids in prompts:
+            reader.check_prompt(prompt_ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        sequences: list[Sequence] = []
+        for prompt_ids in prompts:
+            params = reader.sampling(req, req.max_tokens or 16, req.logprobs, len(prompt_ids))
+            sequences += sequences_of(prompt_ids, params, req.n, req.stream, queue)
+        request_id, created = f"cmpl-{secrets.token_hex(8)}", int(time.time())
+        self._submit(sequences)
+        prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as vLLM)
+        tokenizer = reader.tokenizer
+        if req.stream:
+            with stream.cancel_on_exit(sequences):
+                return await self._completions_stream(
+                    request, req, model, request_id, created, sequences, queue, prompt_tokens
+                )
+        with stream.cancel_on_exit(sequences):
+            await stream.wait_all(sequences, queue)
+        choices = []
+        for index, sequence in enumerate(sequences):
+            stream.raise_if_failed(sequence)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, _ = wire.completion_logprobs(
+                    tokenizer, sequence, 0, len(sequence.token_ids), 0, req.return_tokens_as_token_ids
+                )
+            text = stream.visible_text(tokenizer, sequence)
+            choices.append(wire.completion_choice(index, text, logprobs, sequence, req.return_token_ids))
+        completion_tokens = sum(len(s.token_ids) for s in sequences)
+        self._count_tokens(completion_tokens)
+        return respond(
+            wire.completion_response(request_id, created, model, choices, prompt_tokens, completion_tokens)
+        )
+
+    async def _completions_stream(
+        self,
+        request: Any,
+        req: wire.CompletionRequest,
+        model: str,
+        request_id: str,
+        created: int,
+        sequences: list[Sequence],
+        queue: asyncio.Queue[Any],
+        prompt_tokens: int,
+    ) -> Any:
+        tokenizer = self.reader.tokenizer
+        offsets = [0] * len(sequences)  # each choice's text offset, for the legacy logprobs form
+
+        def choice_of(
+            index: int, sequence: Sequence, position: int, delta: str, done: bool
+        ) -> dict[str, Any]:
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs, offsets[index] = wire.completion_logprobs(
+                    tokenizer,
+                    sequence,
+                    position,
+                    position + 1,
+                    offsets[index],
+                    req.return_tokens_as_token_ids,
+                )
+            return {
+                "index": index,
+                "text": delta,
+                "logprobs": logprobs,
+                "finish_reason": sequence.finish_reason if done else None,
+                "stop_reason": sequence.stop_reason if done else None,
+                "prompt_token_ids": sequence.prompt_ids if (req.return_token_ids and position == 0) else None,
+                "token_ids": [sequence.token_ids[position]] if req.return_token_ids else None,
+            }
+
+        return await stream.stream_choices(
+            request,
+            {"id": request_id, "object": "text_completion", "created": created, "model": model},
+            tokenizer,
+            sequences,
+            queue,
+            choice_of,
+            prompt_tokens=prompt_tokens,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            count_tokens=self._count_tokens,
+        )
+
+    # --- tokenizer endpoints -----------------------------------------------------------------------
+    async def tokenize(self, request: Any) -> Any:
+        reader = self.reader
+        req = wire.decode_request(await self._body(request), wire.TokenizeRequest)
+        reader.model_name(req.model)
+        if req.messages is not None:
+            tokens = reader.render(req.messages, req.add_generation_prompt, False, req.tools, None)
+        elif req.prompt is not None:
+            tokens = reader.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"]
+        else:
+            raise RequestError("give either 'prompt' or 'messages'", param="prompt")
+        body = {"count": len(tokens), "max_model_len": reader.max_model_len, "tokens": tokens}
+        return respond({**body, "token_strs": None})
+
+    async def detokenize(self, request: Any) -> Any:
+        reader = self.reader
+        req = wire.decode_request(await self._body(request), wire.DetokenizeRequest)
+        reader.model_name(req.model)
+        reader.check_tokens(req.tokens)
+        return respond({"prompt": reader.tokenizer.decode(req.tokens)})
