@@ -13,6 +13,14 @@ same run, and the fraction of positions spent on padding.
 
     python bench/train_step.py            # about 2 minutes on 2 idle cores
     python bench/train_step.py --quick    # under a minute
+
+`--backend verl` measures the verl backend instead (verl's FSDP2 workers in Ray, CPU processes
+here) against the torch backend (packed) on the same batch, world size 1 and 2, interleaved; then
+the fixed cost of a step (Ray dispatch, batch transfer, the workers' bookkeeping) as the step time on
+a tiny batch (two one-sample rollouts) minus the torch backend's, and verl's own perf/dispatch_s. Goal: world size 1
+within 1.5x of the torch backend's step time.
+
+    python bench/train_step.py --backend verl --quick
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -155,6 +164,99 @@ def measure_interleaved(steps: dict, batch: TrainingBatch, repeats: int) -> dict
     return results
 
 
+def tiny_batch(vocab: int, rollouts: int = 2, length: int = 64, seed: int = 1) -> TrainingBatch:
+    """One short sample per rollout, one rollout per data-parallel rank at world size 2: what a
+    step costs when there is (almost) nothing to train."""
+    rng = random.Random(seed)
+    prompt = length // 2
+    results = []
+    for index in range(rollouts):
+        ids = [rng.randrange(vocab) for _ in range(length)]
+        sample = Sample(f"r{index}", "t0", ids, [0] * prompt + [1] * (length - prompt),
+                        [0.0] * prompt + [-1.0] * (length - prompt), [-1] * prompt + [0] * (length - prompt))  # fmt: skip
+        results.append(RolloutResult(f"r{index}", "t0", float(index), [sample]))
+    return TrainingBatch.from_rollouts(results)
+
+
+def _pool(into: dict[str, Measured], measured: dict[str, Measured]) -> None:
+    for name, m in measured.items():
+        target = into.setdefault(name, Measured())
+        target.wall += m.wall
+        target.cpu += m.cpu
+
+
+def verl_main(args: argparse.Namespace, tasks: int, per_task: int, repeats: int, max_len: int) -> int:
+    from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # the workers get what this process has
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model(Path(tmp) / "model", args.vocab, args.hidden, args.layers)
+        batch = ragged_batch(tasks, per_task, args.vocab, max_len)
+        algorithm = AlgorithmConfig(advantage_estimator="grpo", loss_agg_mode="rollout-mean")
+
+        def training() -> TorchBackendConfig:
+            return TorchBackendConfig(model_path=model_dir, device="cpu", lr=1e-5,
+                                      micro_batch_tokens=args.token_budget, algorithm=algorithm)  # fmt: skip
+
+        reference = TorchBackend(training())
+        tokens = int(batch.attention_mask.sum())
+        print(
+            f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; batch: "
+            f"{batch.num_rollouts} rollouts, {batch.num_samples} samples, {tokens} tokens; torch threads "
+            f"{args.threads} in this process and in each verl worker"
+        )
+        one = tiny_batch(args.vocab)
+        full: dict[str, Measured] = {}
+        single: dict[str, Measured] = {}
+        dispatch: dict[str, list[float]] = {}
+        worker_cpu: dict[str, list[float]] = {}  # verl: CPU seconds of rank 0 per step (perf/worker_cpu_s)
+        # One verl backend at a time (each sizes its own Ray cluster), interleaved with the torch
+        # backend so both see the same load; the torch numbers of both rounds are pooled.
+        for world in (1, 2):
+            name = f"verl-{world}"
+            verl = VerlBackend(VerlBackendConfig(training=training(), n_gpus_per_node=world))
+            dispatch[name], worker_cpu[name] = [], []
+            try:
+
+                def verl_step(b: TrainingBatch, backend: Any = verl, name: str = name) -> float:
+                    metrics = backend.train_step(b)
+                    dispatch[name].append(metrics.get("perf/dispatch_s", float("nan")))
+                    worker_cpu[name].append(metrics.get("perf/worker_cpu_s", float("nan")))
+                    return metrics.get("perf/padding_frac", 0.0)
+
+                def torch_step(b: TrainingBatch) -> float:
+                    return reference.train_step(b)["perf/padding_frac"]
+
+                print(f"{name}: full batch")
+                measured = measure_interleaved({"torch": torch_step, name: verl_step}, batch, repeats)
+                _pool(full, measured)
+                cpu_full = statistics.median(worker_cpu[name][-repeats:])
+                worker_cpu[name] = [cpu_full]
+                dispatch[name].clear()
+                print(f"{name}: two one-sample rollouts (fixed cost per step)")
+                _pool(single, measure_interleaved({"torch": torch_step, name: verl_step}, one, repeats))
+            finally:
+                verl.close()
+    step = {name: statistics.median(m.wall) for name, m in full.items()}
+    fixed = {name: statistics.median(m.wall) for name, m in single.items()}
+    # CPU seconds of the process that computes (this one for torch, verl's rank 0): steadier than wall
+    # time on a shared machine; a verl rank's CPU time excludes Ray dispatch (see the fixed cost).
+    cpu = {"torch": statistics.median(full["torch"].cpu), **{n: worker_cpu[n][0] for n in worker_cpu}}
+    print(f"{'backend':<9}{'step s':>9}{'tokens/s':>10}{'vs torch':>10}{'cpu s':>8}{'vs torch':>10}"
+          f"{'tiny step s':>13}{'fixed cost s':>14}{'dispatch_s (tiny)':>19}")  # fmt: skip
+    for name in full:
+        extra = fixed[name] - fixed["torch"]
+        ray = statistics.median(dispatch[name]) if dispatch.get(name) else float("nan")
+        print(
+            f"{name:<9}{step[name]:>9.3f}{tokens / step[name]:>10.0f}{step[name] / step['torch']:>9.2f}x"
+            f"{cpu[name]:>8.3f}{cpu[name] / cpu['torch']:>9.2f}x"
+            f"{fixed[name]:>13.3f}{extra if name != 'torch' else 0.0:>14.3f}{ray:>19.3f}"
+        )
+    ratio = step["verl-1"] / step["torch"]
+    print(f"verl world size 1 / torch step time: {ratio:.2f}x (goal <= 1.5x): {'OK' if ratio <= 1.5 else 'MISSED'}")
+    return 0 if ratio <= 1.5 else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,9 +269,13 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steadiest on a shared machine)"
     )
+    parser.add_argument("--backend", choices=["torch", "verl"], default="torch",
+                        help="torch: packing vs padding (default); verl: the verl backend vs the torch backend")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tasks, per_task, repeats, max_len = (3, 4, 2, 384) if args.quick else (8, 4, 3, 1024)
+    if args.backend == "verl":
+        return verl_main(args, tasks, per_task, repeats, max_len)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(Path(tmp) / "model", args.vocab, args.hidden, args.layers)
