@@ -13,7 +13,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from agl_sidecar.app import SIDECAR_KEY, Sidecar, build_app
+from agl_sidecar.app import build_app
+from agl_sidecar.sidecar import SIDECAR_KEY, Sidecar
 from agl_sidecar.config import SidecarConfig
 
 

@@ -36,7 +36,7 @@ from agl_sidecar.spans import durable
 from agl_sidecar.spans.recorder import CallRecord
 
 if TYPE_CHECKING:
-    from agl_sidecar.app import Sidecar
+    from agl_sidecar.sidecar import Sidecar
     from agl_sidecar.proxy.fronts import AdapterFront, OpenAIFront
 
     Front = OpenAIFront | AdapterFront

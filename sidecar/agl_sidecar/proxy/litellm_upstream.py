@@ -16,7 +16,7 @@ from agl_sidecar.proxy.request import CHAT
 from agl_sidecar.spans.recorder import CallRecord
 
 if TYPE_CHECKING:
-    from agl_sidecar.app import Sidecar
+    from agl_sidecar.sidecar import Sidecar
     from agl_sidecar.proxy.routing import Upstream
 
 # Fields only vLLM understands: litellm would forward or reject them.

@@ -1,0 +1,143 @@
+"""Admin routes for the trainer: /agl/v1/pause, /agl/v1/resume, /agl/v1/state (bearer token, or
+loopback with none configured); /healthz and /metrics for operators."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from typing import Annotated, Any
+
+import msgspec
+from aiohttp import web
+
+from agl_sidecar.proxy import inputs
+from agl_sidecar.proxy.request import read_body
+from agl_sidecar.proxy.routing import validate_upstream
+from agl_sidecar.routes.common import decode_body, json_reply, sidecar_of
+from agl_sidecar.sidecar import Sidecar, same_secret
+
+
+MAX_PAUSE_TIMEOUT_S = 7 * 24 * 3600.0  # an event loop timer takes no more
+
+
+class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
+    drain: bool = False
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PAUSE_TIMEOUT_S)] = 60.0
+
+
+class ResumeBody(msgspec.Struct, forbid_unknown_fields=True):
+    policy_version: inputs.Count | None = None
+    upstreams: list[str] | None = None
+
+
+def admin_only(handler: Any) -> Any:
+    """Admin endpoints need the bearer token, or with none configured a loopback client (a check
+    on these routes only: model calls pay nothing for it)."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        sidecar = sidecar_of(request)
+        token = sidecar.config.admin_token
+        if token:
+            given = request.headers.get("Authorization", "")
+            if not (given[:7].lower() == "bearer " and same_secret(given[7:].strip(), token)):
+                return json_reply(401, {"error": "admin API: send 'Authorization: Bearer <admin token>' (--admin-token)"})
+        elif not _is_loopback(request.remote):
+            return json_reply(
+                403, {"error": "admin API: no --admin-token is configured, so only loopback clients may use it"}
+            )
+        return await handler(request)
+
+    return guarded
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        return ipaddress.ip_address(remote.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+async def pause(request: web.Request) -> web.Response:
+    sidecar = sidecar_of(request)
+    try:
+        body: PauseBody = decode_body(await read_body(request, sidecar.config.max_body_bytes), PauseBody, "pause")
+    except inputs.TooLarge as exc:
+        return json_reply(413, {"error": exc.message})
+    except ValueError as exc:
+        return json_reply(400, {"error": f"{exc}; expected {{\"drain\": true, \"timeout_s\": 60}}"})
+    if body.timeout_s <= 0:
+        return json_reply(400, {"error": "pause: timeout_s must be > 0"})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.timeout_s
+    sidecar.gate.pause()
+    if not body.drain:
+        return json_reply(200, _short_state(sidecar))
+    if not await sidecar.gate.drain(body.timeout_s):
+        state = _short_state(sidecar)
+        state["error"] = f"in-flight calls did not finish within {body.timeout_s:g} s; the sidecar stays paused"
+        return json_reply(504, state)
+    # A drained pause also delivers the drained calls' spans (built off the calls' path, so maybe not
+    # sent yet): the trainer assembles its batch right after it, and a rollout whose call spans are
+    # missing then would be dropped as having no samples.
+    # spans_flushed: acknowledged by the endpoint, not merely spooled (the trainer reads them from there).
+    spans_flushed = await sidecar.flush_spans(max(deadline - loop.time(), 1.0))
+    counters = sidecar.exporter.counters
+    return json_reply(200, {
+        **_short_state(sidecar),
+        "spans_flushed": spans_flushed,
+        "spans_building": sidecar.recorder.backlog,
+        "spans_pending": counters.spans_pending,
+        "spans_in_spool": counters.spans_in_spool,
+        "spans_dead_lettered": counters.spans_dead_lettered,
+        "spans_failed": counters.spans_failed,
+    })
+
+
+async def resume(request: web.Request) -> web.Response:
+    sidecar = sidecar_of(request)
+    try:
+        body: ResumeBody = decode_body(await read_body(request, sidecar.config.max_body_bytes), ResumeBody, "resume")
+    except inputs.TooLarge as exc:
+        return json_reply(413, {"error": exc.message})
+    except ValueError as exc:
+        return json_reply(400, {"error": f"{exc}; expected {{\"policy_version\": 3, \"upstreams\": [\"http://...\"]}}"})
+    if body.upstreams is not None:
+        if not body.upstreams:
+            return json_reply(400, {"error": "resume: upstreams must not be empty"})
+        for url in body.upstreams:
+            problem = validate_upstream(url)
+            if problem:
+                return json_reply(400, {"error": f"resume: {problem}"})
+        sidecar.router.set_urls(body.upstreams)
+    sidecar.gate.resume(body.policy_version)
+    return json_reply(200, _short_state(sidecar))
+
+
+async def state(request: web.Request) -> web.Response:
+    return json_reply(200, sidecar_of(request).state())
+
+
+def _short_state(sidecar: Sidecar) -> dict[str, Any]:
+    gate = sidecar.gate
+    return {"paused": gate.paused, "in_flight": gate.in_flight, "held": gate.held, "policy_version": gate.policy_version}
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_reply(200, {"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    sidecar = sidecar_of(request)
+    gate = sidecar.gate
+    gauges = {
+        "in_flight": gate.in_flight,
+        "held": gate.held,
+        "paused": int(gate.paused),
+        "policy_version": gate.policy_version,
+        "healthy_upstreams": sum(1 for u in sidecar.router.upstreams if u.healthy),
+    }
+    exporter = {k: v for k, v in vars(sidecar.exporter.counters).items() if k != "extra"}
+    text = sidecar.metrics.render(gauges, exporter)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Version": "0.0.4"})

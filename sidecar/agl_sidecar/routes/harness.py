@@ -1,0 +1,94 @@
+"""Harness routes: POST /rollouts/{rollout_id}/reward and /rollouts/{rollout_id}/end (also under
+/attempts/{n}/): a reward or a rollout's end becomes a span."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from aiohttp import web
+
+from agl import semconv
+from agl_sidecar.proxy import inputs
+from agl_sidecar.proxy.attribution import parse_traceparent
+from agl_sidecar.proxy.request import read_body
+from agl_sidecar.routes.common import BodyError, bad_input, decode_body, json_reply, openai_error, sidecar_of, unauthorized
+
+
+class RewardBody(msgspec.Struct, forbid_unknown_fields=True):
+    value: float | int
+    name: str = semconv.DEFAULT_REWARD_NAME
+    call_seq: inputs.Count | None = None
+    task_id: str | None = None
+    attributes: dict[str, str | inputs.Int64 | float | bool] = {}
+
+
+class EndBody(msgspec.Struct, forbid_unknown_fields=True):
+    status: str = semconv.STATUS_SUCCEEDED
+    task_id: str | None = None
+    mode: str | None = None
+
+
+async def reward(request: web.Request) -> web.Response:
+    sidecar = sidecar_of(request)
+    if not sidecar.harness_authorized(request):
+        return unauthorized()
+    try:
+        raw = await read_body(request, sidecar.config.max_body_bytes)
+        body: RewardBody = decode_body(raw, RewardBody, "reward")
+    except inputs.TooLarge as exc:
+        return bad_input(exc)
+    except BodyError as exc:
+        message = f"{exc}; expected {{\"value\": 1.0, \"name\": \"reward\"}}"
+        return openai_error(400, message, param=exc.param)
+    if isinstance(body.value, bool) or not math.isfinite(float(body.value)):
+        return openai_error(400, f"reward value must be a finite number, got {body.value!r}", param="value")
+    if not body.name:
+        return openai_error(400, "reward name must be a non-empty string", param="name")
+    try:
+        inputs.text(body.name, "name")
+        inputs.text(body.task_id, "task_id")
+        identity = sidecar.identity(request)
+    except inputs.BadInput as exc:
+        return bad_input(exc)
+    identity.task_id = body.task_id or identity.task_id
+    sidecar.recorder.reward(
+        identity,
+        float(body.value),
+        body.name,
+        body.call_seq,
+        parse_traceparent(request.headers.get("traceparent")),
+        dict(body.attributes),
+    )
+    await sidecar.exporter.sync_durable()  # --durable-spans: the reward's span is on disk before the 200
+    return json_reply(200, {"rollout_id": identity.rollout_id, "name": body.name, "value": float(body.value)})
+
+
+async def end_rollout(request: web.Request) -> web.Response:
+    sidecar = sidecar_of(request)
+    if not sidecar.harness_authorized(request):
+        return unauthorized()
+    try:
+        raw = await read_body(request, sidecar.config.max_body_bytes)
+        body: EndBody = decode_body(raw, EndBody, "end")
+    except inputs.TooLarge as exc:
+        return bad_input(exc)
+    except BodyError as exc:
+        message = f"{exc}; expected {{\"status\": \"succeeded\"}}"
+        return openai_error(400, message, param=exc.param)
+    if body.status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
+        return openai_error(
+            400, f"status must be 'succeeded' or 'failed', got {body.status!r}", param="status"
+        )
+    if body.mode is not None and body.mode not in semconv.MODES:
+        return openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {body.mode!r}", param="mode")
+    try:
+        inputs.text(body.task_id, "task_id")
+        identity = sidecar.identity(request)
+    except inputs.BadInput as exc:
+        return bad_input(exc)
+    identity.task_id = body.task_id or identity.task_id
+    identity.mode = body.mode or identity.mode
+    sidecar.recorder.rollout_end(identity, body.status, parse_traceparent(request.headers.get("traceparent")))
+    await sidecar.exporter.sync_durable()  # --durable-spans: the end's span is on disk before the 200
+    return json_reply(200, {"rollout_id": identity.rollout_id, "status": body.status})
