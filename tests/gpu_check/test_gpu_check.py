@@ -87,8 +87,12 @@ def test_script_refuses_a_machine_without_a_gpu(tmp_path: Path) -> None:
     assert result.returncode == 2 and "torch does not see CUDA" in result.stderr
 
 
-def test_script_syntax_and_gpu_selection() -> None:
+def test_script_syntax() -> None:
     assert subprocess.run(["bash", "-n", str(SCRIPT)], check=False).returncode == 0
+
+
+@pytest.mark.slow  # collects the whole test tree
+def test_gpu_selection_finds_the_gpu_tests() -> None:
     listed = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
@@ -97,3 +101,4 @@ def test_script_syntax_and_gpu_selection() -> None:
     ids = listed.stdout
     assert "tests/algorithms/test_torch_backend.py::test_bf16_step_on_cuda" in ids
     assert "tests/vllm/test_vllm_gpu.py::test_collocated_sleep_wake_and_sync_on_gpu" in ids
+    assert "tests/vllm/test_vllm_weight_transfer_gpu.py::test_gpu_weight_transfer_updates_the_served_model[nccl]" in ids
