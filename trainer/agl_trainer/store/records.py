@@ -2,7 +2,7 @@
 
 A received span is the stored row plus where it came from: `CallSpan` is a `CallRow` with the
 span's trace, rollout and timing fields, `RewardSpan` a `RewardRow` with its trace and rollout.
-(The sidecar's `agl_sidecar.spans.CallRecord` is the call it is recording, a different concept.)
+(The sidecar's `CallRecord` is the call it is recording, a different concept.)
 The receiver builds records (receiver/contract.py); the store never imports the receiver.
 """
 
