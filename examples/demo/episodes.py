@@ -60,7 +60,7 @@ class DemoTokens:
 
     def demonstration(self, task: dict[str, Any]):
         """The ideal episode as one sequence with the 5 assistant positions marked."""
-        from agl_trainer.warmstart import Demonstration
+        from examples.demo.warmstart import Demonstration
 
         v = self.vocab
         p1 = self.prompt1(task)
@@ -93,7 +93,7 @@ def run_episodes(
     generator: Any = None,
 ) -> list[Episode]:
     """Play one episode per task (repeat tasks for groups), both calls batched across episodes."""
-    from agl_trainer.models.sampling import sample_batch
+    from examples.demo.sampling import sample_batch
 
     eos = {tokens.end}
     prompts1 = [tokens.prompt1(t) for t in tasks]

@@ -42,7 +42,7 @@ def prepare_demo_model(
     progress: bool = True,
 ) -> PreparedModel:
     import torch
-    from agl_trainer.warmstart import WarmStartConfig, supervised_warm_start
+    from examples.demo.warmstart import WarmStartConfig, supervised_warm_start
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     workdir = Path(workdir)

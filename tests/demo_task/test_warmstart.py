@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agl_trainer.warmstart import Demonstration, WarmStartConfig
+from examples.demo.warmstart import Demonstration, WarmStartConfig
 
 
 def test_warm_start_raises_reward_above_random(prepared) -> None:

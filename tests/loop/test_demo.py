@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow
 def test_demo_reward_rises(tmp_path: Path) -> None:
-    from agl_trainer.cli.demo import run_demo
+    from examples.demo.run import run_demo
 
     summary = run_demo(tmp_path / "demo", seed=0, budget_s=240, quiet=True)
     assert 0.3 < summary["reward_warm_start"] < 0.7  # the warm start is its own, measured phase

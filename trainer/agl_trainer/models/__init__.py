@@ -1,2 +1,2 @@
 """Tiny models for CPU machines: `tiny` builds them offline (word-level or byte-level BPE tokenizer,
-random Llama/Qwen2 weights, saved by path); `sampling` samples batches from them in-process."""
+random Llama/Qwen2 weights, saved by path) for the demo, the tests and the benches."""

@@ -1,6 +1,6 @@
 """A short supervised warm start: fit a model to demonstrations before RL, as its own phase.
 
-    from agl_trainer.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
+    from examples.demo.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
 
     result = supervised_warm_start("runs/demo/model-init", "runs/demo/model-warm", demonstrations,
                                    WarmStartConfig(steps=60, lr=1e-3))
