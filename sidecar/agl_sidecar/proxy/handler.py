@@ -18,6 +18,7 @@ from aiohttp import web
 from agl import semconv
 from agl_sidecar.proxy import inputs, wire
 from agl_sidecar.proxy.attribution import parse_traceparent
+from agl_sidecar.proxy.failures import client_gone, end_call
 from agl_sidecar.proxy.gate import HeldTooLong
 from agl_sidecar.proxy.litellm_upstream import complete_via_litellm
 from agl_sidecar.proxy.recording import StreamRecorder, record_unary
@@ -103,11 +104,9 @@ class Proxy:
                 call.policy_version, call.held_ms = await entering
         except HeldTooLong:
             sidecar.metrics.held_timeouts += 1
-            call.end_reason = semconv.END_HELD_TIMEOUT
-            call.error_type = "held_timeout"
-            call.error_message = "held longer than max_hold_s while training paused the sidecar"
             call.policy_version = sidecar.gate.policy_version
-            sidecar.recorder.finish(call)
+            message = "held longer than max_hold_s while training paused the sidecar"
+            end_call(sidecar, call, semconv.END_HELD_TIMEOUT, "held_timeout", message)
             response = front.error(
                 503,
                 f"the model is being updated and this call waited over {sidecar.config.max_hold_s:g} s; retry shortly",
@@ -116,20 +115,17 @@ class Proxy:
             response.headers["Retry-After"] = str(max(1, int(sidecar.config.max_hold_s // 10) or 1))
             return response
         except asyncio.CancelledError:
-            _client_gone(sidecar, call)
+            client_gone(sidecar, call)
             raise
         try:
             return await self._dispatch(request, kind, front, body, parsed, call, overrides)
         except asyncio.CancelledError:  # the client went away while the engine worked
-            _client_gone(sidecar, call)
+            client_gone(sidecar, call)
             raise
         except Exception as exc:  # a sidecar bug: answer clearly, keep the record
             log.exception("agl-sidecar: call failed inside the sidecar")
             if not call.finished:
-                call.end_reason = semconv.END_UPSTREAM_ERROR
-                call.error_type = type(exc).__name__
-                call.error_message = str(exc)[:500]
-                sidecar.recorder.finish(call)
+                end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500])
             return front.error(500, f"agl-sidecar internal error: {type(exc).__name__}: {exc}", "internal_error")
         finally:
             sidecar.gate.leave()
@@ -194,11 +190,10 @@ class Proxy:
         try:
             if upstream_response.status != 200:
                 data = await upstream_response.read()
-                call.end_reason = semconv.END_UPSTREAM_ERROR
-                call.error_type = str(upstream_response.status)
-                call.error_message = data[:500].decode(errors="replace")
-                sidecar.metrics.upstream_errors += 1
-                sidecar.recorder.finish(call)
+                message = data[:500].decode(errors="replace")
+                end_call(
+                    sidecar, call, semconv.END_UPSTREAM_ERROR, str(upstream_response.status), message, upstream_error=True
+                )
                 return front.upstream_error(
                     upstream_response.status, data, upstream_response.headers.get("Content-Type")
                 )
@@ -211,11 +206,7 @@ class Proxy:
             upstream_response.close()
 
     def _fail(self, call: CallRecord, front: Front, status: int, message: str, error_type: str) -> web.Response:
-        self.sidecar.metrics.upstream_errors += 1
-        call.end_reason = semconv.END_UPSTREAM_ERROR
-        call.error_type = error_type
-        call.error_message = message
-        self.sidecar.recorder.finish(call)
+        end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, error_type, message, upstream_error=True)
         return front.error(status, message, error_type)
 
     # --- non-streaming -------------------------------------------------------------------------
@@ -231,7 +222,7 @@ class Proxy:
         try:
             data = await upstream_response.read()  # the engine is done: a transfer, not a wait
         except asyncio.CancelledError:
-            _client_gone(self.sidecar, call)
+            client_gone(self.sidecar, call)
             raise
         except aiohttp.ClientError as exc:
             return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
@@ -256,10 +247,10 @@ class Proxy:
             await response.write_eof()
         except ConnectionResetError:
             self.sidecar.metrics.client_disconnects += 1
-            _client_gone(self.sidecar, call)
+            client_gone(self.sidecar, call)
             return response
         except asyncio.CancelledError:
-            _client_gone(self.sidecar, call)
+            client_gone(self.sidecar, call)
             raise
         self.sidecar.recorder.finish(call)
         return response
@@ -318,17 +309,13 @@ class Proxy:
             await response.write_eof()
         except ConnectionResetError:  # the client went away: closing the upstream stops the engine
             self.sidecar.metrics.client_disconnects += 1
-            _client_gone(self.sidecar, call)
+            client_gone(self.sidecar, call)
             return response  # aiohttp finishes a response to a gone client quietly
         except asyncio.CancelledError:  # counted by handle()
-            _client_gone(self.sidecar, call)
+            client_gone(self.sidecar, call)
             raise
         except (aiohttp.ClientError, TimeoutError) as exc:
-            call.end_reason = semconv.END_UPSTREAM_ERROR
-            call.error_type = "upstream_stream_broken"
-            call.error_message = repr(exc)
-            self.sidecar.metrics.upstream_errors += 1
-            self.sidecar.recorder.finish(call)
+            end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", repr(exc), upstream_error=True)
             # The engine broke off: the harness must see a broken stream too, as it would talking
             # to the engine directly, never a clean end. Closing the connection without the chunked
             # terminator does that on every API (what was already sent is flushed first); aiohttp's
@@ -349,12 +336,3 @@ def _lf_lines(data: bytes, carriage_return: bool) -> tuple[bytes, bool]:
     if held:
         data = data[:-1]
     return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held
-
-def _client_gone(sidecar: Sidecar, call: CallRecord) -> None:
-    """The harness went away: record the call as ended by it (once; a finished call is not changed,
-    its span is built from it later)."""
-    if call.finished:
-        return
-    call.end_reason = semconv.END_CLIENT_DISCONNECTED
-    call.error_type = "client_disconnected"
-    sidecar.recorder.finish(call)

@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
+from agl_sidecar.proxy.failures import end_call
 from agl_sidecar.proxy.inputs import int64_or_none
 from agl_sidecar.proxy.request import CHAT
 from agl_sidecar.spans.recorder import CallRecord
@@ -60,8 +61,7 @@ async def complete_via_litellm(
     model = upstream.litellm_model or ""
     call.provider = model.split("/", 1)[0] if "/" in model else "litellm"
     if kind != CHAT:
-        call.end_reason, call.error_type = semconv.END_UPSTREAM_ERROR, "unsupported"
-        sidecar.recorder.finish(call)
+        end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, "unsupported")
         return front.error(400, "a litellm: upstream serves /v1/chat/completions only", "invalid_request_error")
     data = msgspec.json.decode(body)
     data.update(overrides)
@@ -75,10 +75,7 @@ async def complete_via_litellm(
         result = await waiting(litellm.acompletion(**data))
     except Exception as exc:  # litellm maps provider errors to exceptions carrying a status
         status = int(getattr(exc, "status_code", 502) or 502)
-        call.end_reason, call.error_type = semconv.END_UPSTREAM_ERROR, type(exc).__name__
-        call.error_message = str(exc)[:500]
-        sidecar.metrics.upstream_errors += 1
-        sidecar.recorder.finish(call)
+        end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500], upstream_error=True)
         return front.error(status if 400 <= status < 600 else 502, f"upstream {model}: {exc}", "upstream_error")
     if not data.get("stream"):
         response_dict = result.model_dump(exclude_none=False)
@@ -99,14 +96,11 @@ async def complete_via_litellm(
         await stream.write(front.stream([b"data: [DONE]"]) + front.end_stream())
         await stream.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):
-        call.end_reason, call.error_type = semconv.END_CLIENT_DISCONNECTED, "client_disconnected"
-        sidecar.recorder.finish(call)
+        end_call(sidecar, call, semconv.END_CLIENT_DISCONNECTED, "client_disconnected")
         raise
     except Exception as exc:  # the provider broke off mid-stream: a broken stream for the harness too
-        call.end_reason, call.error_type = semconv.END_UPSTREAM_ERROR, "upstream_stream_broken"
-        call.error_message = f"{type(exc).__name__}: {exc}"[:500]
-        sidecar.metrics.upstream_errors += 1
-        sidecar.recorder.finish(call)
+        message = f"{type(exc).__name__}: {exc}"[:500]
+        end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", message, upstream_error=True)
         if request.transport is not None:
             request.transport.close()
         return stream

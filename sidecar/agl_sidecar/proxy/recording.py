@@ -94,9 +94,7 @@ class StreamRecorder:
             return self._event_lines(event) if b"\n" in event else event
         call = self.call
         if chunk.error is not None:
-            call.end_reason = semconv.END_UPSTREAM_ERROR
-            call.error_type = "upstream_stream_error"
-            call.error_message = chunk.error.message or ""
+            call.fail(semconv.END_UPSTREAM_ERROR, "upstream_stream_error", chunk.error.message or "")
             return event
         if call.response_id is None:
             call.response_id = chunk.id

@@ -325,7 +325,3 @@ def error_param(exc: msgspec.ValidationError) -> str | None:
     if at < 0:
         return None
     return text[at + len(marker) :].rstrip("`")
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    return msgspec.to_builtins(value)

@@ -96,6 +96,13 @@ class CallRecord:
             found = self.choices[index] = Choice()
         return found
 
+    def fail(self, end_reason: str, error_type: str, message: str | None = None) -> None:
+        """Why the call did not complete (`message` left as it was when None)."""
+        self.end_reason = end_reason
+        self.error_type = error_type
+        if message is not None:
+            self.error_message = message
+
 
 def _sequence_size(rollout_id: str, item: tuple[int, otlp.IntArray]) -> int:
     return len(item[1].elements)

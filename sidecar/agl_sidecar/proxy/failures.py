@@ -1,0 +1,36 @@
+"""How a call that did not complete is recorded: why it ended, the error, the upstream-error count,
+and the call handed to the span recorder. One place, so every path that ends a call records it alike."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agl import semconv
+from agl_sidecar.spans.recorder import CallRecord
+
+if TYPE_CHECKING:
+    from agl_sidecar.sidecar import Sidecar
+
+
+def end_call(
+    sidecar: Sidecar,
+    call: CallRecord,
+    end_reason: str,
+    error_type: str,
+    message: str | None = None,
+    *,
+    upstream_error: bool = False,
+) -> None:
+    """Record the call as ended by `end_reason` and hand it to the recorder; `upstream_error` counts
+    it in the upstream-errors metric."""
+    if upstream_error:
+        sidecar.metrics.upstream_errors += 1
+    call.fail(end_reason, error_type, message)
+    sidecar.recorder.finish(call)
+
+
+def client_gone(sidecar: Sidecar, call: CallRecord) -> None:
+    """The harness went away: record the call as ended by it (once; a finished call is not changed,
+    its span is built from it later)."""
+    if not call.finished:
+        end_call(sidecar, call, semconv.END_CLIENT_DISCONNECTED, "client_disconnected")
