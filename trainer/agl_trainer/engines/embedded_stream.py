@@ -8,7 +8,7 @@ the asyncio queue of the request that owns the sequence (its `sink`), where a ha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -112,7 +112,7 @@ async def stream_choices(
     prompt_tokens: int,
     include_usage: bool,
     count_tokens: Callable[[int], None],
-    preludes: list[dict[str, Any]] = [],  # noqa: B006 (never mutated)
+    preludes: Iterable[dict[str, Any]] = (),
 ) -> Any:
     """One streamed response, chat or completions alike: the `preludes` chunks, one chunk per new
     token (built by `choice_of`; the last one carries the fingerprint unless a usage chunk
