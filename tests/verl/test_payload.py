@@ -6,6 +6,7 @@ import torch
 from agl_trainer.backends.verl.payload import (
     PADDING_ROW,
     deal_rows,
+    order_micro_batches,
     payload,
     scatter_logprobs,
     shift_to_logits,
@@ -32,7 +33,7 @@ def test_values_move_to_the_logit_position_that_predicts_their_token():
     batch = random_batch(num_tasks=1, per_task=2, seed=3)
     lengths = batch.attention_mask.sum(-1)
     rows = [1, PADDING_ROW, 0]
-    sent = payload(batch, lengths, rows, max_token_len=99, per_token={"w": batch.loss_mask.float()})
+    sent = payload(batch, lengths, rows, per_token={"w": batch.loss_mask.float()})
     assert sent["lengths"].tolist() == [int(lengths[1]), 1, int(lengths[0])]
     n1 = int(lengths[1])
     assert torch.equal(sent["input_ids"][:n1], batch.input_ids[1, :n1])
@@ -44,3 +45,18 @@ def test_values_move_to_the_logit_position_that_predicts_their_token():
     scatter_logprobs(out, lengths, rows, flat)
     assert out[1, 0] == 0 and out[1, 1] == flat[0] and out[1, n1 - 1] == flat[n1 - 2]
     assert out[0, 1] == flat[n1 + 1]
+
+
+def test_micro_batches_group_similar_lengths_and_every_rank_gets_as_many():
+    lengths = torch.tensor([100, 96, 10, 9, 8, 7, 50])
+    rows, counts = order_micro_batches([[0, 1, 2, 3], [4, 5, 6, PADDING_ROW]], lengths, token_budget=200)
+    assert [len(c) for c in counts] == [len(counts[0])] * 2  # the same number of micro-batches per rank
+    for rank_rows, rank_counts in zip(rows, counts, strict=True):
+        assert sum(rank_counts) == len(rank_rows)
+        cursor = 0
+        for count in rank_counts:
+            group = [int(lengths[r]) if r != PADDING_ROW else 1 for r in rank_rows[cursor : cursor + count]]
+            assert count * max(group) <= 200 or count == 1  # padded size within the budget
+            cursor += count
+    assert sorted(r for r in rows[0] if r != PADDING_ROW) == [0, 1, 2, 3]
+    assert rows[0][:2] == [0, 1]  # the two long rows together, the short ones apart from them

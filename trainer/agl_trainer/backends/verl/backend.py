@@ -22,7 +22,7 @@ from agl_trainer.backends.packing import split_rollouts
 from agl_trainer.backends.torch_config import BackendConfigError
 from agl_trainer.backends.verl import cluster
 from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
-from agl_trainer.backends.verl.payload import deal_rows, payload, scatter_logprobs
+from agl_trainer.backends.verl.payload import deal_rows, order_micro_batches, payload, scatter_logprobs
 from agl_trainer.batch import TrainingBatch
 
 DROPOUT_KEYS = (
@@ -184,23 +184,15 @@ class VerlBackend:
     ) -> tuple[list[Any], list[list[int]], float]:
         """Deal `samples` to the DP ranks and call `method` on every worker; returns the answer of each
         DP rank, the rows each DP rank got, and the call's wall seconds."""
-        parts = deal_rows(samples, lengths, self.dp_size)
+        dealt = deal_rows(samples, lengths, self.dp_size)
         longest = max((int(lengths[s]) for s in samples), default=1)
-        max_token_len = max(self.training.micro_batch_tokens, longest)
-        by_dp = [
-            payload(
-                batch,
-                lengths,
-                rows,
-                max_token_len=max_token_len,
-                per_token=per_token,
-                current_version=current,
-            )
-            for rows in parts
-        ]
-        single = all(int(p["lengths"].sum()) <= max_token_len for p in by_dp)  # type: ignore[union-attr]
-        for p in by_dp:
-            p["single_micro_batch"] = single
+        budget = max(self.training.micro_batch_tokens, longest)
+        parts, micro_rows = order_micro_batches(dealt, lengths, budget)
+        by_dp = []
+        for rows, counts in zip(parts, micro_rows, strict=True):
+            sent = payload(batch, lengths, rows, per_token=per_token, current_version=current)
+            sent["micro_rows"] = counts
+            by_dp.append(sent)
         args = [by_dp[int(info["dp_rank"])] for info in self.ranks]
         started = time.perf_counter()
         answers = getattr(self._workers, method)(args)

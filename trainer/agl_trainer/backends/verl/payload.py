@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from agl_trainer.backends.packing import group_rows
 from agl_trainer.batch import TrainingBatch
 
 PADDING_ROW = -1
@@ -36,6 +37,26 @@ def deal_rows(samples: Sequence[int], lengths: torch.Tensor, dp_size: int) -> li
     return parts
 
 
+def order_micro_batches(
+    parts: Sequence[Sequence[int]], lengths: torch.Tensor, token_budget: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Each rank's rows cut into micro-batches of similar lengths (agl's `group_rows`: longest first,
+    rows x longest <= token_budget, least estimated compute), so verl's padded forward pads little.
+    Every rank gets the same number (FSDP's collectives run once per micro-batch on every rank):
+    a rank with fewer gets one-padding-row micro-batches. Returns (rows in micro-batch order, the
+    row count of each micro-batch), per rank."""
+    plans = []
+    for rows in parts:
+        row_lengths = [1 if row == PADDING_ROW else int(lengths[row]) for row in rows]
+        plans.append([[rows[i] for i in group] for group in group_rows(row_lengths, token_budget)])
+    count = max(len(plan) for plan in plans)
+    for plan in plans:
+        plan.extend([[PADDING_ROW] for _ in range(count - len(plan))])
+    return [[row for group in plan for row in group] for plan in plans], [
+        [len(g) for g in plan] for plan in plans
+    ]
+
+
 def shift_to_logits(row_values: torch.Tensor) -> torch.Tensor:
     """[n] values per token -> [n] values per logit position (value of token t + 1 at t; last is 0)."""
     out = torch.zeros_like(row_values)
@@ -48,7 +69,6 @@ def payload(
     lengths: torch.Tensor,
     rows: Sequence[int],
     *,
-    max_token_len: int,
     per_token: dict[str, torch.Tensor] | None = None,
     current_version: int = 0,
 ) -> dict[str, object]:
@@ -77,7 +97,6 @@ def payload(
         "input_ids": torch.cat(ids).long(),
         "position_ids": torch.cat(positions).long(),
         "loss_mask": torch.cat(trained),
-        "max_token_len": max_token_len,
         "current_version": current_version,
     }
     for name, parts in values.items():

@@ -215,10 +215,11 @@ class AglTrainingWorker(TrainingWorker):
         started, started_cpu = time.perf_counter(), time.process_time()
         self._sums, self._maxima = defaultdict(float), defaultdict(float)
         self._current_version = int(payload["current_version"])
-        data = self._tensordict(payload, train=True)
         with self.engine.train_mode():
-            output = self.engine.train_batch(data, loss_function=self._agl_loss)
-        grad_norm = float(output["metrics"]["grad_norm"])
+            self.engine.optimizer_zero_grad()
+            for data in self._micro_batches(payload, train=True):  # gradients accumulate
+                self.engine.forward_backward_batch(data, loss_function=self._agl_loss, forward_only=False)
+            grad_norm = float(self.engine.optimizer_step())  # clip, then step unless non-finite
         lr = float(self.engine.lr_scheduler.get_last_lr()[0])  # the rate this step used
         self.engine.lr_scheduler_step()
         sums = self._reduce(self._sums, torch.distributed.ReduceOp.SUM)
@@ -311,10 +312,27 @@ class AglTrainingWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def agl_logprobs(self, payload: dict[str, Any]) -> torch.Tensor:
         """Log-probs at logit positions (value t: log p(token t + 1)), concatenated over this rank's rows."""
-        data = self._tensordict(payload, train=False)
+        outputs = []
         with self.engine.eval_mode():
-            output = self.engine.infer_batch(data, loss_function=None)
-        return output["model_output"]["log_probs"].values().float().cpu()
+            for data in self._micro_batches(payload, train=False):
+                output = self.engine.infer_batch(data, loss_function=None)
+                outputs.append(output["model_output"]["log_probs"].values().float().cpu())
+        return torch.cat(outputs)
+
+    def _micro_batches(self, payload: dict[str, Any], *, train: bool):
+        """The payload's micro-batches (consecutive rows, `micro_rows` of them each) as TensorDicts."""
+        lengths = payload["lengths"].long()
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.long)
+        offsets[1:] = lengths.cumsum(0)
+        row = 0
+        for count in payload["micro_rows"]:
+            start, end = int(offsets[row]), int(offsets[row + count])
+            part = {"lengths": lengths[row : row + count]}
+            for name, value in payload.items():
+                if isinstance(value, torch.Tensor) and name != "lengths":
+                    part[name] = value[start:end]
+            row += count
+            yield self._tensordict(part, train=train)
 
     def _tensordict(self, payload: dict[str, Any], *, train: bool):
         lengths = payload["lengths"].long()
@@ -336,10 +354,8 @@ class AglTrainingWorker(TrainingWorker):
         non_tensors = {
             "temperature": 1.0,
             "use_remove_padding": self.settings.use_remove_padding,
-            # one micro-batch per rank when every rank's rows fit the budget (the driver decides for
-            # all ranks alike: FSDP's collectives need the same number of micro-batches everywhere)
-            "use_dynamic_bsz": not payload["single_micro_batch"],
-            "max_token_len_per_gpu": int(payload["max_token_len"]),
+            # the driver made the micro-batches (order_micro_batches): verl runs each as one
+            "use_dynamic_bsz": False,
             "micro_batch_size_per_gpu": int(lengths.numel()),
             "use_fused_kernels": False,
             "calculate_entropy": train,
