@@ -119,6 +119,14 @@ BAGGAGE_TASK_ID: Final = TASK_ID
 BAGGAGE_ATTEMPT: Final = ATTEMPT
 BAGGAGE_MODE: Final = ROLLOUT_MODE
 ROLLOUT_PATH_PREFIX: Final = "/rollouts"  # /rollouts/{id}[/attempts/{n}]/v1/...
+ATTEMPT_PATH_PREFIX: Final = "/attempts"  # after /rollouts/{id}
+REWARD_PATH: Final = "/reward"  # POST /rollouts/{id}[/attempts/{n}]/reward
+END_PATH: Final = "/end"  # POST /rollouts/{id}[/attempts/{n}]/end
+
+# --- Sidecar admin API (the trainer's calls) -------------------------------------------------------
+ADMIN_PAUSE_PATH: Final = "/agl/v1/pause"
+ADMIN_RESUME_PATH: Final = "/agl/v1/resume"
+ADMIN_STATE_PATH: Final = "/agl/v1/state"
 
 # --- Environment (set by runners, read by the SDK and harnesses) ------------------------------
 ENV_ROLLOUT_ID: Final = "AGL_ROLLOUT_ID"

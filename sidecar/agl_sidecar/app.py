@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.protocols.registry import ADAPTERS
 from agl_sidecar.routes.admin import admin_only, healthz, metrics, pause, resume, state
@@ -19,7 +20,8 @@ from agl_sidecar.routes.harness import end_rollout, reward
 from agl_sidecar.routes.model import chat, completions, models, translated
 from agl_sidecar.sidecar import SIDECAR_KEY, Sidecar
 
-ROLLOUT_PREFIXES = ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/attempts/{attempt:\\d+}")
+_ROLLOUT = semconv.ROLLOUT_PATH_PREFIX + "/{rollout_id}"
+ROLLOUT_PREFIXES = ("", _ROLLOUT, _ROLLOUT + semconv.ATTEMPT_PATH_PREFIX + "/{attempt:\\d+}")
 
 
 def build_app(config: SidecarConfig) -> web.Application:
@@ -33,11 +35,11 @@ def build_app(config: SidecarConfig) -> web.Application:
         for path in ADAPTERS:
             app.router.add_post(prefix + "/v1" + path, translated(path))
         if prefix:
-            app.router.add_post(prefix + "/reward", reward)
-            app.router.add_post(prefix + "/end", end_rollout)
-    app.router.add_post("/agl/v1/pause", admin_only(pause))
-    app.router.add_post("/agl/v1/resume", admin_only(resume))
-    app.router.add_get("/agl/v1/state", admin_only(state))
+            app.router.add_post(prefix + semconv.REWARD_PATH, reward)
+            app.router.add_post(prefix + semconv.END_PATH, end_rollout)
+    app.router.add_post(semconv.ADMIN_PAUSE_PATH, admin_only(pause))
+    app.router.add_post(semconv.ADMIN_RESUME_PATH, admin_only(resume))
+    app.router.add_get(semconv.ADMIN_STATE_PATH, admin_only(state))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
 
