@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -131,6 +133,14 @@ async def test_spans_are_built_in_the_background_in_order():
     await recorder.close()
 
 
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Yield to the event loop until `condition()` holds (a test failure after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
 async def test_the_builder_waits_for_active_calls_but_not_forever():
     foreground = Foreground()
     exporter = _Exporter()
@@ -138,7 +148,7 @@ async def test_the_builder_waits_for_active_calls_but_not_forever():
     recorder.start()
     foreground.enter()  # a call is being proxied
     recorder.finish(_call("r1", list(range(30_000)), [1]))
-    await asyncio.sleep(0.1)
+    await _until(lambda: foreground.background_waiting)  # the builder has the call and puts it off
     assert exporter.spans == []  # deferred to the active call
     foreground.leave()
     assert await recorder.drain(2) and len(exporter.spans) == 1
@@ -163,8 +173,8 @@ def _after_one_call(settle_s: float) -> tuple[Foreground, _Exporter, SpanRecorde
 
 
 async def test_after_the_last_call_the_builder_settles_then_builds():
-    _, exporter, recorder = _after_one_call(settle_s=0.3)
-    await asyncio.sleep(0.1)
+    foreground, exporter, recorder = _after_one_call(settle_s=0.3)
+    await _until(lambda: foreground.background_waiting)  # the builder has the call and puts it off
     assert exporter.spans == []  # a harness that calls again at once would call now
     assert await recorder.drain(2) and len(exporter.spans) == 1  # after settle_s, with no next call
     await recorder.close()
@@ -172,11 +182,12 @@ async def test_after_the_last_call_the_builder_settles_then_builds():
 
 async def test_a_span_is_built_while_the_next_call_waits_on_the_engine():
     foreground, exporter, recorder = _after_one_call(settle_s=60)
-    await asyncio.sleep(0.05)
+    await _until(lambda: foreground.background_waiting)  # the builder has the call and puts it off
     assert exporter.spans == []  # settling: the next call may be on its way
     foreground.begin()  # it is: while the proxy works on it, the builder still waits
-    await asyncio.sleep(0.05)
-    assert exporter.spans == []
+    for _ in range(20):  # every task that a change of state woke has run by now
+        await asyncio.sleep(0)
+    assert exporter.spans == [] and foreground.background_waiting
     engine = asyncio.get_running_loop().create_future()
     waiting = asyncio.ensure_future(foreground.waiting(engine))
     assert await recorder.drain(2) and len(exporter.spans) == 1  # built during the engine's time

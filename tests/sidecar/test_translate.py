@@ -149,9 +149,11 @@ def test_the_first_translated_call_does_not_stall_other_calls(fake, tmp_path):
             assert reply.status_code == 200
             chats.append(time.perf_counter() - started)
         first.join()
-        assert chats, "the first /v1/messages call was done before a chat call was sent"
-        # Blocked by the import, the first chat call would take about as long as the rest of it.
-        assert max(chats) < took["messages"] / 3, (chats, took)
+        # Held by the import, at most the first chat call or two would be answered before the
+        # /v1/messages call (the import takes seconds, a chat call milliseconds). The timing itself
+        # is measured by bench/protocols_overhead.py.
+        assert len(chats) >= 5, (f"only {len(chats)} chat calls were answered while the first /v1/messages "
+                                 f"call imported litellm ({took['messages']:.2f} s): they were held")
     finally:
         process.terminate()
         process.wait(10)

@@ -69,6 +69,11 @@ class Foreground:
             self.enter()
 
     # --- background work -----------------------------------------------------------------------
+    @property
+    def background_waiting(self) -> bool:
+        """Background work is waiting for a quiet loop (it has work and put it off)."""
+        return self._waiters > 0
+
     def quiet_now(self) -> bool:
         """No call is active, and either one waits on the engine or the last one settled."""
         if self.active > 0:
