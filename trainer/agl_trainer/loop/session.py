@@ -29,6 +29,7 @@ from typing import Any
 from agl_trainer.config import Config, ConfigError, dump_config, harness_argv, read_tasks
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
+from agl_trainer.loop.parts import backend_settings, vllm_error, vllm_settings
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
@@ -45,47 +46,19 @@ class RunResult:
 
 
 def build_backend(config: Config, model_path: str) -> Any:
-    """The training backend named by backend.name, validated (errors name the key). `backend.options`
-    and `backend.algorithm` mean the same for both backends; `backend.verl` says where verl's workers run."""
-    from agl_trainer.algorithms import AlgorithmConfig, AlgorithmConfigError
-    from agl_trainer.backends import BackendConfigError, TorchBackend, TorchBackendConfig
+    """The training backend named by backend.name, validated (errors name the key)."""
+    settings = backend_settings(config, model_path)
+    if config.backend.name == "verl":
+        from agl_trainer.backends import BackendConfigError
+        from agl_trainer.backends.verl import VerlBackend
 
-    try:
-        algorithm = AlgorithmConfig(**config.backend.algorithm)
-        backend_config = TorchBackendConfig(
-            model_path=model_path,
-            lr=config.backend.lr,
-            device=config.backend.device,
-            seed=config.seed,
-            algorithm=algorithm,
-            **config.backend.options,
-        )
-        if config.backend.name == "verl":
-            from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
+        try:
+            return VerlBackend(settings)  # checks the cluster before any worker starts
+        except BackendConfigError as error:
+            raise ConfigError(f"config key {error}") from None
+    from agl_trainer.backends import TorchBackend
 
-            verl = config.backend.verl
-            verl_config = VerlBackendConfig(
-                training=backend_config,
-                nnodes=verl.nnodes,
-                n_gpus_per_node=verl.n_gpus_per_node,
-                ray_address=verl.ray_address,
-                strategy=verl.strategy,
-                param_offload=verl.param_offload,
-                optimizer_offload=verl.optimizer_offload,
-                gradient_checkpointing=verl.gradient_checkpointing,
-                ulysses_sequence_parallel_size=verl.ulysses_sequence_parallel_size,
-                weight_sync=verl.weight_sync,
-                override=dict(verl.override),
-                rollouts_per_batch=config.loop.batch_rollouts,
-            )
-            return VerlBackend(verl_config)  # raises BackendConfigError before workers start, too
-    except TypeError as error:
-        raise ConfigError(f"config key backend: {error} (fix: see the backend's settings)") from None
-    except AlgorithmConfigError as error:
-        raise ConfigError(f"config key backend.{error}") from None
-    except BackendConfigError as error:
-        raise ConfigError(f"config key {error}") from None
-    return TorchBackend(backend_config)
+    return TorchBackend(settings)
 
 
 def build_engine(config: Config, model_path: str) -> Any:
@@ -104,8 +77,10 @@ def build_engine(config: Config, model_path: str) -> Any:
         return EmbeddedEngine(engine_config)
     from agl_trainer.engines.vllm import VLLMEngine
 
-    options = {"served_model_name": config.model.name, **config.engine.options}
-    return VLLMEngine(model_path, replicas=config.engine.replicas, **options)
+    try:
+        return VLLMEngine(model_path, replicas=config.engine.replicas, **vllm_settings(config, model_path))
+    except ValueError as error:
+        raise vllm_error(error) from None
 
 
 def sidecar_config_file(config: Config, path: Path) -> Path:

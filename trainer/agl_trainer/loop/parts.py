@@ -1,0 +1,78 @@
+"""The settings of a run's backend and engine, built from the config in one place.
+
+`agl train` builds its backend and engine from these; `agl train --dry-run` validates the same
+settings without starting anything. Every error is a ConfigError naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agl_trainer.config import Config, ConfigError
+
+
+def backend_settings(config: Config, model_path: str, *, cuda_available: bool | None = None) -> Any:
+    """A validated TorchBackendConfig, or a VerlBackendConfig around it for backend.name verl.
+    `backend.options` and `backend.algorithm` mean the same for both backends; `backend.verl` says
+    where verl's workers run. `cuda_available` overrides detection (a dry run checks the GPU
+    machine's settings on a machine without one)."""
+    from agl_trainer.algorithms import AlgorithmConfig, AlgorithmConfigError
+    from agl_trainer.backends import BackendConfigError, TorchBackendConfig
+
+    try:
+        training = TorchBackendConfig(
+            model_path=model_path,
+            lr=config.backend.lr,
+            device=config.backend.device,
+            seed=config.seed,
+            algorithm=AlgorithmConfig(**config.backend.algorithm),
+            **config.backend.options,
+        )
+        if config.backend.name != "verl":
+            return training
+        from agl_trainer.backends.verl import VerlBackendConfig
+
+        verl = config.backend.verl
+        return VerlBackendConfig(
+            training=training,
+            nnodes=verl.nnodes,
+            n_gpus_per_node=verl.n_gpus_per_node,
+            ray_address=verl.ray_address,
+            strategy=verl.strategy,
+            param_offload=verl.param_offload,
+            optimizer_offload=verl.optimizer_offload,
+            gradient_checkpointing=verl.gradient_checkpointing,
+            ulysses_sequence_parallel_size=verl.ulysses_sequence_parallel_size,
+            weight_sync=verl.weight_sync,
+            override=dict(verl.override),
+            rollouts_per_batch=config.loop.batch_rollouts,
+            cuda_available=cuda_available,
+        )
+    except TypeError as error:
+        raise ConfigError(f"config key backend.options: {error} (fix: see the backend's settings)") from None
+    except AlgorithmConfigError as error:
+        raise ConfigError(f"config key backend.{error}") from None
+    except BackendConfigError as error:
+        raise ConfigError(f"config key {error}") from None
+
+
+def vllm_settings(config: Config, model_path: str) -> dict[str, Any]:
+    """The vLLM engine's settings: engine.options, plus the weight transfer backend.verl.weight_sync
+    names when verl trains (one key for one choice: setting both differently is refused)."""
+    settings: dict[str, Any] = {"served_model_name": config.model.name, **config.engine.options}
+    if config.backend.name == "verl":
+        chosen = config.backend.verl.weight_sync
+        given = settings.get("weight_sync")
+        if given is not None and given != chosen:
+            raise ConfigError(
+                f"config key engine.options.weight_sync: {given!r} but backend.verl.weight_sync is {chosen!r} "
+                "(fix: set only backend.verl.weight_sync when verl trains)"
+            )
+        settings["weight_sync"] = chosen
+    return settings
+
+
+def vllm_error(error: ValueError) -> ConfigError:
+    """A vLLM engine setting refused by VLLMConfig, as the config key it came from."""
+    key = "backend.verl.weight_sync" if "weight_sync" in str(error) else "engine.options"
+    return ConfigError(f"config key {key}: {error}")
