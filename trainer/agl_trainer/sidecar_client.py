@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import msgspec
+from agl import semconv
 
 
 class SidecarError(RuntimeError):
@@ -79,7 +80,7 @@ class SidecarAdmin:
         has acknowledged their spans (`spans_flushed` false: not within `timeout_s`; the state says
         how many are still undelivered)."""
         body = {"drain": drain, "timeout_s": timeout_s}
-        return await self._post("/agl/v1/pause", body, timeout=timeout_s + 10)
+        return await self._post(semconv.ADMIN_PAUSE_PATH, body, timeout=timeout_s + 10)
 
     async def resume(self, *, policy_version: int | None = None, upstreams: list[str] | None = None) -> SidecarState:
         body: dict[str, Any] = {}
@@ -87,15 +88,16 @@ class SidecarAdmin:
             body["policy_version"] = policy_version
         if upstreams is not None:
             body["upstreams"] = upstreams
-        return await self._post("/agl/v1/resume", body)
+        return await self._post(semconv.ADMIN_RESUME_PATH, body)
 
     async def state(self) -> SidecarState:
-        response = await self._client.get("/agl/v1/state")
+        response = await self._client.get(semconv.ADMIN_STATE_PATH)
         _raise_for(response, "state")
         return _decode_state(response.content)
 
     async def emit_reward(self, rollout_id: str, value: float, name: str = "reward") -> None:
-        response = await self._client.post(f"/rollouts/{rollout_id}/reward", json={"value": value, "name": name})
+        path = f"{semconv.ROLLOUT_PATH_PREFIX}/{rollout_id}{semconv.REWARD_PATH}"
+        response = await self._client.post(path, json={"value": value, "name": name})
         _raise_for(response, "reward")
 
     async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> SidecarState:
