@@ -126,6 +126,26 @@ def test_merged_or_split_rollout_gives_the_same_update(pair):
     assert moved > 1e-4
 
 
+def test_one_rollout_of_one_sample_trains_like_the_torch_backend(pair):
+    """A batch smaller than the DP group: at world size 2 the second rank runs only a zero-weight
+    padding row (whose forward must still join FSDP's collectives; gloo once aborted in
+    Pair::prepareRead here), and the update equals the torch backend's."""
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    torch_backend = make_torch()
+    only = sample("only", "t", [3, 4, 5, 6, 7], [20, 21, 22, 23], 0, logprob=-4.0)
+    batch = TrainingBatch.from_rollouts([RolloutResult("only", "t", 1.0, [only])])
+    want = torch_backend.train_step(batch, policy_version=1)
+    got = verl.train_step(batch, policy_version=1)
+    assert want["actor/grad_norm"] > 0
+    for key, value in want.items():
+        if not key.startswith("perf/"):
+            assert got[key] == pytest.approx(value, abs=1e-5), key
+    new_verl, new_torch = verl.state_dict_for_engine(), torch_backend.state_dict_for_engine()
+    for name, tensor in new_torch.items():
+        torch.testing.assert_close(new_verl[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_checkpoint_resumes_exactly(pair, tmp_path):
     verl, _, initial = pair
     verl.load_checkpoint(initial)

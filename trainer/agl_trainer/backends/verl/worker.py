@@ -9,6 +9,14 @@ The loss (`_agl_loss`) is agl's `rl_objective` on the trained positions of each 
 the per-token weights the driver computed over the whole mini-batch, times the data-parallel size:
 FSDP averages gradients over ranks, and the weights already sum the whole mini-batch, so the
 average of dp_size * (this rank's share) is exactly the mini-batch's gradient.
+
+Training micro-batches skip verl's output step (`_forward_trained_positions`): verl takes logits,
+log-probs and entropy at every position, but only the trained positions (weight != 0, about a
+quarter of an agent's tokens) enter the loss, so the output head sees only their hidden states, as
+the torch backend does (`head_sees_only`). Both of verl's input layouts take this path: packed
+(`use_remove_padding`, flash-attn on GPUs: hidden states [1, total, H]) and padded (CPU, sdpa:
+[rows, longest, H]). Ulysses sequence parallelism (hidden states sharded across ranks), the
+reference model and `agl_logprobs` keep verl's own forward.
 """
 
 from __future__ import annotations
@@ -25,7 +33,14 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.distributed import initialize_global_process_group_ray
 from verl.workers.engine_workers import TrainingWorker
 
-from agl_trainer.algorithms import AlgorithmConfig, rl_objective, token_logprobs, truncated_importance_weights
+from agl_trainer.algorithms import (
+    AlgorithmConfig,
+    rl_objective,
+    token_entropy,
+    token_logprobs,
+    truncated_importance_weights,
+)
+from agl_trainer.backends.hf_model import head_sees_only
 from agl_trainer.backends.schedule import LRLambda
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
@@ -147,6 +162,10 @@ class AglTrainingWorker(TrainingWorker):
         use_vectorised_logprobs()
         super().__init__(build_training_worker_config(settings))
         self.settings = settings
+        self._verl_forward_step = self.engine.forward_step
+        if settings.ulysses_sequence_parallel_size == 1:
+            # forward_backward_batch calls self.forward_step: this engine instance takes agl's
+            self.engine.forward_step = self._forward_trained_positions
         self.loss_fn = self._agl_loss
         self._sums: dict[str, float] = defaultdict(float)
         self._maxima: dict[str, float] = defaultdict(float)
@@ -233,6 +252,57 @@ class AglTrainingWorker(TrainingWorker):
             "compute_cpu_s": time.process_time() - started_cpu,  # all this worker's threads
         }
 
+    def _forward_trained_positions(self, micro_batch, loss_function, forward_only):
+        """verl's forward_step for a training micro-batch, with the output head, log-probs and entropy
+        at the trained positions only; the model output keeps verl's shape (one value per position,
+        zero where untrained) so the loss reads it as it reads verl's. Anything else goes to verl."""
+        engine = self.engine
+        head = engine.module.get_output_embeddings()
+        if loss_function is None or head is None or "weights" not in micro_batch.keys():  # noqa: SIM118
+            return self._verl_forward_step(micro_batch, loss_function, forward_only)
+        from contextlib import nullcontext
+
+        from verl.utils.device import get_device_id, get_device_name
+        from verl.workers.engine.utils import detach_tree
+
+        micro_batch = micro_batch.to(get_device_id())
+        if float(micro_batch["temperature"]) != 1.0:
+            raise ValueError(f"agl trains at temperature 1.0, got {micro_batch['temperature']}")
+        model_inputs, _ = engine.prepare_model_inputs(micro_batch=micro_batch)
+        input_ids = micro_batch["input_ids"]
+        offsets = input_ids.offsets()
+        packed = input_ids.values()
+        trained = (micro_batch["weights"].values() != 0).nonzero().squeeze(-1)  # logit positions
+        labels = torch.roll(packed, shifts=-1)[trained]  # the token each trained logit predicts
+        if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+            rows, positions = torch.zeros_like(trained), trained  # hidden states [1, total, H]
+        else:  # hidden states [rows, longest, H]
+            rows = torch.searchsorted(offsets[1:], trained, right=True)
+            positions = trained - offsets[rows]
+        autocast_dtype = getattr(engine, "_autocast_dtype", torch.bfloat16)
+        autocast = (
+            nullcontext()
+            if autocast_dtype == torch.float32
+            else torch.autocast(device_type=get_device_name(), dtype=autocast_dtype)
+        )
+        with autocast:
+            with head_sees_only(head, rows, positions):
+                logits = engine.module(**model_inputs, use_cache=False).logits[0]  # [trained, V]
+            calculate_entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
+
+            def every_position(values: torch.Tensor) -> torch.Tensor:
+                # a padding-only micro-batch keeps a graph through the model (FSDP's backward collectives)
+                full = torch.zeros(packed.numel(), dtype=values.dtype, device=values.device)
+                return torch.nested.nested_tensor_from_jagged(full.index_put((trained,), values), offsets)
+
+            model_output = {"log_probs": every_position(token_logprobs(logits, labels))}
+            if calculate_entropy:
+                model_output["entropy"] = every_position(token_entropy(logits))
+            loss, metrics = loss_function(
+                model_output=model_output, data=micro_batch, dp_group=engine.get_data_parallel_group()
+            )
+        return loss, {"model_output": detach_tree(model_output), "loss": loss.detach().item(), "metrics": metrics}
+
     def _agl_loss(self, model_output: dict[str, Any], data, dp_group=None):
         algo: AlgorithmConfig = self.settings.algorithm
         weights = data["weights"].values()
@@ -298,12 +368,21 @@ class AglTrainingWorker(TrainingWorker):
             self._sums["padded_positions"] += int(lengths.numel() * lengths.max()) - real
 
     def _reduce(self, values: dict[str, float], op) -> dict[str, float]:
+        """`values` summed (or maxed) over the DP group. The ranks first agree on the keys: a rank
+        with only padding rows has no loss metrics, and all_reduce of tensors of different sizes
+        (or on one rank only) aborts inside gloo (Pair::prepareRead)."""
+        group = self.engine.get_data_parallel_group()
+        size = torch.distributed.get_world_size(group)
         keys = sorted(values)
+        if size > 1:
+            everyone: list[list[str] | None] = [None] * size
+            torch.distributed.all_gather_object(everyone, keys, group=group)
+            keys = sorted(set().union(*(k or [] for k in everyone)))
         if not keys:
             return {}
-        tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-        group = self.engine.get_data_parallel_group()
-        if torch.distributed.get_world_size(group) > 1:
+        missing = float("-inf") if op == torch.distributed.ReduceOp.MAX else 0.0
+        tensor = torch.tensor([values.get(k, missing) for k in keys], dtype=torch.float64)
+        if size > 1:
             tensor = tensor.to(self.device_name)
             torch.distributed.all_reduce(tensor, op=op, group=group)
         return dict(zip(keys, tensor.cpu().tolist(), strict=True))
