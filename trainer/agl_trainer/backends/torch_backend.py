@@ -43,6 +43,7 @@ from agl_trainer.backends.hf_model import (
 )
 from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches, split_rollouts
 from agl_trainer.backends.schedule import LRLambda
+from agl_trainer.backends.step_metrics import step_metrics
 from agl_trainer.backends.targets import Targets, trained_targets
 from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
 from agl_trainer.batch import TrainingBatch
@@ -169,17 +170,21 @@ class TorchBackend:
 
         self.policy_version = current + 1
         elapsed = time.perf_counter() - started
-        return self._metrics(
-            batch,
-            advantages,
-            loss_mask,
-            sums,
-            maxima,
-            grad_norms,
-            elapsed,
-            real_positions,
-            padded_positions,
-            micro_count,
+        return step_metrics(
+            step=self.step,
+            policy_version=self.policy_version,
+            skipped_steps=self.skipped_steps,
+            batch=batch,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            sums=sums,
+            maxima=maxima,
+            grad_norms=grad_norms,
+            lr=float(self.scheduler.get_last_lr()[0]),
+            elapsed=elapsed,
+            real_positions=real_positions,
+            padded_positions=padded_positions,
+            micro_batches=micro_count,
         )
 
     def _forward_backward(
@@ -394,59 +399,6 @@ class TorchBackend:
         self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         set_rng_state(state["rng"])
-
-    # ------------------------------------------------------------------------------------ metrics
-    def _metrics(
-        self, batch, advantages, loss_mask, sums, maxima, grad_norms, elapsed, real, padded, micro_count
-    ):
-        rewards = batch.rollout_rewards.float()
-        trained_adv = advantages.values[advantages.trained]
-        updates = max(len(grad_norms), 1)  # each update's loss is a mean over its own rollouts
-        tokens = max(sums["tokens"], 1.0)
-        applied = sums["is_applied"]
-        out = {
-            "step": float(self.step),
-            "policy_version": float(self.policy_version),
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "reward/min": float(rewards.min()),
-            "reward/max": float(rewards.max()),
-            "advantage/mean": float(trained_adv.mean()) if trained_adv.numel() else 0.0,
-            "advantage/std": float(trained_adv.std()) if trained_adv.numel() > 1 else 0.0,
-            "advantage/min": float(trained_adv.min()) if trained_adv.numel() else 0.0,
-            "advantage/max": float(trained_adv.max()) if trained_adv.numel() else 0.0,
-            "advantage/small_groups": float(advantages.num_small_groups),
-            "advantage/small_group_rollouts": float(advantages.num_small_group_rollouts),
-            "loss/total": sums["loss"] / updates,
-            "loss/pg": sums["pg_loss"] / updates,
-            "actor/clip_frac": sums["clipped"] / tokens,
-            "actor/dual_clip_frac": sums["dual_clipped"] / tokens,
-            "actor/approx_kl": sums["approx_kl_k3"] / tokens,
-            "actor/approx_kl_k1": sums["approx_kl_k1"] / tokens,
-            "actor/ratio_max": maxima["ratio_max"],
-            "actor/entropy": sums["entropy"] / tokens,
-            "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "actor/grad_norm_max": max(grad_norms, default=0.0),
-            "actor/lr": float(self.scheduler.get_last_lr()[0]),
-            "actor/skipped_steps": float(self.skipped_steps),
-            "importance/stale_token_frac": applied / tokens,
-            "importance/mean": sums["is_weight_sum"] / applied if applied else 1.0,
-            "importance/max": maxima["is_weight_max"] if applied else 1.0,
-            "importance/capped_frac": sums["is_capped"] / applied if applied else 0.0,
-            "perf/step_s": elapsed,
-            "perf/tokens": float(real),
-            "perf/trained_tokens": float(loss_mask.sum()),
-            "perf/tokens_per_s": real / elapsed if elapsed > 0 else 0.0,
-            "perf/padding_frac": padded / max(real + padded, 1),
-            "perf/micro_batches": float(micro_count),
-            "perf/optimizer_steps": float(len(grad_norms)),
-        }
-        if "ref_kl" in sums:
-            out["actor/ref_kl"] = sums["ref_kl"] / tokens
-            out["loss/kl"] = sums["kl_loss"] / updates
-        if "entropy_loss" in sums:
-            out["loss/entropy"] = sums["entropy_loss"] / updates
-        return out
 
 
 # -------------------------------------------------------------------------------------- helpers

@@ -19,6 +19,7 @@ from agl_trainer.algorithms import broadcast_to_tokens, compute_rollout_advantag
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
 from agl_trainer.backends.packing import split_rollouts
+from agl_trainer.backends.step_metrics import step_metrics
 from agl_trainer.backends.torch_config import BackendConfigError
 from agl_trainer.backends.verl import cluster
 from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
@@ -167,9 +168,23 @@ class VerlBackend:
 
         self.policy_version = current + 1
         elapsed = time.perf_counter() - started
-        metrics = self._metrics(
-            batch, advantages, loss_mask, sums, maxima, grad_norms, lr, elapsed, dispatch_s
+        metrics = step_metrics(
+            step=self.step,
+            policy_version=self.policy_version,
+            skipped_steps=self.skipped_steps,
+            batch=batch,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            sums=sums,
+            maxima=maxima,
+            grad_norms=grad_norms,
+            lr=lr,
+            elapsed=elapsed,
+            real_positions=sums["real_positions"],
+            padded_positions=sums["padded_positions"],
+            micro_batches=sums["micro_batches"],
         )
+        metrics["perf/dispatch_s"] = max(dispatch_s, 0.0)  # Ray round trips beyond the workers' compute
         metrics["perf/worker_cpu_s"] = worker_cpu_s  # CPU seconds of data-parallel rank 0 in its step calls
         return metrics
 
@@ -288,59 +303,6 @@ class VerlBackend:
         handle, self._ray = self._ray, None
         if handle is not None and handle.started_here:
             handle.shutdown()
-
-    # ------------------------------------------------------------------------------------ metrics
-    def _metrics(self, batch, advantages, loss_mask, sums, maxima, grad_norms, lr, elapsed, dispatch_s):
-        rewards = batch.rollout_rewards.float()
-        trained_adv = advantages.values[advantages.trained]
-        updates = max(len(grad_norms), 1)
-        tokens = max(sums["tokens"], 1.0)
-        applied = sums["is_applied"]
-        real, padded = sums["real_positions"], sums["padded_positions"]
-        out = {
-            "step": float(self.step),
-            "policy_version": float(self.policy_version),
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "reward/min": float(rewards.min()),
-            "reward/max": float(rewards.max()),
-            "advantage/mean": float(trained_adv.mean()) if trained_adv.numel() else 0.0,
-            "advantage/std": float(trained_adv.std()) if trained_adv.numel() > 1 else 0.0,
-            "advantage/min": float(trained_adv.min()) if trained_adv.numel() else 0.0,
-            "advantage/max": float(trained_adv.max()) if trained_adv.numel() else 0.0,
-            "advantage/small_groups": float(advantages.num_small_groups),
-            "advantage/small_group_rollouts": float(advantages.num_small_group_rollouts),
-            "loss/total": sums["loss"] / updates,
-            "loss/pg": sums["pg_loss"] / updates,
-            "actor/clip_frac": sums["clipped"] / tokens,
-            "actor/dual_clip_frac": sums["dual_clipped"] / tokens,
-            "actor/approx_kl": sums["approx_kl_k3"] / tokens,
-            "actor/approx_kl_k1": sums["approx_kl_k1"] / tokens,
-            "actor/ratio_max": maxima["ratio_max"],
-            "actor/entropy": sums["entropy"] / tokens,
-            "actor/grad_norm": sum(grad_norms) / updates,
-            "actor/grad_norm_max": max(grad_norms, default=0.0),
-            "actor/lr": float(lr),
-            "actor/skipped_steps": float(self.skipped_steps),
-            "importance/stale_token_frac": applied / tokens,
-            "importance/mean": sums["is_weight_sum"] / applied if applied else 1.0,
-            "importance/max": maxima["is_weight_max"] if applied else 1.0,
-            "importance/capped_frac": sums["is_capped"] / applied if applied else 0.0,
-            "perf/step_s": elapsed,
-            "perf/tokens": float(real),
-            "perf/trained_tokens": float(loss_mask.sum()),
-            "perf/tokens_per_s": real / elapsed if elapsed > 0 else 0.0,
-            "perf/padding_frac": padded / max(real + padded, 1.0),
-            "perf/micro_batches": float(sums["micro_batches"]),
-            "perf/optimizer_steps": float(len(grad_norms)),
-            "perf/dispatch_s": max(dispatch_s, 0.0),
-        }
-        if "ref_kl" in sums:
-            out["actor/ref_kl"] = sums["ref_kl"] / tokens
-            out["loss/kl"] = sums["kl_loss"] / updates
-        if "entropy_loss" in sums:
-            out["loss/entropy"] = sums["entropy_loss"] / updates
-        return out
 
 
 def _dropout_off(model_path: Path) -> dict[str, float]:

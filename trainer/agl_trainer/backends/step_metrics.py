@@ -1,0 +1,78 @@
+"""The metrics of one training step, named the same whichever backend trained it."""
+
+from __future__ import annotations
+
+import torch
+
+from agl_trainer.algorithms import RolloutAdvantages
+from agl_trainer.batch import TrainingBatch
+
+
+def step_metrics(
+    *,
+    step: int,
+    policy_version: int,
+    skipped_steps: int,
+    batch: TrainingBatch,
+    advantages: RolloutAdvantages,
+    loss_mask: torch.Tensor,
+    sums: dict[str, float],
+    maxima: dict[str, float],
+    grad_norms: list[float],
+    lr: float,
+    elapsed: float,
+    real_positions: float,
+    padded_positions: float,
+    micro_batches: float,
+) -> dict[str, float]:
+    """`sums` and `maxima` add up the micro-batches' statistics (tokens, losses, clip counts, importance
+    weights); losses are averaged over the optimizer steps (each a mean over its own rollouts) and
+    token statistics over the trained tokens."""
+    rewards = batch.rollout_rewards.float()
+    trained_adv = advantages.values[advantages.trained]
+    updates = max(len(grad_norms), 1)
+    tokens = max(sums["tokens"], 1.0)
+    applied = sums["is_applied"]
+    out = {
+        "step": float(step),
+        "policy_version": float(policy_version),
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "reward/min": float(rewards.min()),
+        "reward/max": float(rewards.max()),
+        "advantage/mean": float(trained_adv.mean()) if trained_adv.numel() else 0.0,
+        "advantage/std": float(trained_adv.std()) if trained_adv.numel() > 1 else 0.0,
+        "advantage/min": float(trained_adv.min()) if trained_adv.numel() else 0.0,
+        "advantage/max": float(trained_adv.max()) if trained_adv.numel() else 0.0,
+        "advantage/small_groups": float(advantages.num_small_groups),
+        "advantage/small_group_rollouts": float(advantages.num_small_group_rollouts),
+        "loss/total": sums["loss"] / updates,
+        "loss/pg": sums["pg_loss"] / updates,
+        "actor/clip_frac": sums["clipped"] / tokens,
+        "actor/dual_clip_frac": sums["dual_clipped"] / tokens,
+        "actor/approx_kl": sums["approx_kl_k3"] / tokens,
+        "actor/approx_kl_k1": sums["approx_kl_k1"] / tokens,
+        "actor/ratio_max": maxima["ratio_max"],
+        "actor/entropy": sums["entropy"] / tokens,
+        "actor/grad_norm": sum(grad_norms) / updates,
+        "actor/grad_norm_max": max(grad_norms, default=0.0),
+        "actor/lr": float(lr),
+        "actor/skipped_steps": float(skipped_steps),
+        "importance/stale_token_frac": applied / tokens,
+        "importance/mean": sums["is_weight_sum"] / applied if applied else 1.0,
+        "importance/max": maxima["is_weight_max"] if applied else 1.0,
+        "importance/capped_frac": sums["is_capped"] / applied if applied else 0.0,
+        "perf/step_s": elapsed,
+        "perf/tokens": float(real_positions),
+        "perf/trained_tokens": float(loss_mask.sum()),
+        "perf/tokens_per_s": real_positions / elapsed if elapsed > 0 else 0.0,
+        "perf/padding_frac": padded_positions / max(real_positions + padded_positions, 1.0),
+        "perf/micro_batches": float(micro_batches),
+        "perf/optimizer_steps": float(len(grad_norms)),
+    }
+    if "ref_kl" in sums:
+        out["actor/ref_kl"] = sums["ref_kl"] / tokens
+        out["loss/kl"] = sums["kl_loss"] / updates
+    if "entropy_loss" in sums:
+        out["loss/entropy"] = sums["entropy_loss"] / updates
+    return out
