@@ -131,7 +131,7 @@ class SamplingModes(_Section):
         return self.val if mode == "val" else self.train
 
 
-class SidecarConfig(_Section):
+class SidecarSection(_Section):
     url: Annotated[str | None, _doc("use an already running sidecar at this URL instead of starting one")] = None
     admin_token: Annotated[str | None, _doc("its admin token (default: a fresh random one)")] = None
     executable: Annotated[str | None, _doc("agl-sidecar to run (default: the one next to this Python)")] = None
@@ -171,7 +171,7 @@ class Config(_Section):
     backend: BackendConfig = msgspec.field(default_factory=BackendConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     sampling: SamplingModes = msgspec.field(default_factory=SamplingModes)
-    sidecar: SidecarConfig = msgspec.field(default_factory=SidecarConfig)
+    sidecar: SidecarSection = msgspec.field(default_factory=SidecarSection)
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
 
 
