@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 
 from agl import semconv
 from tests.support.fake_vllm import FakeVLLM
+from tests.support.waiting import wait_until, wait_until_async
 
 MESSAGES = [{"role": "user", "content": "go"}]
-
-
-async def _wait(predicate, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def test_pause_with_50_rollouts_mid_flight_then_resume(make_sidecar, otlp_sink):
@@ -36,11 +28,11 @@ async def test_pause_with_50_rollouts_mid_flight_then_resume(make_sidecar, otlp_
                 return statuses
 
             tasks = [asyncio.create_task(rollout(i)) for i in range(50)]
-            await _wait(lambda: fake.active >= 50)  # first calls are in flight at the engine
+            await wait_until_async(lambda: fake.active >= 50, "50 calls at the engine")  # first calls are in flight at the engine
             paused = (await http.post(f"{url}/agl/v1/pause", json={"drain": True, "timeout_s": 30})).json()
             # Drained: every first call finished; every second call is held, none failed.
             assert paused["paused"] is True and paused["in_flight"] == 0 and paused["policy_version"] == 0
-            await _wait(lambda: sidecar.sidecar.gate.held == 50)
+            await wait_until_async(lambda: sidecar.sidecar.gate.held == 50, "50 calls held")
             state = (await http.get(f"{url}/agl/v1/state")).json()
             assert state["held"] == 50 and state["in_flight"] == 0 and len(fake.requests) == 50
             resumed = (await http.post(f"{url}/agl/v1/resume", json={"policy_version": 1})).json()
@@ -66,7 +58,7 @@ async def test_drained_pause_answers_after_the_drained_calls_spans_are_sent(make
                 asyncio.create_task(http.post(f"{sidecar.url}/rollouts/f{i}/v1/chat/completions", json=body))
                 for i in range(8)
             ]
-            await _wait(lambda: fake.active >= 8)
+            await wait_until_async(lambda: fake.active >= 8, "8 calls at the engine")
             paused = (await http.post(f"{sidecar.url}/agl/v1/pause", json={"drain": True, "timeout_s": 30})).json()
             assert paused["in_flight"] == 0 and paused["spans_flushed"] is True
             sent = {span.attributes[semconv.ROLLOUT_ID] for span in otlp_sink.named(semconv.call_span_name("chat", "tiny"))}
@@ -97,7 +89,7 @@ async def test_drain_timeout_answers_504_and_stays_paused(make_sidecar):
             call = asyncio.create_task(
                 http.post(f"{sidecar.url}/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
             )
-            await _wait(lambda: fake.active == 1)
+            await wait_until_async(lambda: fake.active == 1, "1 call at the engine")
             r = await http.post(f"{sidecar.url}/agl/v1/pause", json={"drain": True, "timeout_s": 0.1})
             assert r.status_code == 504 and r.json()["paused"] is True and r.json()["in_flight"] == 1
             await http.post(f"{sidecar.url}/agl/v1/resume", json={})
@@ -141,9 +133,7 @@ def test_sticky_routing_and_failover(make_sidecar):
         assert len(a.requests) % 3 == 0 and len(b.requests) % 3 == 0
         assert a.requests and b.requests
         a.healthy = False
-        end = time.monotonic() + 10
-        while sidecar.sidecar.router.upstreams[0].healthy and time.monotonic() < end:
-            time.sleep(0.02)
+        wait_until(lambda: not sidecar.sidecar.router.upstreams[0].healthy, "replica a marked unhealthy", timeout=10)
         before = len(a.requests)
         for i in range(20):
             assert http.post(f"{sidecar.url}/rollouts/r{i}/v1/chat/completions", json=body).status_code == 200

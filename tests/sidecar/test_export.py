@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,8 @@ from agl import semconv
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
 from tests.support.otlp_sink import OTLPSink
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "go"}]
 ROTEL = Path(sys.executable).parent.parent / "lib" / "python3.11" / "site-packages" / "rotel" / "rotel-agent"
@@ -28,14 +29,6 @@ def _calls(url: str, count: int, rollout: str = "x") -> None:
         assert r.status_code == 200
 
 
-def _wait(predicate, timeout: float = 15.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
 def test_endpoint_down_then_up_loses_no_span(fake, make_sidecar, tmp_path):
     with OTLPSink(fail_with=503) as sink:
         sidecar = make_sidecar(
@@ -43,12 +36,12 @@ def test_endpoint_down_then_up_loses_no_span(fake, make_sidecar, tmp_path):
         )
         counters = sidecar.sidecar.exporter.counters
         _calls(sidecar.url, 30)
-        _wait(lambda: counters.spans_spooled >= 30)
+        wait_until(lambda: counters.spans_spooled >= 30, "30 spans spooled")
         assert sink.spans == [] and list((tmp_path / "s").rglob("*.otlp.gz"))
         sink.fail_with = None  # the endpoint comes back
         spans = sink.wait_for(lambda spans: len(spans) >= 30, timeout=20)
         assert sorted(s.attributes[semconv.CALL_SEQ] for s in spans) == list(range(30))
-        _wait(lambda: counters.spool_files == 0)
+        wait_until(lambda: counters.spool_files == 0, "the spool replayed")
         assert counters.spans_failed == 0 and counters.spans_replayed == 30
         assert not list((tmp_path / "s").rglob("*.otlp.gz"))
         _calls(sidecar.url, 1)  # live export works again
@@ -84,15 +77,9 @@ def test_big_spans_are_batched_below_the_byte_limit(make_sidecar, otlp_sink):
         assert otlp_sink.requests == 6  # one span per request: two would exceed 64 KiB
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not ROTEL.exists(), reason="rotel-agent binary not installed (pip install rotel)")
 def test_spans_reach_a_real_collector(fake, make_sidecar, otlp_sink, tmp_path):
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()  # rotel takes fixed ports
     command = [
         str(ROTEL), "start",
         "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
@@ -114,7 +101,7 @@ def test_spans_reach_a_real_collector(fake, make_sidecar, otlp_sink, tmp_path):
                 assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
                 return False
 
-        _wait(listening)
+        wait_until(listening, "the collector listening")
         via_http = make_sidecar(
             upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{http_port}", otlp_compression="gzip"
         )

@@ -5,7 +5,6 @@ receiver and store, real assembly."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import httpx
 
@@ -13,14 +12,9 @@ from agl_trainer.assembly import assemble
 from agl_trainer.receiver import Receiver, ReceiverConfig
 from agl_trainer.sidecar_client import SidecarAdmin
 from agl_trainer.store import RolloutStore
+from tests.support.ports import free_port
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "go"}]}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rollout(url: str, rollout: str, calls: int) -> None:
@@ -31,7 +25,7 @@ def _rollout(url: str, rollout: str, calls: int) -> None:
 
 
 def test_a_drained_pause_reports_spans_the_receiver_has_not_acknowledged(fake, make_sidecar, tmp_path):
-    port = _free_port()
+    port = free_port()  # the receiver starts only later, on the address the sidecar already sends to
     store_path = tmp_path / "rollouts.db"
     sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{port}")
     _rollout(sidecar.url, "r1", 3)

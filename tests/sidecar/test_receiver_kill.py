@@ -5,7 +5,6 @@ it already has)."""
 from __future__ import annotations
 
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,30 +17,27 @@ import httpx
 RECEIVER = """
 import sys, time
 from agl_trainer.receiver import Receiver, ReceiverConfig
-with Receiver(sys.argv[1], ReceiverConfig(port=int(sys.argv[2]), grpc_port=0)):
-    print("up", flush=True)
+with Receiver(sys.argv[1], ReceiverConfig(port=int(sys.argv[2]), grpc_port=0)) as receiver:
+    print(receiver.url, flush=True)
     while True:
         time.sleep(3600)
 """
 CALLS = 150
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _receiver(store: Path, port: int) -> subprocess.Popen[str]:
+def _receiver(store: Path, port: int) -> tuple[subprocess.Popen[str], str]:
+    """A receiver process on `port` (0: one it picks) and the URL it reports."""
     proc = subprocess.Popen([sys.executable, "-c", RECEIVER, str(store), str(port)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-    return proc
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://"), url
+    return proc, url
 
 
 def test_receiver_sigkilled_mid_export_loses_and_duplicates_nothing(fake, make_sidecar, tmp_path):
-    store, port = tmp_path / "rollouts.db", _free_port()
-    receiver = _receiver(store, port)
-    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{port}", export_interval_s=0.01)
+    store = tmp_path / "rollouts.db"
+    receiver, url = _receiver(store, 0)
+    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=url, export_interval_s=0.01)
     done = threading.Event()
     answered: list[int] = []
 
@@ -62,7 +58,7 @@ def test_receiver_sigkilled_mid_export_loses_and_duplicates_nothing(fake, make_s
         receiver.send_signal(signal.SIGKILL)  # mid-export: requests are in flight or about to be
         receiver.wait(10)
         time.sleep(0.3)
-        receiver = _receiver(store, port)
+        receiver, _ = _receiver(store, int(url.rsplit(":", 1)[1]))  # back on the port the sidecar sends to
         thread.join(60)
         assert done.is_set() and len(answered) == CALLS
         state = httpx.post(f"{sidecar.url}/agl/v1/pause", json={"drain": True, "timeout_s": 30}).json()

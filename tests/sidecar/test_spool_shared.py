@@ -10,6 +10,7 @@ import httpx
 
 from tests.sidecar.refusing_sink import RefusingSink, rollout_of
 from tests.sidecar.sidecar_process import SidecarProcess
+from tests.support.waiting import wait_until
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "go"}]}
 
@@ -21,13 +22,10 @@ def _calls(url: str, prefix: str, count: int) -> None:
 
 
 def _wait_spooled(url: str, count: int) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        counters = httpx.get(f"{url}/agl/v1/state").json()["counters"]
-        if counters["spans_in_spool"] >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"spans not spooled: {counters}")
+    def spooled() -> bool:
+        return httpx.get(f"{url}/agl/v1/state").json()["counters"]["spans_in_spool"] >= count
+
+    wait_until(spooled, f"{count} spans in {url}'s spool", timeout=15)
 
 
 def _names(sink: RefusingSink) -> list[str]:

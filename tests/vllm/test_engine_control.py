@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,8 @@ from agl_trainer.engines.vllm import (
     VLLMError,
     write_safetensors,
 )
+
+from tests.support.waiting import wait_until
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 
@@ -62,14 +63,6 @@ def alive(pid: int) -> bool:
     # a zombie has exited; it lingers only until its parent reaps it
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
-def wait_until(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.05)
 
 
 def healthy(url: str) -> bool:
@@ -187,7 +180,7 @@ def test_start_serves_every_replica_and_stop_kills_process_groups(tmp_path: Path
         assert len(pids) == 4 and all(alive(pid) for pid in pids)
     finally:
         engine.stop()
-    wait_until(lambda: not any(alive(pid) for pid in pids))
+    wait_until(lambda: not any(alive(pid) for pid in pids), "the server and its child gone", timeout=30)
     engine.stop()  # twice is fine
 
 
@@ -208,7 +201,7 @@ def test_health_deadline_reports_log_and_fix(tmp_path: Path) -> None:
     assert "startup_timeout_s" in str(raised.value)
     assert "fake vllm api_server" in str(raised.value)
     pid = next(e["pid"] for e in read_events(tmp_path / "events.jsonl") if e["path"] == "<start>")
-    wait_until(lambda: not alive(pid))  # a failed start leaves nothing running
+    wait_until(lambda: not alive(pid), "the failed server gone", timeout=30)  # a failed start leaves nothing running
 
 
 def test_attach_mode_starts_nothing_and_syncs(
@@ -358,8 +351,8 @@ def test_watchdog_restarts_a_dead_replica(tmp_path: Path) -> None:
     with engine:
         victim = read_events(events)[0]["pid"]
         os.killpg(victim, signal.SIGKILL)
-        wait_until(lambda: len([e for e in read_events(events) if e["path"] == "<start>"]) == 2)
-        wait_until(lambda: healthy(engine.urls[0]))
+        wait_until(lambda: len([e for e in read_events(events) if e["path"] == "<start>"]) == 2, "a restart", timeout=30)
+        wait_until(lambda: healthy(engine.urls[0]), "the restarted server healthy", timeout=30)
 
 
 def test_replica_that_keeps_dying_is_an_error(tmp_path: Path) -> None:
@@ -368,7 +361,9 @@ def test_replica_that_keeps_dying_is_an_error(tmp_path: Path) -> None:
     with engine:
         os.killpg(read_events(events)[0]["pid"], signal.SIGKILL)
         wait_until(
-            lambda: engine._servers[0].process is not None and engine._servers[0].process.poll() is not None
+            lambda: engine._servers[0].process is not None and engine._servers[0].process.poll() is not None,
+            "the server's death seen",
+            timeout=30,
         )
         with pytest.raises(VLLMError, match="after 0 restarts"):
             engine.ensure_alive()
