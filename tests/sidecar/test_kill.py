@@ -11,8 +11,8 @@ import signal
 import httpx
 import pytest
 
-from tests.sidecar.refusing_sink import RefusingSink, rollout_of
 from tests.sidecar.sidecar_process import SidecarProcess
+from tests.support.otlp_sink import OTLPSink
 
 CALLS = 12
 
@@ -41,7 +41,7 @@ def _calls(url: str, stream: bool) -> None:
     ids=["durable-sigkill-unary", "durable-sigkill-stream", "sigterm", "control-sigkill-loses"],
 )
 def test_spans_of_answered_calls_survive_the_sidecar(fake, tmp_path, durable, sig, stream, kept):
-    with RefusingSink() as sink:
+    with OTLPSink() as sink:
         args = ["--upstream", fake.base_url, "--otlp-endpoint", sink.endpoint, "--spool-dir", str(tmp_path / "spool")]
         if durable:
             args.append("--durable-spans")
@@ -60,6 +60,6 @@ def test_spans_of_answered_calls_survive_the_sidecar(fake, tmp_path, durable, si
                 import time
 
                 time.sleep(1.0)  # a restarted sidecar replays at once; give it time to show it has nothing
-        spans = {(str(rollout_of(s)), s.name) for s in sink.spans}
+        spans = {(str(s.rollout_id), s.name) for s in sink.spans}
     assert len(spans) == kept and len(sink.spans) >= kept
     assert {rollout for rollout, _ in spans} <= {f"k{i:02d}" for i in range(CALLS)}

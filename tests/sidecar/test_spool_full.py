@@ -8,16 +8,16 @@ import time
 
 import httpx
 
-from tests.sidecar.refusing_sink import RefusingSink
 from tests.sidecar.sidecar_process import SidecarProcess
+from tests.support.otlp_sink import OTLPSink
 
 CALLS = 30
 LONG = [{"role": "user", "content": random.Random(0).randbytes(3000).hex()}]  # a ~40 KB span, ~8 KB gzipped
 
 
 def test_a_full_disk_costs_only_the_spans_that_did_not_fit_and_every_one_is_counted(fake, tmp_path):
-    with RefusingSink() as sink:
-        sink.down_with = 503
+    with OTLPSink() as sink:
+        sink.fail_with = 503
         args = ("--upstream", fake.base_url, "--otlp-endpoint", sink.endpoint, "--spool-dir", str(tmp_path / "spool"),
                 "--durable-spans")
         # The spool holds 16 KiB, and no file of the process may grow past 64 KiB (the durable span
@@ -40,6 +40,6 @@ def test_a_full_disk_costs_only_the_spans_that_did_not_fit_and_every_one_is_coun
             assert counters["spans_in_spool"] + counters["spans_failed"] == CALLS
             assert f"agl_sidecar_spans_failed_total {counters['spans_failed']}" in metrics
             kept = counters["spans_in_spool"]
-            sink.down_with = None
+            sink.fail_with = None
             sink.wait_for(lambda spans: len(spans) >= kept)
         assert len(sink.spans) == kept

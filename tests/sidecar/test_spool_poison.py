@@ -22,7 +22,7 @@ from agl_sidecar.metrics import Metrics
 from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.server import BackgroundSidecar
 from agl_sidecar.spans.spool import SPOOL_SUFFIX
-from tests.sidecar.refusing_sink import RefusingSink, attributes, rollout_of
+from tests.support.otlp_sink import OTLPSink, ReceivedSpan, received_span
 
 FRAMER = RequestFramer({"service.name": "test"}, "agl", "0")
 
@@ -33,16 +33,16 @@ def make_span(rollout: str, **ints: int) -> bytes:
                      name="chat", kind=otlp.SPAN_KIND_CLIENT, start_ns=1, end_ns=2, attrs=attrs)
 
 
-def poison(span) -> bool:
-    return str(rollout_of(span)).startswith("poison")
+def poison(span: ReceivedSpan) -> bool:
+    return str(span.rollout_id).startswith("poison")
 
 
 def exporter(endpoint: str, spool: Path) -> SpanExporter:
     return SpanExporter(endpoint, FRAMER, spool, interval_s=0.02, max_backoff_s=0.2)
 
 
-def received(sink: RefusingSink) -> list[str]:
-    return sorted(str(rollout_of(s)) for s in sink.spans)
+def received(sink: OTLPSink) -> list[str]:
+    return sorted(str(s.rollout_id) for s in sink.spans)
 
 
 def dead_letters(spool: Path) -> list[str]:
@@ -54,7 +54,7 @@ def dead_letters(spool: Path) -> list[str]:
 
             span = Span()
             span.ParseFromString(span_bytes)
-            ids.append(str(rollout_of(span)))
+            ids.append(str(received_span(span, {}).rollout_id))
     return sorted(ids)
 
 
@@ -74,7 +74,7 @@ def test_a_refused_batch_is_split_and_only_the_bad_span_is_set_aside(tmp_path):
         await e.close()
         return e
 
-    with RefusingSink(poison, refuse_status=400) as sink:
+    with OTLPSink(refuse=poison, refuse_status=400) as sink:
         e = asyncio.run(run())
     assert received(sink) == goods(50)  # the 50 other spans of the refused batch all arrive
     assert dead_letters(tmp_path) == ["poison"]
@@ -108,11 +108,11 @@ def test_a_spool_file_refused_for_good_is_set_aside_and_later_files_replay_after
         await e.close()
         return e
 
-    with RefusingSink(poison, refuse_status=400) as sink:
-        sink.down_with = 503
+    with OTLPSink(refuse=poison, refuse_status=400) as sink:
+        sink.fail_with = 503
         asyncio.run(first_run())
         assert len(list(tmp_path.rglob("*" + SPOOL_SUFFIX))) >= 2 and not sink.spans
-        sink.down_with = None  # back, but it refuses the poisoned file for good
+        sink.fail_with = None  # back, but it refuses the poisoned file for good
         e = asyncio.run(second_run())
     assert received(sink) == sorted(goods(10, "a") + goods(10, "b") + ["c000"])
     assert dead_letters(tmp_path) == ["poison"]
@@ -141,7 +141,7 @@ def test_a_file_answered_5xx_forever_does_not_block_the_spool(tmp_path):
         e.counters.extra["sent"] = sent
         return e
 
-    with RefusingSink(poison, refuse_status=503) as sink:
+    with OTLPSink(refuse=poison, refuse_status=503) as sink:
         e = asyncio.run(run())
     assert received(sink) == sorted(goods(5, "a") + goods(e.counters.extra["sent"], "b"))
     assert dead_letters(tmp_path) == ["poison"]
@@ -159,7 +159,7 @@ def test_partial_success_is_counted_and_not_resent(tmp_path):
         await e.close()
         return e
 
-    with RefusingSink(poison, partial=True) as sink:
+    with OTLPSink(refuse=poison, partial=True) as sink:
         e = asyncio.run(run())
         assert sink.requests == 1
     assert received(sink) == goods(9)
@@ -178,9 +178,9 @@ def test_an_int_out_of_int64_range_is_never_encoded(tmp_path):
         await e.close()
         return e
 
-    with RefusingSink() as sink:  # a request protobuf cannot decode gets 400
+    with OTLPSink() as sink:  # a request protobuf cannot decode gets 400
         asyncio.run(run())
-    by_rollout = {rollout_of(s): attributes(s) for s in sink.spans}
+    by_rollout = {s.rollout_id: s.attributes for s in sink.spans}
     assert sorted(by_rollout) == ["after", "big", "small"]
     assert "agl.attempt" not in by_rollout["big"] and by_rollout["big"]["agl.seq"] == 3
     assert by_rollout["big"][otlp.OUT_OF_RANGE_KEY] == ["agl.attempt=99999999999999999999"]

@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from tests.sidecar.refusing_sink import RefusingSink, rollout_of
 from tests.sidecar.sidecar_process import SidecarProcess
+from tests.support.otlp_sink import OTLPSink
 from tests.support.waiting import wait_until
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "go"}]}
@@ -28,15 +28,15 @@ def _wait_spooled(url: str, count: int) -> None:
     wait_until(spooled, f"{count} spans in {url}'s spool", timeout=15)
 
 
-def _names(sink: RefusingSink) -> list[str]:
-    return sorted(str(rollout_of(s)) for s in sink.spans)
+def _names(sink: OTLPSink) -> list[str]:
+    return sorted(str(s.rollout_id) for s in sink.spans)
 
 
 def test_two_sidecars_sharing_a_spool_each_deliver_only_their_own_spans(fake, tmp_path):
     spool = str(tmp_path / "shared-spool")
     env = {"AGL_SIDECAR_EXPORT_INTERVAL_S": "0.05"}
-    with RefusingSink() as sink_a, RefusingSink() as sink_b:
-        sink_a.down_with = sink_b.down_with = 503  # both endpoints down: both sidecars spool
+    with OTLPSink() as sink_a, OTLPSink() as sink_b:
+        sink_a.fail_with = sink_b.fail_with = 503  # both endpoints down: both sidecars spool
         a = SidecarProcess("--upstream", fake.base_url, "--otlp-endpoint", sink_a.endpoint, "--spool-dir", spool,
                            log_path=str(tmp_path / "a.log"), env=env)
         b = SidecarProcess("--upstream", fake.base_url, "--otlp-endpoint", sink_b.endpoint, "--spool-dir", spool,
@@ -46,7 +46,7 @@ def test_two_sidecars_sharing_a_spool_each_deliver_only_their_own_spans(fake, tm
             _calls(b.url, "b", 8)
             _wait_spooled(a.url, 8)
             _wait_spooled(b.url, 8)
-            sink_a.down_with = sink_b.down_with = None
+            sink_a.fail_with = sink_b.fail_with = None
             sink_a.wait_for(lambda spans: len(spans) >= 8)
             sink_b.wait_for(lambda spans: len(spans) >= 8)
             time.sleep(0.5)  # time for a wrong delivery to show
@@ -57,8 +57,8 @@ def test_two_sidecars_sharing_a_spool_each_deliver_only_their_own_spans(fake, tm
 def test_two_live_sidecars_for_one_endpoint_replay_apart_and_dead_ones_spools_are_adopted(fake, tmp_path):
     spool = str(tmp_path / "shared-spool")
     env = {"AGL_SIDECAR_EXPORT_INTERVAL_S": "0.05"}
-    with RefusingSink() as sink:
-        sink.down_with = 503
+    with OTLPSink() as sink:
+        sink.fail_with = 503
         args = ("--upstream", fake.base_url, "--otlp-endpoint", sink.endpoint, "--spool-dir", spool)
         a = SidecarProcess(*args, log_path=str(tmp_path / "a.log"), env=env).start()
         b = SidecarProcess(*args, log_path=str(tmp_path / "b.log"), env=env).start()
@@ -67,9 +67,9 @@ def test_two_live_sidecars_for_one_endpoint_replay_apart_and_dead_ones_spools_ar
             _calls(b.url, "b", 6)
             _wait_spooled(a.url, 6)
             _wait_spooled(b.url, 6)
-            sink.down_with = None  # both replay, each its own slot: nothing arrives twice
+            sink.fail_with = None  # both replay, each its own slot: nothing arrives twice
             sink.wait_for(lambda spans: len(spans) >= 12)
-            sink.down_with = 503
+            sink.fail_with = 503
             _calls(a.url, "c", 5)
             _calls(b.url, "d", 5)
             _wait_spooled(a.url, 5)
@@ -79,7 +79,7 @@ def test_two_live_sidecars_for_one_endpoint_replay_apart_and_dead_ones_spools_ar
         finally:
             a.kill()
             b.kill()
-        sink.down_with = None
+        sink.fail_with = None
         with SidecarProcess(*args, log_path=str(tmp_path / "c.log"), env=env) as c:  # takes one slot, adopts the other
             sink.wait_for(lambda spans: len(spans) >= 22)
             time.sleep(0.5)  # time for a duplicate to show

@@ -1,5 +1,11 @@
 """A real OTLP/HTTP receiver for tests: decodes ExportTraceServiceRequest protobuf (or JSON) with
-opentelemetry-proto and keeps every span, so tests assert on what actually went over the wire."""
+opentelemetry-proto and keeps every span, so tests assert on what actually went over the wire.
+
+It can also refuse the way real receivers do: a request it cannot decode gets 400 (like a
+collector); `fail_with` answers every request with that status (an outage); `refuse` picks spans
+that make their whole request fail with `refuse_status` (a receiver with a per-request
+transaction), or, with `partial`, get dropped and counted in an OTLP partialSuccess.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +18,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from agl import semconv
 
 
 def any_value(value: AnyValue) -> Any:
@@ -40,14 +50,42 @@ class ReceivedSpan:
     status_code: int
     raw_attribute_kinds: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def rollout_id(self) -> Any:
+        return self.attributes.get(semconv.ROLLOUT_ID)
+
+
+def received_span(span: Span, resource: dict[str, Any]) -> ReceivedSpan:
+    return ReceivedSpan(
+        name=span.name,
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_span_id=span.parent_span_id.hex(),
+        kind=span.kind,
+        attributes={kv.key: any_value(kv.value) for kv in span.attributes},
+        resource=resource,
+        status_code=span.status.code,
+        raw_attribute_kinds={kv.key: kv.value.WhichOneof("value") or "" for kv in span.attributes},
+    )
+
 
 class OTLPSink:
     """`with OTLPSink() as sink:` listens on 127.0.0.1; `sink.endpoint` is the base URL."""
 
-    def __init__(self, fail_with: int | None = None) -> None:
+    def __init__(
+        self,
+        fail_with: int | None = None,
+        refuse: Callable[[ReceivedSpan], bool] = lambda span: False,
+        refuse_status: int = 400,
+        partial: bool = False,
+    ) -> None:
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
+        self.refused = 0  # requests refused for a span `refuse` picked
         self.fail_with = fail_with  # answer every request with this status (to simulate an outage)
+        self.refuse = refuse
+        self.refuse_status = refuse_status
+        self.partial = partial
         self._cond = threading.Condition()
         sink = self
 
@@ -60,51 +98,57 @@ class OTLPSink:
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 if sink.fail_with is not None:
-                    self.send_response(sink.fail_with)
-                    self.send_header("content-length", "0")
-                    self.end_headers()
-                    return
+                    with sink._cond:
+                        sink.requests += 1
+                    return self._answer(sink.fail_with, b"")
                 request = ExportTraceServiceRequest()
-                if "json" in self.headers.get("content-type", ""):
-                    json_format.Parse(body, request)
-                else:
-                    request.ParseFromString(body)
-                sink._add(request)
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
+                try:
+                    if "json" in self.headers.get("content-type", ""):
+                        json_format.Parse(body, request)
+                    else:
+                        request.ParseFromString(body)
+                except (DecodeError, json_format.ParseError) as exc:
+                    with sink._cond:
+                        sink.requests += 1
+                    return self._answer(400, f"cannot decode: {exc}".encode())
+                reply = ExportTraceServiceResponse()
+                refused = sink._add(request)
+                if refused and not sink.partial:
+                    return self._answer(sink.refuse_status, b"a span in this request is refused")
+                if refused:
+                    reply.partial_success.rejected_spans = refused
+                    reply.partial_success.error_message = "refused span"
+                self._answer(200, reply.SerializeToString())
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
                 self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(reply)))
+                self.send_header("content-length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(reply)
+                self.wfile.write(body)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    def _add(self, request: ExportTraceServiceRequest) -> None:
+    def _add(self, request: ExportTraceServiceRequest) -> int:
+        """Keep the request's spans unless `refuse` picks one; the number of refused spans."""
+        spans = []
+        for resource_spans in request.resource_spans:
+            resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                spans += [received_span(span, resource) for span in scope_spans.spans]
+        kept = [span for span in spans if not self.refuse(span)]
+        refused = len(spans) - len(kept)
         with self._cond:
             self.requests += 1
-            for resource_spans in request.resource_spans:
-                resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        self.spans.append(
-                            ReceivedSpan(
-                                name=span.name,
-                                trace_id=span.trace_id.hex(),
-                                span_id=span.span_id.hex(),
-                                parent_span_id=span.parent_span_id.hex(),
-                                kind=span.kind,
-                                attributes={kv.key: any_value(kv.value) for kv in span.attributes},
-                                resource=resource,
-                                status_code=span.status.code,
-                                raw_attribute_kinds={
-                                    kv.key: kv.value.WhichOneof("value") or "" for kv in span.attributes
-                                },
-                            )
-                        )
+            if refused and not self.partial:
+                self.refused += 1
+                return refused
+            self.spans += kept
             self._cond.notify_all()
+        return refused
 
     def wait_for(
         self, predicate: Callable[[list[ReceivedSpan]], bool], timeout: float = 10.0
