@@ -20,7 +20,7 @@ from agl_sidecar.proxy.recording import StreamRecorder, record_unary
 from agl_sidecar.proxy.request import CHAT, COMPLETIONS, Flags
 from agl_sidecar.spans.recorder import CallRecord
 from agl_sidecar.proxy.wire import chat_request, completion_request
-from tests.sidecar.scripted_engine import Reply, ScriptedEngine, capture, sse_events
+from tests.support.fake_vllm import FakeVLLM, Reply, capture, sse_events
 
 
 def _reversed_keys(value: Any) -> Any:
@@ -196,7 +196,7 @@ def test_a_stream_framed_otherwise_reaches_the_harness_stripped_and_the_span_who
     # Cut the byte stream at odd places, so a CRLF or an event is split across reads.
     body = b"".join(FRAMINGS[framing](event) for event in events)
     pieces = [body[i : i + 97] for i in range(0, len(body), 97)]
-    with ScriptedEngine(lambda request: Reply(content_type="text/event-stream", chunks=pieces)) as engine:
+    with FakeVLLM(script=lambda request: Reply(content_type="text/event-stream", chunks=pieces)) as engine:
         sidecar = make_sidecar(upstream=[engine.base_url], otlp_endpoint=otlp_sink.endpoint)
         path = "/rollouts/r/v1/chat/completions" if kind == CHAT else "/rollouts/r/v1/completions"
         request = {"model": "tiny", "stream": True, **({"messages": []} if kind == CHAT else {"prompt": "x"})}

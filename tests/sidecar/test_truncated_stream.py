@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from agl import semconv
-from tests.sidecar.scripted_engine import Reply, Request, ScriptedEngine, sse_events
+from tests.support.fake_vllm import FakeVLLM, Reply, Request, sse_events
 
 SSE = "text/event-stream; charset=utf-8"
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -36,8 +36,8 @@ def _dies_mid_stream(request: Request) -> Reply:
 
 
 @pytest.fixture
-def engine() -> Iterator[ScriptedEngine]:
-    with ScriptedEngine(_dies_mid_stream) as server:
+def engine() -> Iterator[FakeVLLM]:
+    with FakeVLLM(script=_dies_mid_stream) as server:
         yield server
 
 
@@ -75,7 +75,7 @@ HARNESSES: dict[str, Callable[[str], None]] = {
 
 @pytest.mark.parametrize("api", list(HARNESSES))
 def test_engine_dying_mid_stream_is_an_error_for_the_harness_and_in_the_span(
-    api: str, engine: ScriptedEngine, make_sidecar: Any, otlp_sink: Any
+    api: str, engine: FakeVLLM, make_sidecar: Any, otlp_sink: Any
 ) -> None:
     harness = HARNESSES[api]
     if api in (semconv.API_CHAT_COMPLETIONS, semconv.API_COMPLETIONS):

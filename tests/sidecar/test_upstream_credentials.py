@@ -14,7 +14,7 @@ import pytest
 
 from agl import semconv
 from agl_sidecar.config import ConfigError, build
-from tests.sidecar.scripted_engine import Reply, Request, ScriptedEngine, capture
+from tests.support.fake_vllm import FakeVLLM, Reply, Request, capture
 
 SECRET = "S3cr3t@pw"  # '@' is percent-encoded in the URL
 BASIC = "Basic " + base64.b64encode(f"agl:{SECRET}".encode()).decode()
@@ -28,7 +28,7 @@ def _engine_behind_basic_auth(request: Request) -> Reply:
 
 
 def test_url_credentials_go_to_the_engine_as_basic_auth_and_nowhere_else(make_sidecar, otlp_sink, caplog):
-    with ScriptedEngine(_engine_behind_basic_auth) as engine:
+    with FakeVLLM(script=_engine_behind_basic_auth) as engine:
         host = engine.base_url.removeprefix("http://")
         sidecar = make_sidecar(
             upstream=[f"http://agl:S3cr3t%40pw@{host}/v1"], otlp_endpoint=otlp_sink.endpoint, log_level="debug"
@@ -40,7 +40,7 @@ def test_url_credentials_go_to_the_engine_as_basic_auth_and_nowhere_else(make_si
             )
             assert plain.status_code == 200, plain.text
             assert with_key.status_code == 200, with_key.text
-            assert [r.headers["authorization"] for r in engine.requests] == [BASIC, BASIC]
+            assert [r.headers["authorization"] for r in engine.scripted_requests] == [BASIC, BASIC]
             spans = otlp_sink.wait_for(lambda spans: len(spans) >= 2)
             state = httpx.get(sidecar.url + "/agl/v1/state").text
             metrics = httpx.get(sidecar.url + "/metrics").text
@@ -69,7 +69,7 @@ def test_a_bad_upstream_url_is_a_config_error_that_does_not_echo_the_password(ur
 
 
 def test_resume_with_new_credentials_uses_them(make_sidecar):
-    with ScriptedEngine(_engine_behind_basic_auth) as engine:
+    with FakeVLLM(script=_engine_behind_basic_auth) as engine:
         host = engine.base_url.removeprefix("http://")
         sidecar = make_sidecar(upstream=[f"http://agl:wrong@{host}"])
         assert httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT).status_code == 401

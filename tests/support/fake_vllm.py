@@ -19,6 +19,13 @@ API (small on purpose):
     fake_vllm.encode(text) / decode(ids)     # the tokenizer: id = byte + 3; 1/2 = <|im_start|>/<|im_end|>
 
 `FakeVLLM.build_app()` gives the aiohttp application for running it elsewhere (bench/).
+
+Scripted mode answers each request with exactly the bytes a test scripts instead: real vLLM
+captures replayed byte for byte, the same responses spelled as another server would spell them, or a
+stream cut off mid-way as when the engine process dies:
+
+    with FakeVLLM(script=lambda request: Reply(body=capture("chat_nonstream.json"))) as engine:
+        engine.scripted_requests             # each request as Request(method, path, headers, body)
 Sampling: a choice's text is drawn from a word list by a RNG seeded from (seed, prompt, choice
 index); its length is 3-40 tokens. When it ends before max_tokens, EOS (id 2) is appended to
 token_ids (not to the text) and finish_reason is "stop", else "length", like vLLM. `reply` overrides
@@ -36,9 +43,12 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.support.captures import VLLM_CAPTURES
 
 IM_START = 1
 IM_END = 2  # EOS
@@ -140,6 +150,35 @@ class _Sample:
         return self.text[start : start + 1] if start < len(self.text) else ""
 
 
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+
+
+@dataclass
+class Reply:
+    """`body` as one response (Content-Length), or `chunks` as a chunked stream; `cut` closes the
+    connection after the chunks without the terminating chunk (the engine died)."""
+
+    status: int = 200
+    content_type: str = "application/json"
+    body: bytes = b""
+    chunks: list[bytes] = field(default_factory=list)
+    cut: bool = False
+
+
+def capture(name: str) -> bytes:
+    return (VLLM_CAPTURES / name).read_bytes()
+
+
+def sse_events(name: str) -> list[bytes]:
+    """The events of a captured vLLM stream, each with its `\\n\\n` separator."""
+    return [event + b"\n\n" for event in capture(name).split(b"\n\n") if event.strip()]
+
+
 class FakeVLLM:
     """See the module docstring."""
 
@@ -150,12 +189,15 @@ class FakeVLLM:
         token_latency_s: float = 0.0,
         max_model_len: int = 131072,
         reply: Callable[[dict[str, Any], int], str] | None = None,
+        script: Callable[[Request], Reply] | None = None,
     ) -> None:
         self.model = model
         self.latency_s = latency_s
         self.token_latency_s = token_latency_s
         self.max_model_len = max_model_len
         self.reply = reply
+        self.script = script
+        self.scripted_requests: list[Request] = []
         self.healthy = True
         self.requests: list[dict[str, Any]] = []
         self.cancelled = 0
@@ -215,6 +257,10 @@ class FakeVLLM:
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
+        if self.script is not None:
+            app.router.add_get("/health", self._health)
+            app.router.add_route("*", "/{path:.*}", self._scripted)
+            return app
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
@@ -223,6 +269,27 @@ class FakeVLLM:
         return app
 
     # --- endpoints -----------------------------------------------------------------------------
+    async def _scripted(self, request: web.Request) -> web.StreamResponse:
+        assert self.script is not None
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        asked = Request(request.method, str(request.rel_url), headers, await request.read())
+        self.scripted_requests.append(asked)
+        reply = self.script(asked)
+        if not reply.chunks:
+            return web.Response(status=reply.status, body=reply.body, headers={"content-type": reply.content_type})
+        response = web.StreamResponse(status=reply.status, headers={"content-type": reply.content_type})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for chunk in reply.chunks:
+            await response.write(chunk)
+            await asyncio.sleep(0.01)
+        if reply.cut:
+            assert request.transport is not None
+            request.transport.abort()  # the engine process died: no terminating chunk
+            return response
+        await response.write_eof()
+        return response
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
 
