@@ -62,7 +62,7 @@ def test_steps_raise_logprob_of_rewarded_tokens(model_dir):
     after = (mean_logprob(backend, batch, good), mean_logprob(backend, batch, bad))
     assert after[0] > before[0] + 0.5
     assert after[1] < before[1] - 0.5
-    assert metrics["reward/mean"] == pytest.approx(0.5)
+    assert not any(key.startswith("reward/") for key in metrics)  # the loop reports rewards, once
     assert metrics["advantage/small_groups"] == 0
     assert metrics["perf/tokens_per_s"] > 0 and metrics["actor/grad_norm"] > 0
     assert backend.policy_version == 4 and backend.step == 4

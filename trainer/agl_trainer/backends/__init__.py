@@ -29,8 +29,9 @@ What `train_step(batch, policy_version=None)` does:
      `bypass_old_logprobs` to use the engine's log-probs as PPO's old ones; optional KL to the
      initial model (`kl_coef`, k1/k2/k3) and entropy bonus; gradient clipping; AdamW with warmup
      and constant/linear/cosine schedule;
-  5. returns metrics: reward/*, advantage/*, loss/*, actor/{clip_frac, dual_clip_frac, approx_kl,
-     entropy, grad_norm, lr, ref_kl}, importance/{stale_token_frac, mean, max, capped_frac},
+  5. returns metrics (no reward/*: the loop reports those): advantage/*, loss/*,
+     actor/{clip_frac, dual_clip_frac, approx_kl, entropy, grad_norm, lr, ref_kl},
+     importance/{stale_token_frac, mean, max, capped_frac},
      perf/{tokens_per_s, padding_frac, step_s, micro_batches, ...}; then policy_version += 1.
 
 `verl` (`agl_trainer.backends.verl.VerlBackend`): the same interface and the same update (agl's

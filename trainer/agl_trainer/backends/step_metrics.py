@@ -1,11 +1,12 @@
-"""The metrics of one training step, named the same whichever backend trained it."""
+"""The metrics of one training step, named the same whichever backend trained it.
+
+No reward/*: the loop reports those, over every trained rollout (one rollout may have no samples)."""
 
 from __future__ import annotations
 
 import torch
 
 from agl_trainer.algorithms import RolloutAdvantages
-from agl_trainer.batch import TrainingBatch
 
 
 def step_metrics(
@@ -13,7 +14,6 @@ def step_metrics(
     step: int,
     policy_version: int,
     skipped_steps: int,
-    batch: TrainingBatch,
     advantages: RolloutAdvantages,
     loss_mask: torch.Tensor,
     sums: dict[str, float],
@@ -28,7 +28,6 @@ def step_metrics(
     """`sums` and `maxima` add up the micro-batches' statistics (tokens, losses, clip counts, importance
     weights); losses are averaged over the optimizer steps (each a mean over its own rollouts) and
     token statistics over the trained tokens."""
-    rewards = batch.rollout_rewards.float()
     trained_adv = advantages.values[advantages.trained]
     updates = max(len(grad_norms), 1)
     tokens = max(sums["tokens"], 1.0)
@@ -36,10 +35,6 @@ def step_metrics(
     out = {
         "step": float(step),
         "policy_version": float(policy_version),
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "reward/min": float(rewards.min()),
-        "reward/max": float(rewards.max()),
         "advantage/mean": float(trained_adv.mean()) if trained_adv.numel() else 0.0,
         "advantage/std": float(trained_adv.std()) if trained_adv.numel() > 1 else 0.0,
         "advantage/min": float(trained_adv.min()) if trained_adv.numel() else 0.0,

@@ -17,12 +17,9 @@ from typing import Any
 import torch
 
 from agl_trainer.algorithms import (
-    broadcast_to_tokens,
-    compute_rollout_advantages,
     rl_objective,
     token_entropy,
     token_logprobs,
-    token_weights,
     truncated_importance_weights,
 )
 from agl_trainer.backends.batch_checks import validate_batch
@@ -41,9 +38,10 @@ from agl_trainer.backends.hf_model import (
     resolve_device,
     supports_packing,
 )
-from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches, split_rollouts
+from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches
 from agl_trainer.backends.schedule import LRLambda
 from agl_trainer.backends.step_metrics import step_metrics
+from agl_trainer.backends.step_plan import mini_batches, plan_step
 from agl_trainer.backends.targets import Targets, trained_targets
 from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
 from agl_trainer.batch import TrainingBatch
@@ -122,17 +120,8 @@ class TorchBackend:
         started = time.perf_counter()
         algo = self.config.algorithm
         current = self.policy_version if policy_version is None else policy_version
-        lengths = validate_batch(batch, self.vocab_size)
-        advantages = compute_rollout_advantages(
-            batch.rollout_rewards,
-            batch.rollout_group_index,
-            algo.advantage_estimator,
-            min_group_size=algo.min_group_size,
-            small_group_policy=algo.small_group_policy,  # type: ignore[arg-type]
-            epsilon=algo.advantage_epsilon,
-        )
-        loss_mask = batch.loss_mask.float() * advantages.trained[batch.rollout_index].unsqueeze(-1)
-        token_advantages = broadcast_to_tokens(advantages.values, batch.rollout_index, loss_mask)
+        plan = plan_step(batch, algo, self.vocab_size)
+        lengths, loss_mask, token_advantages = plan.lengths, plan.loss_mask, plan.token_advantages
         if algo.bypass_old_logprobs:
             old_log_prob = batch.engine_logprobs.float()
         elif self.config.updates_per_step > 1:
@@ -140,26 +129,18 @@ class TorchBackend:
         else:
             old_log_prob = None  # one update: the old policy is the current one, read from the same forward
 
-        rollout_tokens = torch.zeros(batch.num_rollouts).index_add_(0, batch.rollout_index, loss_mask.sum(-1))
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
         grad_norms, padded_positions, real_positions, micro_count = [], 0, 0, 0
         for _ in range(self.config.ppo_epochs):
-            for rollouts in split_rollouts(rollout_tokens.tolist(), self.config.num_mini_batches):
-                in_mini = torch.zeros(batch.num_rollouts, dtype=torch.bool)
-                in_mini[rollouts] = True
-                mini_mask = loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
-                weights = token_weights(
-                    mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant
-                )
-                samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
+            for mini in mini_batches(batch, plan, algo, self.config.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in self._plan(batch, lengths, samples):
+                for micro in self._plan(batch, lengths, mini.samples):
                     micro_count += 1
                     real_positions += micro.num_tokens
                     padded_positions += micro.num_positions - micro.num_tokens
                     stats = self._forward_backward(
-                        batch, micro, weights, token_advantages, old_log_prob, current
+                        batch, micro, mini.weights, token_advantages, old_log_prob, current
                     )
                     for key, value in stats.items():
                         if key.endswith("_max"):
@@ -174,8 +155,7 @@ class TorchBackend:
             step=self.step,
             policy_version=self.policy_version,
             skipped_steps=self.skipped_steps,
-            batch=batch,
-            advantages=advantages,
+            advantages=plan.advantages,
             loss_mask=loss_mask,
             sums=sums,
             maxima=maxima,

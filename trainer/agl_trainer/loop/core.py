@@ -511,8 +511,13 @@ def _batch_metrics(batch: TrainingBatch, version: int) -> dict[str, float]:
 
 
 def _reward_metrics(rewards: list[float]) -> dict[str, float]:
-    """reward/mean and reward/std over the trained rollouts (the loop's, over the backend's)."""
+    """reward/* over the trained rollouts: the step's one source (the backends report none)."""
     if not rewards:
         return {}
     mean = sum(rewards) / len(rewards)
-    return {"reward/mean": mean, "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))}
+    return {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+        "reward/min": min(rewards),
+        "reward/max": max(rewards),
+    }

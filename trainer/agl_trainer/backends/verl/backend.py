@@ -1,8 +1,8 @@
 """`VerlBackend`: the torch backend's interface over verl's FSDP2 workers in a Ray worker group.
 
 `train_step` reads like `TorchBackend.train_step`: advantages per rollout and per-token weights are
-computed here, on the driver, over the whole batch; each mini-batch (whole rollouts, agl's
-`split_rollouts`) is dealt to the data-parallel ranks and is one optimizer step on the workers.
+computed here, on the driver, over the whole batch (step_plan, shared with the torch backend); each
+mini-batch (whole rollouts) is dealt to the data-parallel ranks and is one optimizer step on the workers.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 
-from agl_trainer.algorithms import broadcast_to_tokens, compute_rollout_advantages, token_weights
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
-from agl_trainer.backends.packing import split_rollouts
 from agl_trainer.backends.step_metrics import step_metrics
+from agl_trainer.backends.step_plan import mini_batches, plan_step
 from agl_trainer.backends.torch_config import BackendConfigError
 from agl_trainer.backends.verl import cluster
 from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
@@ -115,19 +114,10 @@ class VerlBackend:
         started = time.perf_counter()
         t, algo = self.training, self.training.algorithm
         current = self.policy_version if policy_version is None else policy_version
-        lengths = validate_batch(batch, self.vocab_size)
-        advantages = compute_rollout_advantages(
-            batch.rollout_rewards,
-            batch.rollout_group_index,
-            algo.advantage_estimator,
-            min_group_size=algo.min_group_size,
-            small_group_policy=algo.small_group_policy,  # type: ignore[arg-type]
-            epsilon=algo.advantage_epsilon,
-        )
-        loss_mask = batch.loss_mask.float() * advantages.trained[batch.rollout_index].unsqueeze(-1)
-        token_advantages = broadcast_to_tokens(advantages.values, batch.rollout_index, loss_mask)
+        plan = plan_step(batch, algo, self.vocab_size)
+        lengths, loss_mask = plan.lengths, plan.loss_mask
         per_token = {
-            "advantages": token_advantages.float(),
+            "advantages": plan.token_advantages.float(),
             "engine_logprobs": batch.engine_logprobs.float(),
             "versions": batch.policy_versions.long(),
         }
@@ -136,22 +126,14 @@ class VerlBackend:
         elif t.updates_per_step > 1:
             per_token["old_logprobs"] = self.compute_logprobs(batch)
 
-        rollout_tokens = torch.zeros(batch.num_rollouts).index_add_(0, batch.rollout_index, loss_mask.sum(-1))
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         lr, dispatch_s, worker_cpu_s = t.lr, 0.0, 0.0
         for _ in range(t.ppo_epochs):
-            for rollouts in split_rollouts(rollout_tokens.tolist(), t.num_mini_batches):
-                in_mini = torch.zeros(batch.num_rollouts, dtype=torch.bool)
-                in_mini[rollouts] = True
-                mini_mask = loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
-                weights = token_weights(
-                    mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant
-                )
-                samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
+            for mini in mini_batches(batch, plan, algo, t.num_mini_batches):
                 results, _, wall = self._call(
-                    "agl_train", batch, lengths, samples, {**per_token, "weights": weights}, current
+                    "agl_train", batch, lengths, mini.samples, {**per_token, "weights": mini.weights}, current
                 )
                 dispatch_s += wall - max(r["compute_s"] for r in results)
                 worker_cpu_s += results[0]["compute_cpu_s"]
@@ -172,8 +154,7 @@ class VerlBackend:
             step=self.step,
             policy_version=self.policy_version,
             skipped_steps=self.skipped_steps,
-            batch=batch,
-            advantages=advantages,
+            advantages=plan.advantages,
             loss_mask=loss_mask,
             sums=sums,
             maxima=maxima,

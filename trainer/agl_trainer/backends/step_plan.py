@@ -1,0 +1,64 @@
+"""What every backend does around its forward/backward passes: check the batch, compute the rollouts'
+advantages and the trained tokens, then cut the batch into mini-batches (one optimizer step each)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from agl_trainer.algorithms import (
+    AlgorithmConfig,
+    RolloutAdvantages,
+    broadcast_to_tokens,
+    compute_rollout_advantages,
+    token_weights,
+)
+from agl_trainer.backends.batch_checks import validate_batch
+from agl_trainer.backends.packing import split_rollouts
+from agl_trainer.batch import TrainingBatch
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    lengths: torch.Tensor  # per sample, from validate_batch
+    advantages: RolloutAdvantages
+    loss_mask: torch.Tensor  # [N, T] the batch's, less rollouts the advantage estimator leaves out
+    token_advantages: torch.Tensor  # [N, T]
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    samples: list[int]  # rows of the batch
+    weights: torch.Tensor  # [N, T] each trained token's share of the mini-batch's loss
+
+
+def plan_step(batch: TrainingBatch, algo: AlgorithmConfig, vocab_size: int) -> StepPlan:
+    """Validate `batch` and compute what the step trains on (raises ValueError on a bad batch)."""
+    lengths = validate_batch(batch, vocab_size)
+    advantages = compute_rollout_advantages(
+        batch.rollout_rewards,
+        batch.rollout_group_index,
+        algo.advantage_estimator,
+        min_group_size=algo.min_group_size,
+        small_group_policy=algo.small_group_policy,  # type: ignore[arg-type]
+        epsilon=algo.advantage_epsilon,
+    )
+    loss_mask = batch.loss_mask.float() * advantages.trained[batch.rollout_index].unsqueeze(-1)
+    token_advantages = broadcast_to_tokens(advantages.values, batch.rollout_index, loss_mask)
+    return StepPlan(lengths, advantages, loss_mask, token_advantages)
+
+
+def mini_batches(
+    batch: TrainingBatch, plan: StepPlan, algo: AlgorithmConfig, num_mini_batches: int
+) -> Iterator[MiniBatch]:
+    """The batch's rollouts in `num_mini_batches` parts of similar trained-token counts."""
+    rollout_tokens = torch.zeros(batch.num_rollouts).index_add_(0, batch.rollout_index, plan.loss_mask.sum(-1))
+    for rollouts in split_rollouts(rollout_tokens.tolist(), num_mini_batches):
+        in_mini = torch.zeros(batch.num_rollouts, dtype=torch.bool)
+        in_mini[rollouts] = True
+        mini_mask = plan.loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
+        weights = token_weights(mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant)
+        samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
+        yield MiniBatch(samples, weights)
