@@ -49,7 +49,8 @@ from agl_trainer.engines.embedded_batching import BatchScheduler, Sequence
 from agl_trainer.engines.embedded_requests import RequestReader
 from agl_trainer.engines.embedded_routes import EngineRoutes
 from agl_trainer.engines.embedded_stream import deliver
-from agl_trainer.engines.embedded_weights import load_in_place, read_safetensors
+from agl_trainer.engines.embedded_weights import load_in_place
+from agl_trainer.engines.weight_files import read_safetensors
 
 
 @dataclass(frozen=True)

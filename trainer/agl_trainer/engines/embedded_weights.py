@@ -1,22 +1,9 @@
-"""Weight updates for the embedded engine: a state_dict (or a save_pretrained directory) copied into
-the served model in place, all-or-nothing."""
+"""Weight updates for the embedded engine: a state_dict (or a save_pretrained directory, read by
+weight_files.read_safetensors) copied into the served model in place, all-or-nothing."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-
-def read_safetensors(directory: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"update_weights: no *.safetensors files in {directory}")
-    state: dict[str, Any] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    return state
 
 
 def load_in_place(model: Any, state: Any) -> None:

@@ -32,7 +32,12 @@ On GPUs, `weight_sync: nccl | cuda_ipc` uses vLLM's weight-transfer endpoints in
 (/init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update, with
 vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
 several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
+
+Rooms: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
+processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), this file
+(the engine: lifecycle, health and restarts, weight sync, sleep/wake).
 """
+
 
 from __future__ import annotations
 
@@ -40,10 +45,7 @@ import atexit
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -54,102 +56,39 @@ from pathlib import Path
 from typing import Literal, Self
 
 import httpx
-import msgspec
 
 from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.engines.vllm_config import (
+    DEFAULT_VENV_PYTHON,
+    KEEP_ALIVE_S,
+    LOAD_METHOD,
+    REPO_ROOT,
+    WORKER_CLASS,
+    WORKER_MODULE,
+    VLLMConfig,
+    VLLMError,
+    resolve_device,
+    resolve_python,
+    resolve_weight_sync,
+    vllm_config,
+    workers_per_server,
+)
+from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, free_port, log_tail, terminate
 from agl_trainer.engines.vllm_transfer import (
     GpuWeightTransfer,
     WeightTransferError,
     server_arguments,
     server_environment,
 )
+from agl_trainer.engines.weight_files import default_weights_root, read_safetensors, write_safetensors
+
+__all__ = [  # the engine's public names, importable from here as before the split
+    "DEFAULT_VENV_PYTHON", "LOAD_METHOD", "LOG_TAIL_LINES", "REPO_ROOT", "WORKER_CLASS", "WORKER_MODULE",
+    "SyncReport", "VLLMConfig", "VLLMEngine", "VLLMError", "free_port", "log_tail", "resolve_device",
+    "resolve_python", "resolve_weight_sync", "vllm_config", "write_safetensors",
+]  # fmt: skip
 
 log = logging.getLogger("agl.engine.vllm")
-
-WORKER_MODULE = "agl_vllm_worker"
-WORKER_CLASS = "WeightSyncExtension"
-LOAD_METHOD = "agl_load_weights"
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
-LOG_TAIL_LINES = 40
-KEEP_ALIVE_S = 3600
-
-
-class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """How to run (or reach) the servers. Validated on construction: errors name the key."""
-
-    model: str | None = None  # model directory or name; required unless `urls` is given
-    urls: list[str] = []  # attach to these servers instead of starting any
-    replicas: int = 1
-    python: str | None = None  # interpreter with vllm installed (see module docstring)
-    served_model_name: str | None = None  # default: the model path, as vLLM does
-    host: str = "127.0.0.1"
-    ports: list[int] = []  # one per replica; empty: free ports
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: str = "auto"  # "auto" means float32 on CPU (exact logprobs vs the trainer)
-    max_model_len: int | None = None  # default: vLLM's, from the model's config
-    enforce_eager: bool | None = None  # default: True on CPU (no graphs to capture there)
-    kv_cache_space_gb: int = 1  # CPU only (VLLM_CPU_KVCACHE_SPACE); vLLM's default takes 21 GB
-    gpu_memory_utilization: float | None = None  # GPU only
-    collocated: bool = False  # GPU: start with --enable-sleep-mode so sleep()/wake_up() free memory
-    sleep_level: int = 1
-    pause_mode: Literal["wait", "abort", "keep", "none"] = "wait"
-    extra_args: list[str] = []
-    env: dict[str, str] = {}
-    weights_dir: str | None = None  # where state_dicts are written; default /dev/shm
-    log_dir: str | None = None  # server logs; default a temporary directory
-    startup_timeout_s: float = 900.0
-    request_timeout_s: float = 300.0
-    watchdog_interval_s: float = 5.0  # 0 disables the watchdog thread
-    max_restarts: int = 3  # per replica, then the error is raised
-    # How new weights reach the servers: in_place (safetensors + collective_rpc, CPU and GPU), or
-    # vLLM's GPU weight transfer, nccl or cuda_ipc (vllm_transfer.py); auto: cuda_ipc for one
-    # replica on a GPU, nccl for several, in_place on the CPU. The loop sets it from
-    # backend.verl.weight_sync.
-    weight_sync: Literal["auto", "in_place", "nccl", "cuda_ipc"] = "in_place"
-
-    def __post_init__(self) -> None:
-        if not self.urls and not self.model:
-            raise ValueError(
-                "engine.vllm: set `model` (a model directory to serve) or `urls` (servers to attach to)"
-            )
-        if self.replicas < 1:
-            raise ValueError(f"engine.vllm.replicas must be >= 1, got {self.replicas}")
-        if self.ports and len(self.ports) != self.replicas:
-            raise ValueError(
-                f"engine.vllm.ports has {len(self.ports)} entries for {self.replicas} replicas: give one per replica or none"
-            )
-        for url in self.urls:
-            if not url.startswith(("http://", "https://")) or url.rstrip("/").endswith("/v1"):
-                raise ValueError(
-                    f"engine.vllm.urls: {url!r} must be a base URL like http://host:8000 (no /v1)"
-                )
-        if self.sleep_level not in (1, 2):
-            raise ValueError(f"engine.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
-        if self.max_model_len is not None and self.max_model_len < 16:
-            raise ValueError(f"engine.vllm.max_model_len must be >= 16, got {self.max_model_len}")
-
-
-def vllm_config(settings: Mapping[str, object]) -> VLLMConfig:
-    """A VLLMConfig from plain settings (YAML, `engine.options`); unknown keys and wrong types are
-    errors that name the key."""
-    known = set(VLLMConfig.__struct_fields__)
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ValueError(
-            f"engine.vllm: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-    try:
-        return msgspec.convert(dict(settings), VLLMConfig)
-    except msgspec.ValidationError as error:
-        message = str(error)
-        raise ValueError(
-            message if message.startswith("engine.vllm") else f"engine.vllm: {message}"
-        ) from None
-
-
-class VLLMError(RuntimeError):
-    """A server failed to start, died, or refused a control call; the message carries the log tail."""
 
 
 @dataclass(frozen=True)
@@ -165,136 +104,6 @@ class SyncReport:
     restarted: list[str] = field(default_factory=list)
 
 
-@dataclass
-class _Server:
-    index: int
-    port: int
-    url: str
-    log_path: Path | None = None
-    process: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
-    if path is None or not path.exists():
-        return "(no log)"
-    text = path.read_bytes()[-32_000:].decode("utf-8", "replace")
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def resolve_python(configured: str | None) -> str:
-    """The interpreter that has vllm: config, $AGL_VLLM_PYTHON, this checkout's .venv-vllm, us."""
-    for candidate in (configured, os.environ.get("AGL_VLLM_PYTHON")):
-        if candidate:
-            if not Path(candidate).exists() and shutil.which(candidate) is None:
-                raise VLLMError(
-                    f"engine.vllm.python: {candidate!r} does not exist (run scripts/setup_vllm_venv.sh)"
-                )
-            return candidate
-    return str(DEFAULT_VENV_PYTHON) if DEFAULT_VENV_PYTHON.exists() else sys.executable
-
-
-def resolve_device(device: str) -> Literal["cpu", "cuda"]:
-    if device != "auto":
-        return device  # type: ignore[return-value]
-    try:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
-
-
-def resolve_weight_sync(config: VLLMConfig, device: str) -> Literal["in_place", "nccl", "cuda_ipc"]:
-    """The weight path for `device`; a GPU path that cannot work is refused here, before any start."""
-    sync = config.weight_sync
-    if sync == "auto":
-        if device != "cuda":
-            return "in_place"
-        return "cuda_ipc" if config.replicas == 1 and not config.urls else "nccl"
-    if sync == "in_place":
-        return sync
-    if device != "cuda":
-        raise ValueError(
-            f"engine.vllm.weight_sync: {sync} is vLLM's GPU weight transfer, but the engine runs on the CPU "
-            "(the CPU build of vLLM answers /init_weight_transfer_engine with 500 'not configured'); use "
-            "in_place (backend.verl.weight_sync: in_place or auto)"
-        )
-    if sync == "cuda_ipc":
-        if config.replicas > 1 or len(config.urls) > 1:
-            raise ValueError(
-                "engine.vllm.weight_sync: cuda_ipc shares this process's GPU memory with one server; with "
-                f"{max(config.replicas, len(config.urls))} replicas use nccl"
-            )
-        remote = [u for u in config.urls if not u.split("://", 1)[-1].startswith(("127.0.0.1", "localhost", "[::1]"))]
-        if remote:
-            raise ValueError(
-                f"engine.vllm.weight_sync: cuda_ipc needs the server on this machine, but {remote[0]} is not "
-                "loopback; use nccl"
-            )
-    return sync
-
-
-def _workers_per_server(extra_args: list[str]) -> int:
-    """vLLM workers of one server (tensor x pipeline parallel): the NCCL group's other ranks."""
-    size = 1
-    for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
-        for i, arg in enumerate(extra_args):
-            value = None
-            if arg in flags and i + 1 < len(extra_args):
-                value = extra_args[i + 1]
-            elif arg.startswith(tuple(f + "=" for f in flags)):
-                value = arg.split("=", 1)[1]
-            if value is not None:
-                size *= int(value)
-    return size
-
-
-def _read_safetensors(directory: Path) -> dict[str, object]:
-    from safetensors.torch import load_file
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise VLLMError(f"weight update: no *.safetensors in {directory}")
-    out: dict[str, object] = {}
-    for file in files:
-        out.update(load_file(str(file)))
-    return out
-
-
-def write_safetensors(state_dict: Mapping[str, object], directory: Path) -> Path:
-    """Write CPU tensors as one safetensors file. Tensors that share storage (tied embeddings)
-    are written once, under their first name: vLLM ties them again when it loads."""
-    import torch
-    from safetensors.torch import save_file
-
-    seen: set[tuple[int, int]] = set()
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        assert isinstance(tensor, torch.Tensor), f"{name} is not a tensor"
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in seen:
-            continue
-        seen.add(key)
-        tensors[name] = tensor.detach().to("cpu").contiguous()
-    directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / "model.safetensors.partial"
-    save_file(tensors, str(partial), metadata={"format": "pt"})
-    os.replace(partial, directory / "model.safetensors")
-    return directory
-
-
-def default_weights_root() -> Path:
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return Path(tempfile.mkdtemp(prefix="agl-weights-", dir=base))
-
 
 class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
@@ -309,7 +118,7 @@ class VLLMEngine:
         self.config = config
         self.device: Literal["cpu", "cuda"] = resolve_device(config.device)
         self.last_sync: SyncReport | None = None
-        self._servers: list[_Server] = []
+        self._servers: list[Server] = []
         self._lock = threading.RLock()  # serialises syncs, restarts and stop
         self._client = httpx.Client(timeout=config.request_timeout_s, trust_env=False)
         self._latest: tuple[int, Path] | None = None  # (version, directory) the servers should hold
@@ -326,7 +135,7 @@ class VLLMEngine:
         self._latest_state: tuple[int, Mapping[str, object]] | None = None  # GPU transfer: for restarts
         if self.weight_sync != "in_place":
             self._transfer = GpuWeightTransfer(
-                self.weight_sync, workers_per_server=_workers_per_server(config.extra_args), host=config.host,
+                self.weight_sync, workers_per_server=workers_per_server(config.extra_args), host=config.host,
                 timeout_s=config.request_timeout_s,
             )  # fmt: skip
 
@@ -343,14 +152,14 @@ class VLLMEngine:
         with self._lock:
             self._stopped.clear()
             if not self.managed:
-                self._servers = [_Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
+                self._servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
                 self._wait_healthy(self._servers)
                 return
             ports = self.config.ports or [free_port(self.config.host) for _ in range(self.config.replicas)]
             log_dir = Path(self.config.log_dir) if self.config.log_dir else self._tmp("agl-vllm-logs-")
             log_dir.mkdir(parents=True, exist_ok=True)
             self._servers = [
-                _Server(i, port, f"http://{self.config.host}:{port}", log_dir / f"vllm-{i}.log")
+                Server(i, port, f"http://{self.config.host}:{port}", log_dir / f"vllm-{i}.log")
                 for i, port in enumerate(ports)
             ]
             if not self._atexit:
@@ -376,7 +185,7 @@ class VLLMEngine:
             running = [server.process for server in self._servers if server.process is not None]
             if running:
                 with ThreadPoolExecutor(max_workers=len(running)) as pool:
-                    list(pool.map(_terminate, running))
+                    list(pool.map(terminate, running))
             for server in self._servers:
                 server.process = None
             for path in self._own_tmp:
@@ -457,7 +266,7 @@ class VLLMEngine:
             os.replace(partial, module)
         return target
 
-    def _launch(self, server: _Server) -> None:
+    def _launch(self, server: Server) -> None:
         assert server.log_path is not None
         cmd = self.command(server.port)
         log.info("vllm: starting replica %d on port %d: %s", server.index, server.port, " ".join(cmd))
@@ -473,7 +282,7 @@ class VLLMEngine:
                 start_new_session=True,  # its own process group: stop() reaches the engine core too
             )
 
-    def _wait_healthy(self, servers: list[_Server]) -> None:
+    def _wait_healthy(self, servers: list[Server]) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
         pending = list(servers)
         while pending:
@@ -499,7 +308,7 @@ class VLLMEngine:
                 )
             time.sleep(0.5)
 
-    def _healthy(self, server: _Server) -> bool:
+    def _healthy(self, server: Server) -> bool:
         try:
             return self._client.get(f"{server.url}/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
@@ -524,7 +333,7 @@ class VLLMEngine:
                 restarted.append(server.url)
         return restarted
 
-    def _restart(self, server: _Server) -> None:
+    def _restart(self, server: Server) -> None:
         code = server.process.returncode if server.process is not None else None
         if server.restarts >= self.config.max_restarts:
             raise VLLMError(
@@ -536,7 +345,7 @@ class VLLMEngine:
             "vllm: replica %d (%s) exited with code %s; restarting (%d/%d). Log tail:\n%s",
             server.index, server.url, code, server.restarts, self.config.max_restarts, log_tail(server.log_path, 10),
         )  # fmt: skip
-        _terminate(server.process)  # its engine core may outlive the API server
+        terminate(server.process)  # its engine core may outlive the API server
         self._launch(server)
         self._wait_healthy([server])
         if self._transfer is not None:
@@ -599,7 +408,10 @@ class VLLMEngine:
         if state_dict is None:
             if update.directory is None:
                 raise VLLMError(f"weight update v{update.version} has neither state_dict nor directory")
-            state_dict = _read_safetensors(Path(update.directory))
+            try:
+                state_dict = read_safetensors(Path(update.directory))
+            except FileNotFoundError as error:
+                raise VLLMError(f"weight update v{update.version}: {error}") from None
         with self._lock:
             restarted = self.ensure_alive() if self.managed else []  # a restart sends _latest_state
             if self.sleeping:
@@ -615,7 +427,7 @@ class VLLMEngine:
                  update.version, self.weight_sync, len(self._servers), seconds)  # fmt: skip
         return seconds
 
-    def _sync_servers_gpu(self, servers: list[_Server], version: int, state_dict: Mapping[str, object]) -> list[float]:
+    def _sync_servers_gpu(self, servers: list[Server], version: int, state_dict: Mapping[str, object]) -> list[float]:
         """Pause, transfer, drop the prefix cache (it holds the old weights' KV), resume."""
         assert self._transfer is not None
         started = time.perf_counter()
@@ -664,21 +476,21 @@ class VLLMEngine:
             self._written.remove(old)
 
     def _sync_or_restart(
-        self, server: _Server, directory: Path, version: int, restarted: list[str]
+        self, server: Server, directory: Path, version: int, restarted: list[str]
     ) -> tuple[float, float, list[dict]]:
         """Sync one replica; a managed one that died meanwhile is restarted (which loads the
         latest weights, these) instead of failing the step."""
         try:
             return self._sync_server(server, directory, version)
         except VLLMError:
-            if not self.managed or server.process is None or not _exits_soon(server.process):
+            if not self.managed or server.process is None or not exits_soon(server.process):
                 raise
         started = time.perf_counter()
         self._restart(server)  # ends with _sync_server for self._latest, i.e. this version
         restarted.append(server.url)
         return time.perf_counter() - started, 0.0, []
 
-    def _sync_server(self, server: _Server, directory: Path, version: int) -> tuple[float, float, list[dict]]:
+    def _sync_server(self, server: Server, directory: Path, version: int) -> tuple[float, float, list[dict]]:
         started = time.perf_counter()
         mode = self.config.pause_mode
         if mode != "none":
@@ -698,7 +510,7 @@ class VLLMEngine:
 
     def _post(
         self,
-        server: _Server,
+        server: Server,
         path: str,
         *,
         json: object | None = None,
@@ -769,42 +581,3 @@ class VLLMEngine:
         path = Path(tempfile.mkdtemp(prefix=prefix))
         self._own_tmp.append(path)
         return path
-
-
-def _terminate(process: subprocess.Popen[bytes] | None, grace_s: float = 30.0) -> None:
-    """Stop a server's whole process group: SIGTERM, then SIGKILL after `grace_s`."""
-    if process is None:
-        return
-    pgid = process.pid  # start_new_session made the server its group's leader
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if process.poll() is not None and not _group_alive(pgid):
-            return
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None and not _group_alive(pgid):
-                return
-            time.sleep(0.1)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _exits_soon(process: subprocess.Popen[bytes], within_s: float = 2.0) -> bool:
-    """Whether a replica whose request just failed is dying. A crashed server's sockets are reset
-    while it exits, a moment before the process can be reaped: poll() alone would miss it."""
-    try:
-        process.wait(within_s)
-    except subprocess.TimeoutExpired:
-        return False
-    return True

@@ -17,7 +17,7 @@ def check_settings(config: Config) -> None:
     assert config.model.path is not None
     backend_settings(config, str(config.model.path), cuda_available=config.backend.device != "cpu")
     if config.engine.name == "vllm":
-        from agl_trainer.engines.vllm import resolve_weight_sync, vllm_config
+        from agl_trainer.engines.vllm_config import resolve_weight_sync, vllm_config
 
         settings = {"model": config.model.path, "replicas": config.engine.replicas}
         settings.update(vllm_settings(config, str(config.model.path)))
