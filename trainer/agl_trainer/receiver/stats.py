@@ -69,30 +69,24 @@ def prometheus(stats: ReceiverStats) -> str:
             lines.append(f"# TYPE {name} counter")
         lines.append(f"{name}{labels} {value}")
 
+    def by_reason(name: str, help_text: str, counts: dict[str, int]) -> None:
+        for reason, count in sorted(counts.items()):
+            counter(name, help_text, count, f'{{reason="{reason}"}}')
+
     counter("agl_receiver_requests_total", "Export requests received.", stats.requests)
     counter(
         "agl_receiver_accepted_requests_total",
         "Export requests stored and acknowledged.",
         stats.accepted_requests,
     )
-    for reason, count in sorted(stats.bad_requests.items()):
-        counter(
-            "agl_receiver_refused_requests_total",
-            "Export requests refused, by reason.",
-            count,
-            f'{{reason="{reason}"}}',
-        )
+    by_reason("agl_receiver_refused_requests_total", "Export requests refused, by reason.", stats.bad_requests)
     counter("agl_receiver_spans_total", "Spans received.", stats.spans)
     counter("agl_receiver_spans_stored_total", "Spans newly stored.", stats.stored)
     counter("agl_receiver_spans_duplicate_total", "Spans received again and skipped.", stats.duplicates)
     counter("agl_receiver_spans_foreign_total", "Spans that are not agl's, ignored.", stats.foreign)
-    for reason, count in sorted(stats.violations.items()):
-        counter(
-            "agl_receiver_contract_violations_total",
-            "Spans breaking the span contract, by reason.",
-            count,
-            f'{{reason="{reason}"}}',
-        )
+    by_reason(
+        "agl_receiver_contract_violations_total", "Spans breaking the span contract, by reason.", stats.violations
+    )
     counter("agl_receiver_tokens_total", "Token IDs stored (prompt and completion).", stats.tokens)
     counter("agl_receiver_bytes_total", "Request body bytes received (as sent).", stats.bytes)
     return "\n".join(lines) + "\n"

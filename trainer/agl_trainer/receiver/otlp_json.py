@@ -1,0 +1,211 @@
+"""OTLP JSON (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding) -> `RawSpan`s, through
+msgspec structs; attribute values are decoded lazily, one at a time, so a bad one stays in its attribute."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from agl_trainer.receiver.raw_span import MAX_VALUE_DEPTH, BadValue, DecodeError, RawSpan, first_bad
+
+
+class JsonArrayValue(msgspec.Struct, forbid_unknown_fields=False):
+    values: list[JsonAnyValue] = []
+
+
+class JsonKeyValueList(msgspec.Struct, forbid_unknown_fields=False):
+    values: list[JsonKeyValue] = []
+
+
+class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
+    stringValue: str | None = None
+    boolValue: bool | None = None
+    intValue: int | str | None = None
+    doubleValue: float | str | None = None
+    arrayValue: JsonArrayValue | None = None
+    kvlistValue: JsonKeyValueList | None = None
+    bytesValue: str | None = None
+
+
+class JsonKeyValue(msgspec.Struct, forbid_unknown_fields=False):
+    key: str
+    value: msgspec.Raw = msgspec.Raw()  # decoded on its own (_JSON_VALUE): a bad value costs only itself
+
+
+class JsonStatus(msgspec.Struct, forbid_unknown_fields=False):
+    code: int | str = 0
+    message: str = ""
+
+
+class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
+    traceId: str = ""
+    spanId: str = ""
+    parentSpanId: str = ""
+    name: str = ""
+    kind: int | str = 0
+    startTimeUnixNano: int | str = 0
+    endTimeUnixNano: int | str = 0
+    attributes: list[JsonKeyValue] = []
+    status: JsonStatus | None = None
+
+
+class JsonScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
+    spans: list[JsonSpan] = []
+
+
+class JsonResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
+    scopeSpans: list[JsonScopeSpans] = []
+
+
+class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
+    resourceSpans: list[JsonResourceSpans] = []
+
+
+_JSON_DECODER = msgspec.json.Decoder(JsonExportRequest)
+_JSON_VALUE = msgspec.json.Decoder(JsonAnyValue | None)
+_KINDS = {
+    "SPAN_KIND_UNSPECIFIED": 0,
+    "SPAN_KIND_INTERNAL": 1,
+    "SPAN_KIND_SERVER": 2,
+    "SPAN_KIND_CLIENT": 3,
+    "SPAN_KIND_PRODUCER": 4,
+    "SPAN_KIND_CONSUMER": 5,
+}
+_STATUS = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+
+
+def _json_int(value: int | str) -> int | None:
+    """An OTLP JSON integer (a number, or a decimal string as the JSON mapping writes int64s)."""
+    if type(value) is int:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _json_int64(value: int | str) -> int | BadValue:
+    number = _json_int(value)
+    if number is None:
+        return BadValue("not_int", f"intValue {str(value)[:40]!r} is not an integer")
+    if not -(1 << 63) <= number < 1 << 63:
+        return BadValue("int_out_of_range", f"intValue {str(value)[:40]} is outside int64")
+    return number
+
+
+def _json_attribute(raw: msgspec.Raw, depth: int = 0) -> Any:
+    """A KeyValue's value, decoded on its own: whatever is wrong with it is a BadValue of its own."""
+    if not raw:  # absent
+        return None
+    if depth > MAX_VALUE_DEPTH:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
+    try:
+        value = _JSON_VALUE.decode(raw)
+    except RecursionError:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
+    except msgspec.DecodeError as error:
+        return BadValue("malformed", str(error))
+    return _json_value(value, depth)
+
+
+def _json_value(value: JsonAnyValue | None, depth: int) -> Any:
+    if value is None:
+        return None
+    if depth > MAX_VALUE_DEPTH:
+        return BadValue("nesting_too_deep", f"values nested deeper than {MAX_VALUE_DEPTH} levels")
+    if value.stringValue is not None:
+        return value.stringValue
+    if value.intValue is not None:
+        return _json_int64(value.intValue)
+    if value.boolValue is not None:
+        return value.boolValue
+    if value.doubleValue is not None:
+        try:
+            return float(value.doubleValue)
+        except ValueError:
+            return BadValue("not_number", f"doubleValue {str(value.doubleValue)[:40]!r} is not a number")
+    if value.arrayValue is not None:
+        items = [_json_value(item, depth + 1) for item in value.arrayValue.values]
+        bad = first_bad(items)
+        if bad is not None:
+            return bad
+        if items and all(type(item) is int for item in items):
+            return np.array(items, dtype=np.int64)  # every item is in int64 (_json_int64)
+        if items and all(type(item) is float for item in items):
+            return np.array(items, dtype=np.float64)
+        return items
+    if value.kvlistValue is not None:
+        entries = {}
+        for kv in value.kvlistValue.values:
+            item = _json_attribute(kv.value, depth + 1)
+            if type(item) is BadValue:
+                return item
+            entries[kv.key] = item
+        return entries
+    if value.bytesValue is not None:
+        try:
+            return base64.b64decode(value.bytesValue, validate=True)
+        except (binascii.Error, ValueError):
+            return BadValue("bad_base64", "bytesValue is not base64")
+    return None
+
+
+def _json_id(value: str) -> bytes:
+    """A trace or span id: hex, as the OTLP JSON encoding writes it; base64, as a generic protobuf
+    JSON mapping would, is accepted too. Anything else is b"" (the contract's bad_ids)."""
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        pass
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+
+
+def _enum(value: int | str, names: dict[str, int]) -> int:
+    """An enum given as a number or its name; -1 when it is neither (the contract decides)."""
+    if type(value) is str and value in names:
+        return names[value]
+    number = _json_int(value)
+    return -1 if number is None else number
+
+
+def _json_time(value: int | str) -> int:
+    """A fixed64 time; -1 (which the contract refuses) when it is not an integer."""
+    number = _json_int(value)
+    return -1 if number is None else number
+
+
+def decode_json(body: bytes) -> list[RawSpan]:
+    """Decode an OTLP ExportTraceServiceRequest in JSON encoding."""
+    try:
+        request = _JSON_DECODER.decode(body)
+    except msgspec.DecodeError as error:
+        raise DecodeError(f"invalid OTLP JSON: {error}") from None
+    except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
+        raise DecodeError("invalid OTLP JSON: nested too deep") from None
+    spans: list[RawSpan] = []
+    for resource_spans in request.resourceSpans:
+        for scope_spans in resource_spans.scopeSpans:
+            for span in scope_spans.spans:
+                status = span.status or JsonStatus()
+                spans.append(
+                    RawSpan(
+                        trace_id=_json_id(span.traceId),
+                        span_id=_json_id(span.spanId),
+                        parent_span_id=_json_id(span.parentSpanId),
+                        name=span.name,
+                        kind=_enum(span.kind, _KINDS),
+                        start_ns=_json_time(span.startTimeUnixNano),
+                        end_ns=_json_time(span.endTimeUnixNano),
+                        status_code=_enum(status.code, _STATUS),
+                        status_message=status.message,
+                        attributes={kv.key: _json_attribute(kv.value) for kv in span.attributes},
+                    )
+                )
+    return spans
