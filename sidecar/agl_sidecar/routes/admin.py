@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -18,6 +18,7 @@ from agl_sidecar.sidecar import Sidecar, same_secret
 
 
 MAX_PAUSE_TIMEOUT_S = 7 * 24 * 3600.0  # an event loop timer takes no more
+Body = TypeVar("Body", bound=msgspec.Struct)
 
 
 class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,14 +60,22 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
-async def pause(request: web.Request) -> web.Response:
-    sidecar = sidecar_of(request)
+async def _read(request: web.Request, sidecar: Sidecar, schema: type[Body], what: str, example: str) -> Body | web.Response:
+    """The admin body as `schema`, or the refusal to answer (413, a 400 with the expected shape)."""
     try:
-        body: PauseBody = decode_body(await read_body(request, sidecar.config.max_body_bytes), PauseBody, "pause")
+        body: Body = decode_body(await read_body(request, sidecar.config.max_body_bytes), schema, what)
     except inputs.TooLarge as exc:
         return json_reply(413, {"error": exc.message})
     except ValueError as exc:
-        return json_reply(400, {"error": f"{exc}; expected {{\"drain\": true, \"timeout_s\": 60}}"})
+        return json_reply(400, {"error": f"{exc}; expected {example}"})
+    return body
+
+
+async def pause(request: web.Request) -> web.Response:
+    sidecar = sidecar_of(request)
+    body = await _read(request, sidecar, PauseBody, "pause", '{"drain": true, "timeout_s": 60}')
+    if isinstance(body, web.Response):
+        return body
     if body.timeout_s <= 0:
         return json_reply(400, {"error": "pause: timeout_s must be > 0"})
     loop = asyncio.get_running_loop()
@@ -97,12 +106,9 @@ async def pause(request: web.Request) -> web.Response:
 
 async def resume(request: web.Request) -> web.Response:
     sidecar = sidecar_of(request)
-    try:
-        body: ResumeBody = decode_body(await read_body(request, sidecar.config.max_body_bytes), ResumeBody, "resume")
-    except inputs.TooLarge as exc:
-        return json_reply(413, {"error": exc.message})
-    except ValueError as exc:
-        return json_reply(400, {"error": f"{exc}; expected {{\"policy_version\": 3, \"upstreams\": [\"http://...\"]}}"})
+    body = await _read(request, sidecar, ResumeBody, "resume", '{"policy_version": 3, "upstreams": ["http://..."]}')
+    if isinstance(body, web.Response):
+        return body
     if body.upstreams is not None:
         if not body.upstreams:
             return json_reply(400, {"error": "resume: upstreams must not be empty"})

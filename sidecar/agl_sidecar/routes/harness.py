@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
@@ -13,6 +14,9 @@ from agl_sidecar.proxy import inputs
 from agl_sidecar.proxy.attribution import parse_traceparent
 from agl_sidecar.proxy.request import read_body
 from agl_sidecar.routes.common import BodyError, bad_input, decode_body, json_reply, openai_error, sidecar_of, unauthorized
+
+
+Body = TypeVar("Body", bound=msgspec.Struct)
 
 
 class RewardBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -29,18 +33,26 @@ class EndBody(msgspec.Struct, forbid_unknown_fields=True):
     mode: str | None = None
 
 
-async def reward(request: web.Request) -> web.Response:
+async def _read(request: web.Request, schema: type[Body], what: str, example: str) -> Body | web.Response:
+    """The harness's body as `schema`, or the refusal to answer (401, 413, a 400 naming the field)."""
     sidecar = sidecar_of(request)
     if not sidecar.harness_authorized(request):
         return unauthorized()
     try:
         raw = await read_body(request, sidecar.config.max_body_bytes)
-        body: RewardBody = decode_body(raw, RewardBody, "reward")
+        body: Body = decode_body(raw, schema, what)
     except inputs.TooLarge as exc:
         return bad_input(exc)
     except BodyError as exc:
-        message = f"{exc}; expected {{\"value\": 1.0, \"name\": \"reward\"}}"
-        return openai_error(400, message, param=exc.param)
+        return openai_error(400, f"{exc}; expected {example}", param=exc.param)
+    return body
+
+
+async def reward(request: web.Request) -> web.Response:
+    body = await _read(request, RewardBody, "reward", '{"value": 1.0, "name": "reward"}')
+    if isinstance(body, web.Response):
+        return body
+    sidecar = sidecar_of(request)
     if isinstance(body.value, bool) or not math.isfinite(float(body.value)):
         return openai_error(400, f"reward value must be a finite number, got {body.value!r}", param="value")
     if not body.name:
@@ -65,17 +77,10 @@ async def reward(request: web.Request) -> web.Response:
 
 
 async def end_rollout(request: web.Request) -> web.Response:
+    body = await _read(request, EndBody, "end", '{"status": "succeeded"}')
+    if isinstance(body, web.Response):
+        return body
     sidecar = sidecar_of(request)
-    if not sidecar.harness_authorized(request):
-        return unauthorized()
-    try:
-        raw = await read_body(request, sidecar.config.max_body_bytes)
-        body: EndBody = decode_body(raw, EndBody, "end")
-    except inputs.TooLarge as exc:
-        return bad_input(exc)
-    except BodyError as exc:
-        message = f"{exc}; expected {{\"status\": \"succeeded\"}}"
-        return openai_error(400, message, param=exc.param)
     if body.status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
         return openai_error(
             400, f"status must be 'succeeded' or 'failed', got {body.status!r}", param="status"

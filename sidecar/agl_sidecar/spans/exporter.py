@@ -297,13 +297,20 @@ class SpanExporter:
         return batch
 
     def _take_batches(self) -> list[list[bytes]]:
+        """Every pending span, in export requests of at most max_batch_bytes each."""
+        spans = list(self._pending)
+        self._pending.clear()
+        self.counters.spans_pending = 0
+        self._pending_bytes = 0
+        return self._batches(spans)
+
+    def _batches(self, spans: list[bytes]) -> list[list[bytes]]:
+        """`spans` in order, cut into requests of at most max_batch_bytes (a bigger span goes alone)."""
         batches: list[list[bytes]] = []
         batch: list[bytes] = []
         size = 0
-        while self._pending:
-            span = self._pending.popleft()
+        for span in spans:
             cost = self.framer.overhead(span)
-            self._pending_bytes -= cost
             if batch and size + cost > self.max_batch_bytes:
                 batches.append(batch)
                 batch, size = [], 0
@@ -311,8 +318,6 @@ class SpanExporter:
             size += cost
         if batch:
             batches.append(batch)
-        self.counters.spans_pending = 0
-        self._pending_bytes = 0
         return batches
 
     def _settle(self, spans: int) -> None:
@@ -540,19 +545,7 @@ class SpanExporter:
             except OSError as exc:
                 log.error("agl-sidecar: cannot read span log %s: %s", segment, exc)
                 continue
-            batch: list[bytes] = []
-            size = 0
-            batches: list[list[bytes]] = []
-            for span in spans:
-                cost = self.framer.overhead(span)
-                if batch and size + cost > self.max_batch_bytes:
-                    batches.append(batch)
-                    batch, size = [], 0
-                batch.append(span)
-                size += cost
-            if batch:
-                batches.append(batch)
-            await self._spool_batches(batches)
+            await self._spool_batches(self._batches(spans))
             if spans:
                 log.warning("agl-sidecar: recovered %d span(s) of answered calls from %s", len(spans), segment.name)
             segment.unlink(missing_ok=True)
