@@ -11,14 +11,13 @@ training loop in each mode, their ratio (target: async >= 1.8x faster), the engi
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import hashlib
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _demo_run import demo_work, run_demo, steps_option
 
 ROOT = Path(__file__).resolve().parents[1]
 STALENESS = 2  # async may train calls up to 2 versions old (importance-corrected); sync never lags
@@ -40,11 +39,7 @@ def harness(task: dict[str, Any], base_url: str) -> float:
 
 
 def run_mode(mode: str, model: Path, tasks: Path, work: Path, steps: int) -> dict[str, float]:
-    from agl_trainer.config import load_config
-    from agl_trainer.loop.session import Session
-
-    config = load_config(
-        ROOT / "examples/demo/config.yaml",
+    rows = run_demo(
         [
             f"--tasks={tasks}",
             f"--output_dir={work / mode}",
@@ -57,10 +52,8 @@ def run_mode(mode: str, model: Path, tasks: Path, work: Path, steps: int) -> dic
             f"--loop.max_steps={steps}",
             "--loop.max_train_s=0",
             f"--loop.checkpoint_every={steps + 10}",
-        ],
+        ]
     )
-    result = asyncio.run(Session(config, quiet=True).run())
-    rows = result.summary.history
     wall = sum(row["time/step_s"] for row in rows)
     idle = sum(row["engine/idle_fraction"] * row["time/step_s"] for row in rows) / wall
     samples = sum(row["rollouts/trained"] for row in rows)
@@ -69,19 +62,12 @@ def run_mode(mode: str, model: Path, tasks: Path, work: Path, steps: int) -> dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
-    parser.add_argument("--steps", type=int, default=None)
-    args = parser.parse_args()
-    steps = args.steps or (4 if args.quick else 12)
-
-    from examples.demo.prepare import prepare_demo_model
+    steps = steps_option(__doc__, 4, 12, "fewer steps (about a minute)")
     from examples.demo.task import write_tasks
 
-    work = Path(tempfile.mkdtemp(prefix="agl-bench-async-"))
-    prepared = prepare_demo_model(work, seed=0, progress=False)
-    tasks = write_tasks(work / "tasks.jsonl", 256, 0)
-    results = {mode: run_mode(mode, prepared.path, tasks, work, steps) for mode in ("sync", "collocated-async")}
+    work = demo_work("agl-bench-async-")
+    tasks = write_tasks(work.folder / "tasks.jsonl", 256, 0)
+    results = {mode: run_mode(mode, work.model, tasks, work.folder, steps) for mode in ("sync", "collocated-async")}
     sync, fast = results["sync"], results["collocated-async"]
     for mode, r in results.items():
         print(

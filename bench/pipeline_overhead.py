@@ -12,48 +12,35 @@ pipeline's time goes.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import statistics
 import sys
-import tempfile
 from pathlib import Path
+
+from _demo_run import demo_work, run_demo, steps_option
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute of measuring)")
-    parser.add_argument("--steps", type=int, default=None)
-    args = parser.parse_args()
-    steps = args.steps or (3 if args.quick else 8)
-
-    from agl_trainer.config import load_config
-    from agl_trainer.loop.session import Session
+    steps = steps_option(__doc__, 3, 8, "fewer steps (under a minute of measuring)")
     from examples.demo.inprocess import time_step
-    from examples.demo.prepare import prepare_demo_model
     from examples.demo.task import write_tasks
 
-    work = Path(tempfile.mkdtemp(prefix="agl-bench-overhead-"))
-    prepared = prepare_demo_model(work, seed=0, progress=False)
-    inprocess_s = time_step(prepared.path, steps=steps)
-
-    config = load_config(
-        ROOT / "examples/demo/config.yaml",
+    work = demo_work("agl-bench-overhead-")
+    inprocess_s = time_step(work.model, steps=steps)
+    history = run_demo(
         [
-            f"--tasks={write_tasks(work / 'tasks.jsonl', 256, 0)}",
-            f"--output_dir={work / 'run'}",
-            f"--model.path={prepared.path}",
+            f"--tasks={write_tasks(work.folder / 'tasks.jsonl', 256, 0)}",
+            f"--output_dir={work.folder / 'run'}",
+            f"--model.path={work.model}",
             "--loop.mode=sync",
             f"--loop.max_steps={steps + 1}",
             "--loop.max_train_s=0",
             f"--loop.checkpoint_every={steps + 10}",
-        ],
+        ]
     )
-    result = asyncio.run(Session(config, quiet=True).run())
-    rows = result.summary.history[1:]  # the first step warms up
+    rows = history[1:]  # the first step warms up
     keys = ["time/generating_s", "time/draining_s", "time/assembly_s", "time/training_s", "time/syncing_s"]
     mean = {key: statistics.mean(row[key] for row in rows) for key in keys + ["time/step_s"]}
     pipeline_s = mean["time/step_s"]
@@ -67,7 +54,7 @@ def main() -> int:
     train = mean["time/training_s"] - mean["time/assembly_s"]
     print(f"  training step (torch backend):                                {train * 1000:8.1f} ms")
     print(f"  weight sync into the engine:                                  {mean['time/syncing_s'] * 1000:8.1f} ms")
-    print(f"(steps measured: {len(rows)}; work dir {work})")
+    print(f"(steps measured: {len(rows)}; work dir {work.folder})")
     return 0
 
 
