@@ -6,7 +6,7 @@ import bisect
 from collections import defaultdict
 
 # Exporter values that go up and down (the rest only count up).
-EXPORT_GAUGES = ("spans_pending", "spans_in_spool", "spool_files")
+EXPORT_GAUGES = ("spans_pending", "spans_sending", "spans_in_spool", "spool_files")
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 

@@ -32,7 +32,7 @@ def test_a_full_disk_costs_only_the_spans_that_did_not_fit_and_every_one_is_coun
                 deadline = time.monotonic() + 15
                 while time.monotonic() < deadline:
                     counters = client.get(f"{sidecar.url}/agl/v1/state").json()["counters"]
-                    if counters["spans_pending"] == 0 and counters["spans_building"] == 0:
+                    if counters["spans_pending"] == counters["spans_sending"] == counters["spans_building"] == 0:
                         break
                     time.sleep(0.05)
                 metrics = client.get(f"{sidecar.url}/metrics").text

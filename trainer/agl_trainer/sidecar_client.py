@@ -46,13 +46,14 @@ class SidecarState(msgspec.Struct, kw_only=True):
     spans_flushed: bool = True
     spans_building: int = 0  # ... else how many were still being built,
     spans_pending: int = 0  # in the sidecar's memory, not yet sent,
+    spans_sending: int = 0  # in the export request under way,
     spans_in_spool: int = 0  # in its spool, waiting for the endpoint,
     spans_dead_lettered: int = 0  # refused by the endpoint for good (set aside, since the sidecar started)
     spans_failed: int = 0  # and lost (counted and logged by the sidecar, since it started)
 
     @property
     def spans_undelivered(self) -> int:
-        return self.spans_building + self.spans_pending + self.spans_in_spool
+        return self.spans_building + self.spans_pending + self.spans_sending + self.spans_in_spool
 
 
 _decode_state = msgspec.json.Decoder(SidecarState).decode

@@ -98,6 +98,7 @@ async def pause(request: web.Request) -> web.Response:
         "spans_flushed": spans_flushed,
         "spans_building": sidecar.recorder.backlog,
         "spans_pending": counters.spans_pending,
+        "spans_sending": counters.spans_sending,
         "spans_in_spool": counters.spans_in_spool,
         "spans_dead_lettered": counters.spans_dead_lettered,
         "spans_failed": counters.spans_failed,

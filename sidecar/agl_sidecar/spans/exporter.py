@@ -61,6 +61,7 @@ class ExportCounters:
     spans_dead_lettered: int = 0  # refused for good by the endpoint: set aside on disk
     spans_rejected: int = 0  # accepted requests' spans the endpoint refused (OTLP partialSuccess)
     spans_pending: int = 0  # in memory, not yet sent
+    spans_sending: int = 0  # in the request being sent now (spooled if it fails)
     spans_in_spool: int = 0  # on disk, waiting for the endpoint
     durable_write_failures: int = 0  # durable mode: spans that could not be logged before the answer
     bytes_exported: int = 0
@@ -233,6 +234,7 @@ class SpanExporter:
             self._task = None
         leftover = ([self._in_flight] if self._in_flight else []) + self._take_batches()
         self._in_flight = None
+        self.counters.spans_sending = 0
         if leftover:
             await self._spool_batches(leftover, settle=True)
         if self.log is not None:
@@ -276,11 +278,13 @@ class SpanExporter:
                 await self._spool_batches(self._take_batches(), settle=True)  # keep order: older spans first
                 return
             batch = self._in_flight = self._next_batch()
+            self.counters.spans_sending = len(batch)
             rest = await self._deliver(batch)
             if rest:
                 self._mark_down()
                 await self._spool_batches([rest])
             self._in_flight = None
+            self.counters.spans_sending = 0
             self._settle(len(batch))
 
     def _next_batch(self) -> list[bytes]:
