@@ -109,6 +109,10 @@ REWARD_VALUE: Final = "agl.reward.value"  # double
 REWARD_NAME: Final = "agl.reward.name"  # str; the trainer trains on DEFAULT_REWARD_NAME by default
 DEFAULT_REWARD_NAME: Final = "reward"
 
+# --- Value ranges (docs/spans.md) -------------------------------------------------------------
+INT64_MIN: Final = -(1 << 63)  # every int attribute is a signed 64-bit integer
+INT64_MAX: Final = (1 << 63) - 1  # identity counters (attempt, call.seq, policy.version) are 0..INT64_MAX
+
 # --- Propagation ------------------------------------------------------------------------------
 HEADER_ROLLOUT_ID: Final = "x-agl-rollout-id"
 HEADER_TASK_ID: Final = "x-agl-task-id"

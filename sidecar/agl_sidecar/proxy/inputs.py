@@ -14,8 +14,7 @@ from typing import Annotated
 
 import msgspec
 
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
+from agl.semconv import INT64_MAX, INT64_MIN
 
 # Types for msgspec request structs: out of range is a ValidationError naming the field.
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]

@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Union
 
+from agl.semconv import INT64_MAX, INT64_MIN
+
 AttributeValue = Union[str, bool, int, float, "IntArray", "DoubleArray", Sequence[str]]
 
 # Span.kind
@@ -26,8 +28,6 @@ STATUS_OK = 1
 STATUS_ERROR = 2
 
 
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
 # Where a span says which of its int attributes were out of range (their values are not sent).
 OUT_OF_RANGE_KEY = "agl.export.out_of_range"
 

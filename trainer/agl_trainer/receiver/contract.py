@@ -25,7 +25,7 @@ from agl_trainer.receiver.wire import UINT64_MAX, BadValue, RawSpan
 from agl_trainer.store.records import CallSpan, Record, RewardSpan, RolloutSpan, Violation
 
 TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
-INT64_MAX = 2**63 - 1  # SQLite INTEGER
+INT64_MAX = semconv.INT64_MAX  # also SQLite INTEGER's
 STATUS_CODE_MAX = 2**31 - 1  # an OTLP enum is an int32
 
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from agl import semconv
 from agl_trainer.runners.base import (
     Cause,
     Endpoint,
@@ -260,7 +261,7 @@ class FunctionRunner:
     def _worker_env(self) -> dict[str, str]:
         env = dict(self.env)
         if self.endpoint.otlp_endpoint:
-            env["AGL_OTLP_ENDPOINT"] = self.endpoint.otlp_endpoint
+            env[semconv.ENV_OTLP_ENDPOINT] = self.endpoint.otlp_endpoint
         env.update(self.endpoint.extra_env)
         return env
 
