@@ -143,6 +143,10 @@ ENV_OTLP_HEADERS: Final = "AGL_OTLP_HEADERS"
 ENV_SERVICE_NAME: Final = "AGL_SERVICE_NAME"
 ENV_EXIT_FLUSH_TIMEOUT: Final = "AGL_EXIT_FLUSH_TIMEOUT_S"
 ENV_TRACEPARENT: Final = "TRACEPARENT"  # W3C trace context handed to a child process
+ENV_ROLLOUT_LOG: Final = "AGL_ROLLOUT_LOG"  # a retried attempt: the log file of the attempt before it
+# Secrets a process reads from its environment rather than its command line (visible in `ps`).
+ENV_SIDECAR_ADMIN_TOKEN: Final = "AGL_SIDECAR_ADMIN_TOKEN"
+ENV_RECEIVER_TOKEN: Final = "AGL_RECEIVER_TOKEN"
 
 # Scope name of every tracer agl creates.
 INSTRUMENTATION_SCOPE: Final = "agl"

@@ -17,6 +17,7 @@ from agl import semconv
 
 from agl_trainer.assembly.config import DROP, KEEP, AssemblyConfig
 from agl_trainer.assembly.merge import MergeFailure, classify, extends
+from agl_trainer.assembly.versions import token_versions
 from agl_trainer.batch import RolloutResult, Sample
 from agl_trainer.store.records import CallRow, RolloutData, RolloutKey
 
@@ -72,29 +73,25 @@ class _Building:
     """A sample being built: numpy chunks, concatenated when a merge needs to compare."""
 
     def __init__(
-        self, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, version: int, call_seq: int
+        self, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
         self.tokens = np.concatenate([prompt, completion])
         self.mask = np.concatenate([np.zeros(prompt.size, np.int8), np.ones(completion.size, np.int8)])
         self.logprobs = np.concatenate([np.zeros(prompt.size, np.float32), logprobs])
-        self.versions = np.concatenate(
-            [np.full(prompt.size, -1, np.int64), np.full(completion.size, version, np.int64)]
-        )
+        self.versions = np.concatenate([np.full(prompt.size, -1, np.int64), versions])
         self.call_seqs = [call_seq]
         self.call_starts = [int(prompt.size)]  # where each call's generated tokens start
         self.last_call = call_seq
 
     def extend(
-        self, context: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, version: int, call_seq: int
+        self, context: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
         self.tokens = np.concatenate([self.tokens, context, completion])
         self.mask = np.concatenate(
             [self.mask, np.zeros(context.size, np.int8), np.ones(completion.size, np.int8)]
         )
         self.logprobs = np.concatenate([self.logprobs, np.zeros(context.size, np.float32), logprobs])
-        self.versions = np.concatenate(
-            [self.versions, np.full(context.size, -1, np.int64), np.full(completion.size, version, np.int64)]
-        )
+        self.versions = np.concatenate([self.versions, np.full(context.size, -1, np.int64), versions])
         self.call_seqs.append(call_seq)
         self.call_starts.append(int(self.tokens.size - completion.size))
         self.last_call = call_seq
@@ -170,15 +167,15 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
         call, prompt = usable[seq]
         completion = call.completion_ids
         assert completion is not None
-        logprobs, version, placement = _logprobs(call, problems), _version(call), placements[seq]
+        logprobs, versions, placement = _logprobs(call, problems), token_versions(call), placements[seq]
         if current is not None and extends(prompt, current.tokens):
             placement.context_start = int(current.tokens.size)
-            current.extend(prompt[current.tokens.size :], completion, logprobs, version, seq)
+            current.extend(prompt[current.tokens.size :], completion, logprobs, versions, seq)
             placement.merged = True
         else:
             if current is not None:
                 failures.append(classify(current.tokens, prompt, seq, current.last_call, tokenizer, special))
-            current = _Building(prompt, completion, logprobs, version, seq)
+            current = _Building(prompt, completion, logprobs, versions, seq)
             built.append(current)
             placement.context_start = 0
         placement.sample = len(built) - 1

@@ -9,9 +9,11 @@ import signal
 import sys
 import threading
 
+from agl import semconv
+
 from agl_trainer.cli import CLIError
 
-TOKEN_ENV = "AGL_RECEIVER_TOKEN"
+TOKEN_ENV = semconv.ENV_RECEIVER_TOKEN
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

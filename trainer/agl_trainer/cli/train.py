@@ -140,7 +140,7 @@ def train(config: Any, *, resume: bool = False, quiet: bool = False) -> int:
     from agl_trainer.config import ConfigError
     from agl_trainer.loop.session import Session
     from agl_trainer.runners.base import HarnessNotFound
-    from agl_trainer.sidecar_client import SidecarError
+    from agl_trainer.loop.sidecar_client import SidecarError
 
     try:
         result = asyncio.run(Session(config, resume=resume, quiet=quiet).run())

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agl_trainer.batch import RolloutResult, TrainingBatch
-from agl_trainer.sidecar_client import SidecarState
+from agl_trainer.loop.sidecar_client import SidecarState
 from agl_trainer.store.records import RolloutKey
 
 

@@ -33,7 +33,7 @@ from agl_trainer.loop.parts import backend_settings, vllm_error, vllm_settings
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
-from agl_trainer.sidecar_client import SidecarAdmin, SidecarProcess
+from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarProcess
 
 RUN_FILE = "run.json"
 

@@ -16,6 +16,8 @@ import signal
 import time
 from pathlib import Path
 
+from agl import semconv
+
 from agl_trainer.runners.base import (
     EXIT_INFRA_RETRY,
     Cause,
@@ -99,7 +101,7 @@ class CommandRunner:
         assert self.grader is not None
         env = self._env(spec)
         if outcome.log_path:
-            env["AGL_ROLLOUT_LOG"] = outcome.log_path
+            env[semconv.ENV_ROLLOUT_LOG] = outcome.log_path
         process = await asyncio.create_subprocess_exec(
             *self.grader,
             env=env,

@@ -205,7 +205,7 @@ class SidecarProcess:
                 self.command(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "AGL_SIDECAR_ADMIN_TOKEN": self.admin_token},
+                env={**os.environ, semconv.ENV_SIDECAR_ADMIN_TOKEN: self.admin_token},
                 start_new_session=True,
             )
         except FileNotFoundError:
