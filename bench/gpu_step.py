@@ -103,12 +103,12 @@ def measure(backend: Any, batch: TrainingBatch, steps: int, device: str) -> tupl
         if device == "cuda":
             torch.cuda.synchronize()
 
-    backend.train_step(batch)  # warm-up: allocator, kernels, Ray dispatch paths
+    backend.train_step(batch, 0)  # warm-up: allocator, kernels, Ray dispatch paths
     times, loss = [], 0.0
-    for _ in range(steps):
+    for step in range(steps):
         sync()
         started = time.perf_counter()
-        metrics = backend.train_step(batch)
+        metrics = backend.train_step(batch, step + 1)  # the policy version a run would be at
         sync()
         times.append(time.perf_counter() - started)
         loss = float(metrics.get("loss/total", 0.0))

@@ -219,13 +219,13 @@ def verl_main(args: argparse.Namespace, tasks: int, per_task: int, repeats: int,
             try:
 
                 def verl_step(b: TrainingBatch, backend: Any = verl, name: str = name) -> float:
-                    metrics = backend.train_step(b)
+                    metrics = backend.train_step(b, 1)  # the batch's tokens (version 0) are stale
                     dispatch[name].append(metrics.get("perf/dispatch_s", float("nan")))
                     worker_cpu[name].append(metrics.get("perf/worker_cpu_s", float("nan")))
                     return metrics.get("perf/padding_frac", 0.0)
 
                 def torch_step(b: TrainingBatch) -> float:
-                    return reference.train_step(b)["perf/padding_frac"]
+                    return reference.train_step(b, 1)["perf/padding_frac"]
 
                 print(f"{name}: full batch")
                 measured = measure_interleaved({"torch": torch_step, name: verl_step}, batch, repeats)
@@ -294,7 +294,7 @@ def main() -> int:
 
         def backend_step(backend: TorchBackend):
             def step(b: TrainingBatch) -> float:
-                return backend.train_step(b)["perf/padding_frac"]
+                return backend.train_step(b, 1)["perf/padding_frac"]
 
             return step
 

@@ -57,15 +57,15 @@ def test_steps_raise_logprob_of_rewarded_tokens(model_dir):
     batch = good_and_bad_batch()
     good, bad = {"g0", "g1", "g2"}, {"b0", "b1", "b2"}
     before = (mean_logprob(backend, batch, good), mean_logprob(backend, batch, bad))
-    for _ in range(4):
-        metrics = backend.train_step(batch)
+    for version in range(4):
+        metrics = backend.train_step(batch, version)
     after = (mean_logprob(backend, batch, good), mean_logprob(backend, batch, bad))
     assert after[0] > before[0] + 0.5
     assert after[1] < before[1] - 0.5
     assert not any(key.startswith("reward/") for key in metrics)  # the loop reports rewards, once
     assert metrics["advantage/small_groups"] == 0
     assert metrics["perf/tokens_per_s"] > 0 and metrics["actor/grad_norm"] > 0
-    assert backend.policy_version == 4 and backend.step == 4
+    assert metrics["policy_version"] == 4 and backend.step == 4  # the version the last update produced
 
 
 @pytest.mark.parametrize("packing", ["packed", "padded"])
@@ -130,7 +130,7 @@ def test_other_architectures_score_each_sample_as_if_alone(tmp_path, architectur
             expected[row, 1:n] = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
     trained = batch.loss_mask.bool()
     torch.testing.assert_close(got[trained], expected[trained], atol=1e-5, rtol=1e-5)
-    metrics = backend.train_step(batch)
+    metrics = backend.train_step(batch, 0)
     assert metrics["actor/ratio_max"] == pytest.approx(1.0)  # dropout is off: old and new agree exactly
     assert not torch.equal(backend.compute_logprobs(batch), got)
 
@@ -144,7 +144,7 @@ def test_micro_batching_and_packing_do_not_change_the_update(model_dir):
         {"micro_batch_tokens": 64, "packing": "padded"},
     ):
         backend = backend_for(model_dir, **overrides)
-        metrics = backend.train_step(batch)
+        metrics = backend.train_step(batch, 0)
         grads = torch.cat([p.grad.flatten() for p in backend.model.parameters()])
         results.append((metrics, grads))
     (whole, g0), (packed, g1), (padded, g2) = results
@@ -183,7 +183,7 @@ def test_merged_or_split_rollout_gives_the_same_gradient(model_dir):
     for samples in ([merged], split):
         backend = backend_for(model_dir, algorithm=AlgorithmConfig(kl_coef=0.0, entropy_coef=0.01))
         batch = TrainingBatch.from_rollouts([RolloutResult("a", "t", 1.0, samples), *other])
-        metrics = backend.train_step(batch)
+        metrics = backend.train_step(batch, 0)
         outcomes.append(
             (metrics["loss/total"], torch.cat([p.grad.flatten() for p in backend.model.parameters()]))
         )
@@ -195,15 +195,20 @@ def test_checkpoint_resume_gives_identical_next_step(model_dir, tmp_path):
     config = {"lr": 2e-3, "warmup_steps": 2, "lr_schedule": "cosine", "total_steps": 10, "weight_decay": 0.01}
     batches = [random_batch(2, 3, seed=s) for s in range(3)]
     first = backend_for(model_dir, **config)
-    first.train_step(batches[0])
-    first.train_step(batches[1])
+    first.train_step(batches[0], 0)
+    first.train_step(batches[1], 1)
     first.save_checkpoint(tmp_path / "ckpt")
-    expected = first.train_step(batches[2])
+    expected = first.train_step(batches[2], 2)
+    # the backend keeps no policy version; a checkpoint from before (one in trainer_state.pt) still loads
+    state_path = tmp_path / "ckpt" / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=False)
+    assert "policy_version" not in state
+    torch.save({**state, "policy_version": 2}, state_path)
 
     resumed = backend_for(model_dir, **config)
     resumed.load_checkpoint(tmp_path / "ckpt")
-    assert (resumed.step, resumed.policy_version) == (2, 2)
-    got = resumed.train_step(batches[2])
+    assert resumed.step == 2  # the policy version is the loop's: it comes back from the loop's checkpoint
+    got = resumed.train_step(batches[2], 2)
     for name, value in expected.items():
         if not name.startswith("perf/"):
             assert got[name] == value, name
@@ -213,7 +218,7 @@ def test_checkpoint_resume_gives_identical_next_step(model_dir, tmp_path):
         assert torch.equal(a, b), name
     # and a backend that did not resume differs, so the comparison above can fail
     fresh = backend_for(model_dir, **config)
-    assert fresh.train_step(batches[2])["actor/lr"] != expected["actor/lr"]
+    assert fresh.train_step(batches[2], 2)["actor/lr"] != expected["actor/lr"]
 
 
 def test_weights_for_the_engine(model_dir, tmp_path):
@@ -221,7 +226,7 @@ def test_weights_for_the_engine(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     backend = backend_for(model_dir)
-    backend.train_step(good_and_bad_batch())
+    backend.train_step(good_and_bad_batch(), 0)
     weights = backend.state_dict_for_engine()
     saved_dir = backend.save_hf(tmp_path / "v1")
     saved = load_file(saved_dir / "model.safetensors")
@@ -239,7 +244,7 @@ def test_weights_for_the_engine(model_dir, tmp_path):
     assert AutoTokenizer.from_pretrained(saved_dir).convert_tokens_to_ids("w5") == 5
     half = backend.save_hf(tmp_path / "v1-bf16", dtype=torch.bfloat16)
     assert load_file(half / "model.safetensors")["model.norm.weight"].dtype == torch.bfloat16
-    backend.train_step(good_and_bad_batch())
+    backend.train_step(good_and_bad_batch(), 1)
     backend.save_hf(saved_dir)  # replaces the previous version in place
     assert torch.equal(
         load_file(saved_dir / "model.safetensors")["model.norm.weight"],
@@ -256,7 +261,7 @@ def test_stale_tokens_are_importance_weighted(model_dir):
     stale = backend.train_step(batch, policy_version=3)
     assert stale["importance/stale_token_frac"] == 1.0
     assert 0 < stale["importance/capped_frac"] < 1 and stale["importance/max"] == pytest.approx(1.5)
-    assert backend.policy_version == 4
+    assert stale["policy_version"] == 4  # the version this update produced, from the one it was given
 
 
 def test_bypass_mode_uses_engine_logprobs_as_old(model_dir):
@@ -264,10 +269,10 @@ def test_bypass_mode_uses_engine_logprobs_as_old(model_dir):
     batch.engine_logprobs = torch.where(
         batch.loss_mask.bool(), torch.full_like(batch.engine_logprobs, -9.0), 0.0
     )
-    bypass = backend_for(model_dir, algorithm=AlgorithmConfig(bypass_old_logprobs=True)).train_step(batch)
+    bypass = backend_for(model_dir, algorithm=AlgorithmConfig(bypass_old_logprobs=True)).train_step(batch, 0)
     assert bypass["actor/ratio_max"] > 1.2 and bypass["actor/clip_frac"] > 0.1  # pi / pi_engine is far from 1
     assert bypass["importance/stale_token_frac"] == 0.0
-    on_policy = backend_for(model_dir).train_step(batch)
+    on_policy = backend_for(model_dir).train_step(batch, 0)
     assert on_policy["actor/clip_frac"] == 0.0 and on_policy["actor/ratio_max"] == pytest.approx(1.0)
 
 
@@ -275,11 +280,11 @@ def test_several_updates_per_step_and_kl_to_reference(model_dir):
     batch = random_batch(3, 2, seed=4)
     algorithm = AlgorithmConfig(kl_coef=0.05, kl_estimator="k3", clip_ratio_low=0.01, clip_ratio_high=0.01)
     backend = backend_for(model_dir, lr=1e-2, num_mini_batches=2, ppo_epochs=2, algorithm=algorithm)
-    metrics = backend.train_step(batch)
-    assert metrics["perf/optimizer_steps"] == 4 and backend.step == 4 and backend.policy_version == 1
+    metrics = backend.train_step(batch, 0)
+    assert metrics["perf/optimizer_steps"] == 4 and backend.step == 4 and metrics["policy_version"] == 1
     assert metrics["actor/clip_frac"] > 0 and metrics["actor/approx_kl"] > 0  # later updates are off-policy
     assert metrics["actor/ref_kl"] > 0 and "loss/kl" in metrics
-    first = backend_for(model_dir, algorithm=algorithm).train_step(batch)
+    first = backend_for(model_dir, algorithm=algorithm).train_step(batch, 0)
     assert first["actor/ref_kl"] == pytest.approx(0.0, abs=1e-7)  # the reference is the initial policy
 
 
@@ -290,8 +295,8 @@ def test_drop_policy_leaves_singletons_out_of_the_loss(model_dir):
         RolloutResult("b", "t", 0.0, [sample("b", "t", [3, 4], [40])]),
     ]
     batch = TrainingBatch.from_rollouts(rollouts)
-    dropped = backend_for(model_dir, algorithm=AlgorithmConfig(small_group_policy="drop")).train_step(batch)
-    kept = backend_for(model_dir).train_step(batch)
+    dropped = backend_for(model_dir, algorithm=AlgorithmConfig(small_group_policy="drop")).train_step(batch, 0)
+    kept = backend_for(model_dir).train_step(batch, 0)
     assert dropped["advantage/small_group_rollouts"] == kept["advantage/small_group_rollouts"] == 1
     assert dropped["perf/trained_tokens"] == 4 and kept["perf/trained_tokens"] == 6
 
@@ -309,16 +314,16 @@ def test_bad_config_and_batch_are_named(model_dir, tmp_path):
         batch, input_ids=batch.input_ids.masked_fill(batch.attention_mask.bool(), VOCAB)
     )
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        backend.train_step(out_of_vocab)
+        backend.train_step(out_of_vocab, 0)
     first_token = batch.loss_mask.clone()
     first_token[0, 0] = 1
     with pytest.raises(ValueError, match="first token"):
-        backend.train_step(dataclasses.replace(batch, loss_mask=first_token))
+        backend.train_step(dataclasses.replace(batch, loss_mask=first_token), 0)
     with pytest.raises(ValueError, match="rollout_index"):
-        backend.train_step(dataclasses.replace(batch, rollout_index=batch.rollout_index + 5))
+        backend.train_step(dataclasses.replace(batch, rollout_index=batch.rollout_index + 5), 0)
     nan_logprob = batch.engine_logprobs.masked_fill(batch.loss_mask.bool(), float("nan"))
     with pytest.raises(ValueError, match="engine_logprobs is NaN"):
-        backend.train_step(dataclasses.replace(batch, engine_logprobs=nan_logprob))
+        backend.train_step(dataclasses.replace(batch, engine_logprobs=nan_logprob), 0)
     with pytest.raises(FileNotFoundError, match="not an agl checkpoint"):
         backend.load_checkpoint(tmp_path)
     assert backend.step == 0  # nothing above trained
@@ -333,7 +338,7 @@ def test_bf16_autocast_path_on_cpu(model_dir):
     torch.testing.assert_close(
         mixed.compute_logprobs(batch), full.compute_logprobs(batch), atol=0.1, rtol=0.05
     )
-    metrics = mixed.train_step(batch)
+    metrics = mixed.train_step(batch, 0)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert next(mixed.model.parameters()).dtype == torch.float32
 
@@ -344,8 +349,8 @@ def test_bf16_step_on_cuda(model_dir, tmp_path):
     assert backend.autocast_dtype == torch.bfloat16 and next(backend.model.parameters()).is_cuda
     batch = good_and_bad_batch()
     before = mean_logprob(backend, batch, {"g0", "g1", "g2"})
-    for _ in range(3):
-        metrics = backend.train_step(batch)
+    for version in range(3):
+        metrics = backend.train_step(batch, version)
     assert torch.isfinite(torch.tensor(list(metrics.values()))).all()
     assert mean_logprob(backend, batch, {"g0", "g1", "g2"}) > before
     weights = backend.state_dict_for_engine(dtype=torch.bfloat16)

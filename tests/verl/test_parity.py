@@ -5,7 +5,6 @@ metric, the new weights), rollout-mean invariance, and checkpoints that resume e
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
 from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
 
 from tests.algorithms.tiny import random_batch, sample
+from tests.support.waiting import wait_until
 from tests.verl.conftest import training_config
 
 # every update is off-policy in some way: stale tokens (importance weights), two mini-batches
@@ -67,7 +67,7 @@ def test_one_update_equals_the_torch_backend(pair):
             continue
         assert got[key] == pytest.approx(value, abs=1e-5), key
     assert set(want) - set(got) == set()
-    assert verl.policy_version == torch_backend.policy_version == 2 and verl.step == torch_backend.step == 2
+    assert got["policy_version"] == want["policy_version"] == 2 and verl.step == torch_backend.step == 2
     new_verl, new_torch = verl.state_dict_for_engine(), torch_backend.state_dict_for_engine()
     assert set(new_verl) == set(new_torch)
     for name, tensor in new_torch.items():
@@ -150,13 +150,13 @@ def test_checkpoint_resumes_exactly(pair, tmp_path):
     verl, _, initial = pair
     verl.load_checkpoint(initial)
     batch = parity_batch()
-    verl.train_step(batch)
+    verl.train_step(batch, 0)
     middle = verl.save_checkpoint(tmp_path / "middle")
-    after_two = verl.train_step(batch)
+    after_two = verl.train_step(batch, 1)
     weights_two = verl.state_dict_for_engine()
     verl.load_checkpoint(middle)
-    assert verl.step == 2 and verl.policy_version == 1
-    again = verl.train_step(batch)
+    assert verl.step == 2  # the policy version is the loop's, restored from the loop's checkpoint
+    again = verl.train_step(batch, 1)
     assert again["loss/total"] == after_two["loss/total"]
     assert again["actor/grad_norm"] == after_two["actor/grad_norm"]
     assert again["actor/lr"] == after_two["actor/lr"]
@@ -171,7 +171,7 @@ def test_save_hf_loads_in_transformers(pair, tmp_path):
     verl, _, initial = pair
     verl.load_checkpoint(initial)
     batch = parity_batch()
-    verl.train_step(batch)
+    verl.train_step(batch, 0)
     out = verl.save_hf(tmp_path / "hf")
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
@@ -205,10 +205,8 @@ def test_kl_to_the_reference_model_equals_the_torch_backend(local_ray, tiny_mode
         got = backend.train_step(batch, policy_version=1)
     finally:
         backend.close()
-    deadline = time.monotonic() + 10  # close() gives the placement groups' CPUs back to the shared Ray
-    while _free_cpus() != free_before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _free_cpus() == free_before
+    # close() gives the placement groups' CPUs back to the shared Ray
+    wait_until(lambda: _free_cpus() == free_before, "the workers' CPUs back in Ray", timeout=10)
     assert want["actor/ref_kl"] > 1e-6 and want["loss/kl"] > 0
     for key in ("loss/total", "loss/kl", "actor/ref_kl", "actor/grad_norm", "actor/grad_norm_max", "loss/pg"):
         assert got[key] == pytest.approx(want[key], abs=1e-5), key

@@ -8,14 +8,17 @@ LM loaded by path. The training loop drives it with a handful of calls:
 
     backend = TorchBackend(TorchBackendConfig(model_path="path/to/hf-model", lr=1e-6,
                                               algorithm=AlgorithmConfig(advantage_estimator="grpo")))
-    metrics = backend.train_step(batch)        # one update on the whole batch -> dict[str, float]
+    metrics = backend.train_step(batch, 0)     # one update at policy version 0 -> dict[str, float]
     weights = backend.state_dict_for_engine()  # {HF name: CPU tensor}, for an in-process engine
     backend.save_hf("run/weights/v1")          # save_pretrained dir (safetensors + tokenizer): vLLM loads it
-    backend.save_checkpoint("run/ckpt/step-1") # model + optimizer + scheduler + step + version + RNG
+    backend.save_checkpoint("run/ckpt/step-1") # model + optimizer + scheduler + step + RNG
     backend.load_checkpoint("run/ckpt/step-1") # on a backend built with the same config: resume exactly
     logprobs = backend.compute_logprobs(batch) # [N, L] current policy log-probs of the trained tokens
 
-What `train_step(batch, policy_version=None)` does:
+The policy version has one owner, the loop (its state and its checkpoint): `train_step` is told the
+current one and backends keep no counter of their own.
+
+What `train_step(batch, policy_version)` does:
   1. advantages per rollout (`algorithm.advantage_estimator`), grouped by task; groups smaller than
      `min_group_size` get 0 or leave the loss (`small_group_policy`), never their raw reward;
   2. per-token loss weights over the whole batch (`loss_agg_mode`, default rollout-mean: every
@@ -32,7 +35,8 @@ What `train_step(batch, policy_version=None)` does:
   5. returns metrics (no reward/*: the loop reports those): advantage/*, loss/*,
      actor/{clip_frac, dual_clip_frac, approx_kl, entropy, grad_norm, lr, ref_kl},
      importance/{stale_token_frac, mean, max, capped_frac},
-     perf/{tokens_per_s, padding_frac, step_s, micro_batches, ...}; then policy_version += 1.
+     perf/{tokens_per_s, padding_frac, step_s, micro_batches, ...}, and policy_version + 1 (the
+     version this update produces).
 
 `verl` (`agl_trainer.backends.verl.VerlBackend`): the same interface and the same update (agl's
 advantages, token weights and `rl_objective`), run by verl 0.9.1's FSDP2 workers in a Ray worker
@@ -44,7 +48,7 @@ group: one node or several, GPUs or CPU processes (gloo, through agl's verl plat
         training=TorchBackendConfig(model_path="path/to/hf-model", device="cuda", lr=1e-6),
         nnodes=2, n_gpus_per_node=8,            # 16 FSDP ranks
         ray_address="auto"))                    # a cluster from `ray start --head`; None starts one here
-    metrics = backend.train_step(batch)         # same metric names, plus perf/dispatch_s (Ray overhead)
+    metrics = backend.train_step(batch, 0)      # same metric names, plus perf/dispatch_s (Ray overhead)
     ...                                         # compute_logprobs, state_dict_for_engine, save_hf,
     backend.close()                             # save/load_checkpoint as above; close stops the workers
 

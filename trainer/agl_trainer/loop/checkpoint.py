@@ -1,5 +1,6 @@
 """Checkpoints of the whole loop: backend state plus the loop's own (step, policy version, which
-rollouts the saved weights have been trained on).
+rollouts the saved weights have been trained on). The policy version is saved here only: backends
+keep no version of their own (train_step is told it), so resume restores it from loop.json.
 
 Order matters for "no rollout trained twice, none lost": a step's rollouts are marked trained in
 the store only after a checkpoint that includes them is on disk. If the trainer dies in between,

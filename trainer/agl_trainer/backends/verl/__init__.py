@@ -6,7 +6,7 @@
     backend = VerlBackend(VerlBackendConfig(
         training=TorchBackendConfig(model_path="path/to/hf-model", device="cpu", lr=1e-6),
         nnodes=1, n_gpus_per_node=2))          # 2 workers (CPU processes here, GPUs with device cuda)
-    metrics = backend.train_step(batch)          # same metrics as TorchBackend (+ perf/dispatch_s)
+    metrics = backend.train_step(batch, 0)       # same metrics as TorchBackend (+ perf/dispatch_s)
     logprobs = backend.compute_logprobs(batch)   # [N, L]
     weights = backend.state_dict_for_engine()    # {HF name: full CPU tensor}, gathered from the shards
     backend.save_checkpoint(dir); backend.load_checkpoint(dir); backend.save_hf(dir)

@@ -70,9 +70,10 @@ def payload(
     rows: Sequence[int],
     *,
     per_token: dict[str, torch.Tensor] | None = None,
-    current_version: int = 0,
+    current_version: int | None = None,
 ) -> dict[str, object]:
-    """One rank's call arguments. `per_token` holds [N, L] tensors in batch layout, shifted here."""
+    """One rank's call arguments. `per_token` holds [N, L] tensors in batch layout, shifted here;
+    `current_version` (the loop's policy version) for a training call."""
     per_token = per_token or {}
     ids, positions, trained, row_lengths = [], [], [], []
     values: dict[str, list[torch.Tensor]] = {name: [] for name in per_token}
@@ -97,8 +98,9 @@ def payload(
         "input_ids": torch.cat(ids).long(),
         "position_ids": torch.cat(positions).long(),
         "loss_mask": torch.cat(trained),
-        "current_version": current_version,
     }
+    if current_version is not None:
+        out["current_version"] = current_version
     for name, parts in values.items():
         out[name] = torch.cat(parts)
     return out

@@ -169,7 +169,7 @@ class AglTrainingWorker(TrainingWorker):
         self.loss_fn = self._agl_loss
         self._sums: dict[str, float] = defaultdict(float)
         self._maxima: dict[str, float] = defaultdict(float)
-        self._current_version = 0
+        self._current_version: int | None = None  # the driver's, for the agl_train call under way
         self.ref_engine = None
 
     # ---------------------------------------------------------------------------------- set-up
