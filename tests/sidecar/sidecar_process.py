@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
+
+from tests.support.waiting import wait_until
 
 
 class SidecarProcess:
@@ -27,15 +28,23 @@ class SidecarProcess:
             self.proc = subprocess.Popen(
                 self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self._limits
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            for line in self.output().splitlines():
-                if line.startswith("agl-sidecar listening on "):
-                    self.url = line.split()[-1].strip()
-                    return self
-            time.sleep(0.05)
-        self.kill()
-        raise AssertionError("the sidecar did not start:\n" + self.output())
+        proc = self.proc
+        try:
+            wait_until(lambda: self._ready_url() or proc.poll() is not None, "the ready line", timeout)
+        except AssertionError:
+            pass  # reported below, with the sidecar's output
+        if not self.url:
+            self.kill()
+            raise AssertionError("the sidecar did not start:\n" + self.output())
+        return self
+
+    def _ready_url(self) -> bool:
+        """Whether the ready line is out (its URL then in self.url)."""
+        for line in self.output().splitlines():
+            if line.startswith("agl-sidecar listening on "):
+                self.url = line.split()[-1].strip()
+                return True
+        return False
 
     def _limits(self) -> None:
         if self.file_size_limit is not None:

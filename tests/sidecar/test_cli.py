@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from agl_sidecar.cli import main
 from agl_sidecar.config import ConfigError, build, env_values, load_yaml
+from tests.support.waiting import wait_until
 
 
 def test_help_explains_every_flag(capsys):
@@ -79,9 +79,7 @@ def test_cli_starts_prints_ready_line_and_never_imports_litellm(fake, tmp_path):
         assert ready.startswith("agl-sidecar listening on http://127.0.0.1:"), process.stderr.read()
         url = ready.split()[-1]
         assert process.stdout.readline().strip() == "litellm loaded: False torch loaded: False"
-        deadline = time.monotonic() + 10
-        while httpx.get(url + "/healthz").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: httpx.get(url + "/healthz").status_code == 200, "/healthz answering 200", timeout=10)
         r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 200
     finally:

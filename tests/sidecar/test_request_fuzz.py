@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote_from_bytes
@@ -27,6 +26,7 @@ from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.otlp_sink import OTLPSink
+from tests.support.waiting import wait_until
 
 EXAMPLES = int(os.environ.get("AGL_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(
@@ -72,16 +72,18 @@ def _assert_every_answered_call_has_its_span(sidecar: BackgroundSidecar, sink: O
     def calls_ok(spans: list[Any]) -> int:
         return sum(1 for s in spans if s.name.startswith(("chat", "text_completion")) and semconv.ERROR_TYPE not in s.attributes)
 
+    def rewards(spans: list[Any]) -> int:
+        return sum(1 for s in spans if s.name == semconv.SPAN_REWARD)
+
     expected = tally.model_ok + tally.rewards_ok + tally.ends_ok
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        spans = list(sink.spans)
-        if calls_ok(spans) >= tally.model_ok and len([s for s in spans if s.name == semconv.SPAN_REWARD]) >= tally.rewards_ok:
-            break
-        time.sleep(0.1)
+    wait_until(
+        lambda: calls_ok(list(sink.spans)) >= tally.model_ok and rewards(list(sink.spans)) >= tally.rewards_ok,
+        f"the spans of {tally.model_ok} answered model calls and {tally.rewards_ok} rewards",
+        timeout=30,
+    )
     spans = list(sink.spans)
     assert calls_ok(spans) == tally.model_ok, (calls_ok(spans), tally.model_ok)
-    assert len([s for s in spans if s.name == semconv.SPAN_REWARD]) == tally.rewards_ok
+    assert rewards(spans) == tally.rewards_ok
     assert len([s for s in spans if s.name == semconv.SPAN_ROLLOUT]) == tally.ends_ok
     assert len(spans) >= expected
     counters = httpx.get(sidecar.url + "/agl/v1/state").json()["counters"]

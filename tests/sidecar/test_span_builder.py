@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -20,6 +18,7 @@ from agl_sidecar.spans.foreground import Foreground
 from agl_sidecar.spans.recorder import CallRecord, SpanRecorder
 from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
 from tests.support.otlp_sink import any_value
+from tests.support.waiting import wait_until_async
 
 
 def _run(generator):
@@ -133,14 +132,6 @@ async def test_spans_are_built_in_the_background_in_order():
     await recorder.close()
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Yield to the event loop until `condition()` holds (a test failure after `timeout_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
-
-
 async def test_the_builder_waits_for_active_calls_but_not_forever():
     foreground = Foreground()
     exporter = _Exporter()
@@ -148,7 +139,7 @@ async def test_the_builder_waits_for_active_calls_but_not_forever():
     recorder.start()
     foreground.enter()  # a call is being proxied
     recorder.finish(_call("r1", list(range(30_000)), [1]))
-    await _until(lambda: foreground.background_waiting)  # the builder has the call and puts it off
+    await wait_until_async(lambda: foreground.background_waiting, "the builder putting the span off", timeout=5)
     assert exporter.spans == []  # deferred to the active call
     foreground.leave()
     assert await recorder.drain(2) and len(exporter.spans) == 1
@@ -174,20 +165,33 @@ def _after_one_call(settle_s: float) -> tuple[Foreground, _Exporter, SpanRecorde
 
 async def test_after_the_last_call_the_builder_settles_then_builds():
     foreground, exporter, recorder = _after_one_call(settle_s=0.3)
-    await _until(lambda: foreground.background_waiting)  # the builder has the call and puts it off
+    # the builder has the call and puts it off
+    await wait_until_async(lambda: foreground.background_waiting, "the builder putting the span off", timeout=5)
     assert exporter.spans == []  # a harness that calls again at once would call now
     assert await recorder.drain(2) and len(exporter.spans) == 1  # after settle_s, with no next call
     await recorder.close()
 
 
-async def test_a_span_is_built_while_the_next_call_waits_on_the_engine():
+async def test_a_span_is_built_while_the_next_call_waits_on_the_engine(monkeypatch):
+    waits = 0  # how often the builder has gone (back) to waiting for a quiet loop
+    real_next_change = Foreground._next_change
+
+    async def counted(self: Foreground, timeout_s: float) -> None:
+        nonlocal waits
+        waits += 1
+        await real_next_change(self, timeout_s)
+
+    monkeypatch.setattr(Foreground, "_next_change", counted)
     foreground, exporter, recorder = _after_one_call(settle_s=60)
-    await _until(lambda: foreground.background_waiting)  # the builder has the call and puts it off
+    # the builder has the call and puts it off
+    await wait_until_async(lambda: foreground.background_waiting, "the builder putting the span off", timeout=5)
     assert exporter.spans == []  # settling: the next call may be on its way
     foreground.begin()  # it is: while the proxy works on it, the builder still waits
-    for _ in range(20):  # every task that a change of state woke has run by now
-        await asyncio.sleep(0)
-    assert exporter.spans == [] and foreground.background_waiting
+    before = waits
+    assert foreground._changed is not None
+    foreground._changed.set()  # wake the builder, as any change of state would: it looks again...
+    await wait_until_async(lambda: waits > before, "the builder looking again and going back to wait", timeout=5)
+    assert exporter.spans == [] and foreground.background_waiting  # ...and still waits: a call is active
     engine = asyncio.get_running_loop().create_future()
     waiting = asyncio.ensure_future(foreground.waiting(engine))
     assert await recorder.drain(2) and len(exporter.spans) == 1  # built during the engine's time

@@ -4,12 +4,12 @@ counts every span it could not keep; nothing is silently gone, and the spans it 
 from __future__ import annotations
 
 import random
-import time
 
 import httpx
 
 from tests.sidecar.sidecar_process import SidecarProcess
 from tests.support.otlp_sink import OTLPSink
+from tests.support.waiting import wait_until
 
 CALLS = 30
 LONG = [{"role": "user", "content": random.Random(0).randbytes(3000).hex()}]  # a ~40 KB span, ~8 KB gzipped
@@ -29,12 +29,13 @@ def test_a_full_disk_costs_only_the_spans_that_did_not_fit_and_every_one_is_coun
                     r = client.post(f"{sidecar.url}/rollouts/f{i:02d}/v1/chat/completions",
                                     json={"model": "tiny", "messages": LONG})
                     assert r.status_code == 200  # the harness is served whatever the disk does
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline:
-                    counters = client.get(f"{sidecar.url}/agl/v1/state").json()["counters"]
-                    if counters["spans_pending"] == counters["spans_sending"] == counters["spans_building"] == 0:
-                        break
-                    time.sleep(0.05)
+                counters: dict[str, int] = {}
+
+                def settled() -> bool:
+                    counters.update(client.get(f"{sidecar.url}/agl/v1/state").json()["counters"])
+                    return counters["spans_pending"] == counters["spans_sending"] == counters["spans_building"] == 0
+
+                wait_until(settled, "no span pending, sending or being built", timeout=15)
                 metrics = client.get(f"{sidecar.url}/metrics").text
             assert counters["durable_write_failures"] > 0 and counters["spans_failed"] > 0
             assert counters["spans_in_spool"] + counters["spans_failed"] == CALLS

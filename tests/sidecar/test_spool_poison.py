@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.server import BackgroundSidecar
 from agl_sidecar.spans.spool import SPOOL_SUFFIX
 from tests.support.otlp_sink import OTLPSink, ReceivedSpan, received_span
+from tests.support.waiting import wait_until, wait_until_async
 
 FRAMER = RequestFramer({"service.name": "test"}, "agl", "0")
 
@@ -130,12 +130,17 @@ def test_a_file_answered_5xx_forever_does_not_block_the_spool(tmp_path):
         for i in range(5):
             e.submit(make_span(f"a{i:03d}"))
         await e.flush(10)  # that batch fails with 503 and is spooled
-        deadline = time.monotonic() + 20
         sent = 0
-        while time.monotonic() < deadline and not (e.counters.spans_dead_lettered and e.delivered):
+
+        def traffic_until_the_spool_moves_on() -> bool:
+            nonlocal sent
+            if e.counters.spans_dead_lettered and e.delivered:
+                return True
             e.submit(make_span(f"b{sent:03d}"))  # traffic goes on
             sent += 1
-            await asyncio.sleep(0.05)
+            return False
+
+        await wait_until_async(traffic_until_the_spool_moves_on, "the poison batch dead-lettered", timeout=20)
         assert await e.deliver(10)
         await e.close()
         e.counters.extra["sent"] = sent
@@ -212,8 +217,6 @@ def test_a_harness_call_with_a_huge_attempt_costs_no_later_span_even_after_a_res
                 for i in range(10):
                     r = httpx.post(f"{sidecar.url}/rollouts/good{run}-{i}/v1/chat/completions", json=body)
                     assert r.status_code == 200
-                deadline = time.monotonic() + 20
-                while stored_calls() < 10 * (run + 1) and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_until(lambda: stored_calls() >= 10 * (run + 1), f"{10 * (run + 1)} calls stored", timeout=20)
                 assert stored_calls() == 10 * (run + 1)
                 assert sidecar.sidecar.exporter.counters.spans_failed == 0

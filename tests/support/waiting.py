@@ -15,7 +15,6 @@ def wait_until(predicate: Callable[[], object], what: str = "the condition", tim
         time.sleep(0.05)
 
 
-
 async def wait_until_async(predicate: Callable[[], object], what: str = "the condition", timeout: float = 20.0) -> None:
     """`wait_until` for a test whose own event loop must keep running (its requests are in flight on it)."""
     deadline = time.monotonic() + timeout

@@ -3,7 +3,6 @@ message names the key and the fix."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,8 @@ from agl_trainer.backends.verl import VerlBackendConfig
 from agl_trainer.config import ConfigError, load_config
 from agl_trainer.loop.session import build_backend
 
+from tests.support.ports import free_port
 from tests.verl.conftest import training_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CASES = [
@@ -103,7 +97,7 @@ def test_cuda_device_on_a_machine_without_cuda(tiny_model):
 def test_unreachable_ray_address(tiny_model):
     import ray
 
-    port = _free_port()
+    port = free_port()  # a port where nothing answers
     with pytest.raises(
         BackendConfigError,
         match=rf"backend.verl.ray_address: '127.0.0.1:{port}': nothing answers.*ray start --head",
