@@ -72,6 +72,12 @@ COMPLETION_TOKEN_IDS: Final = "agl.completion.token_ids"  # int[]: choice 0
 COMPLETION_LOGPROBS: Final = "agl.completion.logprobs"  # double[]: choice 0, one per token
 COMPLETION_CHOICES: Final = "agl.completion.choices"  # int: number of choices (n)
 POLICY_VERSION: Final = "agl.policy.version"  # int: the weights that served the call
+# int[]: only on a call generated across a drain-free policy switch (loop.switch: keep): run-length
+# pairs over choice 0's completion tokens, [start, version, start, version, ...]: the tokens from
+# each start up to the next start (or the end) were sampled by that policy version. Starts strictly
+# increase from 0 and lie inside the completion; versions are int64 >= 0. Absent: every token of
+# the call was sampled by agl.policy.version.
+COMPLETION_POLICY_VERSIONS: Final = "agl.completion.policy_versions"
 TOKENS_SOURCE: Final = "agl.tokens.source"  # "engine" | "absent"
 
 TOKENS_FROM_ENGINE: Final = "engine"
@@ -86,6 +92,16 @@ END_COMPLETED: Final = "completed"
 END_CLIENT_DISCONNECTED: Final = "client_disconnected"
 END_UPSTREAM_ERROR: Final = "upstream_error"
 END_HELD_TIMEOUT: Final = "held_timeout"
+# Ends whose response never reached the harness: assembly does not train such a call.
+ENDS_UNDELIVERED: Final = (END_CLIENT_DISCONNECTED, END_UPSTREAM_ERROR, END_HELD_TIMEOUT)
+
+# Whether the call came from inside the harness's trace (see docs/spans.md). The rollout's trace is
+# the trace of its first call that carried a W3C traceparent.
+CALL_ORIGIN: Final = "agl.call.origin"  # see ORIGIN_*
+ORIGIN_HARNESS: Final = "harness"  # in the rollout's trace (or the rollout has no trace to compare)
+ORIGIN_UNTRACED: Final = "untraced"  # no traceparent while the rollout has a trace
+ORIGIN_FOREIGN_TRACE: Final = "foreign_trace"  # a traceparent of another trace
+ORIGINS: Final = (ORIGIN_HARNESS, ORIGIN_UNTRACED, ORIGIN_FOREIGN_TRACE)
 
 
 def completion_token_ids_key(choice: int) -> str:
@@ -124,6 +140,7 @@ BAGGAGE_ATTEMPT: Final = ATTEMPT
 BAGGAGE_MODE: Final = ROLLOUT_MODE
 ROLLOUT_PATH_PREFIX: Final = "/rollouts"  # /rollouts/{id}[/attempts/{n}]/v1/...
 ATTEMPT_PATH_PREFIX: Final = "/attempts"  # after /rollouts/{id}
+MODE_PATH_PREFIX: Final = "/modes"  # after /rollouts/{id}[/attempts/{n}]: /modes/val (absent: no mode)
 REWARD_PATH: Final = "/reward"  # POST /rollouts/{id}[/attempts/{n}]/reward
 END_PATH: Final = "/end"  # POST /rollouts/{id}[/attempts/{n}]/end
 
@@ -147,6 +164,8 @@ ENV_ROLLOUT_LOG: Final = "AGL_ROLLOUT_LOG"  # a retried attempt: the log file of
 # Secrets a process reads from its environment rather than its command line (visible in `ps`).
 ENV_SIDECAR_ADMIN_TOKEN: Final = "AGL_SIDECAR_ADMIN_TOKEN"
 ENV_RECEIVER_TOKEN: Final = "AGL_RECEIVER_TOKEN"
+ENV_SIDECAR_API_KEY: Final = "AGL_SIDECAR_API_KEY"  # the key harnesses must send (the sidecar's --api-key)
+ENV_SIDECAR_OTLP_HEADERS: Final = "AGL_SIDECAR_OTLP_HEADERS"  # k=v,k=v the sidecar adds to its OTLP export
 
 # Scope name of every tracer agl creates.
 INSTRUMENTATION_SCOPE: Final = "agl"

@@ -58,7 +58,7 @@ def test_prompt_by_reference_is_rebuilt_exactly(store):
         [
             call_span("r", 0, p0, c0),
             call_span("r", 1, [20, 21], [12], ref=(0, 5), prompt_length=7),  # = full0 + [20, 21]
-            call_span("r", 2, [30], [13], ref=(1, 7), prompt_length=8),  # drops call 1's last token: no merge
+            call_span("r", 2, [30], [13], ref=(1, 7), prompt_length=8),  # drops call 1's last token
         ],
     )
     finish(store)
@@ -66,7 +66,11 @@ def test_prompt_by_reference_is_rebuilt_exactly(store):
     first, second = result.rollouts[0].samples
     assert first.token_ids == full0 + [20, 21, 12] and first.call_seqs == [0, 1]
     assert second.token_ids == full0 + [20, 21, 30, 13] and second.loss_mask == [0] * 8 + [1]
-    # Without a tokenizer, a difference in the last token only looks like a turn end rendered differently.
+    # In the call tree, call 2 is a branch of call 0 (whose sample call 1 continues); it went past
+    # call 1's prompt and then differs, so it is also a failed merge onto call 1. Without a tokenizer,
+    # a difference in the last token only looks like a turn end rendered differently.
+    placement = result.details[0].placements[2]
+    assert (placement.parent, placement.start, placement.merged) == (0, "branch", False)
     assert [(f.kind, f.classified_by, f.position) for f in result.details[0].merge_failures] == [
         ("template", "heuristic", 7)
     ]

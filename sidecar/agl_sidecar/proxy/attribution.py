@@ -1,11 +1,18 @@
-"""Which rollout a call belongs to, and which trace its span joins.
+"""Which rollout a call belongs to, which trace its span joins, and whether it came from inside
+the harness's trace.
 
 First match wins: the URL prefix `/rollouts/{id}[/attempts/{n}]`, the `x-agl-rollout-id` header, the
 W3C baggage entry `agl.rollout.id`, then an API key mapped to a rollout in the config.
+
+A rollout's trace is the trace of its first call that carried a W3C `traceparent` (a traced harness
+sends one on every call; the agl SDK joins the TRACEPARENT a runner hands down). A later call of the
+rollout without one, or with another trace's, came from outside the harness's trace: a process the
+agent spawned, which inherited OPENAI_BASE_URL (`agl.call.origin`, docs/spans.md).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -101,3 +108,32 @@ def resolve(
     mode = headers.get(semconv.HEADER_MODE) or baggage.get(semconv.BAGGAGE_MODE)
     identity.mode = mode if mode in semconv.MODES else None
     return identity
+
+
+class RolloutTraces:
+    """Per rollout attempt, the trace its harness runs in (bounded LRU), and each call's origin."""
+
+    def __init__(self, max_rollouts: int = 200_000) -> None:
+        self.max_rollouts = max_rollouts
+        self._traces: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    def origin(self, identity: Identity, parent: TraceParent | None) -> str | None:
+        """semconv.ORIGIN_* for a call of `identity`'s rollout (None: the call names no rollout).
+        The first traced call of a rollout sets its trace; calls before it count as the harness's."""
+        if identity.rollout_id is None:
+            return None
+        key = (identity.rollout_id, identity.attempt or 0)
+        known = self._traces.get(key)
+        if parent is None:
+            return semconv.ORIGIN_HARNESS if known is None else semconv.ORIGIN_UNTRACED
+        if known is None:
+            self._traces[key] = parent.trace_id
+            if len(self._traces) > self.max_rollouts:
+                self._traces.popitem(last=False)
+            return semconv.ORIGIN_HARNESS
+        self._traces.move_to_end(key)
+        return semconv.ORIGIN_HARNESS if known == parent.trace_id else semconv.ORIGIN_FOREIGN_TRACE
+
+    def forget(self, identity: Identity) -> None:
+        if identity.rollout_id is not None:
+            self._traces.pop((identity.rollout_id, identity.attempt or 0), None)

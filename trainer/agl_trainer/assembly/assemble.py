@@ -1,10 +1,19 @@
-"""Spans -> samples: rebuild prompts, merge calls, truncate, attach rewards, apply policies.
+"""Spans -> samples: rebuild prompts, merge calls onto the call tree, truncate, attach rewards,
+apply policies.
 
 `assemble_rollout` is a pure function of a rollout's stored rows (RolloutData), so the samples do
 not depend on the order in which spans arrived. A rollout without a task id is its own group (its
-task id is its rollout id). Calls are taken in `agl.call.seq` order; a call
-whose prompt extends the current sample's tokens exactly is merged into it (the tokens in between
-get loss_mask 0), otherwise the sample is closed and the failed merge classified (merge.py).
+task id is its rollout id).
+
+Calls are taken in `agl.call.seq` order. A call's parent is the earlier call whose full sequence
+(prompt + choice-0 completion) its prompt extends exactly, the longest such one, whatever came in
+between (tree.py): a sub-agent's calls interleaved with the main thread's each find their own
+thread. The calls form a forest, and each sample is one path down it: the first child of a call
+continues its sample (the new prompt tokens get loss_mask 0); any later child (a retry, a parallel
+branch) starts a new sample whose copy of the shared prefix is context (loss_mask 0), so shared
+tokens are trained once per rollout. A call that extends no earlier call starts a new sample; the
+break is classified against the earlier call sharing the longest common prefix (merge.py).
+A call whose response never reached the harness is not trained and is no one's parent.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ import numpy as np
 from agl import semconv
 
 from agl_trainer.assembly.config import DROP, KEEP, AssemblyConfig
-from agl_trainer.assembly.merge import MergeFailure, classify, extends
+from agl_trainer.assembly.merge import MergeFailure, classify
+from agl_trainer.assembly.tree import PrefixIndex, prefix_hashes
 from agl_trainer.assembly.versions import token_versions
 from agl_trainer.batch import RolloutResult, Sample
 from agl_trainer.store.records import CallRow, RolloutData, RolloutKey
@@ -27,11 +37,18 @@ BAD_REFERENCE_LENGTH = "bad_reference_length"
 PROMPT_LENGTH_MISMATCH = "prompt_length_mismatch"
 TOKENS_ABSENT = "tokens_absent"
 DUPLICATE_CALL_SEQ = "duplicate_call_seq"
+NOT_DELIVERED = "response_not_delivered"  # agl.call.end_reason in semconv.ENDS_UNDELIVERED
+OUTSIDE_TRACE = "outside_trace_not_trained"  # agl.call.origin not harness, train_outside_trace off
 LOGPROBS_MISSING = "logprobs_missing"  # trained, with logprob 0.0 (counted: importance weights are off)
 CALL_REWARD_LOST = "call_reward_lost"  # a per-call reward whose call was skipped or cut away
 EXTRA_CHOICES = (
     "extra_choices_not_trained"  # choices 1..n-1 of an n > 1 call: only choice 0 continues the rollout
 )
+
+# Why a call starts a new sample (CallPlacement.start).
+START_FIRST = "first"  # the rollout's first trained call
+START_BRANCH = "branch"  # extends a call whose sample an earlier child continues (retry, parallel branch)
+START_NO_PREFIX = "no_prefix"  # extends no earlier call (sub-agent, compaction, edit): see merge_failures
 
 # Truncation.
 PROMPT_TOO_LONG = "prompt_too_long"  # the sample is dropped
@@ -50,9 +67,12 @@ class CallPlacement(msgspec.Struct):
     completion_start: int = 0
     completion_end: int = 0
     policy_version: int = -1
-    merged: bool = False  # appended to the previous call's sample
+    merged: bool = False  # appended to its parent's sample
     problem: str | None = None
     prompt_from_reference: bool = False
+    parent: int | None = None  # the call whose full sequence this call's prompt extends (the tree)
+    start: str | None = None  # why a new sample: START_FIRST | START_BRANCH | START_NO_PREFIX
+    origin: str | None = None  # agl.call.origin
 
 
 class RolloutAssembly(msgspec.Struct):
@@ -70,31 +90,37 @@ class RolloutAssembly(msgspec.Struct):
 
 
 class _Building:
-    """A sample being built: numpy chunks, concatenated when a merge needs to compare."""
+    """A sample being built: one path down the call tree, as numpy chunks joined when finished."""
 
     def __init__(
         self, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
-        self.tokens = np.concatenate([prompt, completion])
-        self.mask = np.concatenate([np.zeros(prompt.size, np.int8), np.ones(completion.size, np.int8)])
-        self.logprobs = np.concatenate([np.zeros(prompt.size, np.float32), logprobs])
-        self.versions = np.concatenate([np.full(prompt.size, -1, np.int64), versions])
+        self.tokens = [prompt, completion]
+        self.mask = [np.zeros(prompt.size, np.int8), np.ones(completion.size, np.int8)]
+        self.logprobs = [np.zeros(prompt.size, np.float32), logprobs]
+        self.versions = [np.full(prompt.size, -1, np.int64), versions]
+        self.size = int(prompt.size + completion.size)
         self.call_seqs = [call_seq]
         self.call_starts = [int(prompt.size)]  # where each call's generated tokens start
-        self.last_call = call_seq
 
     def extend(
         self, context: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
-        self.tokens = np.concatenate([self.tokens, context, completion])
-        self.mask = np.concatenate(
-            [self.mask, np.zeros(context.size, np.int8), np.ones(completion.size, np.int8)]
-        )
-        self.logprobs = np.concatenate([self.logprobs, np.zeros(context.size, np.float32), logprobs])
-        self.versions = np.concatenate([self.versions, np.full(context.size, -1, np.int64), versions])
+        self.tokens += [context, completion]
+        self.mask += [np.zeros(context.size, np.int8), np.ones(completion.size, np.int8)]
+        self.logprobs += [np.zeros(context.size, np.float32), logprobs]
+        self.versions += [np.full(context.size, -1, np.int64), versions]
         self.call_seqs.append(call_seq)
-        self.call_starts.append(int(self.tokens.size - completion.size))
-        self.last_call = call_seq
+        self.call_starts.append(self.size + int(context.size))
+        self.size += int(context.size + completion.size)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return (
+            np.concatenate(self.tokens),
+            np.concatenate(self.mask),
+            np.concatenate(self.logprobs),
+            np.concatenate(self.versions),
+        )
 
 
 def _count(counter: dict[str, int], key: str, n: int = 1) -> None:
@@ -103,15 +129,18 @@ def _count(counter: dict[str, int], key: str, n: int = 1) -> None:
 
 def _rebuild_prompts(
     calls: list[CallRow], problems: dict[str, int], placements: dict[int, CallPlacement]
-) -> dict[int, tuple[CallRow, np.ndarray]]:
-    """Unique calls by seq with their full prompts; prompts sent by reference are rebuilt exactly."""
-    usable: dict[int, tuple[CallRow, np.ndarray]] = {}
+) -> dict[int, tuple[CallRow, np.ndarray, np.ndarray]]:
+    """Unique calls by seq with their full prompts and full sequences (prompt + completion);
+    prompts sent by reference are rebuilt exactly."""
+    usable: dict[int, tuple[CallRow, np.ndarray, np.ndarray]] = {}
     full: dict[int, np.ndarray] = {}  # seq -> prompt + completion, for references
     for call in calls:  # sorted by (call_seq, end_ns, span_id): the first of duplicates wins
         if call.call_seq in placements:
             _count(problems, DUPLICATE_CALL_SEQ)
             continue
-        placement = CallPlacement(call_seq=call.call_seq, sample=None, policy_version=_version(call))
+        placement = CallPlacement(
+            call_seq=call.call_seq, sample=None, policy_version=_version(call), origin=call.origin
+        )
         placements[call.call_seq] = placement
         problem = None
         prompt = call.prompt_ids
@@ -135,8 +164,17 @@ def _rebuild_prompts(
         if call.choices > 1:
             _count(problems, EXTRA_CHOICES, call.choices - 1)
         full[call.call_seq] = np.concatenate([prompt, call.completion_ids])
-        usable[call.call_seq] = (call, prompt)
+        usable[call.call_seq] = (call, prompt, full[call.call_seq])
     return usable
+
+
+def _trainable(call: CallRow, config: AssemblyConfig) -> str | None:
+    """Why a call with usable tokens is not trained, or None."""
+    if call.end_reason in semconv.ENDS_UNDELIVERED:
+        return NOT_DELIVERED
+    if not config.train_outside_trace and call.origin not in (None, semconv.ORIGIN_HARNESS):
+        return OUTSIDE_TRACE
+    return None
 
 
 def _version(call: CallRow) -> int:
@@ -162,25 +200,47 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
 
     usable = _rebuild_prompts(data.calls, problems, placements)
     built: list[_Building] = []
-    current: _Building | None = None
+    index = PrefixIndex()
+    sample_of: dict[int, int] = {}  # call seq -> the sample that ends with it
+    continued: set[int] = set()  # calls whose sample a child already continues
     for seq in sorted(usable):
-        call, prompt = usable[seq]
+        call, prompt, full = usable[seq]
+        placement = placements[seq]
+        problem = _trainable(call, config)
+        if problem is not None:
+            placement.problem = problem
+            _count(problems, problem)
+            continue
         completion = call.completion_ids
         assert completion is not None
-        logprobs, versions, placement = _logprobs(call, problems), token_versions(call), placements[seq]
-        if current is not None and extends(prompt, current.tokens):
-            placement.context_start = int(current.tokens.size)
-            current.extend(prompt[current.tokens.size :], completion, logprobs, versions, seq)
+        logprobs, versions = _logprobs(call, problems), token_versions(call)
+        hashes = prefix_hashes(full)
+        parent = index.parent(prompt, hashes)
+        placement.parent = parent
+        if parent is not None and parent not in continued:
+            sample = sample_of.pop(parent)
+            current = built[sample]
+            continued.add(parent)
+            placement.context_start = current.size  # == the parent's full sequence length
+            current.extend(prompt[current.size :], completion, logprobs, versions, seq)
             placement.merged = True
         else:
-            if current is not None:
-                failures.append(classify(current.tokens, prompt, seq, current.last_call, tokenizer, special))
-            current = _Building(prompt, completion, logprobs, versions, seq)
+            placement.start = START_BRANCH if parent is not None else START_NO_PREFIX if len(index) else START_FIRST
+            closest = index.closest(prompt) if len(index) else None
+            if closest is not None:
+                near, sequence, common = closest
+                # A branch is a failed merge only when the prompt went past the nearest call's
+                # prompt and then differs (re-encoded answer, edited turn); a retry or a parallel
+                # branch differs within it.
+                past = common >= usable[near][1].size and common < prompt.size
+                if parent is None or past:
+                    failures.append(classify(sequence, prompt, seq, near, tokenizer, special))
+            sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
             built.append(current)
-            placement.context_start = 0
-        placement.sample = len(built) - 1
-        placement.completion_end = int(current.tokens.size)
+        sample_of[seq] = placement.sample = sample
+        placement.completion_end = current.size
         placement.completion_start = placement.completion_end - int(completion.size)
+        index.add(seq, full, hashes)
 
     samples, kept_index = _finish_samples(built, info, config, truncations)
     for placement in placements.values():
@@ -236,7 +296,8 @@ def _finish_samples(
     samples: list[Sample] = []
     kept_index: dict[int, int] = {}
     for index, sample in enumerate(built):
-        trained = np.flatnonzero(sample.mask)
+        tokens, mask, logprobs, versions = sample.arrays()
+        trained = np.flatnonzero(mask)
         if trained.size == 0:
             _count(truncations, NO_TRAINED_TOKENS)
             continue
@@ -244,14 +305,14 @@ def _finish_samples(
         if config.max_prompt_length is not None and prompt_length > config.max_prompt_length:
             _count(truncations, PROMPT_TOO_LONG)
             continue
-        end = sample.tokens.size
+        end = tokens.size
         if config.max_response_length is not None and end - prompt_length > config.max_response_length:
             end = prompt_length + config.max_response_length
             _count(truncations, RESPONSE_TRUNCATED)
         if config.max_total_length is not None and end > config.max_total_length:
             end = config.max_total_length
             _count(truncations, TOTAL_TRUNCATED)
-        if not sample.mask[:end].any():
+        if not mask[:end].any():
             _count(truncations, NO_TRAINED_TOKENS)
             continue
         kept_index[index] = len(samples)
@@ -261,10 +322,10 @@ def _finish_samples(
             Sample(
                 rollout_id=info.rollout_id,
                 task_id=info.task_id or info.rollout_id,
-                token_ids=sample.tokens[:end].tolist(),
-                loss_mask=sample.mask[:end].tolist(),
-                engine_logprobs=sample.logprobs[:end].tolist(),
-                policy_versions=sample.versions[:end].tolist(),
+                token_ids=tokens[:end].tolist(),
+                loss_mask=mask[:end].tolist(),
+                engine_logprobs=logprobs[:end].tolist(),
+                policy_versions=versions[:end].tolist(),
                 call_seqs=kept_calls,
             )
         )

@@ -29,6 +29,10 @@ class AssemblyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_response_length: int | None = None  # longer responses: cut (counted)
     max_total_length: int | None = None  # longer samples: cut (counted)
     special_token_ids: list[int] = []  # lets merge failures be classified without a tokenizer
+    # Calls from outside the harness's trace (agl.call.origin untraced / foreign_trace: a process the
+    # agent spawned, which inherited OPENAI_BASE_URL) are still the policy's samples under the
+    # rollout's reward: trained by default; False skips them (counted as outside_trace_not_trained).
+    train_outside_trace: bool = True
 
     def __post_init__(self) -> None:
         if not self.reward_name:

@@ -179,6 +179,27 @@ def _token_array(attributes: dict[str, Any], key: str, reason: str) -> np.ndarra
     return value.astype(np.int32)
 
 
+def _policy_versions(attributes: dict[str, Any], completion: np.ndarray | None) -> np.ndarray | None:
+    """agl.completion.policy_versions: [start, version, ...] pairs, starts strictly increasing from
+    0 and inside the completion, versions int64 >= 0."""
+    value = attributes.get(semconv.COMPLETION_POLICY_VERSIONS)
+    if value is None:
+        return None
+    if type(value) is BadValue:
+        raise ContractError(f"policy_versions_{value.reason}")
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "i" or value.size == 0 or value.size % 2:
+        raise ContractError("policy_versions_not_int_pairs")
+    runs = value.astype(np.int64)
+    starts, versions = runs[0::2], runs[1::2]
+    if starts[0] != 0 or (starts.size > 1 and bool(np.any(np.diff(starts) <= 0))):
+        raise ContractError("policy_versions_starts_not_increasing_from_0")
+    if completion is None or int(starts[-1]) >= completion.size:
+        raise ContractError("policy_versions_start_outside_completion")
+    if int(versions.min()) < 0:
+        raise ContractError("policy_versions_negative")
+    return runs
+
+
 def _call(span: RawSpan) -> CallSpan:
     attributes = span.attributes
     rollout_id = _str(attributes, semconv.ROLLOUT_ID, required=True)
@@ -205,6 +226,12 @@ def _call(span: RawSpan) -> CallSpan:
     reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
     first = reasons[0] if isinstance(reasons, list) and reasons else None
     finish = first if isinstance(first, str) and _storable(first) else None
+    origin = _str(attributes, semconv.CALL_ORIGIN)
+    if origin is not None and origin not in semconv.ORIGINS:
+        raise ContractError("bad_origin")
+    parent = span.parent_span_id
+    if parent and len(parent) != 8:
+        raise ContractError("bad_ids")
     return CallSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -223,11 +250,14 @@ def _call(span: RawSpan) -> CallSpan:
         prompt_ref_length=ref_length,
         prompt_length=_int(attributes, semconv.PROMPT_LENGTH),
         policy_version=_int(attributes, semconv.POLICY_VERSION),
+        policy_versions=_policy_versions(attributes, completion),
         finish_reason=finish,
         end_reason=_str(attributes, semconv.CALL_END_REASON),
         tokens_source=_str(attributes, semconv.TOKENS_SOURCE),
         choices=_int(attributes, semconv.COMPLETION_CHOICES) or 1,
         status_code=span.status_code,
+        origin=origin,
+        parent_span_id=parent or None,
     )
 
 

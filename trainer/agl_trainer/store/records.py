@@ -76,6 +76,12 @@ class CallRow(msgspec.Struct, gc=False):
     end_reason: str | None
     tokens_source: str | None
     choices: int = 1
+    origin: str | None = None  # agl.call.origin (None: a sidecar that did not say)
+    parent_span_id: bytes | None = None  # the W3C parent the harness sent (None: none)
+    # agl.completion.policy_versions: int64 run-length pairs [start, version, ...] over the completion
+    # (a call generated across a drain-free switch); None: every token is policy_version's. Read it
+    # through assembly.versions.token_versions.
+    policy_versions: np.ndarray | None = None
 
 
 class CallSpan(CallRow, kw_only=True, gc=False):

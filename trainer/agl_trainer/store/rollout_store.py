@@ -42,7 +42,7 @@ from agl_trainer.store.records import (
     WriteResult,
     final_reward,
 )
-from agl_trainer.store.schema import SCHEMA, SCHEMA_VERSION
+from agl_trainer.store.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 log = logging.getLogger("agl.store")
 
@@ -110,7 +110,10 @@ class RolloutStore:
         if version > SCHEMA_VERSION:
             self._db.close()
             raise StoreError(f"{self.path} has schema {version}; this agl reads up to {SCHEMA_VERSION}")
-        if version < SCHEMA_VERSION:
+        if 0 < version < SCHEMA_VERSION:  # an older store: upgrade it in place
+            steps = " ".join(MIGRATIONS[v] for v in range(version + 1, SCHEMA_VERSION + 1))
+            self._db.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        elif version < SCHEMA_VERSION:
             self._db.executescript(
                 f"BEGIN IMMEDIATE; {SCHEMA}; PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
             )
@@ -227,7 +230,7 @@ class RolloutStore:
 
     def _insert_call(self, db: sqlite3.Connection, r: CallSpan, now: float) -> bool:
         cursor = db.execute(
-            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 r.trace_id,
                 r.span_id,
@@ -250,6 +253,9 @@ class RolloutStore:
                 r.choices,
                 r.status_code,
                 now,
+                r.origin,
+                r.parent_span_id,
+                _blob(r.policy_versions, "<i8"),
             ),
         )
         if cursor.rowcount:
@@ -334,9 +340,16 @@ class RolloutStore:
         return changed
 
     # --- reading ------------------------------------------------------------------------------
-    def _infos(self, where: str, params: Sequence[object], limit: int | None = None) -> list[RolloutInfo]:
-        sql = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE {where} ORDER BY completed_at, first_seen_at, rollout_id"
-        if limit is not None:
+    def _infos(
+        self, where: str, params: Sequence[object], limit: int | None = None, *, newest: bool = False
+    ) -> list[RolloutInfo]:
+        order = "completed_at, first_seen_at, rollout_id"
+        sql = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE {where} ORDER BY {order}"
+        if newest and limit is not None:  # the last `limit` rows of that order, still oldest first
+            backwards = "completed_at DESC, first_seen_at DESC, rollout_id DESC"
+            inner = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE {where} ORDER BY {backwards} LIMIT {int(limit)}"
+            sql = f"SELECT * FROM ({inner}) ORDER BY 10, 8, 1"  # completed_at, first_seen_at, rollout_id
+        elif limit is not None:
             sql += f" LIMIT {int(limit)}"
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
@@ -374,10 +387,10 @@ class RolloutStore:
             limit,
         )
 
-    def rollouts(self, limit: int | None = None) -> list[RolloutInfo]:
-        """Every rollout, oldest first (for listing)."""
+    def rollouts(self, limit: int | None = None, *, newest: bool = False) -> list[RolloutInfo]:
+        """Every rollout, oldest first (for listing); with `newest`, the newest `limit` of them."""
         self.refresh_completion()
-        return self._infos("1", (), limit)
+        return self._infos("1", (), limit, newest=newest)
 
     def rollout(self, key: RolloutKey | str) -> RolloutInfo | None:
         key = _key(key)
@@ -396,7 +409,8 @@ class RolloutStore:
         with self._lock:
             call_rows = self._db.execute(
                 "SELECT span_id, call_seq, name, end_ns, prompt_ids, completion_ids, logprobs, prompt_ref_seq,"
-                " prompt_ref_length, prompt_length, policy_version, finish_reason, end_reason, tokens_source, choices"
+                " prompt_ref_length, prompt_length, policy_version, finish_reason, end_reason, tokens_source, choices,"
+                " origin, parent_span_id, policy_versions"
                 " FROM calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
                 (key.rollout_id, key.attempt),
             ).fetchall()
@@ -417,6 +431,9 @@ class RolloutStore:
                 end_reason=row[12],
                 tokens_source=row[13],
                 choices=row[14],
+                origin=row[15],
+                parent_span_id=row[16],
+                policy_versions=_array(row[17], "<i8"),
             )
             for row in call_rows
         ]

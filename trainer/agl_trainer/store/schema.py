@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
+
+# Upgrades of an existing store: version -> the statements that bring version - 1 to it.
+MIGRATIONS: dict[int, str] = {
+    2: "ALTER TABLE calls ADD COLUMN origin TEXT; ALTER TABLE calls ADD COLUMN parent_span_id BLOB;",
+    3: "ALTER TABLE calls ADD COLUMN policy_versions BLOB;",
+}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -27,6 +33,9 @@ CREATE TABLE IF NOT EXISTS calls (
     choices INTEGER NOT NULL DEFAULT 1,
     status_code INTEGER NOT NULL DEFAULT 0,
     received_at REAL NOT NULL,
+    origin TEXT,                -- agl.call.origin (schema 2)
+    parent_span_id BLOB,        -- the span's W3C parent (schema 2)
+    policy_versions BLOB,       -- int64 LE run-length pairs [start, version, ...] (schema 3; NULL: one version)
     UNIQUE (trace_id, span_id)
 );  -- a rowid table: its rows hold kilobytes of token blobs
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, attempt, call_seq);
