@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ls", help="list rollouts with their status", description="List rollouts, oldest first."
     )
     ls.add_argument("--store", required=True)
-    ls.add_argument("--limit", type=int, default=None, help="show at most this many (the newest)")
+    ls.add_argument("--limit", type=int, default=50, help="show at most this many, the newest (default 50)")
+    ls.add_argument("--all", action="store_true", help="show every rollout (slow on a big store)")
     ls.add_argument(
         "--grace-s", type=float, default=2.0, help="grace period after a rollout ends (default 2)"
     )
@@ -50,12 +51,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("rollout_id", nargs="?", default=None, metavar="ROLLOUT_ID")
     inspect.add_argument("--store", required=True)
     inspect.add_argument("--attempt", type=int, default=None, help="which attempt (default: the latest)")
-    inspect.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer directory, to show text")
+    inspect.add_argument(
+        "--tokenizer", "--model", default=None, help="a model or tokenizer directory, to decode tokens to text"
+    )
     inspect.add_argument("--reward-name", default=None, help="the reward trained on (default: reward)")
     inspect.add_argument(
         "--max-tokens", type=int, default=600, help="tokens shown per sample (middle elided)"
     )
     inspect.set_defaults(run=run_inspect)
+
+    serve = commands.add_parser(
+        "serve",
+        help="browse a store in a web browser: rollouts, calls, decoded tokens, merge breaks, steps",
+        description="Serve the trace viewer over a rollout store (read-only; safe while `agl train` writes"
+        " it). Open the printed address in a browser.",
+    )
+    serve.add_argument("--store", required=True, help="the SQLite rollout store (e.g. runs/agl/rollouts.db)")
+    serve.add_argument("--model", default=None, help="a model or tokenizer directory, to decode tokens to text")
+    serve.add_argument("--listen", default="127.0.0.1:8500", help="HOST:PORT to serve on (default 127.0.0.1:8500)")
+    serve.add_argument(
+        "--run-dir", type=Path, default=None, help="the run's output dir, for metrics.jsonl and harness logs"
+        " (default: the store's folder)"
+    )
+    serve.add_argument("--reward-name", default=None, help="the reward trained on (default: reward)")
+    serve.set_defaults(run=run_serve)
 
     parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
 
@@ -122,12 +141,12 @@ def run_ls(args: argparse.Namespace) -> int:
 
     from agl_trainer.assembly.inspect_view import plain, printable
 
+    if args.limit < 1:
+        raise CLIError(f"--limit must be 1 or more, got {args.limit} (or --all for every rollout)")
     store = _open_store(args.store, grace_s=args.grace_s)
-    rollouts = store.rollouts()
+    rollouts = store.rollouts() if args.all else store.rollouts(args.limit, newest=True)
     stats = store.stats()
     store.close()
-    if args.limit is not None:
-        rollouts = rollouts[-args.limit :]
     now = time.time()
     table = Table(
         title=plain(f"{len(rollouts)} of {stats.rollouts} rollouts in {args.store}"), title_justify="left"
@@ -219,4 +238,29 @@ def run_inspect(args: argparse.Namespace) -> int:
         )
     finally:
         store.close()
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from agl_trainer.viewer import ListenError, Viewer, ViewerServer, parse_listen
+    from agl_trainer.viewer.queries import ViewerError
+
+    try:
+        parse_listen(args.listen)
+        viewer = Viewer(Path(args.store), model=args.model, run_dir=args.run_dir, reward_name=args.reward_name)
+    except (ListenError, ViewerError) as error:
+        raise CLIError(f"{error} (fix: --store names a rollout store, --listen is HOST:PORT)") from None
+    try:
+        server = ViewerServer(viewer, args.listen).start()
+    except OSError as error:
+        raise CLIError(f"cannot listen on {args.listen}: {error.strerror or error} (fix: --listen HOST:PORT)") from None
+    print(f"agl traces: serving {args.store} at {server.url} (Ctrl-C stops)", flush=True)
+    import threading
+
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
     return 0

@@ -1,0 +1,217 @@
+"""The JSON of one rollout (calls, tree, samples token by token, merge breaks, rewards, logs) and
+of one training step (its rollouts, their advantages and staleness, the metrics row).
+
+The rollout is assembled exactly as the trainer assembles it (`assemble_rollout`): the samples,
+placements and merge failures shown are the trainer's, so a new field on a placement (a call's
+parent in the call tree) reaches the page without a change here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agl_trainer.assembly import AssemblyConfig, assemble_rollout
+from agl_trainer.store.records import RolloutKey
+from agl_trainer.viewer import queries
+from agl_trainer.viewer.tokens import TokenDecoder
+
+PROMPT, COMPLETION, CONTEXT, MASKED = "p", "c", "t", "m"  # token roles (see app.js ROLES)
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def _builtins(value: Any) -> Any:
+    return msgspec.to_builtins(value, enc_hook=repr)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
+
+
+def rollout(
+    database: queries.Database,
+    key: RolloutKey,
+    config: AssemblyConfig,
+    decoder: TokenDecoder,
+    run_dir: Path | None,
+) -> dict[str, Any]:
+    with database.lock:
+        loaded = queries.load(database.db, key)
+        others = queries.attempts(database.db, key.rollout_id)
+    if loaded is None:
+        raise queries.ViewerError(f"no rollout {key.rollout_id!r} attempt {key.attempt}", 404)
+    data, rows = loaded
+    assembly = assemble_rollout(data, config, decoder.tokenizer)
+    placements = {p.call_seq: p for p in assembly.placements}
+    per_call: dict[int, float] = {}
+    for reward in data.rewards:
+        if reward.name == config.reward_name and reward.call_seq is not None:
+            per_call[reward.call_seq] = reward.value
+    calls = []
+    for call, row in zip(data.calls, rows, strict=True):
+        placement = placements.get(call.call_seq)
+        calls.append(
+            {
+                **row,
+                "name": call.name,
+                "policy_version": call.policy_version,
+                "finish_reason": call.finish_reason,
+                "end_reason": call.end_reason,
+                "tokens_source": call.tokens_source,
+                "choices": call.choices,
+                "prompt_tokens": call.prompt_length
+                if call.prompt_length is not None
+                else (None if call.prompt_ids is None else int(call.prompt_ids.size)),
+                "prompt_ref_seq": call.prompt_ref_seq,
+                "completion_tokens": None if call.completion_ids is None else int(call.completion_ids.size),
+                "reward": per_call.get(call.call_seq),
+                "placement": None if placement is None else _builtins(placement),
+            }
+        )
+    info = _builtins(data.info)
+    return {
+        "info": info,
+        "attempts": others,
+        "reward": _finite(assembly.reward),
+        "dropped": assembly.dropped,
+        "problems": assembly.problems,
+        "truncations": assembly.truncations,
+        "samples_dropped": assembly.samples_dropped,
+        "calls": calls,
+        "placements": [_builtins(p) for p in assembly.placements],
+        "merge_failures": [_builtins(f) for f in assembly.merge_failures],
+        "rewards": [
+            {"name": r.name, "value": _finite(r.value), "call_seq": r.call_seq, "end_ns": r.end_ns}
+            for r in data.rewards
+        ],
+        "samples": _samples(assembly, decoder),
+        "decoded": decoder.decodes,
+        "log": _log(run_dir, key),
+    }
+
+
+def _samples(assembly: Any, decoder: TokenDecoder) -> list[dict[str, Any]]:
+    if assembly.result is None:
+        return []
+    out = []
+    for index, sample in enumerate(assembly.result.samples):
+        n = len(sample.token_ids)
+        mine = [p for p in assembly.placements if p.sample == index]
+        roles = [MASKED] * n
+        first = min((p.completion_start for p in mine), default=n)
+        for position in range(min(first, n)):
+            roles[position] = PROMPT
+        for p in mine:
+            for position in range(p.context_start if p.merged else p.completion_start, min(p.completion_start, n)):
+                roles[position] = CONTEXT
+        for position, mask in enumerate(sample.loss_mask):
+            if mask:
+                roles[position] = COMPLETION
+        out.append(
+            {
+                "index": index,
+                "call_seqs": sample.call_seqs,
+                "ids": sample.token_ids,
+                "text": decoder.texts(sample.token_ids),
+                "roles": "".join(roles),
+                "versions": sample.policy_versions,
+                "logprobs": [round(v, 4) if math.isfinite(v) else None for v in sample.engine_logprobs],
+                "boundaries": [
+                    {"position": p.context_start, "call_seq": p.call_seq} for p in mine if p.merged
+                ]
+                + [{"position": p.completion_start, "call_seq": p.call_seq, "completion": True} for p in mine],
+                "token_rewards": None
+                if sample.token_rewards is None
+                else [[i, r] for i, r in enumerate(sample.token_rewards) if r],
+                "trained_tokens": int(sum(sample.loss_mask)),
+            }
+        )
+    return out
+
+
+def _log(run_dir: Path | None, key: RolloutKey) -> dict[str, Any] | None:
+    """The harness's log, when the run's rollouts/ folder holds one for this rollout. The name is
+    matched against the folder's listing: a rollout id is never used to build a path."""
+    if run_dir is None:
+        return None
+    folder = run_dir / "rollouts"
+    if not folder.is_dir():
+        return None
+    wanted = {f"{key.rollout_id}.log", f"{key.rollout_id}.{key.attempt}.log", f"{key.rollout_id}-{key.attempt}.log"}
+    try:
+        for entry in folder.iterdir():
+            if entry.name in wanted and entry.is_file():
+                size = entry.stat().st_size
+                with open(entry, "rb") as file:
+                    file.seek(max(0, size - LOG_TAIL_BYTES))
+                    text = file.read().decode("utf-8", "replace")
+                return {"name": entry.name, "size": size, "tail": text, "truncated": size > LOG_TAIL_BYTES}
+    except OSError:
+        return None
+    return None
+
+
+def metrics_rows(run_dir: Path | None) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl (one row per step), when the store sits in a run's output dir."""
+    if run_dir is None:
+        return []
+    path = run_dir / "metrics.jsonl"
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as file:
+            for line in file:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a line being written right now
+                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                    rows.append({k: v for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(v)})
+    except OSError:
+        return []
+    return rows
+
+
+def step(
+    database: queries.Database, number: int, config: AssemblyConfig, run_dir: Path | None
+) -> dict[str, Any]:
+    with database.lock:
+        rows = queries.step_rollouts(database.db, number, config.reward_name)
+        known = database.db.execute("SELECT rollouts, at FROM s.training_steps WHERE step = ?", (number,)).fetchone()
+    if not rows and known is None:
+        raise queries.ViewerError(f"no training step {number} in the store", 404)
+    metrics = next((row for row in metrics_rows(run_dir) if row.get("step") == number), None)
+    # The policy that trained step N generated version N-1 (one update per step); metrics know better.
+    trained_version = number - 1
+    if metrics and isinstance(metrics.get("policy_version"), (int, float)):
+        trained_version = int(metrics["policy_version"]) - 1
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row["task_id"] or row["rollout_id"], []).append(row)
+    for row in rows:
+        row.pop("rowid", None)
+        row["break_kinds"] = json.loads(row["break_kinds"]) if row.get("break_kinds") else None
+    for members in groups.values():
+        rewards = [m["reward"] for m in members if m["reward"] is not None]
+        mean = statistics.fmean(rewards) if rewards else None
+        std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+        for m in members:
+            m["group_size"] = len(members)
+            m["group_mean"] = mean
+            if m["reward"] is None or mean is None:
+                m["advantage"] = m["advantage_normalized"] = None
+            else:
+                m["advantage"] = m["reward"] - mean
+                m["advantage_normalized"] = (m["reward"] - mean) / (std + 1e-6) if len(members) > 1 else 0.0
+            m["staleness"] = None if m["min_version"] is None else trained_version - m["min_version"]
+    return {
+        "step": number,
+        "recorded": None if known is None else {"rollouts": known[0], "at": known[1]},
+        "trained_version": trained_version,
+        "rollouts": rows,
+        "metrics": metrics,
+    }

@@ -1,0 +1,366 @@
+"""Read-only SQL over a rollout store for the viewer (the tables are store/schema.py's).
+
+The store is opened with a `mode=ro` URI, ATTACHed to an in-memory database that holds the viewer's
+own summary table (per-rollout policy versions and merge breaks, filled by `indexer.Indexer`), so
+one connection can filter and sort on both. SQLite's WAL lets these reads run while training
+writes; nothing here ever writes to the store.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from agl_trainer.store.records import CallRow, RewardRow, RolloutData, RolloutInfo, RolloutKey
+from agl_trainer.store.schema import SCHEMA_VERSION
+
+SUMMARY = """
+CREATE TABLE IF NOT EXISTS summary (
+    rollout_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    min_version INTEGER,
+    max_version INTEGER,
+    merge_breaks INTEGER NOT NULL,
+    break_kinds TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    assembled_reward REAL,
+    dropped TEXT,
+    last_span_at REAL NOT NULL,
+    PRIMARY KEY (rollout_id, attempt)
+);
+CREATE INDEX IF NOT EXISTS summary_breaks ON summary (merge_breaks);
+"""
+
+
+class ViewerError(Exception):
+    """A request the viewer refuses (the server answers 4xx with this message)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def connect_ro(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the store at `path` (never creates or changes the file)."""
+    if not path.is_file():
+        raise ViewerError(f"no store at {path}", 404)
+    db = sqlite3.connect(
+        f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, check_same_thread=False, timeout=30
+    )
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as error:
+        db.close()
+        raise ViewerError(f"{path} is not an agl rollout store: {error}") from None
+    if version > SCHEMA_VERSION or not {"rollouts", "calls", "rewards"} <= tables:
+        db.close()
+        raise ViewerError(f"{path} is not an agl rollout store this agl reads (schema {version})")
+    return db
+
+
+# --- the rollouts table -------------------------------------------------------------------------
+
+# API sort key -> SQL expression over the `listing` subquery's columns. Every expression is
+# NULL-free (COALESCE) so the order is total, with rowid breaking ties.
+SORTS: dict[str, str] = {
+    "newest": "rowid",
+    "rollout": "rollout_id",
+    "task": "COALESCE(task_id, '')",
+    "mode": "mode",
+    "step": "COALESCE(trained_step, -1)",
+    "version": "COALESCE(max_version, -1)",
+    "reward": "COALESCE(reward, -1e308)",
+    "cause": "COALESCE(end_cause, '')",
+    "calls": "calls",
+    "breaks": "COALESCE(merge_breaks, -1)",
+    "duration": "COALESCE(ended_ns - started_ns, -1)",
+}
+MAX_LIMIT = 500
+
+
+def _listing(reward_name_param: bool = True) -> str:
+    return (
+        "SELECT r.rowid AS rowid, r.rollout_id, r.attempt, r.task_id, COALESCE(r.mode, 'train') AS mode,"
+        " r.status, r.complete, r.end_cause, r.trained_step, r.dropped_reason, r.first_seen_at,"
+        " r.last_span_at, r.completed_at, r.started_ns, r.ended_ns, r.harness_exit_code, r.error,"
+        " (SELECT COUNT(*) FROM s.calls c WHERE c.rollout_id = r.rollout_id AND c.attempt = r.attempt) AS calls,"
+        " (SELECT w.value FROM s.rewards w WHERE w.rollout_id = r.rollout_id"
+        "   AND (w.attempt IS NULL OR w.attempt = r.attempt) AND w.name = :reward_name AND w.call_seq IS NULL"
+        "   ORDER BY w.end_ns DESC, w.span_id DESC LIMIT 1) AS reward,"
+        " m.min_version, m.max_version, m.merge_breaks, m.break_kinds"
+        " FROM s.rollouts r LEFT JOIN main.summary m ON m.rollout_id = r.rollout_id AND m.attempt = r.attempt"
+    )
+
+
+class Filters:
+    """The rollouts table's filters, each checked and turned into SQL with named parameters."""
+
+    def __init__(self, params: dict[str, str]) -> None:
+        self.inner: list[str] = []  # on the rollouts table itself (cheap)
+        self.outer: list[str] = []  # on computed columns
+        self.values: dict[str, Any] = {}
+        text = {"task": "r.task_id = :task", "cause": "r.end_cause IS :cause", "id": "r.rollout_id LIKE :id ESCAPE '\\'"}
+        for name, clause in text.items():
+            value = params.get(name)
+            if value:
+                self.inner.append(clause)
+                self.values[name] = _like_prefix(value) if name == "id" else value
+        mode = params.get("mode")
+        if mode:
+            if mode not in ("train", "val"):
+                raise ViewerError(f"mode must be train or val, got {mode!r}")
+            self.inner.append("COALESCE(r.mode, 'train') = :mode")
+            self.values["mode"] = mode
+        step = params.get("step")
+        if step:
+            if step == "none":
+                self.inner.append("r.trained_step IS NULL")
+            else:
+                self.inner.append("r.trained_step = :step")
+                self.values["step"] = _int("step", step)
+        state = params.get("state")
+        if state:
+            states = {
+                "open": "r.complete = 0",
+                "complete": "r.complete = 1",
+                "trained": "r.trained_step IS NOT NULL",
+                "dropped": "r.dropped_reason IS NOT NULL",
+                "ready": "r.complete = 1 AND r.trained_step IS NULL AND r.dropped_reason IS NULL",
+            }
+            if state not in states:
+                raise ViewerError(f"state must be one of {sorted(states)}, got {state!r}")
+            self.inner.append(states[state])
+        ranges = {
+            "reward": ("reward", float),
+            "calls": ("calls", int),
+            "version": ("max_version", int),
+            "breaks": ("merge_breaks", int),
+        }
+        for name, (column, kind) in ranges.items():
+            for bound, op in (("min", ">="), ("max", "<=")):
+                key = f"{bound}_{name}"
+                raw = params.get(key)
+                if raw:
+                    self.outer.append(f"{column} {op} :{key}")
+                    self.values[key] = _float(key, raw) if kind is float else _int(key, raw)
+
+    def sql(self, *, order: str, limit: int, offset: int) -> str:
+        inner = _listing() + (" WHERE " + " AND ".join(self.inner) if self.inner else "")
+        outer = " WHERE " + " AND ".join(self.outer) if self.outer else ""
+        return f"SELECT * FROM ({inner}){outer} ORDER BY {order} LIMIT {limit} OFFSET {offset}"
+
+    def count_sql(self) -> str:
+        if not self.outer:  # no computed column involved: count the rollouts table alone
+            where = " WHERE " + " AND ".join(self.inner) if self.inner else ""
+            return f"SELECT COUNT(*) FROM s.rollouts r{where}"
+        inner = _listing() + (" WHERE " + " AND ".join(self.inner) if self.inner else "")
+        return f"SELECT COUNT(*) FROM ({inner}) WHERE " + " AND ".join(self.outer)
+
+
+def _int(name: str, raw: str, low: int = -(2**63), high: int = 2**63 - 1) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ViewerError(f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise ViewerError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ViewerError(f"{name} must be a number, got {raw[:40]!r}") from None
+    if not math.isfinite(value):
+        raise ViewerError(f"{name} must be a finite number, got {raw[:40]!r}")
+    return value
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def parse_page(params: dict[str, str]) -> tuple[str, int, int]:
+    """(ORDER BY clause, limit, offset) from `sort`, `order` (asc|desc), `limit`, `offset`."""
+    sort = params.get("sort") or "newest"
+    if sort not in SORTS:
+        raise ViewerError(f"sort must be one of {sorted(SORTS)}, got {sort[:40]!r}")
+    direction = (params.get("order") or "desc").lower()
+    if direction not in ("asc", "desc"):
+        raise ViewerError(f"order must be asc or desc, got {direction[:40]!r}")
+    limit = _int("limit", params.get("limit") or "50", 1, MAX_LIMIT)
+    offset = _int("offset", params.get("offset") or "0", 0, 10**9)
+    expression = SORTS[sort]
+    order = f"{expression} {direction}" if expression == "rowid" else f"{expression} {direction}, rowid {direction}"
+    return order, limit, offset
+
+
+# --- one rollout --------------------------------------------------------------------------------
+
+_KNOWN_CALL_COLUMNS = {
+    "trace_id", "span_id", "rollout_id", "attempt", "call_seq", "name", "start_ns", "end_ns", "prompt_ids",
+    "completion_ids", "logprobs", "prompt_ref_seq", "prompt_ref_length", "prompt_length", "policy_version",
+    "finish_reason", "end_reason", "tokens_source", "choices", "status_code", "received_at",
+}  # fmt: skip
+
+
+_ARRAYS = {"prompt_ids": "<i4", "completion_ids": "<i4", "logprobs": "<f4"}
+_CALL_FIELDS = CallRow.__struct_fields__  # what this agl's CallRow holds (a newer store may hold more)
+
+
+def _value(name: str, value: Any) -> Any:
+    dtype = _ARRAYS.get(name)
+    if dtype is None or value is None:
+        return value
+    return np.frombuffer(value, dtype=dtype)
+
+
+def rollout_row(db: sqlite3.Connection, key: RolloutKey) -> dict[str, Any] | None:
+    cursor = db.execute("SELECT * FROM s.rollouts WHERE rollout_id = ? AND attempt = ?", (key.rollout_id, key.attempt))
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return dict(zip([d[0] for d in cursor.description], row, strict=True))
+
+
+def attempts(db: sqlite3.Connection, rollout_id: str) -> list[int]:
+    rows = db.execute("SELECT attempt FROM s.rollouts WHERE rollout_id = ? ORDER BY attempt", (rollout_id,))
+    return [row[0] for row in rows]
+
+
+def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, list[dict[str, Any]]] | None:
+    """The rollout as `RolloutStore.load` gives it, plus each call's row as a dict (timing,
+    status, and any column a newer store adds, e.g. the sidecar's attribution)."""
+    row = rollout_row(db, key)
+    if row is None:
+        return None
+    cursor = db.execute(
+        "SELECT * FROM s.calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
+        (key.rollout_id, key.attempt),
+    )
+    names = [d[0] for d in cursor.description]
+    raw_calls = [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+    calls = [CallRow(**{name: _value(name, c[name]) for name in _CALL_FIELDS if name in c}) for c in raw_calls]
+    rewards = [
+        RewardRow(*r)
+        for r in db.execute(
+            "SELECT span_id, name, value, call_seq, end_ns FROM s.rewards WHERE rollout_id = ?"
+            " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
+            (key.rollout_id, key.attempt),
+        )
+    ]
+    info = RolloutInfo(
+        rollout_id=row["rollout_id"],
+        attempt=row["attempt"],
+        task_id=row["task_id"],
+        mode=row["mode"],
+        status=row["status"],
+        complete=bool(row["complete"]),
+        end_cause=row["end_cause"],
+        first_seen_at=row["first_seen_at"],
+        last_span_at=row["last_span_at"],
+        completed_at=row["completed_at"],
+        trained_step=row["trained_step"],
+        dropped_reason=row["dropped_reason"],
+        calls=len(calls),
+        rewards=len(rewards),
+        error=row["error"],
+        harness_exit_code=row["harness_exit_code"],
+        late_spans=row["late_spans"],
+    )
+    extras = []
+    for c in raw_calls:
+        extra = {k: v for k, v in c.items() if k not in _KNOWN_CALL_COLUMNS and not isinstance(v, bytes)}
+        extras.append(
+            {
+                "call_seq": c["call_seq"],
+                "start_ns": c["start_ns"],
+                "end_ns": c["end_ns"],
+                "status_code": c["status_code"],
+                "received_at": c["received_at"],
+                "span_id": c["span_id"].hex() if isinstance(c["span_id"], bytes) else None,
+                "trace_id": c["trace_id"].hex() if isinstance(c["trace_id"], bytes) else None,
+                "extra": extra,
+            }
+        )
+    return RolloutData(info=info, calls=calls, rewards=rewards), extras
+
+
+def step_rollouts(db: sqlite3.Connection, step: int, reward_name: str) -> list[dict[str, Any]]:
+    sql = (
+        f"SELECT * FROM ({_listing()} WHERE r.complete = 1 AND r.trained_step = :step)"
+        " ORDER BY COALESCE(task_id, rollout_id), rollout_id, attempt"
+    )
+    cursor = db.execute(sql, {"step": step, "reward_name": reward_name})
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def steps(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = db.execute("SELECT step, rollouts, at FROM s.training_steps ORDER BY step").fetchall()
+    return [{"step": s, "rollouts": n, "at": at} for s, n, at in rows]
+
+
+def step_rewards(db: sqlite3.Connection, reward_name: str) -> list[dict[str, Any]]:
+    """Mean final reward of the rollouts trained at each step (the curve when metrics.jsonl is absent)."""
+    sql = (
+        f"SELECT trained_step, AVG(reward), COUNT(reward) FROM ({_listing()}"
+        " WHERE r.complete = 1 AND r.trained_step IS NOT NULL) GROUP BY trained_step ORDER BY trained_step"
+    )
+    rows = db.execute(sql, {"reward_name": reward_name}).fetchall()
+    return [{"step": s, "reward/mean": mean, "rollouts": n} for s, mean, n in rows if mean is not None]
+
+
+def overview(db: sqlite3.Connection) -> dict[str, Any]:
+    total, complete, trained, dropped = db.execute(
+        "SELECT COUNT(*), COALESCE(SUM(complete), 0), COUNT(trained_step), COUNT(dropped_reason) FROM s.rollouts"
+    ).fetchone()
+    causes = dict(db.execute("SELECT COALESCE(end_cause, ''), COUNT(*) FROM s.rollouts WHERE complete = 1 GROUP BY 1"))
+    violations = dict(db.execute("SELECT reason, COUNT(*) FROM s.violations GROUP BY reason"))
+    last_step = db.execute("SELECT MAX(step) FROM s.training_steps").fetchone()[0]
+    return {
+        "rollouts": total,
+        "complete": complete,
+        "trained": trained,
+        "dropped": dropped,
+        "by_cause": causes,
+        "violations": violations,
+        "last_step": last_step,
+    }
+
+
+def attach(store_path: Path) -> sqlite3.Connection:
+    """An in-memory database with the store attached read-only as `s`."""
+    # Autocommit: a transaction left open (by an INSERT into the summary) would pin the store's
+    # snapshot, and the pages would stop seeing what training writes.
+    db = sqlite3.connect(":memory:", uri=True, check_same_thread=False, timeout=30, isolation_level=None)
+    db.execute("ATTACH DATABASE ? AS s", (f"file:{quote(str(store_path.resolve()))}?mode=ro",))
+    return db
+
+
+class Database:
+    """One connection (in-memory main + the store attached read-only as `s`), shared under a lock."""
+
+    def __init__(self, store_path: Path) -> None:
+        connect_ro(store_path).close()  # a clear error for a missing or foreign file
+        self.store_path = store_path
+        self.db = attach(store_path)
+        self.db.executescript(SUMMARY)
+        self.lock = threading.Lock()
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple]:
+        with self.lock:
+            return self.db.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()

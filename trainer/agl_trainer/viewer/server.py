@@ -1,0 +1,332 @@
+"""`ViewerServer`: the trace viewer's HTTP server (aiohttp, in its own thread and event loop).
+
+Routes (all GET; the API answers JSON, errors as {"error": ...} with a 4xx status):
+    /                     the single page (static/index.html), /static/<file> its JS and CSS
+    /api/overview         store counts, indexing progress, reward and entropy curves
+    /api/rollouts         the rollouts table: filters, sort, limit/offset (queries.Filters)
+    /api/rollout?id=&attempt=   one rollout (detail.rollout)
+    /api/step?step=       one training step (detail.step)
+Everything reads the store through a read-only connection; pages are plain HTML/CSS/JS shipped in
+the package (no build step, no CDN), served with a CSP that allows only this origin's scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agl_trainer.assembly import AssemblyConfig
+from agl_trainer.store.records import RolloutKey
+from agl_trainer.viewer import detail, queries
+from agl_trainer.viewer.indexer import Indexer
+from agl_trainer.viewer.tokens import TokenDecoder, TokenizerError, load_tokenizer
+
+log = logging.getLogger("agl.viewer")
+
+STATIC = {"app.js": "text/javascript", "app.css": "text/css", "index.html": "text/html"}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
+    " connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
+MAX_PARAM = 4096
+
+
+class ListenError(ValueError):
+    """A --listen address that is not host:port."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'127.0.0.1:8500', '[::1]:8500', ':8500' (all interfaces of localhost) -> (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ListenError(f"listen address must be HOST:PORT (e.g. 127.0.0.1:8500), got {value!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port_text)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    text = json.dumps(body, allow_nan=False, default=_default, separators=(",", ":"))
+    return web.Response(text=text, status=status, content_type="application/json", headers=HEADERS)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return repr(value)
+
+
+def _clean(value: Any) -> Any:
+    """NaN and infinities (a harness can send them as rewards) as null: JSON has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+class Viewer:
+    """The application: the store, the tokenizer (loaded on first use), the indexer, the routes."""
+
+    def __init__(
+        self,
+        store_path: Path,
+        *,
+        model: str | None = None,
+        run_dir: Path | None = None,
+        reward_name: str | None = None,
+        index: bool = True,
+    ) -> None:
+        self.store_path = Path(store_path)
+        self.database = queries.Database(self.store_path)
+        self.model = model
+        self.run_dir = run_dir if run_dir is not None else self.store_path.parent
+        self.config = AssemblyConfig(reward_name=reward_name) if reward_name else AssemblyConfig()
+        self._decoder: TokenDecoder | None = None
+        self._decoder_error: str | None = None
+        self._decoder_lock = threading.Lock()
+        self.indexer = Indexer(self.database, self.config) if index else None
+
+    def decoder(self) -> TokenDecoder:
+        with self._decoder_lock:
+            if self._decoder is None:
+                tokenizer = None
+                if self.model:
+                    try:
+                        tokenizer = load_tokenizer(self.model)
+                    except TokenizerError as error:
+                        self._decoder_error = str(error)
+                        log.warning("agl viewer: %s; showing token ids", error)
+                self._decoder = TokenDecoder(tokenizer)
+            return self._decoder
+
+    def start(self) -> None:
+        if self.indexer is not None:
+            self.indexer.start()
+
+    def close(self) -> None:
+        if self.indexer is not None:
+            self.indexer.stop()
+        self.database.close()
+
+    # --- the application ------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors])
+        app.router.add_get("/", self._index)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_get("/api/overview", self._api(self.overview))
+        app.router.add_get("/api/rollouts", self._api(self.rollouts))
+        app.router.add_get("/api/rollout", self._api(self.rollout))
+        app.router.add_get("/api/step", self._api(self.step))
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            return _json({"error": error.reason}, error.status)
+        except queries.ViewerError as error:
+            return _json({"error": str(error)}, error.status)
+        except Exception:  # noqa: BLE001 (a bug: logged, answered as JSON)
+            log.exception("agl viewer: %s failed", request.path_qs[:200])
+            return _json({"error": "internal error (see the server's log)"}, 500)
+
+    def _api(self, function: Callable[[dict[str, str]], Any]) -> Callable:
+        async def handler(request: web.Request) -> web.Response:
+            params: dict[str, str] = {}
+            for name, value in request.query.items():
+                if name in params:
+                    raise queries.ViewerError(f"parameter {name[:40]!r} given twice")
+                if len(value) > MAX_PARAM:
+                    raise queries.ViewerError(f"parameter {name[:40]!r} is longer than {MAX_PARAM} characters")
+                if "\x00" in value:
+                    raise queries.ViewerError(f"parameter {name[:40]!r} holds a NUL character")
+                params[name] = value
+            return _json(_clean(await asyncio.to_thread(function, params)))
+
+        return handler
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return self._file("index.html")
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise queries.ViewerError("no such file", 404)
+        return self._file(name)
+
+    def _file(self, name: str) -> web.Response:
+        body = resources.files("agl_trainer.viewer").joinpath("static", name).read_bytes()
+        return web.Response(body=body, content_type=STATIC[name], charset="utf-8", headers=HEADERS)
+
+    # --- the API ----------------------------------------------------------------------------------
+    def overview(self, params: dict[str, str]) -> dict[str, Any]:
+        with self.database.lock:
+            counts = queries.overview(self.database.db)
+            steps = queries.steps(self.database.db)
+        metrics = detail.metrics_rows(self.run_dir)
+        if metrics:
+            curve = [
+                {
+                    "step": row["step"],
+                    "reward": row.get("reward/mean"),
+                    "entropy": next((row[k] for k in ENTROPY_KEYS if k in row), None),
+                }
+                for row in metrics
+            ]
+            source = "metrics.jsonl"
+        else:
+            with self.database.lock:
+                rewards = queries.step_rewards(self.database.db, self.config.reward_name)
+            curve = [{"step": r["step"], "reward": r["reward/mean"], "entropy": None} for r in rewards]
+            source = "store"
+        return {
+            "store": str(self.store_path),
+            "model": self.model,
+            "tokenizer_error": self._decoder_error,
+            "reward_name": self.config.reward_name,
+            "counts": counts,
+            "steps": steps,
+            "curve": curve,
+            "curve_source": source,
+            "indexing": None if self.indexer is None else self.indexer.progress(),
+        }
+
+    def rollouts(self, params: dict[str, str]) -> dict[str, Any]:
+        filters = queries.Filters(params)
+        order, limit, offset = queries.parse_page(params)
+        values = {**filters.values, "reward_name": self.config.reward_name}
+        with self.database.lock:
+            cursor = self.database.db.execute(filters.sql(order=order, limit=limit, offset=offset), values)
+            names = [d[0] for d in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            total = self.database.db.execute(filters.count_sql(), values).fetchone()[0]
+        for row in rows:
+            kinds = row.pop("break_kinds", None)
+            row["break_kinds"] = json.loads(kinds) if kinds else None
+            row.pop("rowid", None)
+        return {
+            "rows": rows,
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "indexing": None if self.indexer is None else self.indexer.progress(),
+        }
+
+    def rollout(self, params: dict[str, str]) -> dict[str, Any]:
+        rollout_id = params.get("id")
+        if not rollout_id:
+            raise queries.ViewerError("give the rollout's id: /api/rollout?id=ROLLOUT_ID[&attempt=N]")
+        attempt_text = params.get("attempt")
+        if attempt_text:
+            attempt = queries._int("attempt", attempt_text, 0, 2**31)
+        else:
+            with self.database.lock:
+                found = queries.attempts(self.database.db, rollout_id)
+            if not found:
+                raise queries.ViewerError(f"no rollout {rollout_id!r}", 404)
+            attempt = found[-1]
+        return detail.rollout(
+            self.database, RolloutKey(rollout_id, attempt), self.config, self.decoder(), self.run_dir
+        )
+
+    def step(self, params: dict[str, str]) -> dict[str, Any]:
+        raw = params.get("step")
+        if not raw:
+            raise queries.ViewerError("give the step: /api/step?step=N")
+        return detail.step(self.database, queries._int("step", raw, 0, 2**62), self.config, self.run_dir)
+
+
+class ViewerServer:
+    """A `Viewer` served from a background thread: `start()` binds and returns; `url`; `stop()`."""
+
+    def __init__(self, viewer: Viewer, listen: str = "127.0.0.1:8500") -> None:
+        self.viewer = viewer
+        self.host, self.port = parse_listen(listen)
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ViewerServer:
+        if self._thread is not None:  # already serving (e.g. `with serve(...) as server`)
+            return self
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._bind())
+            except BaseException as error:  # noqa: BLE001 (reported to start()'s caller)
+                failure.append(error)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="agl-viewer", daemon=True)
+        self._thread.start()
+        started.wait()
+        if failure:
+            self.viewer.close()
+            raise failure[0]
+        self.viewer.start()
+        return self
+
+    async def _bind(self) -> None:
+        self._runner = web.AppRunner(self.viewer.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{port}/"
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        self.viewer.close()
+
+    def __enter__(self) -> ViewerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(
+    store_path: str | Path,
+    listen: str = "127.0.0.1:8500",
+    *,
+    model: str | None = None,
+    run_dir: Path | None = None,
+    reward_name: str | None = None,
+) -> ViewerServer:
+    """Start the viewer over `store_path` in a background thread; returns the running server."""
+    viewer = Viewer(Path(store_path), model=model, run_dir=run_dir, reward_name=reward_name)
+    return ViewerServer(viewer, listen).start()

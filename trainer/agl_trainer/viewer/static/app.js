@@ -1,0 +1,441 @@
+// agl traces: the viewer's page. Everything from a store (ids, text, attributes) reaches the page
+// through textContent / createTextNode / setAttribute, never innerHTML, and control characters are
+// shown as visible escapes: a harness's text is displayed, never interpreted.
+"use strict";
+
+const ROLES = { p: "prompt", c: "trained completion", t: "tool output / context (masked)", m: "masked" };
+const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const CONTROLS_ALL = /[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+function escapeChar(ch) {
+  const code = ch.charCodeAt(0);
+  return code < 0x100 ? "\\x" + code.toString(16).padStart(2, "0") : "\\u" + code.toString(16).padStart(4, "0");
+}
+// Text as the user should see it: controls (ESC, NUL, bidi overrides...) as escapes.
+function visible(value, keepNewlines) {
+  if (value === null || value === undefined) return "–";
+  return String(value).replace(keepNewlines ? CONTROLS : CONTROLS_ALL, escapeChar);
+}
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+async function api(path, params) {
+  const query = new URLSearchParams(params || {}).toString();
+  const response = await fetch("/api/" + path + (query ? "?" + query : ""));
+  let body;
+  try { body = await response.json(); } catch (e) { throw new Error("HTTP " + response.status); }
+  if (!response.ok) throw new Error(body.error || "HTTP " + response.status);
+  return body;
+}
+
+const fmt = {
+  num(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits === undefined ? 3 : digits).replace(/\.?0+$/, "") || "0"; },
+  ms(ns) { return ns === null || ns === undefined ? "–" : (ns / 1e6).toFixed(ns < 1e7 ? 2 : 0) + " ms"; },
+  time(s) { return s ? new Date(s * 1000).toLocaleString() : "–"; },
+};
+
+function rolloutHref(id, attempt) {
+  const params = new URLSearchParams({ id: id });
+  if (attempt !== undefined && attempt !== null) params.set("attempt", attempt);
+  return "#/rollout?" + params.toString();
+}
+
+function hashRoute() {
+  const hash = location.hash.slice(1) || "/";
+  const at = hash.indexOf("?");
+  const path = at < 0 ? hash : hash.slice(0, at);
+  const params = Object.fromEntries(new URLSearchParams(at < 0 ? "" : hash.slice(at + 1)));
+  return { path, params };
+}
+
+function show(...nodes) {
+  const main = document.getElementById("main");
+  main.replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false));
+}
+
+// A two-column list of (label, value) pairs; each value is text or a node.
+function grid(...pairs) {
+  const box = el("div", { class: "grid" });
+  for (let i = 0; i + 1 < pairs.length; i += 2) box.append(el("div", {}, pairs[i]), el("div", {}, pairs[i + 1]));
+  return box;
+}
+
+async function route() {
+  const { path, params } = hashRoute();
+  try {
+    if (path === "/rollout") await rolloutPage(params);
+    else if (path === "/step") await stepPage(params);
+    else if (path === "/steps") await stepsPage();
+    else await rolloutsPage(params);
+  } catch (error) {
+    show(el("p", { class: "error" }, "error: " + visible(error.message)));
+  }
+}
+
+// --- the landing page: counts, curves, the rollouts table ----------------------------------------
+
+const COLUMNS = [
+  ["rollout", "rollout"], ["attempt", null], ["task", "task"], ["mode", "mode"], ["state", null],
+  ["end cause", "cause"], ["step", "step"], ["policy", "version"], ["reward", "reward"], ["calls", "calls"],
+  ["merge breaks", "breaks"], ["duration", "duration"],
+];
+const FILTERS = [
+  ["id", "id prefix"], ["task", "task"], ["mode", "mode", ["", "train", "val"]],
+  ["state", "state", ["", "open", "complete", "ready", "trained", "dropped"]],
+  ["cause", "end cause", ["", "ok", "harness_error", "infra_error", "timeout", "cancelled"]],
+  ["step", "step (none: untrained)"], ["min_version", "policy ≥"], ["max_version", "policy ≤"],
+  ["min_reward", "reward ≥"], ["max_reward", "reward ≤"], ["min_calls", "calls ≥"], ["max_calls", "calls ≤"],
+  ["min_breaks", "breaks ≥"], ["max_breaks", "breaks ≤"],
+];
+
+async function rolloutsPage(params) {
+  const [overview, page] = await Promise.all([api("overview"), api("rollouts", params)]);
+  document.getElementById("store").textContent = visible(overview.store);
+  const c = overview.counts;
+  const cards = el("div", { class: "cards" },
+    card("rollouts", c.rollouts), card("complete", c.complete), card("trained", c.trained),
+    card("dropped", c.dropped), card("last step", c.last_step ?? "–"),
+    Object.entries(c.by_cause).map(([cause, n]) => card(cause || "(none)", n)),
+    Object.entries(c.violations).map(([reason, n]) => card("violations: " + reason, n)),
+    overview.indexing && !overview.indexing.done ? card("indexing merge breaks", overview.indexing.indexed + " / " + overview.indexing.total) : null);
+  const form = el("form", { class: "filters", id: "filters" },
+    FILTERS.map(([name, label, choices]) => el("label", {}, label,
+      choices ? el("select", { name }, choices.map((v) => el("option", { value: v, selected: params[name] === v ? "" : null }, v || "any")))
+              : el("input", { name, value: params[name] || "", size: 8 }))),
+    el("button", { type: "submit" }, "filter"),
+    el("button", { type: "button", onclick: () => { location.hash = "#/"; } }, "clear"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = {};
+    for (const [key, value] of new FormData(form).entries()) if (value) next[key] = value;
+    if (params.sort) next.sort = params.sort;
+    if (params.order) next.order = params.order;
+    location.hash = "#/?" + new URLSearchParams(next).toString();
+  });
+  show(
+    el("h1", {}, "Rollouts"),
+    cards,
+    chart(overview.curve, overview.curve_source),
+    form,
+    rolloutsTable(page, params),
+    pager(page, params),
+    overview.tokenizer_error ? el("p", { class: "error" }, visible(overview.tokenizer_error)) : null,
+  );
+}
+
+function card(label, value) { return el("div", { class: "card" }, el("b", {}, String(value)), visible(label)); }
+
+function rolloutsTable(page, params) {
+  const sort = params.sort || "newest";
+  const order = params.order || "desc";
+  const head = el("tr", {}, COLUMNS.map(([label, key]) => {
+    if (!key) return el("th", {}, label);
+    const sorted = key === sort;
+    return el("th", {
+      class: "sortable" + (sorted ? " sorted" + (order === "asc" ? " asc" : "") : ""),
+      onclick: () => {
+        const next = { ...params, sort: key, order: sorted && order === "desc" ? "asc" : "desc" };
+        delete next.offset;
+        location.hash = "#/?" + new URLSearchParams(next).toString();
+      },
+    }, label);
+  }));
+  const rows = page.rows.map((r) => el("tr", {},
+    el("td", { class: "id" }, el("a", { href: rolloutHref(r.rollout_id, r.attempt) }, visible(r.rollout_id))),
+    el("td", { class: "num" }, r.attempt),
+    el("td", { class: "id" }, visible(r.task_id)),
+    el("td", {}, visible(r.mode)),
+    el("td", {}, r.trained_step !== null ? "trained" : r.dropped_reason ? "dropped: " + visible(r.dropped_reason) : r.complete ? "ready" : "open"),
+    el("td", { class: r.end_cause === "ok" ? "ok" : r.end_cause ? "bad" : "" }, visible(r.end_cause)),
+    el("td", { class: "num" }, r.trained_step === null ? "–" : el("a", { href: "#/step?step=" + r.trained_step }, r.trained_step)),
+    el("td", { class: "num" }, r.min_version === null || r.min_version === undefined ? "–" : r.min_version === r.max_version ? r.max_version : r.min_version + "–" + r.max_version),
+    el("td", { class: "num" }, fmt.num(r.reward)),
+    el("td", { class: "num" }, r.calls),
+    el("td", { class: "num" + (r.merge_breaks ? " bad" : ""), title: r.break_kinds ? Object.entries(r.break_kinds).map(([k, n]) => k + " " + n).join(", ") : null },
+      r.merge_breaks === null || r.merge_breaks === undefined ? "…" : r.merge_breaks),
+    el("td", { class: "num" }, r.started_ns && r.ended_ns ? fmt.ms(r.ended_ns - r.started_ns) : "–"),
+  ));
+  return el("table", { id: "rollouts" }, el("thead", {}, head), el("tbody", {}, rows));
+}
+
+function pager(page, params) {
+  const go = (offset) => { location.hash = "#/?" + new URLSearchParams({ ...params, offset: String(Math.max(0, offset)) }).toString(); };
+  const last = page.offset + page.rows.length;
+  return el("div", { class: "pager" },
+    el("button", { disabled: page.offset === 0 ? "" : null, onclick: () => go(page.offset - page.limit) }, "‹ newer"),
+    el("span", { class: "muted" }, (page.rows.length ? page.offset + 1 : 0) + "–" + last + " of " + page.total),
+    el("button", { disabled: last >= page.total ? "" : null, onclick: () => go(page.offset + page.limit) }, "older ›"));
+}
+
+// Reward (left axis) and entropy (right axis) per step, drawn from JSON as inline SVG.
+function chart(curve, source) {
+  const W = 720, H = 220, L = 48, R = 48, T = 14, B = 28;
+  const points = (curve || []).filter((p) => p.reward !== null || p.entropy !== null);
+  if (!points.length) return el("p", { class: "muted" }, "No training steps yet: the reward and entropy curves appear here.");
+  const steps = points.map((p) => p.step);
+  const x0 = Math.min(...steps), x1 = Math.max(...steps);
+  const sx = (s) => L + (x1 === x0 ? (W - L - R) / 2 : ((s - x0) / (x1 - x0)) * (W - L - R));
+  const root = svg("svg", { class: "chart", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
+  root.append(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#ccc" }));
+  root.append(svg("text", { x: L, y: H - 8 }, "step " + x0), svg("text", { x: W - R - 40, y: H - 8 }, "step " + x1));
+  const series = [["reward", "#2f6fdf", L - 44], ["entropy", "#e07b00", W - R + 4]];
+  for (const [key, color, labelX] of series) {
+    const values = points.filter((p) => p[key] !== null && p[key] !== undefined);
+    if (!values.length) continue;
+    const ys = values.map((p) => p[key]);
+    let y0 = Math.min(...ys), y1 = Math.max(...ys);
+    if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+    const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+    const path = values.map((p, i) => (i ? "L" : "M") + sx(p.step).toFixed(1) + "," + sy(p[key]).toFixed(1)).join(" ");
+    root.append(svg("path", { d: path, fill: "none", stroke: color, "stroke-width": 2 }));
+    for (const p of values) {
+      const dot = svg("circle", { cx: sx(p.step), cy: sy(p[key]), r: 2.5, fill: color });
+      dot.append(svg("title", {}, `step ${p.step}: ${key} ${fmt.num(p[key], 4)}`));
+      root.append(dot);
+    }
+    root.append(svg("text", { x: labelX, y: T + 8, fill: color }, fmt.num(y1, 3)), svg("text", { x: labelX, y: H - B, fill: color }, fmt.num(y0, 3)));
+  }
+  return el("div", {}, el("h2", {}, "Reward ", el("span", { style: null, class: "muted" }, "(blue) and entropy (orange) per step, from " + source)), root);
+}
+
+// --- steps -----------------------------------------------------------------------------------------
+
+async function stepsPage() {
+  const overview = await api("overview");
+  const rewardAt = Object.fromEntries(overview.curve.map((p) => [p.step, p]));
+  show(el("h1", {}, "Training steps"), chart(overview.curve, overview.curve_source),
+    overview.steps.length ? el("table", {},
+      el("thead", {}, el("tr", {}, ["step", "rollouts", "at", "reward", "entropy"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, overview.steps.slice().reverse().map((s) => el("tr", {},
+        el("td", {}, el("a", { href: "#/step?step=" + s.step }, "step " + s.step)),
+        el("td", { class: "num" }, s.rollouts), el("td", {}, fmt.time(s.at)),
+        el("td", { class: "num" }, fmt.num(rewardAt[s.step] && rewardAt[s.step].reward)),
+        el("td", { class: "num" }, fmt.num(rewardAt[s.step] && rewardAt[s.step].entropy))))))
+      : el("p", { class: "muted" }, "No training step recorded in this store yet."));
+}
+
+async function stepPage(params) {
+  const step = await api("step", { step: params.step || "" });
+  const metrics = step.metrics ? Object.entries(step.metrics).sort() : [];
+  show(
+    el("h1", {}, "Training step " + step.step),
+    grid(
+      "rollouts trained", String(step.rollouts.length),
+      "recorded", step.recorded ? fmt.time(step.recorded.at) : "–",
+      "policy trained", "version " + step.trained_version + " (staleness = this − the oldest policy version of a rollout's calls)"),
+    el("h2", {}, "Rollouts (advantage = reward − its task group's mean; normalized: ÷ the group's std)"),
+    el("table", { id: "step-rollouts" },
+      el("thead", {}, el("tr", {}, ["rollout", "task", "reward", "group", "group mean", "advantage", "normalized", "staleness", "policy", "calls", "breaks"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, step.rollouts.map((r) => el("tr", {},
+        el("td", { class: "id" }, el("a", { href: rolloutHref(r.rollout_id, r.attempt) }, visible(r.rollout_id))),
+        el("td", { class: "id" }, visible(r.task_id)),
+        el("td", { class: "num" }, fmt.num(r.reward)), el("td", { class: "num" }, r.group_size),
+        el("td", { class: "num" }, fmt.num(r.group_mean)),
+        el("td", { class: "num " + (r.advantage > 0 ? "ok" : r.advantage < 0 ? "bad" : "") }, fmt.num(r.advantage)),
+        el("td", { class: "num" }, fmt.num(r.advantage_normalized)),
+        el("td", { class: "num" }, r.staleness ?? "…"),
+        el("td", { class: "num" }, r.max_version ?? "…"), el("td", { class: "num" }, r.calls),
+        el("td", { class: "num" }, r.merge_breaks ?? "…"))))),
+    el("h2", {}, "Metrics row"),
+    metrics.length ? grid(...metrics.flatMap(([k, v]) => [visible(k), fmt.num(v, 6)]))
+      : el("p", { class: "muted" }, "No metrics.jsonl row for this step next to the store."),
+  );
+}
+
+// --- one rollout -------------------------------------------------------------------------------
+
+async function rolloutPage(params) {
+  const r = await api("rollout", params);
+  const info = r.info;
+  const training = info.trained_step !== null ? el("a", { href: "#/step?step=" + info.trained_step }, "trained at step " + info.trained_step)
+    : info.dropped_reason ? "dropped: " + visible(info.dropped_reason) : info.complete ? "ready (not trained yet)" : "open";
+  const breaks = new Map(r.merge_failures.map((f) => [f.call_seq, f]));
+  show(
+    el("h1", {}, "Rollout ", el("span", { id: "rollout-id" }, visible(info.rollout_id))),
+    r.attempts.length > 1 ? el("p", {}, "attempts: ", r.attempts.map((a) => [el("a", { href: rolloutHref(info.rollout_id, a) }, a === info.attempt ? "[" + a + "]" : String(a)), " "])) : null,
+    grid(
+      "task", visible(info.task_id), "mode", visible(info.mode || "train"), "attempt", String(info.attempt),
+      "state", (info.complete ? "complete" : "open") + (info.status ? "; rollout span: " + visible(info.status) : ""),
+      "end cause", visible(info.end_cause),
+      "harness exit", info.harness_exit_code === null ? "–" : String(info.harness_exit_code),
+      "error", visible(info.error, true),
+      "training", training,
+      "reward", fmt.num(r.reward) + (r.dropped ? "  (assembly drops it: " + visible(r.dropped) + ")" : ""),
+      "calls", r.calls.length + " (" + r.merge_failures.length + " merge break" + (r.merge_failures.length === 1 ? "" : "s") + ")",
+      "counted", Object.entries({ ...r.problems, ...r.truncations }).map(([k, v]) => visible(k) + " " + v).join(", ") || "–",
+      "late spans", String(info.late_spans)),
+    rewardsTable(r.rewards),
+    el("h2", {}, "Timeline"), timeline(r.calls),
+    el("h2", {}, "Calls"), callsTable(r.calls, breaks),
+    el("h2", {}, "Call tree"), callTree(r.placements, breaks),
+    r.merge_failures.length ? [el("h2", {}, "Merge breaks"), breaksTable(r.merge_failures)] : null,
+    el("h2", {}, "Samples ", el("span", { class: "muted" }, r.decoded ? "(decoded with the model's tokenizer)" : "(token ids: start the viewer with --model to decode)")),
+    legend(),
+    r.samples.length ? r.samples.map((s) => sampleView(s, r.placements, breaks, r.decoded)) : el("p", { class: "muted" }, "No trainable sample (" + visible(r.dropped || "nothing assembled") + ")."),
+    r.log ? [el("h2", {}, "Harness log ", el("span", { class: "muted" }, visible(r.log.name) + (r.log.truncated ? " (last 64 KiB)" : ""))), el("pre", { class: "log" }, visible(r.log.tail, true))] : null,
+  );
+}
+
+function rewardsTable(rewards) {
+  if (!rewards.length) return el("p", { class: "muted" }, "No reward spans.");
+  return [el("h2", {}, "Rewards"), el("table", {},
+    el("thead", {}, el("tr", {}, ["name", "value", "call", "end"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, rewards.map((w) => el("tr", {}, el("td", {}, visible(w.name)), el("td", { class: "num" }, fmt.num(w.value, 6)),
+      el("td", {}, w.call_seq === null ? "whole rollout" : "call " + w.call_seq), el("td", { class: "num" }, String(w.end_ns))))))];
+}
+
+function attribution(call) {
+  const extra = call.extra || {};
+  const parts = [];
+  for (const [key, value] of Object.entries(extra)) if (value !== null) parts.push(visible(key) + " " + visible(value));
+  return parts.join(", ");
+}
+
+function heldMs(call) {
+  const extra = call.extra || {};
+  return typeof extra.held_ms === "number" ? extra.held_ms : null;
+}
+
+function timeline(calls) {
+  if (!calls.length) return el("p", { class: "muted" }, "No calls.");
+  const t0 = Math.min(...calls.map((c) => c.start_ns));
+  const t1 = Math.max(...calls.map((c) => c.end_ns));
+  const span = Math.max(1, t1 - t0);
+  const box = el("div", { class: "timeline" }, el("div", { class: "muted" }, "0 → " + fmt.ms(span) + " (hatched: held while training paused the sidecar)"));
+  for (const c of calls) {
+    const left = ((c.start_ns - t0) / span) * 100, width = ((c.end_ns - c.start_ns) / span) * 100;
+    const held = heldMs(c);
+    const tip = `call ${c.call_seq}: start +${fmt.ms(c.start_ns - t0)}, duration ${fmt.ms(c.end_ns - c.start_ns)}` +
+      (held !== null ? `, held ${held.toFixed(1)} ms` : "") + `, end ${visible(c.end_reason)}, finish ${visible(c.finish_reason)}` +
+      (attribution(c) ? ", " + attribution(c) : "");
+    const track = el("div", { class: "track" },
+      el("div", { class: "bar" + (c.end_reason && c.end_reason !== "completed" ? " badend" : ""), style: null, title: tip, "data-left": left, "data-width": width }));
+    if (held) track.append(el("div", { class: "bar held", title: tip, "data-left": left, "data-width": Math.min(width, (held * 1e6 / span) * 100) }));
+    box.append(el("div", { class: "lane" }, el("span", { class: "label" }, "#" + c.call_seq), track));
+  }
+  // Positions through the CSSOM (no inline style attributes: the page's CSP allows none).
+  for (const bar of box.querySelectorAll(".bar")) {
+    bar.style.left = bar.getAttribute("data-left") + "%";
+    bar.style.width = "max(2px, " + bar.getAttribute("data-width") + "%)";
+  }
+  return box;
+}
+
+function callsTable(calls, breaks) {
+  const t0 = Math.min(...calls.map((c) => c.start_ns));
+  return el("table", { id: "calls" },
+    el("thead", {}, el("tr", {}, ["call", "start", "duration", "held", "policy", "prompt", "completion", "finish", "end reason", "attribution", "placement", "reward"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, calls.map((c) => {
+      const p = c.placement;
+      const where = !p ? "–" : p.problem ? "skipped: " + visible(p.problem) : p.sample === null ? "dropped with its sample"
+        : (p.merged ? "merged into sample " : "new sample ") + p.sample + (p.start && !p.merged ? " (" + visible(p.start) + ")" : "");
+      const held = heldMs(c);
+      return el("tr", {},
+        el("td", {}, "#" + c.call_seq, breaks.has(c.call_seq) ? el("span", { class: "tag break" }, "break: " + visible(breaks.get(c.call_seq).kind)) : null),
+        el("td", { class: "num" }, "+" + fmt.ms(c.start_ns - t0)), el("td", { class: "num" }, fmt.ms(c.end_ns - c.start_ns)),
+        el("td", { class: "num" }, held === null ? "–" : held.toFixed(1) + " ms"),
+        el("td", { class: "num" }, c.policy_version ?? "–"),
+        el("td", { class: "num" }, (c.prompt_tokens ?? "–") + (c.prompt_ref_seq !== null ? " (ref #" + c.prompt_ref_seq + ")" : "")),
+        el("td", { class: "num" }, c.completion_tokens ?? "–"),
+        el("td", {}, visible(c.finish_reason)), el("td", {}, visible(c.end_reason)),
+        el("td", { class: "id" }, attribution(c) || "–"), el("td", {}, where),
+        el("td", { class: "num" }, c.reward === null ? "–" : fmt.num(c.reward)));
+    })));
+}
+
+// The call tree: each call under the call whose full sequence its prompt extends (assembly's
+// `parent`); without parents (an older assembly) the calls are listed in order.
+function callTree(placements, breaks) {
+  const children = new Map();
+  const roots = [];
+  const known = new Set(placements.map((p) => p.call_seq));
+  for (const p of placements) {
+    const parent = p.parent;
+    if (parent === null || parent === undefined || !known.has(parent)) roots.push(p);
+    else { if (!children.has(parent)) children.set(parent, []); children.get(parent).push(p); }
+  }
+  const node = (p, depth) => el("li", {},
+    "call " + p.call_seq,
+    p.sample !== null ? el("span", { class: "tag" + (p.merged ? " merged" : "") }, (p.merged ? "merged → sample " : "sample ") + p.sample) : null,
+    p.start && !p.merged ? el("span", { class: "tag" }, visible(p.start)) : null,
+    p.origin ? el("span", { class: "tag" }, visible(p.origin)) : null,
+    p.policy_version >= 0 ? el("span", { class: "tag" }, "v" + p.policy_version) : null,
+    p.problem ? el("span", { class: "tag problem" }, visible(p.problem)) : null,
+    breaks.has(p.call_seq) ? el("span", { class: "tag break" }, "merge break: " + visible(breaks.get(p.call_seq).kind)) : null,
+    children.has(p.call_seq) && depth < 500 ? el("ul", {}, children.get(p.call_seq).map((q) => node(q, depth + 1))) : null);
+  return el("div", { class: "tree" }, el("ul", {}, roots.map((p) => node(p, 0))));
+}
+
+function breaksTable(failures) {
+  return el("table", { id: "breaks" },
+    el("thead", {}, el("tr", {}, ["call", "after call", "class", "classified by", "at token", "why"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, failures.map((f) => el("tr", {}, el("td", {}, "#" + f.call_seq), el("td", {}, "#" + f.previous_call_seq),
+      el("td", { class: "bad" }, visible(f.kind)), el("td", {}, visible(f.classified_by)), el("td", { class: "num" }, f.position),
+      el("td", { class: "id" }, visible(f.detail, true))))));
+}
+
+function legend() {
+  return el("p", { class: "legend" }, Object.entries(ROLES).map(([code, name]) => el("span", { class: "r-" + code }, name)),
+    el("span", { class: "boundary" }, "call N"), " hover a token for its policy version and logprob");
+}
+
+function sampleView(sample, placements, breaks, decoded) {
+  const markers = new Map();
+  for (const b of sample.boundaries) {
+    const label = b.completion ? "call " + b.call_seq + " ▸" : "context before call " + b.call_seq;
+    if (!markers.has(b.position)) markers.set(b.position, []);
+    markers.get(b.position).push(label);
+  }
+  const rewards = new Map((sample.token_rewards || []).map(([i, v]) => [i, v]));
+  const body = el("div", { class: "tokens" + (decoded ? "" : " ids") });
+  const fragment = document.createDocumentFragment();
+  const n = sample.ids.length;
+  for (let i = 0; i < n; i++) {
+    if (markers.has(i)) for (const label of markers.get(i)) fragment.append(el("span", { class: "boundary" }, label));
+    const role = sample.roles[i];
+    const version = sample.versions[i];
+    const lp = sample.logprobs[i];
+    let tip = `#${i} · token ${sample.ids[i]} · ${ROLES[role]}`;
+    if (version >= 0) tip += ` · policy v${version}`;
+    if (role === "c" && lp !== null) tip += ` · logprob ${lp}`;
+    if (rewards.has(i)) tip += ` · per-call reward ${rewards.get(i)}`;
+    const token = document.createElement("span");
+    token.className = "tok r-" + role;
+    token.title = tip;
+    token.textContent = visible(sample.text[i], true);
+    fragment.append(token);
+  }
+  body.append(fragment);
+  const first = sample.call_seqs[0];
+  const versions = [...new Set(sample.versions.filter((v) => v >= 0))].sort((a, b) => a - b);
+  const failure = breaks.get(first);
+  return el("div", { class: "sample" },
+    failure ? el("div", { class: "mergebreak" }, el("b", {}, "merge break (" + visible(failure.kind) + ")"),
+      ` before call ${failure.call_seq}: its prompt does not extend call ${failure.previous_call_seq}'s sequence` +
+      ` (first difference at token ${failure.position}; classified by ${visible(failure.classified_by)}). ` + visible(failure.detail)) : null,
+    el("h3", {}, `Sample ${sample.index}: calls ${sample.call_seqs.join(", ")} · ${n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
+    body);
+}
+
+window.addEventListener("hashchange", route);
+window.addEventListener("DOMContentLoaded", route);
