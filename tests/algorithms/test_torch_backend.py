@@ -9,9 +9,17 @@ import pytest
 import torch
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import BackendConfigError, TorchBackend, TorchBackendConfig
-from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
+from agl_trainer.batch import RolloutResult, TrainingBatch
 
-from tests.algorithms.tiny import VOCAB, make_tiny_model, random_batch, sample
+from tests.algorithms.tiny import (
+    TINY_DIMS,
+    VOCAB,
+    make_tiny_model,
+    random_batch,
+    sample,
+    training_config,
+    two_call_rollout,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +28,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def backend_for(model_dir: Path, **overrides) -> TorchBackend:
-    algorithm = overrides.pop("algorithm", AlgorithmConfig())
-    return TorchBackend(
-        TorchBackendConfig(
-            model_path=model_dir, device="cpu", lr=overrides.pop("lr", 1e-3), algorithm=algorithm, **overrides
-        )
-    )
+    return TorchBackend(training_config(model_dir, **{"lr": 1e-3, **overrides}))
 
 
 def good_and_bad_batch(version: int = 0) -> TrainingBatch:
@@ -92,14 +95,7 @@ def other_architecture(name: str, directory: Path) -> Path:
         "gpt2": GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=1
         ),
-        "llama": LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        ),
+        "llama": LlamaConfig(vocab_size=VOCAB, **TINY_DIMS),
         "opt": OPTConfig(
             vocab_size=VOCAB,
             hidden_size=64,
@@ -162,27 +158,14 @@ def test_micro_batching_and_packing_do_not_change_the_update(model_dir):
 
 def test_merged_or_split_rollout_gives_the_same_gradient(model_dir):
     """One two-call rollout as one merged sample, or as two samples: same loss, same gradient."""
-    prompt, first, tool, second = [3, 4, 5, 6], [20, 21, 22], [12, 13], [23, 24, 25, 26]
-    merged = Sample(
-        "a",
-        "t",
-        prompt + first + tool + second,
-        [0] * 4 + [1] * 3 + [0] * 2 + [1] * 4,
-        [0.0] * 4 + [-3.0] * 3 + [0.0] * 2 + [-3.5] * 4,
-        [-1] * 4 + [0] * 3 + [-1] * 2 + [0] * 4,
-    )
-    split = [
-        sample("a", "t", prompt, first, logprob=-3.0),
-        sample("a", "t", prompt + first + tool, second, logprob=-3.5),
-    ]
     other = [
-        RolloutResult("b", "t", 0.0, [sample("b", "t", prompt, [30, 31])]),
-        RolloutResult("c", "t", 0.5, [sample("c", "t", prompt, [40, 41, 42, 43, 44])]),
+        RolloutResult("b", "t", 0.0, [sample("b", "t", [3, 4, 5, 6], [30, 31])]),
+        RolloutResult("c", "t", 0.5, [sample("c", "t", [3, 4, 5, 6], [40, 41, 42, 43, 44])]),
     ]
     outcomes = []
-    for samples in ([merged], split):
+    for split in (False, True):
         backend = backend_for(model_dir, algorithm=AlgorithmConfig(kl_coef=0.0, entropy_coef=0.01))
-        batch = TrainingBatch.from_rollouts([RolloutResult("a", "t", 1.0, samples), *other])
+        batch = TrainingBatch.from_rollouts([two_call_rollout(split), *other])
         metrics = backend.train_step(batch, 0)
         outcomes.append(
             (metrics["loss/total"], torch.cat([p.grad.flatten() for p in backend.model.parameters()]))

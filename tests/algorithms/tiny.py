@@ -6,24 +6,25 @@ import random
 from pathlib import Path
 
 import torch
+from agl_trainer.algorithms import AlgorithmConfig
+from agl_trainer.backends.torch_config import TorchBackendConfig
 from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
 
 VOCAB = 64
+# a Llama-shaped model in milliseconds: Qwen2 here, Llama in the torch backend's architecture tests
+TINY_DIMS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def make_tiny_model(directory: Path, seed: int = 0, with_tokenizer: bool = True) -> Path:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
+    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=512, tie_word_embeddings=True, **TINY_DIMS)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
@@ -38,6 +39,17 @@ def make_tiny_model(directory: Path, seed: int = 0, with_tokenizer: bool = True)
             directory
         )
     return directory
+
+
+def training_config(model: Path, **overrides) -> TorchBackendConfig:
+    """The backend's settings for a tiny model on the CPU (lr 1e-2 unless given)."""
+    return TorchBackendConfig(
+        model_path=model,
+        device=overrides.pop("device", "cpu"),
+        lr=overrides.pop("lr", 1e-2),
+        algorithm=overrides.pop("algorithm", AlgorithmConfig()),
+        **overrides,
+    )
 
 
 def sample(
@@ -77,3 +89,25 @@ def random_batch(
                 )
             rollouts.append(RolloutResult(rid, f"task{task}", rng.random(), samples))
     return TrainingBatch.from_rollouts(rollouts)
+
+
+def two_call_rollout(split: bool) -> RolloutResult:
+    """Rollout "a" of task "t" (reward 1): two calls, the second's prompt extending the first's
+    sequence exactly, as one merged sample or as two samples. Trained alike, they update alike."""
+    prompt, first, tool, second = [3, 4, 5, 6], [20, 21, 22], [12, 13], [23, 24, 25, 26]
+    if split:
+        samples = [
+            sample("a", "t", prompt, first, logprob=-3.0),
+            sample("a", "t", prompt + first + tool, second, logprob=-3.5),
+        ]
+    else:
+        merged = Sample(
+            "a",
+            "t",
+            prompt + first + tool + second,
+            [0] * 4 + [1] * 3 + [0] * 2 + [1] * 4,
+            [0.0] * 4 + [-3.0] * 3 + [0.0] * 2 + [-3.5] * 4,
+            [-1] * 4 + [0] * 3 + [-1] * 2 + [0] * 4,
+        )
+        samples = [merged]
+    return RolloutResult("a", "t", 1.0, samples)

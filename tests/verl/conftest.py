@@ -6,26 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agl_trainer.algorithms import AlgorithmConfig
-from agl_trainer.backends import TorchBackendConfig
-
 from tests.algorithms.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("verl-tiny") / "model")
-
-
-def training_config(model: Path, **overrides) -> TorchBackendConfig:
-    algorithm = overrides.pop("algorithm", AlgorithmConfig())
-    return TorchBackendConfig(
-        model_path=model,
-        device=overrides.pop("device", "cpu"),
-        lr=overrides.pop("lr", 1e-2),
-        algorithm=algorithm,
-        **overrides,
-    )
 
 
 @pytest.fixture(scope="module")

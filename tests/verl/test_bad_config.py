@@ -11,8 +11,8 @@ from agl_trainer.backends.verl import VerlBackendConfig
 from agl_trainer.config import ConfigError, load_config
 from agl_trainer.loop.session import build_backend
 
+from tests.algorithms.tiny import training_config
 from tests.support.ports import free_port
-from tests.verl.conftest import training_config
 
 
 CASES = [

@@ -8,8 +8,7 @@ import torch
 from agl_trainer.backends import TorchBackend
 from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
 
-from tests.algorithms.tiny import random_batch
-from tests.verl.conftest import training_config
+from tests.algorithms.tiny import random_batch, training_config
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ import torch
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import TorchBackend
 from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
-from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
+from agl_trainer.batch import RolloutResult, TrainingBatch
 
-from tests.algorithms.tiny import random_batch, sample
+from tests.algorithms.tiny import random_batch, sample, training_config, two_call_rollout
 from tests.support.waiting import wait_until
-from tests.verl.conftest import training_config
 
 # every update is off-policy in some way: stale tokens (importance weights), two mini-batches
 # (the second sees weights the first moved), an entropy bonus with a gradient
@@ -77,30 +76,14 @@ def test_one_update_equals_the_torch_backend(pair):
 
 
 def _merged_or_split(split: bool) -> TrainingBatch:
-    prompt, first, tool, second = [3, 4, 5, 6], [20, 21, 22], [12, 13], [23, 24, 25, 26]
-    if split:
-        samples = [
-            sample("a", "t", prompt, first, logprob=-3.0),
-            sample("a", "t", prompt + first + tool, second, logprob=-3.5),
-        ]
-    else:
-        samples = [
-            Sample(
-                "a",
-                "t",
-                prompt + first + tool + second,
-                [0] * 4 + [1] * 3 + [0] * 2 + [1] * 4,
-                [0.0] * 4 + [-3.0] * 3 + [0.0] * 2 + [-3.5] * 4,
-                [-1] * 4 + [0] * 3 + [-1] * 2 + [0] * 4,
-            )
-        ]
+    prompt = [3, 4, 5, 6]
     others = [
         RolloutResult("b", "t", 0.0, [sample("b", "t", prompt, [30, 31])]),
         RolloutResult("c", "t", 0.5, [sample("c", "t", prompt, [40, 41, 42, 43, 44])]),
         RolloutResult("d", "u", 1.0, [sample("d", "u", [7, 8], [50, 51, 52])]),
         RolloutResult("e", "u", 0.0, [sample("e", "u", [7, 8], [53])]),
     ]
-    return TrainingBatch.from_rollouts([RolloutResult("a", "t", 1.0, samples), *others])
+    return TrainingBatch.from_rollouts([two_call_rollout(split), *others])
 
 
 def test_merged_or_split_rollout_gives_the_same_update(pair):
