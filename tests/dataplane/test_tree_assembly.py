@@ -108,7 +108,7 @@ def test_a_retry_trains_the_shared_prefix_once(store):
     placements = {p.call_seq: p for p in detail.placements}
     assert (placements[2].parent, placements[2].start, placements[2].merged) == (0, "branch", False)
     assert (placements[3].parent, placements[3].merged) == (2, True)
-    assert detail.merge_failures == []
+    assert detail.merge_failures == [] and result.report.branched_calls == 1
 
 
 @pytest.mark.parametrize(
@@ -223,3 +223,19 @@ def test_a_schema_1_store_is_upgraded_in_place(store_path):
     assert call.origin == "foreign_trace"
     with sqlite3.connect(store_path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_inspect_shows_the_forest_and_why_each_break_happened(store, store_path, capsys, monkeypatch):
+    from agl_trainer.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    ingest(store, [*main_sub_compaction(), reward_span("r", 1.0), rollout_span("r")])
+    assert main(["traces", "inspect", "r", "--store", str(store_path)]) == 0
+    out = capsys.readouterr().out
+    tree = out[out.index("call tree") :]
+    lines = [line for line in tree.splitlines()[1:] if "call " in line and "sample" in line]
+    depth = {int(line.split("call ")[1].split()[0]): len(line) - len(line.lstrip(" │├└─")) for line in lines}
+    assert depth[1] > depth[0] and depth[3] > depth[1]  # the main thread is one path: 0 -> 1 -> 3
+    assert depth[2] == depth[0] == depth[5] and depth[4] > depth[2] and depth[6] > depth[5]  # three roots
+    assert "merged onto call 3" not in out and "merged onto call 1" in out
+    assert "extends no earlier call" in out and "break vs call 3: other at token 3" in out

@@ -1,5 +1,6 @@
-"""A rich terminal view of one assembled rollout: calls, samples with every token marked trained
-or masked, merge boundaries and why merges failed, rewards, policy versions.
+"""A rich terminal view of one assembled rollout: calls, the call tree they merged onto, samples
+with every token marked trained or masked, merge boundaries and why merges failed, rewards, policy
+versions.
 
 Everything shown that came from outside (ids, task ids, errors, reward names, decoded tokens) goes
 through `printable()` and into `Text`, never into rich markup: a rollout id holding ESC, NUL, CR
@@ -15,8 +16,16 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
+from agl import semconv
 
-from agl_trainer.assembly.assemble import RolloutAssembly
+from agl_trainer.assembly.assemble import (
+    START_BRANCH,
+    START_FIRST,
+    START_NO_PREFIX,
+    CallPlacement,
+    RolloutAssembly,
+)
 from agl_trainer.store.records import RolloutData
 
 STYLE_PROMPT = "dim"
@@ -51,6 +60,56 @@ def _token_text(token: int, tokenizer: Any) -> str:
     if tokenizer is None:
         return f"{token} "
     return printable(tokenizer.decode([token], skip_special_tokens=False), keep_newlines=True)
+
+
+_STARTS = {
+    START_FIRST: "new sample: the first call",
+    START_BRANCH: "new sample: a branch (the shared prefix is context)",
+    START_NO_PREFIX: "new sample: extends no earlier call",
+}
+
+
+def _where(placement: CallPlacement) -> Text:
+    """What became of a call: merged onto its parent, a new sample and why, or skipped."""
+    if placement.problem:
+        return Text(f"skipped: {placement.problem}", style="red")
+    if placement.sample is None:
+        return Text("dropped with its sample", style="red")
+    if placement.merged:
+        return Text(f"merged onto call {placement.parent}", style="green")
+    return Text(_STARTS.get(placement.start or "", "new sample"), style="cyan")
+
+
+def forest(assembly: RolloutAssembly) -> Tree:
+    """The rollout's calls as the tree assembly merged them onto: each call under the call whose
+    full sequence its prompt extends; roots extend none (first call, sub-agent, compaction)."""
+    failures = {failure.call_seq: failure for failure in assembly.merge_failures}
+    children: dict[int | None, list[CallPlacement]] = {}
+    for placement in assembly.placements:
+        children.setdefault(placement.parent, []).append(placement)
+    root = Tree(Text("call tree (sample: its calls)", style="bold"))
+
+    def label(placement: CallPlacement) -> Text:
+        sample = "-" if placement.sample is None else f"sample {placement.sample}"
+        text = Text(f"call {placement.call_seq} ", style="bold")
+        text.append(f"[{sample}] ")
+        text.append_text(_where(placement))
+        failure = failures.get(placement.call_seq)
+        if failure is not None:
+            text.append(
+                f"; break vs call {failure.previous_call_seq}: {failure.kind} at token {failure.position}",
+                style="magenta",
+            )
+        if placement.origin not in (None, semconv.ORIGIN_HARNESS):
+            text.append(f"; origin {placement.origin}", style="red")
+        return text
+
+    def grow(node: Tree, parent: int | None) -> None:
+        for child in children.get(parent, []):
+            grow(node.add(label(child)), child.call_seq)
+
+    grow(root, None)
+    return root
 
 
 def render(
@@ -106,7 +165,7 @@ def render(
         console.print(rewards)
 
     calls = Table(title="calls", title_justify="left")
-    for column in ("seq", "policy", "prompt", "completion", "finish", "sample", "placement"):
+    for column in ("seq", "policy", "prompt", "completion", "finish", "origin", "parent", "sample", "placement"):
         calls.add_column(column)
     by_seq = {call.call_seq: call for call in data.calls}
     for placement in assembly.placements:
@@ -119,24 +178,19 @@ def render(
         if call is not None and call.prompt_ref_seq is not None:
             prompt += f" (ref call {call.prompt_ref_seq}[:{call.prompt_ref_length}] + {call.prompt_ids.size})"
         completion = "-" if call is None or call.completion_ids is None else str(call.completion_ids.size)
-        if placement.problem:
-            where = Text(f"skipped: {placement.problem}", style="red")
-        elif placement.sample is None:
-            where = Text("dropped with its sample", style="red")
-        else:
-            where = Text(
-                "merged" if placement.merged else "new sample", style="green" if placement.merged else "cyan"
-            )
         calls.add_row(
             str(placement.call_seq),
             str(placement.policy_version),
             prompt,
             completion,
             plain(call.finish_reason if call else "-"),
+            plain(placement.origin or "-"),
+            "-" if placement.parent is None else str(placement.parent),
             "-" if placement.sample is None else str(placement.sample),
-            where,
+            _where(placement),
         )
     console.print(calls)
+    console.print(forest(assembly))
 
     if assembly.merge_failures:
         failures = Table(title="merge failures", title_justify="left")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import msgspec
 
-from agl_trainer.assembly.assemble import RolloutAssembly
+from agl_trainer.assembly.assemble import START_BRANCH, RolloutAssembly
 
 
 class AssemblyReport(msgspec.Struct):
     rollouts: int = 0  # assembled into results
     samples: int = 0
     calls: int = 0  # calls placed into samples
-    merged_calls: int = 0  # calls appended to the previous call's sample
+    merged_calls: int = 0  # calls appended to their parent's sample (the call tree, assemble.py)
+    branched_calls: int = 0  # calls that extend a call another child continues: new sample, prefix as context
     trained_tokens: int = 0
     merge_failures: dict[str, int] = {}  # template / retokenization / other
     merge_failures_by: dict[str, int] = {}  # tokenizer / special_ids / heuristic
@@ -38,4 +39,5 @@ class AssemblyReport(msgspec.Struct):
         placed = [p for p in item.placements if p.sample is not None]
         self.calls += len(placed)
         self.merged_calls += sum(p.merged for p in placed)
+        self.branched_calls += sum(p.start == START_BRANCH for p in placed)
         self.trained_tokens += sum(s.num_trained_tokens for s in item.result.samples)
