@@ -33,7 +33,6 @@ from agl_trainer.loop.parts import backend_settings, vllm_error, vllm_settings
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
-from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarProcess
 
 RUN_FILE = "run.json"
 
@@ -94,7 +93,11 @@ def sidecar_config_file(config: Config, path: Path) -> Path:
         if settings.max_tokens:
             entry["max_tokens"] = settings.max_tokens
         sampling[mode] = entry
-    path.write_text(yaml.safe_dump({"sampling": sampling, "spool_dir": str(path.parent / "spool")}))
+    # A call whose URL names no mode is a training call: sampling.train applies to it (val rollouts'
+    # URLs carry /modes/val, see Endpoint.base_url).
+    path.write_text(
+        yaml.safe_dump({"sampling": sampling, "default_mode": "train", "spool_dir": str(path.parent / "spool")})
+    )
     return path
 
 
@@ -150,6 +153,11 @@ class Session:
                 f"output_dir {out} already holds a run (fix: --resume to continue it, or another output_dir)"
             )
         run_id = self._run_id(out)
+        from agl_trainer.loop import topology as addresses
+
+        # Addresses and secrets first: a wrong address fails before anything heavy starts.
+        topology = addresses.resolve(config, saved=addresses.load_saved(out) if self.resume else None)
+        addresses.save_secrets(out, topology)
         (out / "config.yaml").write_text(dump_config(config))
         tasks = read_tasks(config.tasks)  # type: ignore[arg-type]
         random.seed(config.seed)
@@ -167,11 +175,11 @@ class Session:
             state = checkpoints.load(latest)
             await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
 
-        from agl_trainer.receiver import Receiver, ReceiverConfig
+        from agl_trainer.loop.servers import start_receiver, start_sidecars
         from agl_trainer.store import RolloutStore
 
         store_path = out / "rollouts.db"
-        receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
+        receiver, receiver_url, receiver_local_url = start_receiver(topology, store_path)
         self._stack.callback(receiver.stop)
         timeout = config.harness.timeout_s * (config.harness.retries + 1) + 60
         store = RolloutStore(store_path, grace_s=config.loop.completion_grace_s, rollout_timeout_s=timeout)
@@ -189,28 +197,11 @@ class Session:
             weights = backend.state_dict_for_engine()
             await asyncio.to_thread(engine.update_weights, WeightUpdate(state.policy_version, state_dict=weights))
 
-        admin_url, token = config.sidecar.url, config.sidecar.admin_token
-        if admin_url is None:
-            sidecar = SidecarProcess(
-                engine.urls,
-                receiver.url,
-                executable=config.sidecar.executable,
-                admin_token=token,
-                log_path=out / "sidecar.log",
-                config_path=sidecar_config_file(config, out / "sidecar.yaml"),
-                extra_args=["--max-hold-s", str(config.sidecar.max_hold_s)],
-                startup_timeout_s=config.sidecar.startup_timeout_s,
-                pid_file=out / "sidecar.pid",
-            )
-            await asyncio.to_thread(sidecar.start)
-            self._stack.callback(sidecar.stop)
-            admin_url, token = sidecar.url, sidecar.admin_token
-        admin = SidecarAdmin(admin_url, token)
-        self._stack.push_async_callback(admin.aclose)
-        if config.sidecar.url is not None:
-            await admin.resume(upstreams=engine.urls)
-
-        endpoint = Endpoint(sidecar_url=admin_url, otlp_endpoint=receiver.url, extra_env=dict(config.harness.env))
+        # The sidecar this run starts (sidecar.listen / advertise_url), or the ones you run (sidecar.attach).
+        sidecars = await start_sidecars(topology, config, engine.urls, receiver_local_url, out, self._stack)
+        admin = sidecars.admin
+        endpoint = sidecars.endpoint(receiver_url, dict(config.harness.env))
+        addresses.write_harness_env(out, endpoint.sidecar_url, topology, receiver_url)
 
         def on_exit(outcome: RolloutOutcome) -> None:
             from agl_trainer.store import RolloutKey
@@ -261,6 +252,7 @@ class Session:
             progress=progress,
             pad_token_id=tokenizer_pad,
             on_step=self.on_step,
+            validator=build_validator(config, runner, data, run_id),
         )
         for group in recovered:
             self.loop.adopt(group)
@@ -282,16 +274,7 @@ def build_runner(
     if harness.runner == "kubernetes":
         from agl_trainer.runners.kubernetes import KubernetesRunner
 
-        return KubernetesRunner(
-            harness_argv(harness.command) if harness.command else None,
-            endpoint,
-            image=harness.image or "",
-            namespace=harness.namespace,
-            concurrency=loop.concurrency,
-            timeout_s=harness.timeout_s,
-            retries=harness.retries,
-            on_exit=on_exit,
-        )
+        return KubernetesRunner.from_config(config, endpoint, on_exit)  # harness.kubernetes.*
     if harness.function is not None:
         from agl_trainer.runners.workers import FunctionRunner
 
@@ -319,6 +302,24 @@ def build_runner(
         grader=harness_argv(harness.grader) if harness.grader else None,
         on_exit=on_exit,
         reward_sink=reward_sink,
+    )
+
+
+def build_validator(config: Config, runner: Any, data: Any, run_id: str) -> Any:
+    """The validation rounds of loop.val_every on val_tasks (loop/validation.py); None when off."""
+    if config.loop.val_every <= 0 or config.val_tasks is None:
+        return None
+    from agl_trainer.config import read_val_tasks
+    from agl_trainer.loop.validation import Validator
+
+    return Validator(
+        read_val_tasks(config.val_tasks),
+        runner=runner,
+        data=data,
+        run_id=run_id,
+        every=config.loop.val_every,
+        repeats=config.loop.val_repeats,
+        no_data_timeout_s=60.0 + config.loop.completion_grace_s,
     )
 
 

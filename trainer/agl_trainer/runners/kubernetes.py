@@ -1,21 +1,32 @@
 """Run the harness once per rollout as a Kubernetes Job, for more rollouts than one machine holds.
 
-Each rollout is a Job (backoffLimit 0: retries are the runner's, for infrastructure failures only)
-whose container gets the same environment as a local harness process (runners.base.Endpoint), so
-the sidecar and OTLP endpoint must be reachable from the pods (give their in-cluster URLs).
-`activeDeadlineSeconds` enforces the timeout and `ttlSecondsAfterFinished` cleans up. Jobs are
-submitted and watched with `kubectl` (apply, get -o json), so whatever context kubectl uses applies;
-no cluster client library is needed.
+Each rollout attempt is a Job (kubernetes_manifest: image, command, resources, service account,
+node selector, tolerations, secrets, TTL, deadline, backoffLimit 0: retries are the runner's, for
+infrastructure failures only) whose container gets the same environment as a local harness process
+(runners.base.Endpoint) with the sidecar's address as pods reach it (harness.kubernetes.sidecar_url
+or sidecar.advertise_url). Jobs go through the official `kubernetes` client (kubeconfig, or the
+pod's service account in a cluster), its synchronous calls on a thread pool of the runner's own.
+
+At most `max_jobs` Jobs exist at once and at most `create_rate` are created a second. The runner
+learns how they end from a watch on Jobs and one on Pods plus a periodic list (kubernetes_watch),
+so a missed event never strands a rollout. A pod that cannot start (image pull back-off,
+unschedulable, no pod at all: a quota) fails the attempt with the reason once it has lasted
+`start_timeout_s` (at once for reasons that never clear, like an invalid image name); the Job is
+deleted, the outcome is infra_error (retried as the next attempt). Cancelled rollouts delete their
+Job; stop() deletes every unfinished Job of this runner. Finished Jobs stay for `ttl_s` (logs:
+`kubectl logs -n NAMESPACE job/NAME`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-import shutil
+import contextlib
+import logging
+import os
+import secrets
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from agl_trainer.runners.base import (
     Cause,
@@ -26,136 +37,295 @@ from agl_trainer.runners.base import (
     call_hook,
     run_with_retries,
 )
+from agl_trainer.runners.kubernetes_config import is_loopback
+from agl_trainer.runners.kubernetes_manifest import (
+    LABEL_RUNNER,
+    JobTemplate,
+    build_job_manifest,
+    check_job_manifest,
+    job_name,
+)
+from agl_trainer.runners.kubernetes_status import NotStarted, Verdict, classify_job, job_finished, job_verdict, not_started
+from agl_trainer.runners.kubernetes_watch import JobState, JobTracker
+from agl_trainer.runners.ratelimit import RateLimiter
 
-POLL_S = 2.0
-LABEL = "agl.dev/rollout-id"
+if TYPE_CHECKING:
+    from agl_trainer.config import Config
 
+__all__ = ["KubernetesRunner", "build_job_manifest", "classify_job", "job_name"]
 
-def job_name(spec: RolloutSpec) -> str:
-    """A DNS-1123 name (<= 63 chars) unique per rollout attempt."""
-    base = re.sub(r"[^a-z0-9-]", "-", spec.rollout_id.lower()).strip("-")[:50] or "rollout"
-    return f"agl-{base}-a{spec.attempt}"
-
-
-def build_job_manifest(
-    spec: RolloutSpec,
-    endpoint: Endpoint,
-    *,
-    image: str,
-    command: list[str] | None,
-    namespace: str = "default",
-    timeout_s: float = 300.0,
-    resources: dict[str, Any] | None = None,
-    service_account: str | None = None,
-) -> dict[str, Any]:
-    env = [{"name": key, "value": value} for key, value in sorted(endpoint.environment(spec).items())]
-    container: dict[str, Any] = {"name": "harness", "image": image, "env": env}
-    if command:
-        container["command"] = list(command)
-    if resources:
-        container["resources"] = resources
-    labels = {LABEL: re.sub(r"[^A-Za-z0-9._-]", "-", spec.rollout_id)[:63], "app.kubernetes.io/managed-by": "agl"}
-    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if service_account:
-        pod_spec["serviceAccountName"] = service_account
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": job_name(spec), "namespace": namespace, "labels": labels},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": max(1, int(timeout_s)),
-            "ttlSecondsAfterFinished": 600,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
-
-
-def classify_job(status: dict[str, Any]) -> Cause | None:
-    """None while running; how the Job ended otherwise."""
-    for condition in status.get("conditions") or []:
-        if condition.get("status") != "True":
-            continue
-        if condition.get("type") == "Complete":
-            return Cause.OK
-        if condition.get("type") == "Failed":
-            reason = condition.get("reason", "")
-            if reason == "DeadlineExceeded":
-                return Cause.TIMEOUT
-            if reason in ("PodFailurePolicy", "BackoffLimitExceeded") and status.get("failed"):
-                return Cause.HARNESS_ERROR
-            return Cause.INFRA_ERROR  # evicted, preempted, node lost
-    return None
+log = logging.getLogger(__name__)
+API_THREADS = 8
 
 
 class KubernetesRunner:
     def __init__(
         self,
-        command: list[str] | None,
+        template: JobTemplate,
         endpoint: Endpoint,
         *,
-        image: str,
-        namespace: str = "default",
         concurrency: int = 64,
-        timeout_s: float = 300.0,
+        create_rate: float = 5.0,
+        start_timeout_s: float = 300.0,
+        reconcile_s: float = 15.0,
         retries: int = 2,
         on_exit: ExitHook | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        api_client: Any = None,
+        runner_id: str | None = None,
     ) -> None:
-        self.command = command
+        self.template = template
         self.endpoint = endpoint
-        self.image = image
-        self.namespace = namespace
-        self.timeout_s = timeout_s
         self.retries = retries
         self.on_exit = on_exit
+        self.start_timeout_s = start_timeout_s
+        self.reconcile_s = reconcile_s
+        self.kubeconfig, self.context = kubeconfig, context
+        self.runner_id = runner_id or secrets.token_hex(3)
+        self.selector = f"{LABEL_RUNNER}={self.runner_id}"
+        self._api_client = api_client
         self._slots = asyncio.Semaphore(concurrency)
+        self._rate = RateLimiter(create_rate, burst=max(1, int(create_rate)))
+        self._executor = ThreadPoolExecutor(API_THREADS, thread_name_prefix="agl-kube")
+        self._stopping = False
+        self.tracker: JobTracker | None = None
+        self.batch: Any = None
+        self.core: Any = None
+
+    @classmethod
+    def from_config(cls, config: Config, endpoint: Endpoint, on_exit: ExitHook | None = None) -> KubernetesRunner:
+        """The runner harness.kubernetes describes; the pods' addresses replace this machine's own."""
+        from agl_trainer.runners.kubernetes_config import (
+            check_kubernetes,
+            job_template,
+            pod_otlp_endpoint,
+            pod_sidecar_url,
+        )
+
+        check_kubernetes(config)  # also when built without load_config: a function harness is refused
+        kube = config.harness.kubernetes
+        otlp = pod_otlp_endpoint(config) or endpoint.otlp_endpoint
+        pods = Endpoint(
+            sidecar_url=pod_sidecar_url(config) or endpoint.sidecar_url,
+            otlp_endpoint=None if otlp is None or is_loopback(otlp) else otlp,  # a pod's loopback is not ours
+            extra_env=dict(endpoint.extra_env),
+        )
+        return cls(
+            job_template(config),
+            pods,
+            concurrency=min(kube.max_jobs or config.loop.concurrency, config.loop.concurrency),
+            create_rate=kube.create_rate,
+            start_timeout_s=kube.start_timeout_s,
+            reconcile_s=kube.reconcile_s,
+            retries=config.harness.retries,
+            on_exit=on_exit,
+            kubeconfig=kube.kubeconfig,
+            context=kube.context,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if shutil.which("kubectl") is None:
-            raise RuntimeError("the kubernetes runner needs `kubectl` on PATH (configured for the cluster)")
+        from kubernetes import client
+
+        if is_loopback(self.endpoint.sidecar_url):
+            raise RuntimeError(
+                f"the kubernetes runner would send pods to {self.endpoint.sidecar_url}, this machine's loopback "
+                "(fix: set sidecar.advertise_url or harness.kubernetes.sidecar_url to the address pods reach)"
+            )
+        if self._api_client is None:
+            self._api_client = await asyncio.to_thread(load_api_client, self.kubeconfig, self.context)
+        self.batch = client.BatchV1Api(self._api_client)
+        self.core = client.CoreV1Api(self._api_client)
+        self.tracker = JobTracker(
+            self.batch, self.core, self.template.namespace, self.selector, self._executor,
+            reconcile_s=self.reconcile_s,
+        )  # fmt: skip
+        try:
+            await self.tracker.start()
+        except Exception as error:
+            host = self._api_client.configuration.host
+            raise RuntimeError(
+                f"the kubernetes runner cannot list Jobs in namespace {self.template.namespace} at {host}: "
+                f"{_api_error(error)} (fix: harness.kubernetes.kubeconfig / context, and RBAC: create, get, list, "
+                "watch, delete on jobs; list, watch on pods; list on events)"
+            ) from None
 
     async def stop(self) -> None:
-        pass
+        self._stopping = True
+        if self.tracker is not None:
+            names = {name for name, state in self.tracker.states.items() if not _finished(state)}
+            with contextlib.suppress(Exception):  # Jobs of this runner nobody is waiting on any more
+                listing = await self._call(self.batch.list_namespaced_job, self.template.namespace,
+                                           label_selector=self.selector)  # fmt: skip
+                names |= {job.metadata.name for job in listing.items if not job_finished(_plain(self.batch, job))}
+            await asyncio.gather(*(self._delete(name) for name in sorted(names)))
+            for state in self.tracker.states.values():  # wake rollouts still waiting: their Jobs are gone
+                if not _finished(state):
+                    state.gone = True
+                    state.changed.set()
+            await self.tracker.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- rollouts -----------------------------------------------------------------------------
 
     async def run(self, spec: RolloutSpec) -> RolloutOutcome:
         async with self._slots:
-            return await run_with_retries(self._attempt, spec, self.retries)
+            return await run_with_retries(self._attempt, spec, self.retries, stopping=lambda: self._stopping)
 
     async def _attempt(self, spec: RolloutSpec) -> RolloutOutcome:
-        manifest = build_job_manifest(
-            spec, self.endpoint, image=self.image, command=self.command, namespace=self.namespace,
-            timeout_s=self.timeout_s,
-        )  # fmt: skip
+        assert self.tracker is not None, "start() the runner first"
         started = time.monotonic()
+        manifest = build_job_manifest(spec, self.endpoint, self.template, runner_id=self.runner_id)
+        check_job_manifest(manifest)
         name = manifest["metadata"]["name"]
-        code, _, err = await _kubectl(["apply", "-f", "-"], json.dumps(manifest))
-        if code != 0:
-            outcome = RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"kubectl apply failed: {err.strip()}")
-        else:
-            try:
-                outcome = await self._watch(spec, name)
-            except asyncio.CancelledError:
-                await _kubectl(["delete", "job", name, "-n", self.namespace, "--wait=false"])
-                raise
+        state = self.tracker.track(name)
+        try:
+            outcome = await self._create_and_wait(spec, manifest, state)
+        except asyncio.CancelledError:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._delete(name))
+            raise
+        finally:
+            self.tracker.forget(name)
         outcome.seconds = time.monotonic() - started
         await call_hook(self.on_exit, outcome)
         return outcome
 
-    async def _watch(self, spec: RolloutSpec, name: str) -> RolloutOutcome:
+    async def _create_and_wait(self, spec: RolloutSpec, manifest: dict[str, Any], state: JobState) -> RolloutOutcome:
+        from kubernetes.client.exceptions import ApiException
+
+        name, namespace = state.name, self.template.namespace
+        await self._rate.acquire()
+        try:
+            created = await self._call(self.batch.create_namespaced_job, namespace, manifest)
+        except ApiException as error:
+            if error.status != 409:
+                return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {_api_error(error)}")
+            # Already there: our own create whose response was lost (a retried request), or not ours.
+            created = await self._call(self.batch.read_namespaced_job, name, namespace)
+            if (created.metadata.labels or {}).get(LABEL_RUNNER) != self.runner_id:
+                return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"job {name} exists and is not this runner's")
+        except Exception as error:  # the API server is unreachable
+            return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {error}")
+        state.created_rv = created.metadata.resource_version
+        state.update_job(_plain(self.batch, created))
+        return await self._wait(spec, state)
+
+    async def _wait(self, spec: RolloutSpec, state: JobState) -> RolloutOutcome:
+        loop = asyncio.get_running_loop()
+        name = state.name
+        created_at = loop.time()
+        stuck_since: float | None = None
+        give_up_after = self.template.timeout_s + self.start_timeout_s + 60  # the deadline itself is the Job's
+        poll = min(1.0, self.start_timeout_s / 4)
         while True:
-            code, out, err = await _kubectl(["get", "job", name, "-n", self.namespace, "-o", "json"])
-            if code == 0:
-                cause = classify_job(json.loads(out).get("status", {}))
-                if cause is not None:
-                    return RolloutOutcome(spec, cause, 0 if cause is Cause.OK else None, message=f"job {name}")
-            await asyncio.sleep(POLL_S)
+            if state.job is not None and job_finished(state.job):
+                pods = list(state.pods.values())
+                if not any((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods):
+                    with contextlib.suppress(Exception):  # the pod's report may trail the Job's
+                        pods = await self.tracker.pods_of(name)  # type: ignore[union-attr]
+                verdict = job_verdict(state.job, pods)
+                assert verdict is not None
+                return self._outcome(spec, verdict)
+            if state.gone:
+                if self._stopping:  # stop() deleted it
+                    return RolloutOutcome(spec, Cause.CANCELLED, message=f"job {name} deleted: the runner stopped")
+                return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"job {name} was deleted before it finished")
+            now = loop.time()
+            why = not_started(list(state.pods.values()))
+            if why is None and not state.pods and now - created_at >= self.start_timeout_s:
+                why = NotStarted("NoPod", f"no pod was created{await self._job_events(name)}")
+                stuck_since = created_at
+            if why is None:
+                stuck_since = None
+            else:
+                stuck_since = now if stuck_since is None else stuck_since
+                if why.permanent or now - stuck_since >= self.start_timeout_s:
+                    await self._delete(name)
+                    message = f"job {name} never started: {why.message}"
+                    return RolloutOutcome(spec, Cause.INFRA_ERROR, message=message)
+            if now - created_at > give_up_after:
+                await self._delete(name)
+                return RolloutOutcome(spec, Cause.TIMEOUT, message=f"job {name} did not end in {give_up_after:g} s")
+            state.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.changed.wait(), poll)
+
+    def _outcome(self, spec: RolloutSpec, verdict: Verdict) -> RolloutOutcome:
+        message = verdict.message
+        if verdict.cause is not Cause.OK:
+            message += f" (logs: kubectl logs -n {self.template.namespace} job/{job_name(spec, self.runner_id)})"
+        return RolloutOutcome(spec, verdict.cause, verdict.exit_code, message=message)
+
+    async def _job_events(self, name: str) -> str:
+        """The Job's latest warning (FailedCreate: exceeded quota ...), as ': reason: message'."""
+        try:
+            events = await self._call(
+                self.core.list_namespaced_event, self.template.namespace, field_selector=f"involvedObject.name={name}"
+            )
+        except Exception:
+            return ""
+        warnings = [e for e in events.items if e.type == "Warning"] or list(events.items)
+        if not warnings:
+            return ""
+        latest = warnings[-1]
+        return f": {latest.reason}: {latest.message}"
+
+    async def _delete(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await self._call(
+                self.batch.delete_namespaced_job, name, self.template.namespace, propagation_policy="Background"
+            )
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("could not delete job %s: %s", name, _api_error(error))
+        except Exception as error:
+            log.warning("could not delete job %s: %s", name, error)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
 
-async def _kubectl(args: list[str], stdin: str | None = None) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        "kubectl", *args,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else None,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await process.communicate(stdin.encode() if stdin is not None else None)
-    return process.returncode or 0, out.decode(), err.decode()
+def _finished(state: JobState) -> bool:
+    return state.job is not None and job_finished(state.job)
+
+
+def _plain(api: Any, model: Any) -> dict[str, Any]:
+    return api.api_client.sanitize_for_serialization(model)  # type: ignore[no-any-return]
+
+
+def _api_error(error: Exception) -> str:
+    """An ApiException as 'status reason: the API server's message'."""
+    import json
+
+    status, reason, body = getattr(error, "status", None), getattr(error, "reason", None), getattr(error, "body", None)
+    if status is None:
+        return str(error)
+    message = ""
+    with contextlib.suppress(Exception):
+        message = json.loads(body).get("message", "")
+    return f"{status} {reason}" + (f": {message}" if message else "")
+
+
+def load_api_client(kubeconfig: str | None, context: str | None) -> Any:
+    """The cluster's client: the kubeconfig given, else the pod's service account, else ~/.kube/config."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    configuration = client.Configuration()
+    try:
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kube_config.load_incluster_config(client_configuration=configuration)
+        else:
+            kube_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    except (kube_config.ConfigException, OSError, TypeError) as error:
+        raise RuntimeError(
+            f"config key harness.kubernetes.kubeconfig: cannot load the cluster's config: {error} "
+            "(fix: point it at a kubeconfig file, or run `agl train` in a pod with a service account)"
+        ) from None
+    configuration.connection_pool_maxsize = API_THREADS + 4  # the pool's threads plus the two watches
+    return client.ApiClient(configuration)
