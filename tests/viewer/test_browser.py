@@ -1,0 +1,67 @@
+"""The viewer in a real browser (Debian's headless Chromium): the pages render the store's data,
+merge breaks and decoded text, and harness text (a hostile rollout id) stays text."""
+
+from __future__ import annotations
+
+import html
+import re
+import urllib.parse
+
+import pytest
+
+from tests.viewer import browser
+from tests.viewer.stores import BROKEN_ID, HOSTILE_ID, MERGED_ID, PARTNER_ID
+
+EXECUTABLE, WHY = browser.chromium()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(EXECUTABLE is None, reason=WHY)]
+
+
+def rollout_url(server, rollout_id: str) -> str:
+    return server.url + "#/rollout?" + urllib.parse.urlencode({"id": rollout_id})
+
+
+def test_the_rollouts_page_lists_the_stores_rollouts(server):
+    dom = browser.dump_dom(EXECUTABLE, server.url + "#/", expect='id="rollouts"')
+    table = dom[dom.index('<table id="rollouts"') :]
+    for rollout_id in (MERGED_ID, PARTNER_ID, BROKEN_ID):
+        assert f">{rollout_id}</a>" in table
+    assert "1–4 of 4" in dom
+    assert "<svg" in dom and "step 1: reward" in dom  # the reward curve, drawn from JSON
+
+
+def test_a_rollout_page_shows_decoded_text_and_its_merge_break(server):
+    dom = browser.dump_dom(EXECUTABLE, rollout_url(server, BROKEN_ID), expect="merge break (retokenization)")
+    assert "merge break (retokenization)" in dom and "before call 1" in dom
+    tokens = re.findall(r'<span class="tok r-(\w)" title="[^"]*">([^<]*)</span>', dom)
+    assert "".join(text for role, text in tokens if role == "c") == html.escape(
+        "hello world<|im_end|>hello world<|im_end|>", quote=False
+    )
+    assert 'title="#6 · token' in dom and "policy v0 · logprob -0.5" in dom  # hover: version and logprob
+
+
+def test_a_merged_rollout_colours_prompt_completion_and_tool_output(server, tmp_path):
+    url = rollout_url(server, MERGED_ID)
+    dom = browser.dump_dom(EXECUTABLE, url, expect="Sample 0")
+    roles = {role for role, _ in re.findall(r'<span class="tok r-(\w)" title="[^"]*">([^<]*)</span>', dom)}
+    assert roles == {"p", "c", "t"}
+    assert "call 1 ▸" in dom and "merged → sample 0" in dom  # the call tree: call 1 continues call 0
+    shot = browser.screenshot(EXECUTABLE, url, tmp_path / "rollout.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_hostile_rollout_id_renders_as_text_not_as_an_element(server, tmp_path):
+    home = browser.dump_dom(EXECUTABLE, server.url + "#/", expect='id="rollouts"')
+    page = browser.dump_dom(EXECUTABLE, rollout_url(server, HOSTILE_ID), expect='id="rollout-id"')
+    for dom in (home, page):
+        assert "<img" not in dom and "<i>task</i>" not in dom and dom.count("<script") == 1  # app.js only
+        assert "&lt;img src=x onerror=alert(1)&gt;\\x1b[31m\"\\u202e" in dom  # ESC and the bidi override shown
+    tokens = re.findall(r'<span class="tok r-\w" title="[^"]*">([^<]*)</span>', page)
+    assert "<b>bold</b> <script>alert(2)</script>" in html.unescape("".join(tokens))  # the completion, as text
+    browser.screenshot(EXECUTABLE, server.url + "#/", tmp_path / "rollouts.png")
+    assert (tmp_path / "rollouts.png").stat().st_size > 20_000
+
+
+def test_a_step_page_shows_advantages(server):
+    dom = browser.dump_dom(EXECUTABLE, server.url + "#/step?step=1", expect='id="step-rollouts"')
+    assert "Training step 1" in dom and f">{MERGED_ID}</a>" in dom
+    assert ">0.5</td>" in dom and ">-0.5</td>" in dom  # advantage = reward − group mean
