@@ -61,18 +61,23 @@ def test_one_update_equals_the_torch_backend(pair):
     got = verl.train_step(batch, policy_version=1)
     assert want["importance/stale_token_frac"] == 1.0 and want["perf/optimizer_steps"] == 2
     assert abs(want["loss/total"]) > 1e-3 and want["actor/clip_frac"] > 0  # a real, clipped update
-    for key, value in want.items():
-        if key.startswith("perf/"):
-            continue
-        assert got[key] == pytest.approx(value, abs=1e-5), key
-    assert set(want) - set(got) == set()
+    new_torch = _assert_same_update(verl, got, torch_backend, want)
     assert got["policy_version"] == want["policy_version"] == 2 and verl.step == torch_backend.step == 2
+    moved = max(float((new_torch[n] - initial_weights[n]).abs().max()) for n in new_torch)
+    assert moved > 0.5 * LR
+
+
+def _assert_same_update(verl, got, torch_backend, want) -> dict[str, torch.Tensor]:
+    """Every metric but perf/* and every new weight agree; returns the torch backend's weights."""
+    assert set(want) - set(got) == set()
+    for key, value in want.items():
+        if not key.startswith("perf/"):
+            assert got[key] == pytest.approx(value, abs=1e-5), key
     new_verl, new_torch = verl.state_dict_for_engine(), torch_backend.state_dict_for_engine()
     assert set(new_verl) == set(new_torch)
     for name, tensor in new_torch.items():
         torch.testing.assert_close(new_verl[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
-    moved = max(float((new_torch[n] - initial_weights[n]).abs().max()) for n in new_torch)
-    assert moved > 0.5 * LR
+    return new_torch
 
 
 def _merged_or_split(split: bool) -> TrainingBatch:
@@ -121,12 +126,7 @@ def test_one_rollout_of_one_sample_trains_like_the_torch_backend(pair):
     want = torch_backend.train_step(batch, policy_version=1)
     got = verl.train_step(batch, policy_version=1)
     assert want["actor/grad_norm"] > 0
-    for key, value in want.items():
-        if not key.startswith("perf/"):
-            assert got[key] == pytest.approx(value, abs=1e-5), key
-    new_verl, new_torch = verl.state_dict_for_engine(), torch_backend.state_dict_for_engine()
-    for name, tensor in new_torch.items():
-        torch.testing.assert_close(new_verl[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+    _assert_same_update(verl, got, torch_backend, want)
 
 
 def test_checkpoint_resumes_exactly(pair, tmp_path):

@@ -4,30 +4,26 @@ No reward/*: the loop reports those, over every trained rollout (one rollout may
 
 from __future__ import annotations
 
-import torch
-
-from agl_trainer.algorithms import RolloutAdvantages
+from agl_trainer.backends.step_plan import StepPlan
 
 
 def step_metrics(
-    *,
     step: int,
     policy_version: int,
     skipped_steps: int,
-    advantages: RolloutAdvantages,
-    loss_mask: torch.Tensor,
+    plan: StepPlan,
     sums: dict[str, float],
     maxima: dict[str, float],
     grad_norms: list[float],
     lr: float,
     elapsed: float,
-    real_positions: float,
-    padded_positions: float,
-    micro_batches: float,
 ) -> dict[str, float]:
     """`sums` and `maxima` add up the micro-batches' statistics (tokens, losses, clip counts, importance
-    weights); losses are averaged over the optimizer steps (each a mean over its own rollouts) and
-    token statistics over the trained tokens."""
+    weights, micro_batches, real_positions and padded_positions); losses are averaged over the
+    optimizer steps (each a mean over its own rollouts) and token statistics over the trained tokens.
+    `policy_version` is the one the step produced, `step` the optimizer steps taken so far."""
+    advantages = plan.advantages
+    real_positions, padded_positions = sums["real_positions"], sums["padded_positions"]
     trained_adv = advantages.values[advantages.trained]
     updates = max(len(grad_norms), 1)
     tokens = max(sums["tokens"], 1.0)
@@ -59,10 +55,10 @@ def step_metrics(
         "importance/capped_frac": sums["is_capped"] / applied if applied else 0.0,
         "perf/step_s": elapsed,
         "perf/tokens": float(real_positions),
-        "perf/trained_tokens": float(loss_mask.sum()),
+        "perf/trained_tokens": float(plan.loss_mask.sum()),
         "perf/tokens_per_s": real_positions / elapsed if elapsed > 0 else 0.0,
         "perf/padding_frac": padded_positions / max(real_positions + padded_positions, 1.0),
-        "perf/micro_batches": float(micro_batches),
+        "perf/micro_batches": float(sums["micro_batches"]),
         "perf/optimizer_steps": float(len(grad_norms)),
     }
     if "ref_kl" in sums:

@@ -119,7 +119,7 @@ class TorchBackend:
         started = time.perf_counter()
         algo = self.config.algorithm
         plan = plan_step(batch, algo, self.vocab_size)
-        lengths, loss_mask, token_advantages = plan.lengths, plan.loss_mask, plan.token_advantages
+        lengths, token_advantages = plan.lengths, plan.token_advantages
         if algo.bypass_old_logprobs:
             old_log_prob = batch.engine_logprobs.float()
         elif self.config.updates_per_step > 1:
@@ -129,14 +129,14 @@ class TorchBackend:
 
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
-        grad_norms, padded_positions, real_positions, micro_count = [], 0, 0, 0
+        grad_norms: list[float] = []
         for _ in range(self.config.ppo_epochs):
             for mini in mini_batches(batch, plan, algo, self.config.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in self._plan(batch, lengths, mini.samples):
-                    micro_count += 1
-                    real_positions += micro.num_tokens
-                    padded_positions += micro.num_positions - micro.num_tokens
+                    sums["micro_batches"] += 1
+                    sums["real_positions"] += micro.num_tokens
+                    sums["padded_positions"] += micro.num_positions - micro.num_tokens
                     stats = self._forward_backward(
                         batch, micro, mini.weights, token_advantages, old_log_prob, policy_version
                     )
@@ -147,22 +147,10 @@ class TorchBackend:
                             sums[key] += value
                 grad_norms.append(self._optimizer_step())
 
+        lr = float(self.scheduler.get_last_lr()[0])
         elapsed = time.perf_counter() - started
-        return step_metrics(
-            step=self.step,
-            policy_version=policy_version + 1,
-            skipped_steps=self.skipped_steps,
-            advantages=plan.advantages,
-            loss_mask=loss_mask,
-            sums=sums,
-            maxima=maxima,
-            grad_norms=grad_norms,
-            lr=float(self.scheduler.get_last_lr()[0]),
-            elapsed=elapsed,
-            real_positions=real_positions,
-            padded_positions=padded_positions,
-            micro_batches=micro_count,
-        )
+        produced = policy_version + 1
+        return step_metrics(self.step, produced, self.skipped_steps, plan, sums, maxima, grad_norms, lr, elapsed)
 
     def _forward_backward(
         self,

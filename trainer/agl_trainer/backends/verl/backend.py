@@ -113,7 +113,7 @@ class VerlBackend:
         started = time.perf_counter()
         t, algo = self.training, self.training.algorithm
         plan = plan_step(batch, algo, self.vocab_size)
-        lengths, loss_mask = plan.lengths, plan.loss_mask
+        lengths = plan.lengths
         per_token = {
             "advantages": plan.token_advantages.float(),
             "engine_logprobs": batch.engine_logprobs.float(),
@@ -146,21 +146,8 @@ class VerlBackend:
                 self.step += 1
 
         elapsed = time.perf_counter() - started
-        metrics = step_metrics(
-            step=self.step,
-            policy_version=policy_version + 1,
-            skipped_steps=self.skipped_steps,
-            advantages=plan.advantages,
-            loss_mask=loss_mask,
-            sums=sums,
-            maxima=maxima,
-            grad_norms=grad_norms,
-            lr=lr,
-            elapsed=elapsed,
-            real_positions=sums["real_positions"],
-            padded_positions=sums["padded_positions"],
-            micro_batches=sums["micro_batches"],
-        )
+        produced = policy_version + 1
+        metrics = step_metrics(self.step, produced, self.skipped_steps, plan, sums, maxima, grad_norms, lr, elapsed)
         metrics["perf/dispatch_s"] = max(dispatch_s, 0.0)  # Ray round trips beyond the workers' compute
         metrics["perf/worker_cpu_s"] = worker_cpu_s  # CPU seconds of data-parallel rank 0 in its step calls
         return metrics
