@@ -46,6 +46,13 @@ def register(subparsers: Any) -> None:
         "starts nothing; exit 1 when it does not fit",
     )
     parser.add_argument(
+        "--from-store",
+        metavar="STORE",
+        help="train off-policy on rollouts collected earlier in this rollout store (`agl receive --store`), "
+        "without running harnesses or an engine; trained rollouts are marked in the store, so the next run "
+        "continues (config keys offline.*)",
+    )
+    parser.add_argument(
         "--gpu-memory-gib",
         type=float,
         default=DEFAULT_GPU_MEMORY_GIB,
@@ -70,6 +77,10 @@ def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     for item in items:
         if item in FLAGS:
             setattr(args, item[2:].replace("-", "_"), True)
+        elif item == "--from-store":
+            args.from_store = _store_value(next(items, None))
+        elif item.startswith("--from-store="):
+            args.from_store = _store_value(item.split("=", 1)[1])
         elif item == "--gpu-memory-gib":
             args.gpu_memory_gib = _gib_value(next(items, None))
         elif item.startswith("--gpu-memory-gib="):
@@ -96,21 +107,77 @@ def _gib_value(text: str | None) -> float:
     return value
 
 
+def _store_value(text: str | None) -> str:
+    from agl_trainer.cli import CLIError
+
+    if not text or text.startswith("--"):
+        raise CLIError("--from-store needs the path of a rollout store, e.g. --from-store runs/traces.db")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError, load_config
 
     try:
         path, overrides = split_arguments(args)
-        config = load_config(path, overrides)
+        from_store = getattr(args, "from_store", None)
+        config = load_config(path, overrides, check_paths=from_store is None)
+        if from_store is not None:
+            check_offline_config(config)
     except ConfigError as error:
         raise CLIError(str(error)) from None
+    if from_store is not None and not (getattr(args, "dry_run", False) or args.check):
+        return train_offline(config, from_store, resume=args.resume, quiet=args.quiet)
     if getattr(args, "dry_run", False):
         return dry_run(config, float(getattr(args, "gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB)))
     if args.check:
         print(f"agl: config OK ({config.loop.mode}, {config.loop.batch_rollouts} rollouts a step)")
         return 0
     return train(config, resume=args.resume, quiet=args.quiet)
+
+
+def check_offline_config(config: Any) -> None:
+    """--from-store runs no harness and no engine: only the model must exist."""
+    from pathlib import Path
+
+    from agl_trainer.config import ConfigError
+
+    if config.model.path is None:
+        raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
+    if not Path(config.model.path).exists():
+        raise ConfigError(f"config key model.path: {config.model.path} does not exist (fix: a model directory)")
+    if config.loop.batch_rollouts % config.loop.group_size:
+        raise ConfigError(
+            f"config key loop.batch_rollouts: {config.loop.batch_rollouts} is not a multiple of loop.group_size="
+            f"{config.loop.group_size}"
+        )
+
+
+def train_offline(config: Any, store: str, *, resume: bool = False, quiet: bool = False) -> int:
+    from agl_trainer.cli import CLIError
+    from agl_trainer.config import ConfigError
+    from agl_trainer.loop.offline import train_from_store
+    from agl_trainer.store import StoreError
+
+    try:
+        summary = train_from_store(config, store, resume=resume, quiet=quiet)
+    except (ConfigError, StoreError) as error:
+        raise CLIError(str(error)) from None
+    except KeyboardInterrupt:
+        print("agl: stopped (rollouts trained since the last checkpoint are trained again next time)", file=sys.stderr)
+        return 130
+    rewards = [row["reward/mean"] for row in summary.history if "reward/mean" in row]
+    print(f"agl: {summary.steps} offline steps on {summary.trained} rollouts from {store}")
+    if rewards:
+        print(f"agl: mean reward of the trained rollouts: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}")
+    if summary.dropped:
+        print(f"agl: dropped (recorded in the store): {summary.dropped}")
+    if summary.waiting:
+        print(f"agl: {summary.waiting} rollouts wait for a later run (a group too small, or no reward yet)")
+    if summary.checkpoint is not None:
+        print(f"agl: weights {summary.checkpoint}")
+    return 0
 
 
 def dry_run(config: Any, gpu_memory_gib: float) -> int:

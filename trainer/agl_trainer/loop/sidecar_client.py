@@ -4,7 +4,9 @@ The trainer never imports agl_sidecar; they talk HTTP only. Admin API (bearer to
 
     POST /agl/v1/pause   {"drain": true, "timeout_s": 60}  new calls held; answers once drained
                          and the drained calls' spans are sent
+    POST /agl/v1/pause   {"mode": "keep"}  new calls held, in-flight ones frozen by the engine
     POST /agl/v1/resume  {"policy_version": 3, "upstreams": [...]}  held calls go out
+                         (+ "switch": true, "engine_progress": {id: tokens}: after a keep pause)
     GET  /agl/v1/state
     POST /rollouts/{id}/reward {"value": 1.0, "name": "reward"}   (a grader's reward)
 
@@ -62,8 +64,10 @@ _decode_state = msgspec.json.Decoder(SidecarState).decode
 class SidecarAdmin:
     """Async client for the admin API."""
 
-    def __init__(self, url: str, token: str | None, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, token: str | None, timeout_s: float = 30.0, harness_key: str | None = None) -> None:
         self.url = url.rstrip("/")
+        # Rewards go to a harness route: with a harness key set, the sidecar wants that key there.
+        self._reward_headers = {"authorization": f"Bearer {harness_key}"} if harness_key else None
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
 
@@ -76,19 +80,34 @@ class SidecarAdmin:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def pause(self, *, drain: bool = True, timeout_s: float = 60.0) -> SidecarState:
+    async def pause(self, *, drain: bool = True, timeout_s: float = 60.0, keep: bool = False) -> SidecarState:
         """Hold new calls; with `drain`, return once in-flight calls have finished and the endpoint
         has acknowledged their spans (`spans_flushed` false: not within `timeout_s`; the state says
-        how many are still undelivered)."""
-        body = {"drain": drain, "timeout_s": timeout_s}
+        how many are still undelivered). `keep` (a drain-free switch: the engine freezes the calls in
+        flight): wait for none of them, deliver the spans of the calls already finished."""
+        body: dict[str, Any] = {"mode": "keep", "timeout_s": timeout_s} if keep else {"drain": drain, "timeout_s": timeout_s}
         return await self._post(semconv.ADMIN_PAUSE_PATH, body, timeout=timeout_s + 10)
 
-    async def resume(self, *, policy_version: int | None = None, upstreams: list[str] | None = None) -> SidecarState:
+    async def resume(
+        self,
+        *,
+        policy_version: int | None = None,
+        upstreams: list[str] | None = None,
+        switch: bool = False,
+        engine_progress: dict[str, int] | None = None,
+    ) -> SidecarState:
+        """Release held calls. `switch`: the calls in flight were frozen and continue under
+        `policy_version`; `engine_progress` (engine request id -> tokens before the freeze) says
+        where in each the new version starts."""
         body: dict[str, Any] = {}
         if policy_version is not None:
             body["policy_version"] = policy_version
         if upstreams is not None:
             body["upstreams"] = upstreams
+        if switch:
+            body["switch"] = True
+            if engine_progress is not None:
+                body["engine_progress"] = engine_progress
         return await self._post(semconv.ADMIN_RESUME_PATH, body)
 
     async def state(self) -> SidecarState:
@@ -98,7 +117,7 @@ class SidecarAdmin:
 
     async def emit_reward(self, rollout_id: str, value: float, name: str = "reward") -> None:
         path = f"{semconv.ROLLOUT_PATH_PREFIX}/{rollout_id}{semconv.REWARD_PATH}"
-        response = await self._client.post(path, json={"value": value, "name": name})
+        response = await self._client.post(path, json={"value": value, "name": name}, headers=self._reward_headers)
         _raise_for(response, "reward")
 
     async def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> SidecarState:
@@ -118,6 +137,13 @@ def _raise_for(response: httpx.Response, what: str) -> None:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _free_port_on(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -164,8 +190,16 @@ class SidecarProcess:
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 30.0,
         pid_file: Path | None = None,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        api_key: str | None = None,
+        otlp_headers: dict[str, str] | None = None,
     ) -> None:
         self.upstreams = upstreams
+        self.listen_host = listen_host  # 0.0.0.0 / :: listen everywhere; the trainer dials it on loopback
+        self.listen_port = listen_port  # 0: a free one
+        self.api_key = api_key  # the key harnesses must send (AGL_SIDECAR_API_KEY)
+        self.otlp_headers = otlp_headers or {}  # e.g. the receiver's bearer token
         self.otlp_endpoint = otlp_endpoint
         self.executable = executable or default_executable()
         self.admin_token = admin_token or secrets.token_urlsafe(16)
@@ -180,10 +214,13 @@ class SidecarProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where this machine reaches it (a wildcard listen through loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.listen_host, self.listen_host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     def command(self) -> list[str]:
-        argv = [self.executable, "--listen", f"127.0.0.1:{self.port}", "--otlp-endpoint", self.otlp_endpoint]
+        listen = f"{self.listen_host}:{self.port}"
+        argv = [self.executable, "--listen", listen, "--otlp-endpoint", self.otlp_endpoint]
         for upstream in self.upstreams:
             argv += ["--upstream", upstream]
         # The admin token goes in the environment (see start()): not visible in `ps`, and a token
@@ -195,7 +232,7 @@ class SidecarProcess:
     def start(self) -> None:
         if self.pid_file is not None:
             stop_orphan(self.pid_file)
-        self.port = free_port()
+        self.port = self.listen_port or _free_port_on(self.listen_host)
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")
@@ -205,7 +242,7 @@ class SidecarProcess:
                 self.command(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, semconv.ENV_SIDECAR_ADMIN_TOKEN: self.admin_token},
+                env={**os.environ, **self._secret_env()},
                 start_new_session=True,
             )
         except FileNotFoundError:
@@ -231,6 +268,14 @@ class SidecarProcess:
             time.sleep(0.05)
         self.stop()
         raise SidecarError(f"agl-sidecar did not answer /healthz within {self.startup_timeout_s:.0f} s")
+
+    def _secret_env(self) -> dict[str, str]:
+        env = {semconv.ENV_SIDECAR_ADMIN_TOKEN: self.admin_token}
+        if self.api_key:
+            env[semconv.ENV_SIDECAR_API_KEY] = self.api_key
+        if self.otlp_headers:
+            env[semconv.ENV_SIDECAR_OTLP_HEADERS] = ",".join(f"{k}={v}" for k, v in self.otlp_headers.items())
+        return env
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (it flushes its spans), then SIGKILL after `timeout_s`; safe to call twice."""

@@ -74,13 +74,21 @@ class Endpoint:
     sidecar_url: str
     otlp_endpoint: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Several sidecars (one per engine node): (harness URL, harness key) of each; a rollout sticks
+    # to sidecar_for(rollout id). Empty: sidecar_url alone.
+    sidecars: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def sidecar_for(self, rollout_id: str) -> tuple[str, str | None]:
+        if not self.sidecars:
+            return self.sidecar_url, None
+        return self.sidecars[sidecar_index(rollout_id, len(self.sidecars))]
 
     def base_url(self, spec: RolloutSpec) -> str:
         """The OpenAI base URL of a rollout: the sidecar with the rollout prefix."""
         prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{spec.rollout_id}"
         if spec.attempt:
             prefix += f"/attempts/{spec.attempt}"
-        return f"{self.sidecar_url.rstrip('/')}{prefix}/v1"
+        return f"{self.sidecar_for(spec.rollout_id)[0].rstrip('/')}{prefix}/v1"
 
     def environment(self, spec: RolloutSpec) -> dict[str, str]:
         """The variables a harness process gets (on top of the runner's own environment)."""
@@ -96,10 +104,20 @@ class Endpoint:
             semconv.ENV_MODE: spec.mode,
             semconv.ENV_TASK: json.dumps(spec.task, separators=(",", ":")),
         }
+        key = self.sidecar_for(spec.rollout_id)[1]
+        if key:
+            env["OPENAI_API_KEY"] = env["ANTHROPIC_API_KEY"] = key
         if self.otlp_endpoint:
             env[semconv.ENV_OTLP_ENDPOINT] = self.otlp_endpoint
         env.update(self.extra_env)
         return env
+
+
+def sidecar_index(rollout_id: str, count: int) -> int:
+    """Which of `count` sidecars serves a rollout: stable across processes (rewards go there too)."""
+    import zlib
+
+    return zlib.crc32(rollout_id.encode("utf-8", "surrogatepass")) % count if count > 1 else 0
 
 
 async def run_with_retries(
