@@ -166,8 +166,6 @@ ENV_SIDECAR_ADMIN_TOKEN: Final = "AGL_SIDECAR_ADMIN_TOKEN"
 ENV_RECEIVER_TOKEN: Final = "AGL_RECEIVER_TOKEN"
 ENV_SIDECAR_API_KEY: Final = "AGL_SIDECAR_API_KEY"  # the key harnesses must send (the sidecar's --api-key)
 ENV_SIDECAR_OTLP_HEADERS: Final = "AGL_SIDECAR_OTLP_HEADERS"  # k=v,k=v the sidecar adds to its OTLP export
-ENV_SIDECAR_API_KEY: Final = "AGL_SIDECAR_API_KEY"  # the key harnesses must send (the sidecar's --api-key)
-ENV_SIDECAR_OTLP_HEADERS: Final = "AGL_SIDECAR_OTLP_HEADERS"  # k=v,k=v the sidecar adds to its OTLP export
 
 # Scope name of every tracer agl creates.
 INSTRUMENTATION_SCOPE: Final = "agl"

@@ -41,6 +41,49 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
     pass
 
 
+class KubernetesConfig(_Section):
+    """The Job each rollout runs as with harness.runner=kubernetes (runners/kubernetes_manifest.py)."""
+
+    kubeconfig: Annotated[
+        str | None, _doc("kubeconfig file (default: the pod's service account in a cluster, else ~/.kube/config)")
+    ] = None
+    context: Annotated[str | None, _doc("kubeconfig context (default: its current context)")] = None
+    sidecar_url: Annotated[
+        str | None, _doc("the sidecar's URL as pods reach it (default: sidecar.advertise_url)")
+    ] = None
+    otlp_endpoint: Annotated[
+        str | None, _doc("the OTLP endpoint pods send SDK spans to (default: receiver.advertise_url)")
+    ] = None
+    service_account: Annotated[str | None, _doc("the pods' service account")] = None
+    resources: Annotated[
+        dict[str, dict[str, str | int | float]],
+        _doc("the harness container's requests and limits: {requests: {cpu: 500m, memory: 1Gi}, limits: {...}}"),
+    ] = {}
+    node_selector: Annotated[dict[str, str], _doc("node labels the pods must run on")] = {}
+    tolerations: Annotated[
+        list[dict[str, Any]], _doc("pod tolerations, as in a pod spec: [{key, operator, value, effect}]")
+    ] = []
+    env_from_secrets: Annotated[list[str], _doc("secrets whose every key becomes an environment variable")] = []
+    secret_env: Annotated[
+        dict[str, str], _doc("environment variables from secret keys: {NAME: secret-name/key}")
+    ] = {}
+    image_pull_policy: Annotated[
+        Literal["Always", "IfNotPresent", "Never"] | None, _doc("the container's imagePullPolicy")
+    ] = None
+    image_pull_secrets: Annotated[list[str], _doc("secrets for pulling harness.image from a private registry")] = []
+    labels: Annotated[dict[str, str], _doc("extra labels on Jobs and pods")] = {}
+    annotations: Annotated[dict[str, str], _doc("extra annotations on Jobs and pods")] = {}
+    ttl_s: Annotated[int, _doc("a finished Job is deleted after this many seconds (ttlSecondsAfterFinished)", ge=0)] = 600
+    max_jobs: Annotated[int, _doc("most Jobs at once (0: loop.concurrency)", ge=0)] = 0
+    create_rate: Annotated[float, _doc("most Job creations per second", gt=0)] = 5.0
+    start_timeout_s: Annotated[
+        float,
+        _doc("a pod that cannot start (image pull back-off, unschedulable, no pod: quota) for this long fails "
+             "the attempt with the reason (infra_error, retried)", gt=0),
+    ] = 300.0
+    reconcile_s: Annotated[float, _doc("list Jobs and pods this often, for events a watch missed", gt=0)] = 15.0
+
+
 class HarnessConfig(_Section):
     command: Annotated[
         list[str] | str | None,
@@ -63,6 +106,7 @@ class HarnessConfig(_Section):
     runner: Annotated[Literal["local", "kubernetes"], _doc("where harness processes run")] = "local"
     image: Annotated[str | None, _doc("container image for the kubernetes runner")] = None
     namespace: Annotated[str, _doc("kubernetes namespace")] = "default"
+    kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
 
 
 class ModelConfig(_Section):
@@ -222,14 +266,29 @@ class LoopConfig(_Section):
     max_train_s: Annotated[float, _doc("stop after this many seconds of training (0: no limit)", ge=0)] = 0.0
     checkpoint_every: Annotated[int, _doc("save a checkpoint every N steps (resume restarts there)", ge=1)] = 1
     drain_timeout_s: Annotated[float, _doc("how long a pause waits for in-flight calls", gt=0)] = 60.0
+    switch: Annotated[
+        Literal["drain", "keep"],
+        _doc(
+            "policy switch at each update: drain (wait for in-flight calls to finish) or keep (the engine "
+            "freezes them, new weights load, they continue; tokens carry their versions; collocated-async only)"
+        ),
+    ] = "drain"
     completion_grace_s: Annotated[float, _doc("after a harness exits, wait this long for late spans", ge=0)] = 2.0
     failed_rollouts: Annotated[
         Literal["drop", "zero"], _doc("failed rollouts (harness error, timeout): drop them or train with reward 0")
     ] = "drop"
+    val_every: Annotated[
+        int,
+        _doc("validate on val_tasks before the first step, every N steps and at the end (0: never)", ge=0),
+    ] = 0
+    val_repeats: Annotated[int, _doc("rollouts per val task in a validation round", ge=1)] = 1
 
 
 class Config(_Section):
     tasks: Annotated[str | None, _doc("tasks, one JSON object a line (an `id` field names the task)")] = None
+    val_tasks: Annotated[
+        str | None, _doc("held-out tasks for validation (JSONL like tasks; run in mode val, never trained)")
+    ] = None
     output_dir: Annotated[str, _doc("where checkpoints, logs, metrics and plots go")] = "runs/agl"
     seed: Annotated[int, _doc("seed for task order, sampling and initialisation")] = 0
     harness: HarnessConfig = msgspec.field(default_factory=HarnessConfig)
@@ -409,12 +468,17 @@ def check_config(config: Config, base: Path) -> None:
         raise ConfigError("config key tasks: missing (fix: set tasks to a JSONL file, one task per line)")
     if not Path(config.tasks).is_file():
         raise ConfigError(f"config key tasks: {config.tasks} does not exist (fix: point it at a JSONL file)")
-    if (harness.command is None) == (harness.function is None):
+    check_val_tasks(config)
+    if harness.runner == "kubernetes":  # the command runs in the image: nothing to find on this machine
+        from agl_trainer.runners.kubernetes_config import check_kubernetes
+
+        check_kubernetes(config)
+    elif (harness.command is None) == (harness.function is None):
         raise ConfigError(
             "config key harness: set exactly one of harness.command (a program run per rollout) "
             "or harness.function (module:function called per rollout)"
         )
-    if harness.command is not None:
+    if harness.command is not None and harness.runner != "kubernetes":
         argv = harness_argv(harness.command)
         if not argv:
             raise ConfigError("config key harness.command: empty (fix: the program to run per rollout)")
@@ -436,6 +500,11 @@ def check_config(config: Config, base: Path) -> None:
             f"config key loop.batch_rollouts: {loop.batch_rollouts} is not a multiple of loop.group_size="
             f"{loop.group_size} (fix: use {max(1, loop.batch_rollouts // loop.group_size) * loop.group_size})"
         )
+    if loop.switch == "keep" and loop.mode != "collocated-async":
+        raise ConfigError(
+            "config key loop.switch: keep freezes calls in flight across an update, which only "
+            "loop.mode=collocated-async has (fix: loop.switch=drain, or loop.mode=collocated-async)"
+        )
     if config.model.path is None:
         raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
     if not Path(config.model.path).exists():
@@ -450,6 +519,34 @@ def _check_program(key: str, program: str, cwd: str | None) -> None:
         return
     if shutil.which(program) is None:
         raise ConfigError(f"config key {key}: program {program!r} is not on PATH (fix: install it or give its path)")
+
+
+def check_val_tasks(config: Config) -> None:
+    """val_tasks and loop.val_every go together; the file must be readable tasks held out from `tasks`."""
+    every, path = config.loop.val_every, config.val_tasks
+    if every > 0 and path is None:
+        raise ConfigError(
+            f"config key loop.val_every: {every} needs held-out tasks (fix: set val_tasks to a JSONL file "
+            "of tasks not in `tasks`, or loop.val_every to 0)"
+        )
+    if path is None:
+        return
+    if not Path(path).is_file():
+        raise ConfigError(f"config key val_tasks: {path} does not exist (fix: point it at a JSONL file)")
+    if config.tasks is not None and Path(path).resolve() == Path(config.tasks).resolve():
+        raise ConfigError(
+            f"config key val_tasks: {path} is the training tasks file; validation needs held-out tasks "
+            "(fix: a separate JSONL file)"
+        )
+    read_val_tasks(path)
+
+
+def read_val_tasks(path: str | Path) -> list[dict[str, Any]]:
+    """read_tasks for `val_tasks`: its errors name the config key."""
+    try:
+        return read_tasks(path)
+    except ConfigError as error:
+        raise ConfigError(f"config key val_tasks: {error}") from None
 
 
 def read_tasks(path: str | Path) -> list[dict[str, Any]]:

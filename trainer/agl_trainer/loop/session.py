@@ -93,7 +93,11 @@ def sidecar_config_file(config: Config, path: Path) -> Path:
         if settings.max_tokens:
             entry["max_tokens"] = settings.max_tokens
         sampling[mode] = entry
-    path.write_text(yaml.safe_dump({"sampling": sampling, "spool_dir": str(path.parent / "spool")}))
+    # A call whose URL names no mode is a training call: sampling.train applies to it (val rollouts'
+    # URLs carry /modes/val, see Endpoint.base_url).
+    path.write_text(
+        yaml.safe_dump({"sampling": sampling, "default_mode": "train", "spool_dir": str(path.parent / "spool")})
+    )
     return path
 
 
@@ -248,6 +252,7 @@ class Session:
             progress=progress,
             pad_token_id=tokenizer_pad,
             on_step=self.on_step,
+            validator=build_validator(config, runner, data, run_id),
         )
         for group in recovered:
             self.loop.adopt(group)
@@ -269,16 +274,7 @@ def build_runner(
     if harness.runner == "kubernetes":
         from agl_trainer.runners.kubernetes import KubernetesRunner
 
-        return KubernetesRunner(
-            harness_argv(harness.command) if harness.command else None,
-            endpoint,
-            image=harness.image or "",
-            namespace=harness.namespace,
-            concurrency=loop.concurrency,
-            timeout_s=harness.timeout_s,
-            retries=harness.retries,
-            on_exit=on_exit,
-        )
+        return KubernetesRunner.from_config(config, endpoint, on_exit)  # harness.kubernetes.*
     if harness.function is not None:
         from agl_trainer.runners.workers import FunctionRunner
 
@@ -306,6 +302,24 @@ def build_runner(
         grader=harness_argv(harness.grader) if harness.grader else None,
         on_exit=on_exit,
         reward_sink=reward_sink,
+    )
+
+
+def build_validator(config: Config, runner: Any, data: Any, run_id: str) -> Any:
+    """The validation rounds of loop.val_every on val_tasks (loop/validation.py); None when off."""
+    if config.loop.val_every <= 0 or config.val_tasks is None:
+        return None
+    from agl_trainer.config import read_val_tasks
+    from agl_trainer.loop.validation import Validator
+
+    return Validator(
+        read_val_tasks(config.val_tasks),
+        runner=runner,
+        data=data,
+        run_id=run_id,
+        every=config.loop.val_every,
+        repeats=config.loop.val_repeats,
+        no_data_timeout_s=60.0 + config.loop.completion_grace_s,
     )
 
 

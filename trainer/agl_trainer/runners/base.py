@@ -88,6 +88,10 @@ class Endpoint:
         prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{spec.rollout_id}"
         if spec.attempt:
             prefix += f"/attempts/{spec.attempt}"
+        if spec.mode != semconv.MODE_TRAIN:
+            # The URL is all an unmodified harness passes on: it carries the mode, so the sidecar
+            # applies that mode's sampling (sampling.val: greedy) to every call of the rollout.
+            prefix += f"{semconv.MODE_PATH_PREFIX}/{spec.mode}"
         return f"{self.sidecar_for(spec.rollout_id)[0].rstrip('/')}{prefix}/v1"
 
     def environment(self, spec: RolloutSpec) -> dict[str, str]:
