@@ -3,6 +3,10 @@
 A paused gate holds new calls (never fails them) and lets calls already in flight finish; `resume`
 releases held calls in arrival order under the new policy version. A call held longer than
 `max_hold_s` is refused (the handler answers 503 with Retry-After).
+
+A drain-free switch (loop.switch: keep) pauses without draining: the engine freezes the calls in
+flight, and `resume(version, switch=True, progress=...)` records where the new version starts in
+them (`switches`, see proxy/switches.py).
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
+
+from agl_sidecar.proxy.switches import SwitchLog
 
 
 class HeldTooLong(Exception):
@@ -24,6 +31,7 @@ class Gate:
         self.in_flight = 0
         self._held: deque[asyncio.Future[None]] = deque()
         self._drained: list[asyncio.Future[None]] = []
+        self.switches = SwitchLog()
 
     @property
     def held(self) -> int:
@@ -79,10 +87,15 @@ class Gate:
             return False
         return True
 
-    def resume(self, policy_version: int | None = None) -> None:
+    def resume(
+        self, policy_version: int | None = None, switch: bool = False, progress: Mapping[str, int] | None = None
+    ) -> None:
         """Open the gate; held calls continue in arrival order (their futures resolve in order, and
-        asyncio wakes tasks in the order their futures complete)."""
+        asyncio wakes tasks in the order their futures complete). `switch`: calls in flight were
+        frozen, not drained, and continue under `policy_version` (recorded before any is released)."""
         if policy_version is not None:
+            if switch and policy_version != self.policy_version:
+                self.switches.record(policy_version, progress)
             self.policy_version = policy_version
         self.paused = False
         for waiter in list(self._held):

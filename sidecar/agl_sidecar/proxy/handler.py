@@ -117,6 +117,7 @@ class Proxy:
         except asyncio.CancelledError:
             client_gone(sidecar, call)
             raise
+        call.switches = sidecar.gate.switches  # a drain-free switch may land while it runs
         try:
             return await self._dispatch(request, kind, front, body, parsed, call, overrides)
         except asyncio.CancelledError:  # the client went away while the engine worked

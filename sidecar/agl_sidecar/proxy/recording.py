@@ -11,6 +11,7 @@ import msgspec
 from agl import semconv
 from agl_sidecar.proxy import inputs, wire
 from agl_sidecar.proxy.request import CHAT, Flags
+from agl_sidecar.proxy.switches import SwitchLog
 from agl_sidecar.spans.recorder import CallRecord
 
 K_TOKEN_IDS = b'"token_ids":'
@@ -70,15 +71,34 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
 class StreamRecorder:
     """Assembles token IDs and logprobs from a stream's chunks and strips each event."""
 
-    __slots__ = ("kind", "flags", "call", "_decode")
+    __slots__ = ("kind", "flags", "call", "_decode", "_seen_version")
 
     def __init__(self, kind: str, flags: Flags, call: CallRecord) -> None:
         self.kind = kind
         self.flags = flags
         self.call = call
         self._decode = wire.chat_chunk.decode if kind == CHAT else wire.completion_chunk.decode
+        self._seen_version = call.policy_version if call.policy_version is not None else -1
 
     def event(self, event: bytes) -> bytes:
+        switches = self.call.switches
+        if switches is not None and switches.version > self._seen_version:
+            self._mark_switches(switches)
+        return self._event(event)
+
+    def _mark_switches(self, switches: SwitchLog) -> None:
+        """A drain-free switch happened since the last event: the tokens received so far are the
+        older versions' (the sidecar resumes before the engine, so none of the new weights' came)."""
+        call = self.call
+        first = call.choices.get(0)
+        received = len(first.token_ids) if first is not None and isinstance(first.token_ids, list) else 0
+        marks = call.switch_marks if call.switch_marks is not None else {}
+        for switch in switches.since(self._seen_version):
+            marks.setdefault(switch.serial, received)
+        call.switch_marks = marks
+        self._seen_version = switches.version
+
+    def _event(self, event: bytes) -> bytes:
         if not event.startswith(DATA):
             return self._event_lines(event)
         payload = event[6:]
@@ -152,7 +172,7 @@ class StreamRecorder:
                 payload = wire.encode(wire.decode_any(payload))
             except (msgspec.MsgspecError, RecursionError):
                 return event
-        return b"\n".join([*other, self.event(DATA + payload)])
+        return b"\n".join([*other, self._event(DATA + payload)])
 
     def _chat_fast(self, payload: bytes) -> bytes | None:
         """The common chat chunk (at most one choice) in one typed decode, its stripped fields found

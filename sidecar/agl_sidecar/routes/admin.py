@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -24,11 +24,18 @@ Body = TypeVar("Body", bound=msgspec.Struct)
 class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
     drain: bool = False
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PAUSE_TIMEOUT_S)] = 60.0
+    # "drain" = drain: true. "keep": the engine freezes the calls in flight (a drain-free switch):
+    # hold new calls, wait for none, deliver the spans of the calls already finished.
+    mode: Literal["drain", "keep"] | None = None
 
 
 class ResumeBody(msgspec.Struct, forbid_unknown_fields=True):
     policy_version: inputs.Count | None = None
     upstreams: list[str] | None = None
+    # A drain-free switch: the calls in flight continue under policy_version; engine_progress (engine
+    # request id -> completion tokens generated before the freeze) places the boundary in each.
+    switch: bool = False
+    engine_progress: dict[str, inputs.Count] | None = None
 
 
 def admin_only(handler: Any) -> Any:
@@ -78,12 +85,15 @@ async def pause(request: web.Request) -> web.Response:
         return body
     if body.timeout_s <= 0:
         return json_reply(400, {"error": "pause: timeout_s must be > 0"})
+    if body.mode == "keep" and body.drain:
+        return json_reply(400, {"error": 'pause: mode "keep" does not drain; send {"mode": "keep"} without "drain": true'})
+    drain = body.drain or body.mode == "drain"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.timeout_s
     sidecar.gate.pause()
-    if not body.drain:
+    if not drain and body.mode != "keep":
         return json_reply(200, _short_state(sidecar))
-    if not await sidecar.gate.drain(body.timeout_s):
+    if drain and not await sidecar.gate.drain(body.timeout_s):
         state = _short_state(sidecar)
         state["error"] = f"in-flight calls did not finish within {body.timeout_s:g} s; the sidecar stays paused"
         return json_reply(504, state)
@@ -91,6 +101,7 @@ async def pause(request: web.Request) -> web.Response:
     # sent yet): the trainer assembles its batch right after it, and a rollout whose call spans are
     # missing then would be dropped as having no samples.
     # spans_flushed: acknowledged by the endpoint, not merely spooled (the trainer reads them from there).
+    # A keep pause delivers the spans of the calls that finished; the frozen ones end later.
     spans_flushed = await sidecar.flush_spans(max(deadline - loop.time(), 1.0))
     counters = sidecar.exporter.counters
     return json_reply(200, {
@@ -107,9 +118,16 @@ async def pause(request: web.Request) -> web.Response:
 
 async def resume(request: web.Request) -> web.Response:
     sidecar = sidecar_of(request)
-    body = await _read(request, sidecar, ResumeBody, "resume", '{"policy_version": 3, "upstreams": ["http://..."]}')
+    body = await _read(
+        request, sidecar, ResumeBody, "resume",
+        '{"policy_version": 3, "upstreams": ["http://..."], "switch": true, "engine_progress": {"chatcmpl-x": 17}}',
+    )
     if isinstance(body, web.Response):
         return body
+    if body.switch and body.policy_version is None:
+        return json_reply(400, {"error": "resume: switch needs the policy_version the frozen calls continue under"})
+    if body.engine_progress is not None and not body.switch:
+        return json_reply(400, {"error": 'resume: engine_progress belongs to a switch; add "switch": true'})
     if body.upstreams is not None:
         if not body.upstreams:
             return json_reply(400, {"error": "resume: upstreams must not be empty"})
@@ -118,7 +136,7 @@ async def resume(request: web.Request) -> web.Response:
             if problem:
                 return json_reply(400, {"error": f"resume: {problem}"})
         sidecar.router.set_urls(body.upstreams)
-    sidecar.gate.resume(body.policy_version)
+    sidecar.gate.resume(body.policy_version, body.switch, body.engine_progress)
     return json_reply(200, _short_state(sidecar))
 
 

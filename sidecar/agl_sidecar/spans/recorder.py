@@ -33,6 +33,7 @@ from agl import semconv
 from agl_sidecar.spans import otlp
 from agl_sidecar.proxy import wire
 from agl_sidecar.proxy.attribution import Identity, TraceParent
+from agl_sidecar.proxy.switches import SwitchLog, version_runs
 from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.spans.foreground import Foreground
 from agl_sidecar.spans.lru import BytesLRU
@@ -87,6 +88,10 @@ class CallRecord:
     input_messages: str | None = None
     output_messages: str | None = None
     tokens_absent: bool = False
+    # Drain-free switches (proxy/switches.py): the gate's log, set when the call enters, and for a
+    # stream the choice-0 tokens received when each switch (by serial) was first seen.
+    switches: SwitchLog | None = None
+    switch_marks: dict[int, int] | None = None
     finished: bool = False  # handed to the recorder (a call is recorded once, whatever path ends it)
     end_ns: int = 0
 
@@ -416,6 +421,10 @@ class SpanRecorder:
                 attrs.append((semconv.completion_logprobs_key(index), otlp.DoubleArray(logprobs)))
             if index > 0:
                 attrs.append((semconv.completion_finish_reason_key(index), choice.finish_reason or ""))
+        if first is not None:
+            runs = version_runs(call.switches, call.policy_version, call.response_id, call.switch_marks, first.length)
+            if runs is not None:
+                attrs.append((semconv.COMPLETION_POLICY_VERSIONS, otlp.IntArray.of(runs)))
         if rollout_id and call.seq is not None and first is not None:
             self._last.put(rollout_id, (call.seq, prompt + first))
         return attrs

@@ -159,6 +159,19 @@ class EmbeddedEngine:
             self.policy_version = update.version
         return time.perf_counter() - started
 
+    def freeze(self) -> dict[str, int]:
+        """Freeze the requests in flight in place (a drain-free policy switch): no step runs until
+        thaw(); their tokens and KV cache are kept. Returns, by request id (the response's `id`;
+        `<id>-<i>` for choice i > 0), the completion tokens each had generated."""
+        if self._scheduler is None:
+            return {}
+        return self._scheduler.freeze()
+
+    def thaw(self) -> None:
+        """Continue the frozen requests, now under the weights loaded meanwhile."""
+        if self._scheduler is not None:
+            self._scheduler.thaw()
+
     def __enter__(self) -> Self:
         self.start()
         return self

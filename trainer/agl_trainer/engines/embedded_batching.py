@@ -7,6 +7,11 @@ sequences' last tokens through the model once. Finished sequences leave the batc
 are swapped under `weights_lock`, which the thread holds for each step, so an update lands between
 steps and never inside one.
 
+`freeze()` stops scheduling (a drain-free policy switch, loop.switch: keep): the sequences in the
+batch keep their tokens and KV cache and wait; `thaw()` continues them, under whatever weights are
+loaded by then. Their KV cache of the prefix was computed by the old weights, which the new weights
+then attend to (vLLM's `pause?mode=keep` does the same).
+
 Sampling is per sequence and reproducible: each sequence draws its uniforms from its own
 `torch.Generator` (seeded by the request's `seed`), so a sequence's tokens do not depend on what
 else is in the batch. Returned logprobs are the model's raw log-softmax (before temperature, top-p
@@ -56,6 +61,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     stop_text: str | None = None  # the output text cut before a matched stop string
+    request_id: str = ""  # the engine request id, for freeze()'s progress report
     cancelled: bool = False  # set by the reader (client gone): the sequence leaves at the next step
     _uniforms: torch.Tensor | None = None
 
@@ -90,6 +96,7 @@ class BatchScheduler:
         self._pending: list[Sequence] = []
         self._cond = threading.Condition()
         self._stopping = False
+        self._frozen = False
         self._thread = threading.Thread(target=self._run, name="agl-embedded-engine", daemon=True)
         # the running batch
         self._live: list[Sequence] = []
@@ -108,6 +115,30 @@ class BatchScheduler:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
 
+    def freeze(self) -> dict[str, int]:
+        """Stop scheduling after the step under way; returns each unfinished sequence's tokens so
+        far (by request id): where the next policy version will start in it."""
+        with self._cond:
+            self._frozen = True
+        with self.weights_lock:  # the step under way (the thread holds the lock for it) is over
+            with self._cond:
+                return {s.request_id: len(s.token_ids) for s in [*self._live, *self._pending] if not s.finished}
+
+    def thaw(self) -> None:
+        """Continue the frozen sequences (and admit the waiting ones)."""
+        with self._cond:
+            self._frozen = False
+            self._cond.notify_all()
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def progress(self) -> dict[str, int]:
+        """Each unfinished sequence's tokens so far, by request id (a snapshot; the batch moves on)."""
+        with self._cond:
+            return {s.request_id: len(s.token_ids) for s in [*self._live, *self._pending] if not s.finished}
+
     def submit(self, sequences: list[Sequence]) -> None:
         for sequence in sequences:
             if sequence.params.seed is None:
@@ -125,7 +156,7 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._live and not self._stopping:
+                while (self._frozen or (not self._pending and not self._live)) and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return
@@ -134,6 +165,10 @@ class BatchScheduler:
             started = time.perf_counter()
             try:
                 with self.weights_lock, torch.inference_mode():
+                    if self._frozen:  # frozen between taking `admitted` and the lock: no step
+                        with self._cond:
+                            self._pending[:0] = admitted
+                        continue
                     self._step(admitted)
             except Exception as error:  # noqa: BLE001 (a failed step fails its sequences, never the thread)
                 self._fail_all(admitted, error)

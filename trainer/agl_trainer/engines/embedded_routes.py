@@ -126,8 +126,10 @@ class EngineRoutes:
             )
         return await request.read()
 
-    def _submit(self, sequences: list[Sequence]) -> None:
+    def _submit(self, sequences: list[Sequence], request_id: str) -> None:
         self.requests += 1
+        for index, sequence in enumerate(sequences):  # choice 0 under the response's own id
+            sequence.request_id = request_id if index == 0 else f"{request_id}-{index}"
         scheduler = self.engine.scheduler
         assert scheduler is not None  # routes are served only between start() and stop()
         scheduler.submit(sequences)
@@ -154,7 +156,7 @@ class EngineRoutes:
         queue: asyncio.Queue = asyncio.Queue()
         sequences = sequences_of(prompt_ids, params, req.n, req.stream, queue)
         request_id, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
-        self._submit(sequences)
+        self._submit(sequences, request_id)
         tokenizer = reader.tokenizer
         if req.stream:
             with stream.cancel_on_exit(sequences):
@@ -258,7 +260,7 @@ class EngineRoutes:
             params = reader.sampling(req, req.max_tokens or 16, req.logprobs, len(prompt_ids))
             sequences += sequences_of(prompt_ids, params, req.n, req.stream, queue)
         request_id, created = f"cmpl-{secrets.token_hex(8)}", int(time.time())
-        self._submit(sequences)
+        self._submit(sequences, request_id)
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as vLLM)
         tokenizer = reader.tokenizer
         if req.stream:

@@ -62,6 +62,7 @@ from agl_trainer.engines.vllm_config import (
     DEFAULT_VENV_PYTHON,
     KEEP_ALIVE_S,
     LOAD_METHOD,
+    PROGRESS_METHOD,
     REPO_ROOT,
     WORKER_CLASS,
     WORKER_MODULE,
@@ -130,6 +131,7 @@ class VLLMEngine:
         self._watchdog: threading.Thread | None = None
         self._warned_sleep = False
         self.sleeping = False
+        self.frozen = False  # freeze() paused every server with mode=keep; thaw() resumes them
         self.weight_sync = resolve_weight_sync(config, self.device)
         self._transfer: GpuWeightTransfer | None = None
         self._latest_state: tuple[int, Mapping[str, object]] | None = None  # GPU transfer: for restarts
@@ -366,6 +368,39 @@ class VLLMEngine:
                     reported.add(str(error))
                     log.error("vllm: watchdog could not restart a replica: %s", error)
 
+    # --- drain-free policy switch (loop.switch=keep) -------------------------------------
+    def freeze(self) -> dict[str, int]:
+        """Freeze the requests in flight on every server (POST /pause?mode=keep: they stop where
+        they are, their KV cache kept) and return, by vLLM request id, the completion tokens each
+        has generated (the worker extension reads them off the model runner). update_weights() then
+        loads in place without a pause of its own; thaw() continues the requests."""
+        with self._lock:
+            for server in self._servers:
+                self._post(server, "/pause", params={"mode": "keep"})
+            self.frozen = True
+            progress: dict[str, int] = {}
+            for server in self._servers:
+                reply = self._post(server, "/collective_rpc", json={"method": PROGRESS_METHOD})
+                for result in reply.get("results") or []:
+                    if isinstance(result, dict):
+                        progress.update({str(k): int(v) for k, v in result.items()})
+            return progress
+
+    def thaw(self) -> None:
+        """Continue the frozen requests under the weights loaded meanwhile; with switch_kv=recompute
+        their prefix is first recomputed by those weights (and the prefix cache emptied)."""
+        with self._lock:
+            if not self.frozen:
+                return
+            try:
+                if self.config.switch_kv == "recompute":
+                    for server in self._servers:
+                        self._post(server, "/reset_prefix_cache", params={"reset_running_requests": "true"})
+            finally:
+                for server in self._servers:
+                    self._post(server, "/resume")
+                self.frozen = False
+
     # --- weights --------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> float:
         if self._transfer is not None:
@@ -431,7 +466,7 @@ class VLLMEngine:
         """Pause, transfer, drop the prefix cache (it holds the old weights' KV), resume."""
         assert self._transfer is not None
         started = time.perf_counter()
-        mode = self.config.pause_mode
+        mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
         try:
             if mode != "none":
                 for server in servers:
@@ -492,7 +527,7 @@ class VLLMEngine:
 
     def _sync_server(self, server: Server, directory: Path, version: int) -> tuple[float, float, list[dict]]:
         started = time.perf_counter()
-        mode = self.config.pause_mode
+        mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
         if mode != "none":
             self._post(server, "/pause", params={"mode": mode})
         try:

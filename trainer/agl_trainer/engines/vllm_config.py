@@ -18,6 +18,7 @@ import msgspec
 WORKER_MODULE = "agl_vllm_worker"
 WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
+PROGRESS_METHOD = "agl_request_progress"  # while paused with mode=keep: request id -> output tokens
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 LOG_TAIL_LINES = 40
@@ -43,6 +44,12 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     collocated: bool = False  # GPU: start with --enable-sleep-mode so sleep()/wake_up() free memory
     sleep_level: int = 1
     pause_mode: Literal["wait", "abort", "keep", "none"] = "wait"
+    # loop.switch=keep (freeze(), sync, thaw()): what a frozen request's KV cache becomes on thaw.
+    # recompute: vLLM preempts the frozen requests and recomputes their prefix (prompt + tokens so
+    # far) with the new weights, and the prefix cache is emptied; keep: the old weights' KV stays,
+    # and the prefix cache cannot be emptied while requests hold blocks (new requests may then reuse
+    # the old weights' KV of a shared prefix: start vLLM with --no-enable-prefix-caching).
+    switch_kv: Literal["recompute", "keep"] = "recompute"
     extra_args: list[str] = []
     env: dict[str, str] = {}
     weights_dir: str | None = None  # where state_dicts are written; default /dev/shm

@@ -94,6 +94,13 @@ class WeightSyncExtension:
             "pid": os.getpid(),
         }
 
+    def agl_request_progress(self) -> dict[str, int]:
+        """The output tokens of every request this worker holds, by vLLM request id (the response
+        id plus suffixes). Called while the scheduler is paused with mode=keep: where the next
+        policy version starts in each frozen request."""
+        requests = getattr(self.model_runner, "requests", {}) or {}
+        return {str(rid): sum(1 for t in state.output_token_ids if t >= 0) for rid, state in requests.items()}
+
     def _repack_tied_lm_head(self) -> bool:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         hf_config = getattr(getattr(self.model_runner, "model_config", None), "hf_text_config", None)
