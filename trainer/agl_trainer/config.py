@@ -284,6 +284,17 @@ class LoopConfig(_Section):
     val_repeats: Annotated[int, _doc("rollouts per val task in a validation round", ge=1)] = 1
 
 
+class ViewerSection(_Section):
+    """The trace viewer a running `agl train` serves over its store (agl traces serve's pages)."""
+
+    enabled: Annotated[bool, _doc("serve the trace viewer while training (its address is printed at start)")] = True
+    listen: Annotated[
+        str,
+        _doc("HOST:PORT for the viewer (port 0: any free port; a busy port falls back to a free one)",
+             pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^:\s]*):[0-9]{1,5}$"),
+    ] = "127.0.0.1:8500"
+
+
 class Config(_Section):
     tasks: Annotated[str | None, _doc("tasks, one JSON object a line (an `id` field names the task)")] = None
     val_tasks: Annotated[
@@ -300,6 +311,7 @@ class Config(_Section):
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
     receiver: ReceiverSection = msgspec.field(default_factory=ReceiverSection)
     offline: OfflineConfig = msgspec.field(default_factory=OfflineConfig)
+    viewer: ViewerSection = msgspec.field(default_factory=ViewerSection)
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -184,6 +184,12 @@ class Session:
         timeout = config.harness.timeout_s * (config.harness.retries + 1) + 60
         store = RolloutStore(store_path, grace_s=config.loop.completion_grace_s, rollout_timeout_s=timeout)
         self._stack.callback(store.close)
+        if config.viewer.enabled:  # the trace viewer over this run's store (agl traces serve's pages)
+            from agl_trainer.viewer.training import start_for_training
+
+            viewer = start_for_training(store_path, config.viewer.listen, model_path, out)
+            if viewer is not None:
+                self._stack.callback(viewer.stop)
         from agl_trainer.loop.dataplane import StoreDataPlane
 
         data = StoreDataPlane(store)
@@ -198,7 +204,7 @@ class Session:
             await asyncio.to_thread(engine.update_weights, WeightUpdate(state.policy_version, state_dict=weights))
 
         # The sidecar this run starts (sidecar.listen / advertise_url), or the ones you run (sidecar.attach).
-        sidecars = await start_sidecars(topology, config, engine.urls, receiver_local_url, out, self._stack)
+        sidecars = await start_sidecars(topology, config, engine.urls, receiver_url, out, self._stack)
         admin = sidecars.admin
         endpoint = sidecars.endpoint(receiver_url, dict(config.harness.env))
         addresses.write_harness_env(out, endpoint.sidecar_url, topology, receiver_url)

@@ -1,0 +1,37 @@
+"""The viewer a running `agl train` serves over its own store (config section `viewer`).
+
+Best effort: the viewer never stops a run. A busy port falls back to a free one; any other
+failure is printed and training goes on without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from pathlib import Path
+
+from agl_trainer.viewer.server import ListenError, Viewer, ViewerServer, parse_listen
+
+
+def start_for_training(store_path: Path, listen: str, model: str | None, run_dir: Path) -> ViewerServer | None:
+    try:
+        host, port = parse_listen(listen)
+    except ListenError as error:
+        print(f"agl: viewer.listen: {error}; the trace viewer is off for this run", file=sys.stderr)
+        return None
+    for attempt_port in (port, 0) if port else (0,):
+        try:
+            viewer = Viewer(store_path, model=model, run_dir=run_dir)
+            server = ViewerServer(viewer, f"[{host}]:{attempt_port}" if ":" in host else f"{host}:{attempt_port}")
+            server.start()
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE and attempt_port:
+                continue
+            print(f"agl: the trace viewer could not start ({error}); training goes on", file=sys.stderr)
+            return None
+        except Exception as error:  # noqa: BLE001 (the viewer is optional: report, never stop training)
+            print(f"agl: the trace viewer could not start ({error}); training goes on", file=sys.stderr)
+            return None
+        print(f"agl: trace viewer at {server.url} (viewer.enabled: false turns it off)", file=sys.stderr, flush=True)
+        return server
+    return None
