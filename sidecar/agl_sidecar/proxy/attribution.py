@@ -124,6 +124,8 @@ class RolloutTraces:
             return None
         key = (identity.rollout_id, identity.attempt or 0)
         known = self._traces.get(key)
+        if known is not None:
+            self._traces.move_to_end(key)
         if parent is None:
             return semconv.ORIGIN_HARNESS if known is None else semconv.ORIGIN_UNTRACED
         if known is None:
@@ -131,7 +133,6 @@ class RolloutTraces:
             if len(self._traces) > self.max_rollouts:
                 self._traces.popitem(last=False)
             return semconv.ORIGIN_HARNESS
-        self._traces.move_to_end(key)
         return semconv.ORIGIN_HARNESS if known == parent.trace_id else semconv.ORIGIN_FOREIGN_TRACE
 
     def forget(self, identity: Identity) -> None:

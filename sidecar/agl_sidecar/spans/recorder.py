@@ -32,7 +32,7 @@ from msgspec import Raw
 from agl import semconv
 from agl_sidecar.spans import otlp
 from agl_sidecar.proxy import wire
-from agl_sidecar.proxy.attribution import Identity, TraceParent
+from agl_sidecar.proxy.attribution import Identity, RolloutTraces, TraceParent
 from agl_sidecar.proxy.switches import SwitchLog, version_runs
 from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.spans.foreground import Foreground
@@ -94,6 +94,7 @@ class CallRecord:
     switch_marks: dict[int, int] | None = None
     finished: bool = False  # handed to the recorder (a call is recorded once, whatever path ends it)
     end_ns: int = 0
+    origin: str | None = None  # semconv.ORIGIN_*, set when the call is finished
 
     def choice(self, index: int) -> Choice:
         found = self.choices.get(index)
@@ -170,6 +171,7 @@ class SpanRecorder:
         self.foreground = foreground or Foreground()
         self.max_defer_s = max_defer_s
         self.rollouts = _Rollouts()
+        self.traces = RolloutTraces()  # each rollout's harness trace: a call's agl.call.origin
         # Per rollout, the last finished call's seq and full token sequence (prompt + choice-0
         # completion, as encoded int-array elements): ~200 KB for 35k tokens, so bounded by bytes.
         self._last: BytesLRU[str, tuple[int, otlp.IntArray]] = BytesLRU(prompt_ref_max_bytes, _sequence_size)
@@ -287,6 +289,7 @@ class SpanRecorder:
             return
         call.finished = True
         call.end_ns = time.time_ns()
+        call.origin = self.traces.origin(call.identity, call.trace_parent)
         self._defer(self._build_call(call))
 
     def persister(self, call: CallRecord) -> Callable[[], Awaitable[None]] | None:
@@ -350,6 +353,7 @@ class SpanRecorder:
             (semconv.ATTEMPT, identity.attempt),
             (semconv.CALL_SEQ, call.seq),
             (semconv.CALL_HELD_MS, float(call.held_ms)),
+            (semconv.CALL_ORIGIN, call.origin),
             (semconv.POLICY_VERSION, call.policy_version),
             (semconv.ERROR_TYPE, call.error_type),
             (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
@@ -466,6 +470,7 @@ class SpanRecorder:
         rollout_id = identity.rollout_id
         # After the rollout's queued calls: an ended rollout makes no more calls to reference.
         forget = functools.partial(self._last.pop, rollout_id)
+        self.traces.forget(identity)
         self._internal_span(semconv.SPAN_ROLLOUT, start, now, attrs, parent, code, forget)
 
     def _internal_span(
