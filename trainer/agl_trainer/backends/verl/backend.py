@@ -63,12 +63,6 @@ class VerlBackend:
         for info in self.ranks:
             self._answering.setdefault(int(info["dp_rank"]), int(info["rank"]))
 
-    @property
-    def worker_group(self) -> Any:
-        """verl's RayWorkerGroup of `AglTrainingWorker`s (None once closed), for callers that drive the
-        workers directly (e.g. a GPU weight transfer that must not pass through the driver)."""
-        return self._workers
-
     def _worker_settings(self):
         from agl_trainer.backends.verl.worker import WorkerSettings
 

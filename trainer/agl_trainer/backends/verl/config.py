@@ -139,12 +139,6 @@ class VerlBackendConfig:
     def dp_size(self) -> int:
         return self.world_size // self.ulysses_sequence_parallel_size
 
-    @property
-    def effective_weight_sync(self) -> str:
-        if self.weight_sync != "auto":
-            return self.weight_sync
-        return "cuda_ipc" if self.device == "cuda" else "in_place"
-
 
 def ray_address_problem(address: str, timeout_s: float = 3.0) -> str | None:
     """A quick reachability check of HOST:PORT or ray://HOST:PORT (`auto` is left to Ray)."""
