@@ -15,7 +15,7 @@ import pytest
 
 from agl_trainer.config import ConfigError, load_config
 from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
-from agl_trainer.runners.kubernetes import KubernetesRunner, build_job_manifest, classify_job, job_name
+from agl_trainer.runners.kubernetes import KubernetesRunner, build_job_manifest, classify_job, job_name, plain_secrets
 from agl_trainer.runners.kubernetes_manifest import (
     LABEL_ATTEMPT,
     LABEL_ROLLOUT,
@@ -204,9 +204,9 @@ def fake() -> Iterator[FakeKube]:
         check_job_manifest(manifest)
 
 
-def _runner(fake: FakeKube, tmp_path: Path, **options: Any) -> KubernetesRunner:
+def _runner(fake: FakeKube, tmp_path: Path, template: JobTemplate | None = None, **options: Any) -> KubernetesRunner:
     kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
-    template = JobTemplate(image="img:1", command=["python", "run.py"], namespace=options.pop("namespace", "default"))
+    template = template or JobTemplate(image="img:1", command=["python", "run.py"])
     options.setdefault("reconcile_s", 30.0)  # long: a test that needs the periodic list sets it short
     options.setdefault("start_timeout_s", 0.3)
     return KubernetesRunner(template, Endpoint(SIDECAR), kubeconfig=str(kubeconfig), **options)
@@ -256,6 +256,25 @@ async def test_a_job_that_never_starts_is_reported_with_its_reason(
     assert "never started" in outcome.message
     assert __import__("re").search(reason, outcome.message), outcome.message
     assert fake.jobs() == {}  # a Job that cannot start is deleted, not left pending
+
+
+async def test_a_missing_secret_fails_the_attempt_at_once(fake: FakeKube, tmp_path: Path) -> None:
+    template = JobTemplate(image="img:1", command=["run"], secret_env={"OPENAI_API_KEY": "harness-keys/sidecar"})
+    runner = _runner(fake, tmp_path, template, retries=0, start_timeout_s=3600.0)  # no waiting it out
+    await runner.start()
+    try:
+        outcome = await runner.run(_spec("r", "hold"))
+    finally:
+        await runner.stop()
+    assert outcome.cause is Cause.INFRA_ERROR
+    assert 'never started: pod agl-r-' in outcome.message and 'CreateContainerConfigError: secret "harness-keys" not found' in outcome.message
+
+
+def test_keys_in_plain_pod_env_are_named() -> None:
+    endpoint = Endpoint(SIDECAR, extra_env={"OPENAI_API_KEY": "k", "AGL_OTLP_HEADERS": "authorization=Bearer t"})
+    assert plain_secrets(endpoint, JobTemplate(image="i")) == ["OPENAI_API_KEY", "AGL_OTLP_HEADERS"]
+    in_secrets = JobTemplate(image="i", secret_env={"OPENAI_API_KEY": "s/k", "AGL_OTLP_HEADERS": "s/h"})
+    assert plain_secrets(endpoint, in_secrets) == [] and plain_secrets(Endpoint(SIDECAR), JobTemplate(image="i")) == []
 
 
 async def test_retry_me_exit_and_eviction_are_retried_as_new_attempts(fake: FakeKube, tmp_path: Path) -> None:

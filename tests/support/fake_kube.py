@@ -14,7 +14,8 @@ the official client. It follows the API server's wire behaviour for what the run
 
 A Job controller and kubelet are simulated: each Job gets one pod that goes Pending -> Running ->
 Succeeded/Failed, or gets stuck, per a scenario the test chooses (by default the task's
-`"scenario"` field in the pod's AGL_TASK): succeed, fail:N, hold (runs until `finish`),
+`"scenario"` field in the pod's AGL_TASK): succeed, fail:N, hold (runs until `finish`), exec (runs
+the container's command here with the pod's environment, secrets resolved from `secrets`),
 image_pull (ErrImagePull -> ImagePullBackOff), invalid_image, unschedulable, no_pod (a pod quota:
 FailedCreate event), oom, evict. `silently()` changes objects without watch events (a missed event:
 only a list sees it); `compact()` makes resuming watches get 410 Gone; `drop_watches()` cuts them.
@@ -91,6 +92,10 @@ class FakeKube:
         self.step_s = step_s
         self.scenario: Callable[[dict[str, Any]], str] = default_scenario
         self.job_quota: int | None = None
+        self.secrets: dict[str, dict[str, str]] = {}  # name -> data (the kubelet resolves env from them)
+        self.logs: dict[str, str] = {}  # pod name -> what an `exec` pod's process wrote
+        self.exec_env: dict[str, str] = {}  # the node's environment under a pod's own (PATH, PYTHONPATH)
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
         self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {JOBS: {}, PODS: {}}
         self.events_log: list[dict[str, Any]] = []  # core/v1 Events
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, resource, type, object)
@@ -341,9 +346,16 @@ class FakeKube:
             conditions = [_condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")]
             self._set_job(ns, name, active=0, failed=1, conditions=conditions)
             return
+        env = self._container_env(job)
+        if isinstance(env, str):  # a secret or key the pod names is missing: the kubelet cannot start it
+            self._set_pod(ns, name, containerStatuses=self._container({"waiting": {"reason": "CreateContainerConfigError", "message": env}}))
+            return
         self._set_pod(ns, name, phase="Running", containerStatuses=self._container({"running": {"startedAt": _now()}}))
         self._set_job(ns, name, ready=1)
         if scenario == "hold":
+            return
+        if scenario == "exec":
+            await self._exec(job, env)
             return
         await step()
         if scenario == "oom":
@@ -352,6 +364,46 @@ class FakeKube:
             self._finish(ns, name, int(scenario.split(":", 1)[1]), "Error")
         else:
             self._finish(ns, name, 0, "Completed")
+
+    def _container_env(self, job: dict[str, Any]) -> dict[str, str] | str:
+        """The container's environment as the kubelet builds it, or why it cannot."""
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env: dict[str, str] = {}
+        for source in container.get("envFrom") or []:
+            name = source["secretRef"]["name"]
+            if name not in self.secrets:
+                return f'secret "{name}" not found'
+            env.update(self.secrets[name])
+        for item in container.get("env") or []:
+            ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                env[item["name"]] = item.get("value", "")
+                continue
+            data = self.secrets.get(ref["name"])
+            if data is None:
+                return f'secret "{ref["name"]}" not found'
+            if ref["key"] not in data:
+                return f"couldn't find key {ref['key']} in Secret {job['metadata']['namespace']}/{ref['name']}"
+            env[item["name"]] = data[ref["key"]]
+        return env
+
+    async def _exec(self, job: dict[str, Any], env: dict[str, str]) -> None:
+        """Run the container's command as a local process (the image is this machine): a kubelet."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        pod = self._pod_of(ns, name)
+        process = await asyncio.create_subprocess_exec(
+            *container["command"], env={**self.exec_env, **env}, cwd=container.get("workingDir"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        self._procs[name] = process
+        output, _ = await process.communicate()
+        self._procs.pop(name, None)
+        if pod is not None:
+            self.logs[pod["metadata"]["name"]] = output.decode(errors="replace")
+        if (ns, name) in self.objects[JOBS]:
+            code = process.returncode or 0
+            self._finish(ns, name, code if code >= 0 else 128 - code, "Completed" if code == 0 else "Error")
 
     # -- the HTTP API ---------------------------------------------------------------------------
 
@@ -400,6 +452,9 @@ class FakeKube:
             body = await request.json() if request.can_read_body else {}
             policy = request.query.get("propagationPolicy") or (body or {}).get("propagationPolicy") or "Orphan"
             self.deleted.append(name)
+            process = self._procs.pop(name, None)
+            if process is not None and process.returncode is None:
+                process.kill()  # the pod's containers are killed with it
             if policy in ("Background", "Foreground"):
                 pod = self._pod_of(ns, name)
                 if pod is not None:

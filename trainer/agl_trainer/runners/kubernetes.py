@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -28,7 +29,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from agl import semconv
+
 from agl_trainer.runners.base import (
+    PLACEHOLDER_API_KEY,
     Cause,
     Endpoint,
     ExitHook,
@@ -106,11 +110,12 @@ class KubernetesRunner:
         check_kubernetes(config)  # also when built without load_config: a function harness is refused
         kube = config.harness.kubernetes
         otlp = pod_otlp_endpoint(config) or endpoint.otlp_endpoint
-        pods = Endpoint(
-            sidecar_url=pod_sidecar_url(config) or endpoint.sidecar_url,
-            otlp_endpoint=None if otlp is None or is_loopback(otlp) else otlp,  # a pod's loopback is not ours
-            extra_env=dict(endpoint.extra_env),
-        )
+        pods = dataclasses.replace(endpoint, otlp_endpoint=None if otlp is None or is_loopback(otlp) else otlp)
+        sidecar_url = pod_sidecar_url(config)
+        if sidecar_url is not None and sidecar_url != endpoint.sidecar_url:  # one address for every pod
+            pods = dataclasses.replace(pods, sidecar_url=sidecar_url)
+            if getattr(endpoint, "sidecars", None):  # the started sidecar's key goes with its new address
+                pods = dataclasses.replace(pods, sidecars=[(sidecar_url, endpoint.sidecars[0][1])])
         return cls(
             job_template(config),
             pods,
@@ -129,11 +134,21 @@ class KubernetesRunner:
     async def start(self) -> None:
         from kubernetes import client
 
-        if is_loopback(self.endpoint.sidecar_url):
+        urls = [self.endpoint.sidecar_url, *(url for url, _ in getattr(self.endpoint, "sidecars", None) or [])]
+        for url in urls:
+            if not is_loopback(url):
+                continue
             raise RuntimeError(
-                f"the kubernetes runner would send pods to {self.endpoint.sidecar_url}, this machine's loopback "
+                f"the kubernetes runner would send pods to {url}, this machine's loopback "
                 "(fix: set sidecar.advertise_url or harness.kubernetes.sidecar_url to the address pods reach)"
             )
+        plain = plain_secrets(self.endpoint, self.template)
+        if plain:
+            log.warning(
+                "the kubernetes runner puts %s in every Job's spec as plain text (anyone who can read Jobs in "
+                "namespace %s reads them); fix: a Secret and harness.kubernetes.secret_env, e.g. {%s: SECRET/KEY}",
+                ", ".join(plain), self.template.namespace, plain[0],
+            )  # fmt: skip
         if self._api_client is None:
             self._api_client = await asyncio.to_thread(load_api_client, self.kubeconfig, self.context)
         self.batch = client.BatchV1Api(self._api_client)
@@ -288,6 +303,18 @@ class KubernetesRunner:
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+SECRET_BEARING = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", semconv.ENV_OTLP_HEADERS, semconv.ENV_SIDECAR_ADMIN_TOKEN)
+
+
+def plain_secrets(endpoint: Endpoint, template: JobTemplate) -> list[str]:
+    """Variables that would carry a key or token as a plain value in the Job spec."""
+    env = endpoint.environment(RolloutSpec("check", "task", {}))
+    return [
+        name for name in SECRET_BEARING
+        if env.get(name) not in (None, "", PLACEHOLDER_API_KEY) and name not in template.secret_env
+    ]  # fmt: skip
 
 
 def _finished(state: JobState) -> bool:
