@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.demo.prepare import prepare_demo_model
-from examples.demo.task import write_tasks
+from examples.demo.task import make_tasks, write_tasks
 
 DEMO_CONFIG = Path("examples/demo/config.yaml")  # its paths are relative to the repository root
 
@@ -28,6 +28,8 @@ def run_demo(
     mode: str = "collocated-async",
     quiet: bool = False,
     n_tasks: int = 256,
+    n_val_tasks: int = 32,
+    val_every: int | None = None,
 ) -> dict[str, Any]:
     """Run the demo; returns the numbers it prints (rewards, steps, seconds)."""
     import asyncio
@@ -46,8 +48,10 @@ def run_demo(
         f" ({prepared.warm_start_seconds:.1f} s)"
     )
     tasks = write_tasks(out / "tasks.jsonl", n_tasks, seed)
+    val_tasks = write_val_tasks(out / "val_tasks.jsonl", n_val_tasks, seed)
     overrides = [
         f"--tasks={tasks}",
+        f"--val_tasks={val_tasks}",
         f"--output_dir={out}",
         f"--model.path={prepared.path}",
         f"--seed={seed}",
@@ -56,6 +60,8 @@ def run_demo(
     ]
     if max_steps is not None:
         overrides.append(f"--loop.max_steps={max_steps}")
+    if val_every is not None:
+        overrides.append(f"--loop.val_every={val_every}")
     config = load_config(DEMO_CONFIG, overrides)
     say(f"agl demo 2/2: RL through the pipeline ({mode}, at most {budget_s:.0f} s)")
     started = time.monotonic()
@@ -65,6 +71,7 @@ def run_demo(
     window = max(1, min(10, len(rewards) // 5))
     before = sum(rewards[:window]) / window if rewards else float("nan")
     after = sum(rewards[-window:]) / window if rewards else float("nan")
+    validation = [row["val/reward"] for row in result.summary.validation if "val/reward" in row]
     summary = {
         "reward_random": prepared.reward_init,
         "reward_warm_start": prepared.reward_warm,
@@ -73,10 +80,30 @@ def run_demo(
         "steps": result.summary.steps,
         "rl_seconds": seconds,
         "window": window,
+        "val_reward_first": validation[0] if validation else float("nan"),
+        "val_reward_last": validation[-1] if validation else float("nan"),
+        "val_rounds": len(validation),
     }
     print(
         f"agl demo: reward {before:.3f} (first {window} RL steps, after warm start) -> {after:.3f} "
         f"(last {window} of {result.summary.steps} steps, {seconds:.0f} s of RL)\n"
-        f"agl demo: wrote {out}/metrics.jsonl, {out}/tensorboard, {out}/reward.png"
+        + (
+            f"agl demo: held-out validation (greedy) {validation[0]:.3f} before RL -> {validation[-1]:.3f} "
+            f"at the end ({len(validation)} rounds)\n"
+            if validation
+            else ""
+        )
+        + f"agl demo: wrote {out}/metrics.jsonl, {out}/tensorboard, {out}/reward.png"
     )
     return summary
+
+
+def write_val_tasks(path: Path, n: int, seed: int) -> Path:
+    """Held-out tasks: another seed's tables, ids `val-NNNNN` (never the training tasks' ids)."""
+    import json
+
+    tasks = make_tasks(n, seed + 10_000)
+    for index, task in enumerate(tasks):
+        task["task_id"] = f"val-{index:05d}"
+    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    return path

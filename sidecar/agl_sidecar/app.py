@@ -21,7 +21,9 @@ from agl_sidecar.routes.model import chat, completions, models, translated
 from agl_sidecar.sidecar import SIDECAR_KEY, Sidecar
 
 _ROLLOUT = semconv.ROLLOUT_PATH_PREFIX + "/{rollout_id}"
-ROLLOUT_PREFIXES = ("", _ROLLOUT, _ROLLOUT + semconv.ATTEMPT_PATH_PREFIX + "/{attempt:\\d+}")
+_ATTEMPT = _ROLLOUT + semconv.ATTEMPT_PATH_PREFIX + "/{attempt:\\d+}"
+_MODE = semconv.MODE_PATH_PREFIX + "/{mode}"  # the rollout's mode (train | val), checked in identity_from
+ROLLOUT_PREFIXES = ("", _ROLLOUT, _ATTEMPT, _ROLLOUT + _MODE, _ATTEMPT + _MODE)
 
 
 def build_app(config: SidecarConfig) -> web.Application:

@@ -114,4 +114,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Identity:
     info = request.match_info
-    return resolve(request.headers, info.get("rollout_id"), info.get("attempt"), api_key_rollouts)
+    identity = resolve(request.headers, info.get("rollout_id"), info.get("attempt"), api_key_rollouts)
+    path_mode = info.get("mode")
+    if path_mode is not None:  # /rollouts/{id}[/attempts/{n}]/modes/{mode}: the URL's mode wins
+        if path_mode not in semconv.MODES:
+            raise inputs.BadInput(
+                f"mode {path_mode!r} in the URL path is not one of {list(semconv.MODES)}", "mode in the URL path"
+            )
+        identity.mode = path_mode
+    return identity

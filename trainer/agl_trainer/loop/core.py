@@ -4,6 +4,9 @@
     collocated-async:  keep rollouts in flight; when complete groups fill a batch:
                        pause the sidecar (new calls held) -> drain in-flight calls -> train ->
                        sync weights -> resume with policy version + 1; unfinished rollouts carry on
+    loop.switch=keep:  as collocated-async, but the engine freezes the calls in flight instead of
+                       draining them; they continue under the new weights, and their spans say
+                       where each version starts (agl.completion.policy_versions)
 
 Staleness: a group launched under version v may be trained by a step running version c only if
 c - v <= loop.staleness. Before an update, groups that would break the bound are waited for
@@ -32,6 +35,7 @@ from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl
 from agl_trainer.loop.progress import LoopProgress
+from agl_trainer.loop.validation import Validator
 from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
 from agl_trainer.loop.sidecar_client import SidecarError
 from agl_trainer.store.records import RolloutKey
@@ -77,6 +81,7 @@ class LoopSummary:
     policy_version: int
     history: list[dict[str, float]] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
+    validation: list[dict[str, float]] = field(default_factory=list)  # val/* per round, with "step"
 
 
 @dataclass
@@ -89,6 +94,7 @@ class _StepNotes:
     assembly: dict[str, float] = field(default_factory=dict)  # assembly/... counts
     too_stale: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    frozen: dict[str, int] | None = None  # loop.switch=keep: engine request id -> tokens at the freeze
 
 
 class TrainingLoop:
@@ -109,8 +115,11 @@ class TrainingLoop:
         progress: LoopProgress | None = None,
         pad_token_id: int = 0,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
+        validator: Validator | None = None,
     ) -> None:
         self.config = config
+        self.validator = validator
+        self.validation: list[dict[str, float]] = []
         self.schedule = schedule
         self.runner = runner
         self.data = data
@@ -148,6 +157,7 @@ class TrainingLoop:
         sampler = asyncio.create_task(self._sample_idle())
         try:
             await self.sidecar.resume(policy_version=self.version)
+            await self._validate_if_due()
             while self.state.step < self.config.max_steps:
                 self._times = StepTimes()
                 generating_since = time.monotonic()
@@ -157,14 +167,20 @@ class TrainingLoop:
                     batch = await self._generate_async()
                 self._times.generating = time.monotonic() - generating_since
                 await self._update(batch)
+                await self._validate_if_due()
+            await self._validate_final()
         except StopTraining as reason:
             self.progress.log(f"agl: stopping: {reason}")
+            if not self._stop.is_set() and self._fatal is None:
+                await self._validate_final()  # out of training time: still measure the final policy
         finally:
             sampler.cancel()
             await self._cancel_all()
             if self.trained_since_checkpoint:
                 self._checkpoint()
-        return LoopSummary(self.state.step, self.version, self.history, dict(self.failures))
+        summary = LoopSummary(self.state.step, self.version, self.history, dict(self.failures))
+        summary.validation = self.validation
+        return summary
 
     def _check_stop(self) -> None:
         if self._fatal is not None:
@@ -174,6 +190,40 @@ class TrainingLoop:
         limit = self.config.max_train_s
         if limit and time.monotonic() - self._started > limit:
             raise StopTraining(f"loop.max_train_s={limit:g} reached")
+
+    # --- validation (loop/validation.py) ------------------------------------------------------
+    async def _validate_if_due(self) -> None:
+        if self.validator is not None and self.validator.plan.due(self.state.step):
+            await self._validate()
+
+    async def _validate_final(self) -> None:
+        if self.validator is None or self.validator.plan.every <= 0 or self.validator.last_step == self.state.step:
+            return
+        await self._cancel_all()  # training is over: its rollouts in flight would only compete
+        await self._validate()
+
+    async def _validate(self) -> None:
+        """A round of held-out rollouts in mode val; never trained. Its time is not training time."""
+        assert self.validator is not None
+        started = time.monotonic()
+
+        def check() -> None:  # only a stop request or a fatal error abandons a round
+            if self._fatal is not None:
+                raise self._fatal
+            if self._stop.is_set():
+                raise StopTraining("stop requested")
+
+        metrics = await self.validator.run(self.state.step, self.version, check)
+        self._started += time.monotonic() - started  # loop.max_train_s counts training only
+        self.validation.append({"step": float(self.state.step), **metrics})
+        if self.metrics is not None:
+            self.metrics.write(self.state.step, metrics)
+        reward = metrics.get("val/reward")
+        self.progress.log(
+            f"agl: validation at step {self.state.step}: "
+            + (f"reward {reward:.3f}, pass rate {metrics['val/pass_rate']:.3f}" if reward is not None else "no data")
+            + f" over {metrics['val/count']:.0f} rollouts ({metrics['val/failed']:.0f} failed)"
+        )
 
     # --- generating ----------------------------------------------------------------------------
     async def _generate_sync(self) -> list[Group]:
@@ -338,16 +388,22 @@ class TrainingLoop:
         self._times.training = time.monotonic() - started
         new_version = await self._sync_weights()
         self._advance(batch, keys, results, new_version)
-        await self.sidecar.resume(policy_version=new_version)
+        await self._resume(new_version, step)
         self._report(batch, results, step)
 
     async def _pause_and_drain(self, step: _StepNotes) -> None:
-        """Pause the sidecar (new calls held) and wait for in-flight calls and their spans."""
+        """Pause the sidecar (new calls held) and wait for in-flight calls and their spans; with
+        loop.switch=keep, wait for no call: the engine freezes them where they are (_resume thaws)."""
         started = time.monotonic()
+        keep = self.config.switch == "keep"
         try:
             # The sidecar waits (up to the drain timeout) until the receiver acknowledged the drained
             # calls' spans; what it could not deliver by then is missing from this batch: say so.
-            paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
+            if keep:  # the finished calls' spans are delivered; the frozen calls end after the update
+                paused = await self.sidecar.pause(keep=True, timeout_s=self.config.drain_timeout_s)
+                step.frozen = await asyncio.to_thread(self.engine.freeze)  # type: ignore[attr-defined]
+            else:
+                paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
             if not paused.spans_flushed:
                 step.undelivered = max(paused.spans_undelivered, 1)
                 self._count("spans_undelivered_at_update")
@@ -359,6 +415,18 @@ class TrainingLoop:
         except SidecarError as error:
             self.progress.log(f"agl: drain did not finish ({error}); updating anyway")
         self._times.draining = time.monotonic() - started
+
+    async def _resume(self, new_version: int, step: _StepNotes) -> None:
+        """Release the held calls under `new_version`. After a keep pause the sidecar first records
+        the switch (where the new version starts in each frozen call: the engine's token counts),
+        then the engine continues the frozen calls: no token of the new weights precedes the record."""
+        if self.config.switch != "keep":
+            await self.sidecar.resume(policy_version=new_version)
+            return
+        try:
+            await self.sidecar.resume(policy_version=new_version, switch=True, engine_progress=step.frozen)
+        finally:
+            await asyncio.to_thread(self.engine.thaw)  # type: ignore[attr-defined]
 
     async def _assemble(self, batch: list[Group], keys: list[RolloutKey], step: _StepNotes) -> list[RolloutResult]:
         """The batch's rollouts as training samples, with the failed-rollout and staleness rules applied."""
@@ -374,7 +442,7 @@ class TrainingLoop:
     async def _train(self, results: list[RolloutResult], step: _StepNotes) -> None:
         # Collocated on a GPU: the engine frees its memory for training; update_weights wakes it.
         engine_sleep = getattr(self.engine, "sleep", None)
-        if engine_sleep is not None:
+        if engine_sleep is not None and self.config.switch != "keep":  # sleeping drops frozen calls' KV
             await asyncio.to_thread(engine_sleep)
         if not (results and any(r.samples for r in results)):
             return
@@ -421,6 +489,8 @@ class TrainingLoop:
                 "rollouts/in_flight_at_pause": float(step.in_flight_at_pause),
             }
         )
+        if step.frozen is not None:
+            metrics["switch/frozen_requests"] = float(len(step.frozen))
         metrics.update(_reward_metrics([r.reward for r in results]))
         metrics.update(step.assembly)
         self._dropped_stale = 0

@@ -1,4 +1,7 @@
-"""reward.png: mean reward and entropy per training step, from metrics.jsonl."""
+"""reward.png: mean training reward, validation reward and entropy per training step, from metrics.jsonl.
+
+Training rows carry reward/mean; validation rounds (loop/validation.py) write their own rows with
+val/reward at the step they measured (step 0: before training), drawn beside the training reward."""
 
 from __future__ import annotations
 
@@ -7,14 +10,17 @@ from pathlib import Path
 from agl_trainer.metrics.writer import read_jsonl
 
 REWARD_KEY = "reward/mean"
+VAL_KEY = "val/reward"
 ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
 
 
 def plot_run(output_dir: Path, *, title: str = "agl training") -> Path | None:
     """Draw reward (left axis) and entropy (right axis) per step; None when nothing was trained."""
-    rows = [row for row in read_jsonl(Path(output_dir) / "metrics.jsonl") if REWARD_KEY in row]
+    every = read_jsonl(Path(output_dir) / "metrics.jsonl")
+    rows = [row for row in every if REWARD_KEY in row]
     if not rows:
         return None
+    validation = [(row["step"], row[VAL_KEY]) for row in every if VAL_KEY in row]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,10 +28,9 @@ def plot_run(output_dir: Path, *, title: str = "agl training") -> Path | None:
 
     steps = [row["step"] for row in rows]
     figure, reward_axis = plt.subplots(figsize=(8, 4.5), dpi=100)
-    reward_axis.plot(steps, [row[REWARD_KEY] for row in rows], color="tab:blue", label="mean reward")
-    if any("eval/reward" in row for row in rows):
-        evals = [(row["step"], row["eval/reward"]) for row in rows if "eval/reward" in row]
-        reward_axis.plot(*zip(*evals), "o", color="tab:green", label="eval reward (greedy)")
+    reward_axis.plot(steps, [row[REWARD_KEY] for row in rows], color="tab:blue", label="training reward (mean)")
+    if validation:
+        reward_axis.plot(*zip(*validation), "o-", color="tab:green", label="validation reward (held-out, mode val)")
     reward_axis.set_xlabel("training step")
     reward_axis.set_ylabel("reward", color="tab:blue")
     reward_axis.set_ylim(bottom=min(0.0, reward_axis.get_ylim()[0]))
@@ -35,6 +40,7 @@ def plot_run(output_dir: Path, *, title: str = "agl training") -> Path | None:
         points = [(row["step"], row[entropy_key]) for row in rows if entropy_key in row]
         entropy_axis.plot(*zip(*points), color="tab:orange", label="entropy")
         entropy_axis.set_ylabel("entropy", color="tab:orange")
+    reward_axis.legend(loc="lower right", fontsize="small")
     reward_axis.set_title(title)
     reward_axis.grid(alpha=0.3)
     figure.tight_layout()

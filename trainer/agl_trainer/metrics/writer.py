@@ -21,6 +21,7 @@ class MetricsWriter:
         self.prometheus_path = self.output_dir / "metrics.prom"
         self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self._tensorboard: Any = None
+        self._latest: dict[str, float] = {}  # every metric's latest value, for metrics.prom
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -35,7 +36,9 @@ class MetricsWriter:
                 if math.isfinite(value):
                     self._tensorboard.add_scalar(name, value, step)
             self._tensorboard.flush()
-        self._write_prometheus(step, clean)
+        # A validation row holds only val/*: metrics.prom keeps showing the training metrics too.
+        self._latest.update(clean)
+        self._write_prometheus(step, self._latest)
 
     def _write_prometheus(self, step: int, metrics: dict[str, float]) -> None:
         lines = [f"# TYPE {PROMETHEUS_PREFIX}step gauge", f"{PROMETHEUS_PREFIX}step {step}"]
