@@ -398,3 +398,20 @@ async def test_start_says_what_to_fix_when_the_cluster_is_unreachable(tmp_path: 
     loopback = KubernetesRunner(JobTemplate(image="img:1"), Endpoint("http://127.0.0.1:8400"), kubeconfig=str(kubeconfig))
     with pytest.raises(RuntimeError, match="loopback .*sidecar.advertise_url"):
         await loopback.start()
+
+
+async def test_a_job_already_there_is_adopted_when_it_is_this_runners(fake: FakeKube, tmp_path: Path) -> None:
+    """A create whose response was lost (and retried) finds its own Job: 409 AlreadyExists is adopted."""
+    runner = _runner(fake, tmp_path, retries=0)
+    await runner.start()
+    try:
+        ours, theirs = _spec("ours"), _spec("theirs")
+        fake.call(fake._create, "default", build_job_manifest(ours, runner.endpoint, runner.template, runner_id=runner.runner_id))
+        foreign = build_job_manifest(theirs, runner.endpoint, runner.template, runner_id=runner.runner_id)
+        foreign["metadata"]["labels"][LABEL_RUNNER] = "other"
+        fake.call(fake._create, "default", foreign)
+        adopted, refused = await asyncio.gather(runner.run(ours), runner.run(theirs))
+    finally:
+        await runner.stop()
+    assert adopted.cause is Cause.OK
+    assert refused.cause is Cause.INFRA_ERROR and "exists and is not this runner's" in refused.message
