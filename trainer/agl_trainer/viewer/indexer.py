@@ -41,7 +41,8 @@ class Indexer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     def progress(self) -> dict[str, Any]:
         return {"indexed": self.indexed, "total": self.total, "done": self.done}
