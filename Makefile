@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-fast test-vllm demo bench venv clean
+.PHONY: test test-fast test-vllm demo bench venv clean browser
 
 venv: $(STAMP)
 
@@ -20,8 +20,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# Debian's headless Chromium for the trace viewer's browser tests (tests/viewer/test_browser.py):
+# installed only when missing, as root, with apt-get; never fails the build (the tests then skip).
+browser:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "agl: installing Debian's chromium for the viewer's browser tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) || \
+		echo "agl: could not install chromium; the viewer's browser tests will skip"; \
+	fi
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow and not vllm and not gpu'
