@@ -1,0 +1,103 @@
+"""Benchmark: merging a rollout's calls onto the call tree.
+
+    python bench/assembly_tree.py [--quick]
+
+A rollout of 200 calls (4 threads interleaved, as a main thread and sub-agents make them, each
+prompt extending its thread's last sequence by a tool result), contexts growing to tens of
+thousands of tokens. Prints the time to find every call's parent with assembly's prefix-hash index
+(assembly/tree.py) and with the obvious way, comparing each prompt with every earlier call's full
+sequence, measured in the same run (the ratio), and the whole `assemble_rollout` time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from agl_trainer.assembly import AssemblyConfig, assemble_rollout
+from agl_trainer.assembly.tree import PrefixIndex, prefix_hashes
+from agl_trainer.store.records import CallRow, RolloutData, RolloutInfo, RewardRow
+
+
+def make_rollout(calls: int, threads: int, tool_tokens: int, completion_tokens: int) -> RolloutData:
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(0, 150_000, 512).astype(np.int32) for _ in range(threads)]
+    rows = []
+    for seq in range(calls):
+        t = seq % threads
+        prompt = np.concatenate([sequences[t], rng.integers(0, 150_000, tool_tokens).astype(np.int32)])
+        completion = rng.integers(0, 150_000, completion_tokens).astype(np.int32)
+        sequences[t] = np.concatenate([prompt, completion])
+        rows.append(
+            CallRow(
+                span_id=seq.to_bytes(8), call_seq=seq, name="chat bench", end_ns=seq, prompt_ids=prompt,
+                completion_ids=completion, logprobs=np.full(completion.size, -0.5, np.float32),
+                prompt_ref_seq=None, prompt_ref_length=None, prompt_length=int(prompt.size), policy_version=0,
+                finish_reason="stop", end_reason="completed", tokens_source="engine",
+            )  # fmt: skip
+        )
+    info = RolloutInfo(
+        rollout_id="bench", attempt=0, task_id="t", mode="train", status="succeeded", complete=True,
+        end_cause="ok", first_seen_at=0.0, last_span_at=0.0, completed_at=0.0, trained_step=None,
+        dropped_reason=None,
+    )  # fmt: skip
+    return RolloutData(info=info, calls=rows, rewards=[RewardRow(b"\x01" * 8, "reward", 1.0, None, 1)])
+
+
+def parents_indexed(data: RolloutData) -> list[int | None]:
+    index, parents = PrefixIndex(), []
+    for call in data.calls:
+        full = np.concatenate([call.prompt_ids, call.completion_ids])
+        hashes = prefix_hashes(full)
+        parents.append(index.parent(call.prompt_ids, hashes))
+        index.add(call.call_seq, full, hashes)
+    return parents
+
+
+def parents_naive(data: RolloutData) -> list[int | None]:
+    """Every earlier full sequence compared with the prompt; the longest one it extends."""
+    fulls: list[tuple[int, np.ndarray]] = []
+    parents = []
+    for call in data.calls:
+        prompt, best = call.prompt_ids, None
+        for seq, full in fulls:
+            if full.size <= prompt.size and np.array_equal(prompt[: full.size], full):
+                if best is None or full.size > fulls[best][1].size:
+                    best = seq
+        parents.append(best)
+        fulls.append((call.call_seq, np.concatenate([prompt, call.completion_ids])))
+    return parents
+
+
+def best_of(fn, arg, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="50 calls, 3 repeats")
+    args = parser.parse_args()
+    calls, repeats = (50, 3) if args.quick else (200, 5)
+    data = make_rollout(calls, threads=4, tool_tokens=400, completion_tokens=100)
+    tokens = sum(int(c.prompt_ids.size + c.completion_ids.size) for c in data.calls)
+    assert parents_indexed(data) == parents_naive(data)
+    indexed = best_of(parents_indexed, data, repeats)
+    naive = best_of(parents_naive, data, repeats)
+    whole = best_of(lambda d: assemble_rollout(d, AssemblyConfig()), data, repeats)
+    samples = len(assemble_rollout(data, AssemblyConfig()).result.samples)  # type: ignore[union-attr]
+    longest = max(int(c.prompt_ids.size) for c in data.calls)
+    print(f"{calls} calls in 4 interleaved threads, prompts up to {longest} tokens, {tokens} tokens in all")
+    print(f"  parents by prefix-hash index: {indexed * 1e3:8.1f} ms")
+    print(f"  parents by comparing all:     {naive * 1e3:8.1f} ms   (reference)")
+    print(f"  ratio (reference / index):    {naive / indexed:8.1f}x")
+    print(f"  assemble_rollout, whole:      {whole * 1e3:8.1f} ms -> {samples} samples")
+
+
+if __name__ == "__main__":
+    main()
