@@ -1,7 +1,7 @@
 """Start the receiver and the sidecar where the topology says, or attach to the sidecars you run.
 
     receiver, receiver_url = start_receiver(topology, store_path)
-    sidecars = await start_sidecars(topology, config, engine_urls, receiver_local_url, out, stack)
+    sidecars = await start_sidecars(topology, config, engine_urls, receiver_url, out, stack)
     sidecars.admin      # SidecarAdmin, or SidecarFleet over several
     sidecars.endpoint(receiver_url, extra_env)   # what runners hand harnesses
 """
@@ -65,11 +65,12 @@ async def start_sidecars(
     topology: Topology,
     config: Config,
     engine_urls: list[str],
-    receiver_local_url: str,
+    receiver_url: str,
     out: Path,
     stack: contextlib.AsyncExitStack,
 ) -> Sidecars:
-    """Attach to the configured sidecars (pointing them at the engine), or start one."""
+    """Attach to the configured sidecars (pointing them at the engine), or start one that exports to
+    sidecar.otlp_endpoint (a collector), else to the receiver's URL (advertised: it may be a collector too)."""
     if topology.attached:
         admins = []
         for index, target in enumerate(topology.attached):
@@ -88,7 +89,7 @@ async def start_sidecars(
     collector = topology.sidecar_otlp_endpoint
     process = SidecarProcess(
         engine_urls,
-        collector or receiver_local_url,
+        collector or receiver_url,
         executable=config.sidecar.executable,
         admin_token=topology.admin_token,
         log_path=out / "sidecar.log",
