@@ -103,11 +103,13 @@ def test_an_attached_sidecar_off_loopback_needs_its_admin_token() -> None:
         resolve(config, environ={})
     config = load_config(
         None,
-        ["--sidecar.attach", '[{"url": "http://gpu1:8400", "admin_token_env": "T1", "harness_url": "https://gpu1.example"}]'],
+        ["--sidecar.attach", '[{"url": "http://gpu1:8400", "admin_token_env": "T1", "harness_url": "https://gpu1.example", '
+         '"upstreams": ["http://127.0.0.1:8000"]}]'],
         check_paths=False,
     )
     (target,) = resolve(config, environ={"T1": "secret"}).attached
     assert (target.admin_url, target.admin_token, target.harness_url) == ("http://gpu1:8400", "secret", "https://gpu1.example")
+    assert target.upstreams == ["http://127.0.0.1:8000"]  # its node's engine server, as it reaches it
 
 
 # --- in a training run ----------------------------------------------------------------------

@@ -182,6 +182,11 @@ class AttachedSidecar(_Section):
     admin_token_env: Annotated[str | None, _doc("environment variable holding its admin token")] = None
     harness_url: Annotated[str | None, _doc("the URL harnesses use for it (default: url)")] = None
     harness_key_env: Annotated[str | None, _doc("environment variable holding the key its harnesses send")] = None
+    upstreams: Annotated[
+        list[str] | None,
+        _doc("the engine servers it forwards to, as it reaches them (e.g. its node's vLLM at "
+             "http://127.0.0.1:8000); null: all of the engine's URLs"),
+    ] = None
 
 
 class SidecarSection(_Section):

@@ -77,9 +77,10 @@ async def start_sidecars(
             admin = SidecarAdmin(target.admin_url, target.admin_token, harness_key=target.harness_key)
             stack.push_async_callback(admin.aclose)
             await _check_reachable(admin, index if config.sidecar.url is None else None)
+            # Its node's engine servers (attach[].upstreams), else every server of the engine.
+            await admin.resume(upstreams=target.upstreams or engine_urls)
             admins.append(admin)
         control: Any = admins[0] if len(admins) == 1 else SidecarFleet(admins)
-        await control.resume(upstreams=engine_urls)
         targets = [(t.harness_url, t.harness_key) for t in topology.attached]
         return Sidecars(control, targets, topology)
 

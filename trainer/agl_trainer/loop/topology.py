@@ -62,6 +62,7 @@ class SidecarTarget:
     admin_token: str | None
     harness_url: str
     harness_key: str | None
+    upstreams: list[str] | None = None  # None: the engine's URLs
 
 
 @dataclass
@@ -203,7 +204,8 @@ def resolve(config: Config, environ: Mapping[str, str] | None = None, saved: Map
             )
         harness_url = parse_url(f"{key}.harness_url", entry.harness_url) if entry.harness_url else url
         key_value = _secret(f"{key}.harness_key_env", entry.harness_key_env, environ, required=True)
-        attached.append(SidecarTarget(url, token, harness_url, key_value))
+        upstreams = [parse_url(f"{key}.upstreams", u) for u in entry.upstreams] if entry.upstreams else None
+        attached.append(SidecarTarget(url, token, harness_url, key_value, upstreams))
     return Topology(
         sidecar_listen=sidecar_listen,
         sidecar_advertise=sidecar_advertise,
