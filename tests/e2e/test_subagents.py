@@ -4,12 +4,15 @@ to the embedded engine, spans over OTLP into the real receiver and store. Every 
 with its trace parent, and assembly merges each thread onto its own path of the call tree: the
 main thread is one sample, each sub-agent its own.
 
-The harness keeps token IDs (completions with token prompts, as harnesses that guard against
-retokenization do), so every prompt extends its thread's last sequence exactly."""
+The first harness keeps token IDs (completions with token prompts, as harnesses that guard against
+retokenization do), so every prompt extends its thread's last sequence exactly on any model. The
+second speaks chat to a scripted engine whose template round-trips: a sub-agent, an SDK retry, a
+compaction and a process the agent spawned (no trace context)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import httpx
@@ -121,3 +124,99 @@ def test_a_main_thread_and_four_concurrent_sub_agents_become_five_exact_samples(
     assert result.report.merged_calls == 2 + SUB_AGENTS
     batch = TrainingBatch.from_rollouts(result.rollouts)
     assert int(batch.loss_mask.sum()) == sum(len(c) for t in [main, *subs] for c in t.completions)
+
+
+_answers = itertools.count()
+
+
+def chat_reply(body: dict, choice: int) -> str:
+    """The fake engine's answer: a new one each call (a retried request gets another answer)."""
+    return f"answer {next(_answers)} to {body['messages'][-1]['content'][:12]}"
+
+
+async def chat_harness(base_url: str) -> list[list[dict]]:
+    """Chat threads as frameworks write them; returns each call's messages + the answer, in order."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    headers = {"traceparent": f"00-{TRACE}-{1:016x}-01"}
+    made: list[list[dict]] = []
+
+    async def ask(messages: list[dict]) -> list[dict]:
+        response = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=32, extra_headers=headers
+        )
+        answered = [*messages, {"role": "assistant", "content": response.choices[0].message.content}]
+        made.append(answered)
+        return answered
+
+    main = await ask([{"role": "system", "content": "main agent"}, {"role": "user", "content": "fix the bug"}])
+
+    async def sub_agent() -> list[dict]:
+        sub = await ask([{"role": "system", "content": "sub agent"}, {"role": "user", "content": "find the file"}])
+        return await ask([*sub, {"role": "tool", "content": "src/a.py", "tool_call_id": "s0"}])
+
+    # a sub-agent runs while the main thread goes on
+    _, main = await asyncio.gather(sub_agent(), ask([*main, {"role": "tool", "content": "ran", "tool_call_id": "m0"}]))
+    go_on = [*main, {"role": "user", "content": "go on"}]
+    await ask(go_on)  # an SDK retry: the same request twice, the harness keeps the second answer
+    main = await ask(go_on)
+    # compaction: the harness replaces its history with a summary and goes on from there
+    compacted = await ask([main[0], {"role": "user", "content": "summary: fixed a.py"}])
+    await ask([*compacted, {"role": "user", "content": "now test it"}])
+    await client.close()
+    # a process the agent spawned, with OPENAI_BASE_URL but no trace context
+    async with httpx.AsyncClient() as plain:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "lint"}], "max_tokens": 8}
+        (await plain.post(f"{base_url}/chat/completions", json=body)).raise_for_status()
+    return made
+
+
+def test_chat_threads_retry_compaction_and_a_spawned_process_through_the_sidecar(tmp_path: Path) -> None:
+    from tests.support.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
+
+    store_path = tmp_path / "store.sqlite"
+    receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
+    try:
+        with FakeVLLM(reply=chat_reply) as engine, BackgroundSidecar(
+            build(
+                {
+                    "upstream": [engine.base_url],
+                    "listen": "127.0.0.1:0",
+                    "otlp_endpoint": receiver.url,
+                    "spool_dir": str(tmp_path / "spool"),
+                    "export_interval_s": 0.05,
+                }
+            )
+        ) as sidecar:
+            base_url = f"{sidecar.url}/rollouts/r-chat/v1"
+            made = asyncio.run(chat_harness(base_url))
+            httpx.post(f"{sidecar.url}/rollouts/r-chat/reward", json={"value": 1.0}).raise_for_status()
+            httpx.post(f"{sidecar.url}/rollouts/r-chat/end", json={"status": "succeeded"}).raise_for_status()
+            store = RolloutStore(store_path, grace_s=0.0)
+            wait_until(lambda: len(store.ready_rollouts()) == 1, "the rollout to be ready")
+            calls = store.load("r-chat").calls
+            result = assemble(store, store.ready_rollouts(), AssemblyConfig())
+    finally:
+        receiver.stop()
+
+    assert len(calls) == len(made) + 1  # every call recorded, the spawned process's too
+    origins = [call.origin for call in sorted(calls, key=lambda c: c.call_seq)]
+    assert origins == [semconv.ORIGIN_HARNESS] * len(made) + [semconv.ORIGIN_UNTRACED]
+
+    def tokens(messages: list[dict]) -> list[int]:  # a call's prompt + its answer, as the engine saw them
+        return chat_prompt_ids(messages[:-1]) + encode(messages[-1]["content"]) + [IM_END]
+
+    assert len(result.rollouts[0].samples) == 5  # main, its retry's branch, sub-agent, compaction, spawned
+    by_tokens = {tuple(s.token_ids): s for s in result.rollouts[0].samples}
+    first_try, second_try = [m for m in made if m[-2]["content"] == "go on"]
+    sub_last = [m for m in made if m[0]["content"] == "sub agent"][-1]
+    compacted_last = made[-1]
+    main_sample = by_tokens[tuple(tokens(first_try))]  # the first answer to the retried request continues
+    assert len(main_sample.call_seqs) == 3
+    branch = by_tokens[tuple(tokens(second_try))]  # the second starts a branch: its shared prefix is context
+    assert len(branch.call_seqs) == 1 and sum(branch.loss_mask) == len(encode(second_try[-1]["content"])) + 1
+    assert len(by_tokens[tuple(tokens(sub_last))].call_seqs) == 2
+    assert len(by_tokens[tuple(tokens(compacted_last))].call_seqs) == 2
+    trained = sum(sum(s.loss_mask) for s in result.rollouts[0].samples)
+    answers = sum(len(encode(m[-1]["content"])) + 1 for m in made)
+    spawned = [c for c in calls if c.origin == semconv.ORIGIN_UNTRACED][0]
+    assert trained == answers + int(spawned.completion_ids.size)  # every answer trained exactly once
