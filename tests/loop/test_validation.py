@@ -199,3 +199,37 @@ def test_sidecar_reads_the_mode_from_the_url(tmp_path: Path) -> None:
             status, error = post("/rollouts/r1/modes/eval/v1/chat/completions")
             assert status == 400 and "mode 'eval' in the URL path is not one of ['train', 'val']" in str(error)
             assert len(fake.requests) == 3  # the refused call never reached the engine
+
+
+def test_round_ids_stay_unique_across_a_restart_and_a_stop_cancels_the_round() -> None:
+    from agl_trainer.loop.validation import Validator
+
+    tasks = [{"id": "v0"}, {"id": "v1"}]
+    first, resumed = (Validator(tasks, runner=None, data=None, run_id="run", every=5, repeats=2) for _ in range(2))
+    ids = [s.rollout_id for s in first.specs(10)]
+    assert len(set(ids)) == 4 and all(s.mode == "val" for s in first.specs(10))
+    assert not set(ids) & {s.rollout_id for s in resumed.specs(10)}  # the same step after a resume
+
+    started: list[str] = []
+
+    class Forever:  # a harness that never ends: only the stop can end the round
+        async def run(self, spec: Any) -> Any:
+            started.append(spec.rollout_id)
+            await asyncio.Event().wait()
+
+    class Stop(Exception):
+        pass
+
+    def check() -> None:
+        if len(started) == 4:
+            raise Stop
+
+    validator = Validator(tasks, runner=Forever(), data=None, run_id="run", every=5, repeats=2)
+
+    async def go() -> list[asyncio.Task[Any]]:
+        with pytest.raises(Stop):
+            await validator.run(5, 3, check)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(go()) == []  # every harness of the round was cancelled
+    assert validator.last_step is None

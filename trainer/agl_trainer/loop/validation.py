@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,10 +70,11 @@ class Validator:
         self.no_data_timeout_s = no_data_timeout_s
         self.last_step: int | None = None  # the step the latest round measured
         self.rounds = 0
+        # Ids stay unique when a resumed run (same run id) validates a step the crashed one did.
+        self._instance = secrets.token_hex(2)
 
     def specs(self, step: int) -> list[RolloutSpec]:
-        # The round number keeps ids unique when a resumed run validates the same step again.
-        prefix = f"{self.run_id}-val{step:06d}r{self.rounds}"
+        prefix = f"{self.run_id}-val{step:06d}-{self._instance}r{self.rounds}"
         return [
             RolloutSpec(f"{prefix}-{index:04d}-{repeat}", str(task["id"]), task, 0, semconv.MODE_VAL)
             for index, task in enumerate(self.tasks)
