@@ -180,7 +180,9 @@ def render(
         completion = "-" if call is None or call.completion_ids is None else str(call.completion_ids.size)
         calls.add_row(
             str(placement.call_seq),
-            str(placement.policy_version),
+            str(placement.policy_version)
+            if call is None or call.policy_versions is None  # else where each version starts in it
+            else " ".join(f"v{v}@{s}" for s, v in zip(call.policy_versions[0::2], call.policy_versions[1::2])),
             prompt,
             completion,
             plain(call.finish_reason if call else "-"),
@@ -221,6 +223,7 @@ def render(
         shown = range(n) if n <= max_tokens else [*range(max_tokens // 2), *range(n - max_tokens // 2, n)]
         previous = -1
         first_trained = next((i for i, m in enumerate(sample.loss_mask) if m), n)
+        trained_version = None  # a trained token of another policy version than the last: marked
         for position in shown:
             if position != previous + 1:
                 text.append(f" … {position - previous - 1} tokens … ", style="italic")
@@ -229,6 +232,9 @@ def render(
                 text.append(f"⟦call {starts[position].call_seq}⟧", style=STYLE_BOUNDARY)
             token = sample.token_ids[position]
             if sample.loss_mask[position]:
+                if trained_version is not None and sample.policy_versions[position] != trained_version:
+                    text.append(f"⟦v{sample.policy_versions[position]}⟧", style=STYLE_BOUNDARY)
+                trained_version = sample.policy_versions[position]
                 style = STYLE_TRAINED
             else:
                 style = STYLE_PROMPT if position < first_trained else STYLE_CONTEXT
@@ -238,7 +244,7 @@ def render(
             ("prompt ", STYLE_PROMPT),
             ("masked ", STYLE_CONTEXT),
             ("trained ", STYLE_TRAINED),
-            ("⟦merge boundary⟧", STYLE_BOUNDARY),
+            ("⟦merge boundary⟧ ⟦vN: policy version N from here⟧", STYLE_BOUNDARY),
         )
         title = (
             f"sample {index}: calls {sample.call_seqs}, {n} tokens, {sample.num_trained_tokens} trained,"
