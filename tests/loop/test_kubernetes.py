@@ -209,6 +209,7 @@ def _runner(fake: FakeKube, tmp_path: Path, template: JobTemplate | None = None,
     template = template or JobTemplate(image="img:1", command=["python", "run.py"])
     options.setdefault("reconcile_s", 30.0)  # long: a test that needs the periodic list sets it short
     options.setdefault("start_timeout_s", 0.3)
+    options.setdefault("log_dir", tmp_path / "rollouts")
     return KubernetesRunner(template, Endpoint(SIDECAR), kubeconfig=str(kubeconfig), **options)
 
 
@@ -227,6 +228,8 @@ async def test_a_rollout_runs_as_a_job_and_reports_its_exit(fake: FakeKube, tmp_
     assert ok.cause is Cause.OK and ok.exit_code == 0
     assert failed.cause is Cause.HARNESS_ERROR and failed.exit_code == 3 and "harness exited 3" in failed.message
     assert "kubectl logs -n default job/" in failed.message
+    assert ok.log_path is None and failed.log_path is not None  # the failed pod's log, kept past the Job's TTL
+    assert Path(failed.log_path).read_text().endswith('{"step": 1}\nTraceback (most recent call last):\nValueError: bad task\n')
     assert sorted(o.spec.rollout_id for o in exits) == ["r-bad", "r-ok"]
     sent = {m["metadata"]["name"]: m for m in fake.created}
     env = {e["name"]: e.get("value") for e in sent[job_name(ok.spec, runner.runner_id)]["spec"]["template"]["spec"]["containers"][0]["env"]}

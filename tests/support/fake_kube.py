@@ -136,6 +136,7 @@ class FakeKube:
         app.router.add_route("*", "/apis/batch/v1/namespaces/{ns}/jobs", self._jobs)
         app.router.add_route("*", "/apis/batch/v1/namespaces/{ns}/jobs/{name}", self._job)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._pod_log)
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._events)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -361,6 +362,9 @@ class FakeKube:
         if scenario == "oom":
             self._finish(ns, name, 137, "OOMKilled")
         elif scenario.startswith("fail:"):
+            pod = self._pod_of(ns, name)
+            if pod is not None:  # what the harness printed before it failed
+                self.logs[pod["metadata"]["name"]] = '{"step": 1}\nTraceback (most recent call last):\nValueError: bad task\n'
             self._finish(ns, name, int(scenario.split(":", 1)[1]), "Error")
         else:
             self._finish(ns, name, 0, "Completed")
@@ -466,6 +470,14 @@ class FakeKube:
 
     async def _pods(self, request: web.Request) -> web.StreamResponse:
         return await self._list_or_watch(request, PODS, "PodList", "v1")
+
+    async def _pod_log(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        if (ns, name) not in self.objects[PODS]:
+            return _error(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        lines = self.logs.get(name, "").splitlines(keepends=True)
+        tail = int(request.query.get("tailLines", 0) or 0)
+        return web.Response(text="".join(lines[-tail:] if tail else lines), content_type="text/plain")
 
     async def _events(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]

@@ -27,6 +27,7 @@ import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agl import semconv
@@ -43,6 +44,7 @@ from agl_trainer.runners.base import (
 )
 from agl_trainer.runners.kubernetes_config import is_loopback
 from agl_trainer.runners.kubernetes_manifest import (
+    CONTAINER,
     LABEL_RUNNER,
     JobTemplate,
     build_job_manifest,
@@ -60,6 +62,7 @@ __all__ = ["KubernetesRunner", "build_job_manifest", "classify_job", "job_name"]
 
 log = logging.getLogger(__name__)
 API_THREADS = 8
+LOG_TAIL_LINES = 2000
 
 
 class KubernetesRunner:
@@ -78,6 +81,7 @@ class KubernetesRunner:
         context: str | None = None,
         api_client: Any = None,
         runner_id: str | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         self.template = template
         self.endpoint = endpoint
@@ -86,6 +90,7 @@ class KubernetesRunner:
         self.start_timeout_s = start_timeout_s
         self.reconcile_s = reconcile_s
         self.kubeconfig, self.context = kubeconfig, context
+        self.log_dir = log_dir  # failed attempts' pod logs are copied here (Jobs go after ttl_s)
         self.runner_id = runner_id or secrets.token_hex(3)
         self.selector = f"{LABEL_RUNNER}={self.runner_id}"
         self._api_client = api_client
@@ -127,6 +132,7 @@ class KubernetesRunner:
             on_exit=on_exit,
             kubeconfig=kube.kubeconfig,
             context=kube.context,
+            log_dir=Path(config.harness.log_dir) if config.harness.log_dir else Path(config.output_dir) / "rollouts",
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -157,6 +163,8 @@ class KubernetesRunner:
             self.batch, self.core, self.template.namespace, self.selector, self._executor,
             reconcile_s=self.reconcile_s,
         )  # fmt: skip
+        log.info("kubernetes runner %s: Jobs labelled %s in namespace %s", self.runner_id, self.selector,
+                 self.template.namespace)  # fmt: skip
         try:
             await self.tracker.start()
         except Exception as error:
@@ -243,7 +251,10 @@ class KubernetesRunner:
                         pods = await self.tracker.pods_of(name)  # type: ignore[union-attr]
                 verdict = job_verdict(state.job, pods)
                 assert verdict is not None
-                return self._outcome(spec, verdict)
+                outcome = self._outcome(spec, verdict)
+                if not outcome.ok:
+                    outcome.log_path = await self._save_log(spec, pods)
+                return outcome
             if state.gone:
                 if self._stopping:  # stop() deleted it
                     return RolloutOutcome(spec, Cause.CANCELLED, message=f"job {name} deleted: the runner stopped")
@@ -273,6 +284,26 @@ class KubernetesRunner:
         if verdict.cause is not Cause.OK:
             message += f" (logs: kubectl logs -n {self.template.namespace} job/{job_name(spec, self.runner_id)})"
         return RolloutOutcome(spec, verdict.cause, verdict.exit_code, message=message)
+
+    async def _save_log(self, spec: RolloutSpec, pods: list[dict[str, Any]]) -> str | None:
+        """The end of a failed attempt's pod log, copied to log_dir (named as the local runner names it)."""
+        if self.log_dir is None or not pods:
+            return None
+        pod = (pods[-1].get("metadata") or {}).get("name", "")
+        try:  # raw bytes: the client would parse a log that happens to be JSON
+            response = await self._call(
+                self.core.read_namespaced_pod_log, pod, self.template.namespace,
+                container=CONTAINER, tail_lines=LOG_TAIL_LINES, _preload_content=False,
+            )  # fmt: skip
+            text = response.data.decode("utf-8", errors="replace")
+        except Exception as error:
+            log.info("no log for pod %s: %s", pod, _api_error(error))
+            return None
+        suffix = f".attempt{spec.attempt}" if spec.attempt else ""
+        path = self.log_dir / f"{spec.rollout_id}{suffix}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# kubectl logs -n {self.template.namespace} {pod} -c {CONTAINER} --tail {LOG_TAIL_LINES}\n{text}")
+        return str(path)
 
     async def _job_events(self, name: str) -> str:
         """The Job's latest warning (FailedCreate: exceeded quota ...), as ': reason: message'."""
