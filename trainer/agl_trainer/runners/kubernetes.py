@@ -221,8 +221,14 @@ class KubernetesRunner:
 
         name, namespace = state.name, self.template.namespace
         await self._rate.acquire()
+        loop = asyncio.get_running_loop()
+        creating = loop.run_in_executor(self._executor, lambda: self.batch.create_namespaced_job(namespace, manifest))
         try:
-            created = await self._call(self.batch.create_namespaced_job, namespace, manifest)
+            try:
+                created = await asyncio.shield(creating)
+            except asyncio.CancelledError:  # let the create land first, so the caller's delete finds the Job
+                await asyncio.wait([creating], timeout=30)
+                raise
         except ApiException as error:
             if error.status != 409:
                 return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {_api_error(error)}")
@@ -244,6 +250,7 @@ class KubernetesRunner:
         give_up_after = self.template.timeout_s + self.start_timeout_s + 60  # the deadline itself is the Job's
         poll = min(1.0, self.start_timeout_s / 4)
         while True:
+            state.changed.clear()  # before reading: a report arriving from here on wakes the wait below
             if state.job is not None and job_finished(state.job):
                 pods = list(state.pods.values())
                 if not any((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods):
@@ -275,7 +282,6 @@ class KubernetesRunner:
             if now - created_at > give_up_after:
                 await self._delete(name)
                 return RolloutOutcome(spec, Cause.TIMEOUT, message=f"job {name} did not end in {give_up_after:g} s")
-            state.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(state.changed.wait(), poll)
 
