@@ -371,12 +371,15 @@ class VLLMEngine:
     # --- drain-free policy switch (loop.switch=keep) -------------------------------------
     def freeze(self) -> dict[str, int]:
         """Freeze the requests in flight on every server (POST /pause?mode=keep: they stop where
-        they are, their KV cache kept) and return, by vLLM request id, the completion tokens each
+        they are; their KV cache kept with switch_kv=keep, dropped for a recompute otherwise) and return, by vLLM request id, the completion tokens each
         has generated (the worker extension reads them off the model runner). update_weights() then
         loads in place without a pause of its own; thaw() continues the requests."""
+        # vLLM 0.32's pause clears its caches by default, and for mode=keep that preempts the frozen
+        # requests (their prefix is recomputed on resume): switch_kv=keep must say clear_cache=false.
+        clear = "false" if self.config.switch_kv == "keep" else "true"
         with self._lock:
             for server in self._servers:
-                self._post(server, "/pause", params={"mode": "keep"})
+                self._post(server, "/pause", params={"mode": "keep", "clear_cache": clear})
             self.frozen = True
             progress: dict[str, int] = {}
             for server in self._servers:
