@@ -232,3 +232,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from examples.demo.model import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+def test_agl_receive_off_loopback_needs_a_token(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    from agl_trainer.cli import main
+
+    monkeypatch.delenv("AGL_RECEIVER_TOKEN", raising=False)
+    code = main(["receive", "--store", str(tmp_path / "t.db"), "--listen", "0.0.0.0:0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "AGL_RECEIVER_TOKEN is not set" in err and "--no-token" in err, err
+    assert not (tmp_path / "t.db").exists()  # refused before anything was created

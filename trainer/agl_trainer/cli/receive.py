@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=TOKEN_ENV,
         help=f"environment variable holding a bearer token to require (default {TOKEN_ENV}; unset: no token)",
     )
+    parser.add_argument(
+        "--no-token",
+        action="store_true",
+        help="allow listening off loopback without a token (anyone who reaches the port can write spans)",
+    )
     parser.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body, as sent")
     parser.add_argument("--max-decompressed-mb", type=float, default=256.0, help="largest body after gzip")
     parser.add_argument(
@@ -55,6 +60,15 @@ def parse_address(value: str, flag: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import StoreError
@@ -66,12 +80,20 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-request-mb", args.max_request_mb), ("--max-decompressed-mb", args.max_decompressed_mb)):
         if not (math.isfinite(value) and 0 < value <= 1 << 20):  # nan or inf would be a traceback below
             raise CLIError(f"{flag} {value}: expected a size in MB, > 0 and at most 1048576")
+    token = os.environ.get(args.token_env) or None
+    if token is None and not args.no_token and not (_loopback(host) and (grpc_host == "" or _loopback(grpc_host))):
+        raise CLIError(
+            f"--listen {args.listen}{' / --grpc-listen ' + args.grpc_listen if args.grpc_listen else ''} is not "
+            f"loopback and {args.token_env} is not set: anyone who reaches the port could write training data "
+            f"(fix: export {args.token_env}=<a secret> and give senders 'authorization: Bearer <it>', "
+            "or pass --no-token on a private network)"
+        )
     config = ReceiverConfig(
         host=host,
         port=port,
         grpc_host=grpc_host or "127.0.0.1",
         grpc_port=grpc_port,
-        token=os.environ.get(args.token_env) or None,
+        token=token,
         max_request_bytes=int(args.max_request_mb * (1 << 20)),
         max_decompressed_bytes=int(args.max_decompressed_mb * (1 << 20)),
         durability=args.durability,
