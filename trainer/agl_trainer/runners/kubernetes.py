@@ -233,7 +233,10 @@ class KubernetesRunner:
             if error.status != 409:
                 return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {_api_error(error)}")
             # Already there: our own create whose response was lost (a retried request), or not ours.
-            created = await self._call(self.batch.read_namespaced_job, name, namespace)
+            try:
+                created = await self._call(self.batch.read_namespaced_job, name, namespace)
+            except Exception as again:  # deleted meanwhile, or the server went away
+                return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"job {name}: {_api_error(again)}")
             if (created.metadata.labels or {}).get(LABEL_RUNNER) != self.runner_id:
                 return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"job {name} exists and is not this runner's")
         except Exception as error:  # the API server is unreachable
