@@ -6,7 +6,8 @@ A rollout of 200 calls (4 threads interleaved, as a main thread and sub-agents m
 prompt extending its thread's last sequence by a tool result), contexts growing to tens of
 thousands of tokens. Prints the time to find every call's parent with assembly's prefix-hash index
 (assembly/tree.py) and with the obvious way, comparing each prompt with every earlier call's full
-sequence, measured in the same run (the ratio), and the whole `assemble_rollout` time.
+sequence, measured in the same run (the ratio), and the whole `assemble_rollout` time. Then the
+same for naming each break's closest earlier call, with sub-agents sharing a long system prompt.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def parents_indexed(data: RolloutData) -> list[int | None]:
         full = np.concatenate([call.prompt_ids, call.completion_ids])
         hashes = prefix_hashes(full)
         parents.append(index.parent(call.prompt_ids, hashes))
-        index.add(call.call_seq, full, hashes)
+        index.add(call.call_seq, full, hashes, int(call.prompt_ids.size))
     return parents
 
 
@@ -68,6 +69,43 @@ def parents_naive(data: RolloutData) -> list[int | None]:
         parents.append(best)
         fulls.append((call.call_seq, np.concatenate([prompt, call.completion_ids])))
     return parents
+
+
+def shared_roots(calls: int, shared: int) -> RolloutData:
+    """`calls` sub-agents that share a long system prompt and nothing else: every call is a new
+    root, and assembly names each break's closest earlier call."""
+    data = make_rollout(calls, threads=1, tool_tokens=1, completion_tokens=100)
+    system = np.random.default_rng(1).integers(0, 150_000, shared).astype(np.int32)
+    for i, call in enumerate(data.calls):
+        call.prompt_ids = np.concatenate([system, np.asarray([i], np.int32)])
+        call.prompt_length = int(call.prompt_ids.size)
+    return data
+
+
+def closest_indexed(data: RolloutData) -> list[int | None]:
+    index, found = PrefixIndex(), []
+    for call in data.calls:
+        full = np.concatenate([call.prompt_ids, call.completion_ids])
+        hashes = prefix_hashes(full)
+        near = index.closest(call.prompt_ids, hashes) if len(index) else None
+        found.append(None if near is None else near[2])
+        index.add(call.call_seq, full, hashes, int(call.prompt_ids.size))
+    return found
+
+
+def closest_naive(data: RolloutData) -> list[int | None]:
+    fulls: list[np.ndarray] = []
+    found: list[int | None] = []
+    for call in data.calls:
+        prompt, best = call.prompt_ids, None
+        for full in fulls:
+            n = min(full.size, prompt.size)
+            differ = np.flatnonzero(full[:n] != prompt[:n])
+            common = int(differ[0]) if differ.size else n
+            best = common if best is None else max(best, common)
+        found.append(best)
+        fulls.append(np.concatenate([prompt, call.completion_ids]))
+    return found
 
 
 def best_of(fn, arg, repeats: int) -> float:
@@ -97,6 +135,14 @@ def main() -> None:
     print(f"  parents by comparing all:     {naive * 1e3:8.1f} ms   (reference)")
     print(f"  ratio (reference / index):    {naive / indexed:8.1f}x")
     print(f"  assemble_rollout, whole:      {whole * 1e3:8.1f} ms -> {samples} samples")
+    roots = shared_roots(calls, shared=10_000)
+    assert closest_indexed(roots) == closest_naive(roots)
+    indexed = best_of(closest_indexed, roots, repeats)
+    naive = best_of(closest_naive, roots, repeats)
+    print(f"{calls} sub-agents sharing a 10000-token system prompt (every call a break to classify)")
+    print(f"  closest earlier call by prefix hash: {indexed * 1e3:8.1f} ms")
+    print(f"  closest by scanning every sequence:  {naive * 1e3:8.1f} ms   (reference)")
+    print(f"  ratio (reference / index):           {naive / indexed:8.1f}x")
 
 
 if __name__ == "__main__":

@@ -226,13 +226,13 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
             placement.merged = True
         else:
             placement.start = START_BRANCH if parent is not None else START_NO_PREFIX if len(index) else START_FIRST
-            closest = index.closest(prompt) if len(index) else None
+            closest = index.closest(prompt, hashes) if len(index) else None
             if closest is not None:
                 near, sequence, common = closest
                 # A branch is a failed merge only when the prompt went past the nearest call's
                 # prompt and then differs (re-encoded answer, edited turn); a retry or a parallel
                 # branch differs within it.
-                past = common >= usable[near][1].size and common < prompt.size
+                past = index.prompt_size(near) <= common < prompt.size
                 if parent is None or past:
                     failures.append(classify(sequence, prompt, seq, near, tokenizer, special))
             sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
@@ -240,7 +240,7 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
         sample_of[seq] = placement.sample = sample
         placement.completion_end = current.size
         placement.completion_start = placement.completion_end - int(completion.size)
-        index.add(seq, full, hashes)
+        index.add(seq, full, hashes, int(prompt.size))
 
     samples, kept_index = _finish_samples(built, info, config, truncations)
     for placement in placements.values():

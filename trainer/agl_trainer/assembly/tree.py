@@ -49,19 +49,25 @@ class PrefixIndex:
         self._lengths: list[int] = []  # distinct lengths, ascending
         self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, hash) -> call seqs, ascending
         self._full: dict[int, np.ndarray] = {}
+        self._hashes: dict[int, np.ndarray] = {}  # prefix hashes of each full sequence
+        self._prompt_size: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._full)
 
-    def add(self, seq: int, full: np.ndarray, hashes: np.ndarray) -> None:
+    def add(self, seq: int, full: np.ndarray, hashes: np.ndarray, prompt_size: int) -> None:
         """Add call `seq` (seqs come in ascending order); `hashes` = prefix_hashes(full)."""
         n = int(full.size)
-        key = (n, int(hashes[n]))
-        self._by_key.setdefault(key, []).append(seq)
+        self._by_key.setdefault((n, int(hashes[n])), []).append(seq)
         self._full[seq] = full
+        self._hashes[seq] = hashes
+        self._prompt_size[seq] = prompt_size
         at = bisect.bisect_left(self._lengths, n)
         if at == len(self._lengths) or self._lengths[at] != n:
             self._lengths.insert(at, n)
+
+    def prompt_size(self, seq: int) -> int:
+        return self._prompt_size[seq]
 
     def parent(self, prompt: np.ndarray, hashes: np.ndarray) -> int | None:
         """The earlier call whose full sequence `prompt` extends exactly, the longest such one (the
@@ -73,17 +79,29 @@ class PrefixIndex:
                     return seq
         return None
 
-    def closest(self, prompt: np.ndarray) -> tuple[int, np.ndarray, int] | None:
+    def closest(self, prompt: np.ndarray, hashes: np.ndarray) -> tuple[int, np.ndarray, int] | None:
         """The earlier call whose full sequence shares the longest common prefix with `prompt`
         (the latest of equal ones), with that sequence and the prefix's length; None when the
-        index is empty."""
-        best: tuple[int, int] | None = None  # (common prefix, seq)
-        for seq, full in self._full.items():
-            n = min(full.size, prompt.size)
-            differ = np.flatnonzero(full[:n] != prompt[:n])
-            common = int(differ[0]) if differ.size else n
-            if best is None or common >= best[0]:
-                best = (common, seq)
-        if best is None:
+        index is empty. Prefixes are compared by hash: a candidate that cannot beat the best so
+        far costs one comparison, one that can a binary search (no token-by-token scan: this
+        only names the break, which merge.classify then measures exactly)."""
+        best_common, best_seq = -1, None
+        for seq in reversed(self._full):  # latest first: a later call wins only when strictly closer
+            theirs = self._hashes[seq]
+            n = min(theirs.size - 1, prompt.size)
+            low = best_common + 1
+            if low > n or theirs[low] != hashes[low]:
+                continue
+            high = n
+            while low < high:
+                mid = (low + high + 1) // 2
+                if theirs[mid] == hashes[mid]:
+                    low = mid
+                else:
+                    high = mid - 1
+            best_common, best_seq = low, seq
+            if low == prompt.size:
+                break
+        if best_seq is None:
             return None
-        return best[1], self._full[best[1]], best[0]
+        return best_seq, self._full[best_seq], best_common
