@@ -1,12 +1,15 @@
 """sync vs collocated-async on the same task, the same number of trained samples, with long-tailed
-tool time in the harness (most rollouts wait 0.1 s on their tool, a few 1-4 s).
+tool time in the harness (most rollouts wait 0.1 s on their tool, a few 1-4 s); then the policy
+switch of collocated-async, drain vs keep, with long-tailed generation lengths (each rollout first
+makes a "thinking" call of 4 tokens mostly, 40 or 90 for a few; EOS ignored).
 
     python bench/async_vs_sync.py [--quick]
 
-Both runs go through the whole pipeline (runner workers, agl-sidecar, embedded engine, receiver,
+Every run goes through the whole pipeline (runner workers, agl-sidecar, embedded engine, receiver,
 store, assembly, torch backend) from the same warm-started demo model. Prints wall-clock of the
-training loop in each mode, their ratio (target: async >= 1.8x faster), the engine's idle fraction
-(no call in flight, or paused for training), and the mean reward per trained sample in each mode.
+training loop in each mode, their ratios (targets: async >= 1.8x faster than sync; keep >= 1.3x
+drain's throughput), the engine's idle fraction (no call in flight, or paused for training), and
+the mean reward per trained sample in each mode.
 """
 
 from __future__ import annotations
@@ -38,14 +41,38 @@ def harness(task: dict[str, Any], base_url: str) -> float:
     return run_episode(task, base_url)
 
 
-def run_mode(mode: str, model: Path, tasks: Path, work: Path, steps: int) -> dict[str, float]:
+def thinking_tokens(rollout_base_url: str) -> int:
+    """Long-tailed and deterministic per rollout: 80% 4 tokens, 15% 40, 5% 90."""
+    u = int(hashlib.sha256(b"think" + rollout_base_url.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return 4 if u < 0.80 else 40 if u < 0.95 else 90
+
+
+def thinking_harness(task: dict[str, Any], base_url: str) -> float:
+    """A "thinking" call of long-tailed length (its text unused), then the demo episode."""
+    from examples.demo import task as demo
+    from examples.demo.harness import _settings, _sync_client, run_episode
+
+    _sync_client(base_url).chat.completions.create(
+        model=_settings(task, None, None)[0], messages=demo.first_messages(task), max_tokens=thinking_tokens(base_url),
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    time.sleep(0.1)
+    return run_episode(task, base_url)
+
+
+def run_mode(
+    mode: str, model: Path, tasks: Path, work: Path, steps: int, switch: str = "drain", name: str = "harness"
+) -> dict[str, float]:
     rows = run_demo(
         [
             f"--tasks={tasks}",
-            f"--output_dir={work / mode}",
+            f"--output_dir={work / (mode + '-' + switch + '-' + name)}",
             f"--model.path={model}",
-            "--harness.function=async_vs_sync:harness",
+            f"--harness.function=async_vs_sync:{name}",
             f"--loop.mode={mode}",
+            f"--loop.switch={switch}",
+            "--val_tasks=null",  # training throughput only: no validation rounds
+            "--loop.val_every=0",
             "--loop.batch_rollouts=64",
             "--loop.concurrency=128",
             f"--loop.staleness={STALENESS}",
@@ -58,7 +85,8 @@ def run_mode(mode: str, model: Path, tasks: Path, work: Path, steps: int) -> dic
     idle = sum(row["engine/idle_fraction"] * row["time/step_s"] for row in rows) / wall
     samples = sum(row["rollouts/trained"] for row in rows)
     reward = sum(row["reward/mean"] * row["rollouts/trained"] for row in rows) / samples
-    return {"wall": wall, "idle": idle, "samples": samples, "reward": reward}
+    draining = sum(row["time/draining_s"] for row in rows)
+    return {"wall": wall, "idle": idle, "samples": samples, "reward": reward, "draining": draining}
 
 
 def main() -> int:
@@ -77,6 +105,21 @@ def main() -> int:
     # The wait policy may add a group to a step, so compare throughput (trained rollouts per second).
     speedup = (fast["samples"] / fast["wall"]) / (sync["samples"] / sync["wall"])
     print(f"speed-up collocated-async vs sync (trained rollouts/s): {speedup:.2f}x  (target >= 1.8x)")
+
+    print("long-tailed generation lengths:")
+    switches = {
+        "sync": run_mode("sync", work.model, tasks, work.folder, steps, "drain", "thinking_harness"),
+        "drain": run_mode("collocated-async", work.model, tasks, work.folder, steps, "drain", "thinking_harness"),
+        "keep": run_mode("collocated-async", work.model, tasks, work.folder, steps, "keep", "thinking_harness"),
+    }
+    for name, r in switches.items():
+        print(
+            f"{name:17} {r['wall']:7.1f} s for {r['samples']:.0f} trained rollouts; engine idle {r['idle']:5.1%};"
+            f" reward/sample {r['reward']:.3f}; draining {r['draining']:5.1f} s"
+        )
+    drain, keep = switches["drain"], switches["keep"]
+    ratio = (keep["samples"] / keep["wall"]) / (drain["samples"] / drain["wall"])
+    print(f"speed-up keep vs drain switch (trained rollouts/s): {ratio:.2f}x  (goal >= 1.3x)")
     return 0
 
 
