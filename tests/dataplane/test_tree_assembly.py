@@ -239,3 +239,14 @@ def test_inspect_shows_the_forest_and_why_each_break_happened(store, store_path,
     assert depth[2] == depth[0] == depth[5] and depth[4] > depth[2] and depth[6] > depth[5]  # three roots
     assert "merged onto call 3" not in out and "merged onto call 1" in out
     assert "extends no earlier call" in out and "break vs call 3: other at token 3" in out
+
+
+def test_agl_train_config_has_the_assembly_section_and_names_a_bad_key():
+    from agl_trainer.config import ConfigError, validate
+
+    assert validate({"assembly": {"train_outside_trace": False}}).assembly.train_outside_trace is False
+    assert validate({}).assembly.train_outside_trace is True  # documented default: trained
+    with pytest.raises(ConfigError, match="assembly.train_outside_trace"):
+        validate({"assembly": {"train_outside_trace": "sometimes"}})
+    with pytest.raises(ConfigError, match="did you mean assembly.train_outside_trace"):
+        validate({"assembly": {"train_outside_traces": False}})

@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from agl_trainer.assembly.config import AssemblyConfig  # the `assembly` section
+
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -317,6 +319,7 @@ class Config(_Section):
     receiver: ReceiverSection = msgspec.field(default_factory=ReceiverSection)
     offline: OfflineConfig = msgspec.field(default_factory=OfflineConfig)
     viewer: ViewerSection = msgspec.field(default_factory=ViewerSection)
+    assembly: AssemblyConfig = msgspec.field(default_factory=AssemblyConfig)
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 from agl import semconv
 
@@ -21,18 +23,36 @@ DEFAULT_CAUSE_POLICY: dict[str, Policy] = {
 }
 
 
+def _doc(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
 class AssemblyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    reward_name: str = semconv.DEFAULT_REWARD_NAME
-    missing_reward: Policy = DROP  # "drop", or the reward to use
-    cause_policy: dict[str, Policy] = msgspec.field(default_factory=lambda: dict(DEFAULT_CAUSE_POLICY))
-    max_prompt_length: int | None = None  # longer prompts: the sample is dropped (counted)
-    max_response_length: int | None = None  # longer responses: cut (counted)
-    max_total_length: int | None = None  # longer samples: cut (counted)
-    special_token_ids: list[int] = []  # lets merge failures be classified without a tokenizer
+    """The `assembly` section of `agl train`'s config (descriptions: `agl train --help`)."""
+
+    reward_name: Annotated[str, _doc("the reward (agl.reward.name) to train on")] = semconv.DEFAULT_REWARD_NAME
+    missing_reward: Annotated[
+        Policy, _doc("a rollout without that reward: 'drop', or the reward to train it with")
+    ] = DROP
+    cause_policy: Annotated[
+        dict[str, Policy],
+        _doc("per end cause (ok, harness_error, timeout, infra_error, cancelled): 'keep', 'drop' or a reward"),
+    ] = msgspec.field(default_factory=lambda: dict(DEFAULT_CAUSE_POLICY))
+    max_prompt_length: Annotated[
+        int | None, _doc("a sample whose prompt is longer is dropped (counted); unset: no limit")
+    ] = None
+    max_response_length: Annotated[int | None, _doc("longer responses are cut (counted); unset: no limit")] = None
+    max_total_length: Annotated[int | None, _doc("longer samples are cut (counted); unset: no limit")] = None
+    special_token_ids: Annotated[
+        list[int], _doc("the tokenizer's special token IDs: classify failed merges without a tokenizer")
+    ] = []
     # Calls from outside the harness's trace (agl.call.origin untraced / foreign_trace: a process the
     # agent spawned, which inherited OPENAI_BASE_URL) are still the policy's samples under the
-    # rollout's reward: trained by default; False skips them (counted as outside_trace_not_trained).
-    train_outside_trace: bool = True
+    # rollout's reward: trained by default.
+    train_outside_trace: Annotated[
+        bool,
+        _doc("train calls from outside the harness's trace (agl.call.origin untraced/foreign_trace); false skips them"),
+    ] = True
 
     def __post_init__(self) -> None:
         if not self.reward_name:

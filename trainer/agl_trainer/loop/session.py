@@ -192,7 +192,7 @@ class Session:
                 self._stack.callback(viewer.stop)
         from agl_trainer.loop.dataplane import StoreDataPlane
 
-        data = StoreDataPlane(store)
+        data = StoreDataPlane(store, config.assembly)
 
         engine = build_engine(config, model_path)
         await asyncio.to_thread(engine.start)
