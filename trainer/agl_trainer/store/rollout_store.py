@@ -347,8 +347,9 @@ class RolloutStore:
         sql = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE {where} ORDER BY {order}"
         if newest and limit is not None:  # the last `limit` rows of that order, still oldest first
             backwards = "completed_at DESC, first_seen_at DESC, rollout_id DESC"
-            inner = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE {where} ORDER BY {backwards} LIMIT {int(limit)}"
-            sql = f"SELECT * FROM ({inner}) ORDER BY 10, 8, 1"  # completed_at, first_seen_at, rollout_id
+            # rowids first: the counting subqueries then run for `limit` rows, not for every row sorted
+            newest_rows = f"SELECT rowid FROM rollouts WHERE {where} ORDER BY {backwards} LIMIT {int(limit)}"
+            sql = f"SELECT {_INFO_COLUMNS} FROM rollouts r WHERE r.rowid IN ({newest_rows}) ORDER BY {order}"
         elif limit is not None:
             sql += f" LIMIT {int(limit)}"
         with self._lock:

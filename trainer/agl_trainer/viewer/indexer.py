@@ -75,10 +75,10 @@ class Indexer:
             out = [row for row in out if row is not None]
             with self.database.lock:
                 self.database.db.executemany(
-                    "INSERT OR REPLACE INTO summary VALUES (?,?,?,?,?,?,?,?,?,?)", out
+                    "INSERT OR REPLACE INTO summary VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", out
                 )
             for row in out:
-                self._seen[(row[0], row[1])] = row[9]
+                self._seen[(row[0], row[1])] = row[-1]
             self.indexed = len(self._seen)
             time.sleep(0)  # let request threads have the GIL between batches
         return max((t for _, _, t in rows), default=watermark)
@@ -97,6 +97,8 @@ class Indexer:
         return (
             rollout_id,
             attempt,
+            len(data.calls),
+            data.final_reward(self.config.reward_name),
             min(versions) if versions else None,
             max(versions) if versions else None,
             len(assembly.merge_failures),

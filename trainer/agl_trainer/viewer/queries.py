@@ -8,6 +8,7 @@ writes; nothing here ever writes to the store.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import threading
@@ -25,6 +26,8 @@ SUMMARY = """
 CREATE TABLE IF NOT EXISTS summary (
     rollout_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
+    calls INTEGER NOT NULL,
+    reward REAL,                -- the final reward (records.final_reward) by the viewer's reward name
     min_version INTEGER,
     max_version INTEGER,
     merge_breaks INTEGER NOT NULL,
@@ -68,35 +71,44 @@ def connect_ro(path: Path) -> sqlite3.Connection:
 
 # --- the rollouts table -------------------------------------------------------------------------
 
-# API sort key -> SQL expression over the `listing` subquery's columns. Every expression is
-# NULL-free (COALESCE) so the order is total, with rowid breaking ties.
+# Per-rollout values the indexer keeps in the summary table (`m`); a rollout it has not reached yet
+# is answered from the store directly (a correlated subquery: slow over 100k rows, exact always).
+CALLS = (
+    "CASE WHEN m.rollout_id IS NULL THEN (SELECT COUNT(*) FROM s.calls c"
+    " WHERE c.rollout_id = r.rollout_id AND c.attempt = r.attempt) ELSE m.calls END"
+)
+REWARD = (
+    "CASE WHEN m.rollout_id IS NULL THEN (SELECT w.value FROM s.rewards w WHERE w.rollout_id = r.rollout_id"
+    " AND (w.attempt IS NULL OR w.attempt = r.attempt) AND w.name = :reward_name AND w.call_seq IS NULL"
+    " ORDER BY w.end_ns DESC, w.span_id DESC LIMIT 1) ELSE m.reward END"
+)
+JOIN = "s.rollouts r LEFT JOIN main.summary m ON m.rollout_id = r.rollout_id AND m.attempt = r.attempt"
+
+# API sort key -> SQL expression. Every expression is NULL-free (COALESCE) so that, with the rowid
+# breaking ties, the order is total and pages never overlap.
 SORTS: dict[str, str] = {
-    "newest": "rowid",
-    "rollout": "rollout_id",
-    "task": "COALESCE(task_id, '')",
-    "mode": "mode",
-    "step": "COALESCE(trained_step, -1)",
-    "version": "COALESCE(max_version, -1)",
-    "reward": "COALESCE(reward, -1e308)",
-    "cause": "COALESCE(end_cause, '')",
-    "calls": "calls",
-    "breaks": "COALESCE(merge_breaks, -1)",
-    "duration": "COALESCE(ended_ns - started_ns, -1)",
+    "newest": "r.rowid",
+    "rollout": "r.rollout_id",
+    "task": "COALESCE(r.task_id, '')",
+    "mode": "COALESCE(r.mode, 'train')",
+    "step": "COALESCE(r.trained_step, -1)",
+    "version": "COALESCE(m.max_version, -1)",
+    "reward": f"COALESCE({REWARD}, -1e308)",
+    "cause": "COALESCE(r.end_cause, '')",
+    "calls": CALLS,
+    "breaks": "COALESCE(m.merge_breaks, -1)",
+    "duration": "COALESCE(r.ended_ns - r.started_ns, -1)",
 }
 MAX_LIMIT = 500
 
 
-def _listing(reward_name_param: bool = True) -> str:
+def _listing() -> str:
     return (
         "SELECT r.rowid AS rowid, r.rollout_id, r.attempt, r.task_id, COALESCE(r.mode, 'train') AS mode,"
         " r.status, r.complete, r.end_cause, r.trained_step, r.dropped_reason, r.first_seen_at,"
         " r.last_span_at, r.completed_at, r.started_ns, r.ended_ns, r.harness_exit_code, r.error,"
-        " (SELECT COUNT(*) FROM s.calls c WHERE c.rollout_id = r.rollout_id AND c.attempt = r.attempt) AS calls,"
-        " (SELECT w.value FROM s.rewards w WHERE w.rollout_id = r.rollout_id"
-        "   AND (w.attempt IS NULL OR w.attempt = r.attempt) AND w.name = :reward_name AND w.call_seq IS NULL"
-        "   ORDER BY w.end_ns DESC, w.span_id DESC LIMIT 1) AS reward,"
-        " m.min_version, m.max_version, m.merge_breaks, m.break_kinds"
-        " FROM s.rollouts r LEFT JOIN main.summary m ON m.rollout_id = r.rollout_id AND m.attempt = r.attempt"
+        f" {CALLS} AS calls, {REWARD} AS reward,"
+        f" m.min_version, m.max_version, m.merge_breaks, m.break_kinds FROM {JOIN}"
     )
 
 
@@ -104,27 +116,26 @@ class Filters:
     """The rollouts table's filters, each checked and turned into SQL with named parameters."""
 
     def __init__(self, params: dict[str, str]) -> None:
-        self.inner: list[str] = []  # on the rollouts table itself (cheap)
-        self.outer: list[str] = []  # on computed columns
+        self.where: list[str] = []
         self.values: dict[str, Any] = {}
         text = {"task": "r.task_id = :task", "cause": "r.end_cause IS :cause", "id": "r.rollout_id LIKE :id ESCAPE '\\'"}
         for name, clause in text.items():
             value = params.get(name)
             if value:
-                self.inner.append(clause)
+                self.where.append(clause)
                 self.values[name] = _like_prefix(value) if name == "id" else value
         mode = params.get("mode")
         if mode:
             if mode not in ("train", "val"):
                 raise ViewerError(f"mode must be train or val, got {mode!r}")
-            self.inner.append("COALESCE(r.mode, 'train') = :mode")
+            self.where.append("COALESCE(r.mode, 'train') = :mode")
             self.values["mode"] = mode
         step = params.get("step")
         if step:
             if step == "none":
-                self.inner.append("r.trained_step IS NULL")
+                self.where.append("r.trained_step IS NULL")
             else:
-                self.inner.append("r.trained_step = :step")
+                self.where.append("r.trained_step = :step")
                 self.values["step"] = _int("step", step)
         state = params.get("state")
         if state:
@@ -137,32 +148,41 @@ class Filters:
             }
             if state not in states:
                 raise ViewerError(f"state must be one of {sorted(states)}, got {state!r}")
-            self.inner.append(states[state])
+            self.where.append(states[state])
         ranges = {
-            "reward": ("reward", float),
-            "calls": ("calls", int),
-            "version": ("max_version", int),
-            "breaks": ("merge_breaks", int),
+            "reward": (f"({REWARD})", float),
+            "calls": (f"({CALLS})", int),
+            "version": ("m.max_version", int),
+            "breaks": ("m.merge_breaks", int),
         }
         for name, (column, kind) in ranges.items():
             for bound, op in (("min", ">="), ("max", "<=")):
                 key = f"{bound}_{name}"
                 raw = params.get(key)
                 if raw:
-                    self.outer.append(f"{column} {op} :{key}")
+                    self.where.append(f"{column} {op} :{key}")
                     self.values[key] = _float(key, raw) if kind is float else _int(key, raw)
 
-    def sql(self, *, order: str, limit: int, offset: int) -> str:
-        inner = _listing() + (" WHERE " + " AND ".join(self.inner) if self.inner else "")
-        outer = " WHERE " + " AND ".join(self.outer) if self.outer else ""
-        return f"SELECT * FROM ({inner}){outer} ORDER BY {order} LIMIT {limit} OFFSET {offset}"
+    def _where(self) -> str:
+        return " WHERE " + " AND ".join(self.where) if self.where else ""
+
+    def page_sql(self, *, order: str, limit: int, offset: int) -> str:
+        """The page's rowids only: OFFSET then skips rows without building them (no subqueries)."""
+        return f"SELECT r.rowid FROM {JOIN}{self._where()} ORDER BY {order} LIMIT {limit} OFFSET {offset}"
 
     def count_sql(self) -> str:
-        if not self.outer:  # no computed column involved: count the rollouts table alone
-            where = " WHERE " + " AND ".join(self.inner) if self.inner else ""
-            return f"SELECT COUNT(*) FROM s.rollouts r{where}"
-        inner = _listing() + (" WHERE " + " AND ".join(self.inner) if self.inner else "")
-        return f"SELECT COUNT(*) FROM ({inner}) WHERE " + " AND ".join(self.outer)
+        return f"SELECT COUNT(*) FROM {JOIN}{self._where()}"
+
+
+def page_rows(db: sqlite3.Connection, rowids: list[int], reward_name: str) -> list[dict[str, Any]]:
+    """The listing's rows for `rowids`, in that order."""
+    if not rowids:
+        return []
+    sql = _listing() + " WHERE r.rowid IN (SELECT value FROM json_each(:rowids))"
+    cursor = db.execute(sql, {"reward_name": reward_name, "rowids": json.dumps(rowids)})
+    names = [d[0] for d in cursor.description]
+    rows = {row[0]: dict(zip(names, row, strict=True)) for row in cursor.fetchall()}
+    return [rows[rowid] for rowid in rowids if rowid in rows]
 
 
 def _int(name: str, raw: str, low: int = -(2**63), high: int = 2**63 - 1) -> int:
@@ -200,7 +220,7 @@ def parse_page(params: dict[str, str]) -> tuple[str, int, int]:
     limit = _int("limit", params.get("limit") or "50", 1, MAX_LIMIT)
     offset = _int("offset", params.get("offset") or "0", 0, 10**9)
     expression = SORTS[sort]
-    order = f"{expression} {direction}" if expression == "rowid" else f"{expression} {direction}, rowid {direction}"
+    order = f"{expression} {direction}" if sort == "newest" else f"{expression} {direction}, r.rowid {direction}"
     return order, limit, offset
 
 

@@ -214,12 +214,12 @@ class Viewer:
     def rollouts(self, params: dict[str, str]) -> dict[str, Any]:
         filters = queries.Filters(params)
         order, limit, offset = queries.parse_page(params)
-        values = {**filters.values, "reward_name": self.config.reward_name}
+        values = {**filters.values, "reward_name": self.config.reward_name}  # SQLite ignores unused names
         with self.database.lock:
-            cursor = self.database.db.execute(filters.sql(order=order, limit=limit, offset=offset), values)
-            names = [d[0] for d in cursor.description]
-            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-            total = self.database.db.execute(filters.count_sql(), values).fetchone()[0]
+            db = self.database.db
+            page = [row[0] for row in db.execute(filters.page_sql(order=order, limit=limit, offset=offset), values)]
+            rows = queries.page_rows(db, page, self.config.reward_name)
+            total = db.execute(filters.count_sql(), values).fetchone()[0]
         for row in rows:
             kinds = row.pop("break_kinds", None)
             row["break_kinds"] = json.loads(kinds) if kinds else None
