@@ -187,3 +187,66 @@ def test_every_api_streaming_and_unary_records_where_the_new_version_starts(
         assert attributes[semconv.COMPLETION_POLICY_VERSIONS] == [0, 0, boundary, 1], attributes[semconv.CALL_API]
     apis = sorted((s.attributes[semconv.CALL_API], s.attributes[semconv.GEN_AI_REQUEST_STREAM]) for s in spans)
     assert len(set(apis)) == 8  # four APIs, each streamed and unary
+
+
+def test_without_the_engines_word_a_stream_is_cut_where_the_sidecar_saw_the_switch(
+    engine: EmbeddedEngine, sidecar: BackgroundSidecar, otlp_sink: OTLPSink
+) -> None:
+    """An engine that cannot say how far its requests got: the sidecar resumes before the engine,
+    so a stream's boundary is the tokens it had received; a unary call keeps its entry version."""
+    new_state = perturbed(weights_of(engine))
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 64, "ignore_eos": True, "seed": 3, "return_token_ids": True}
+    received: dict[bool, list[int]] = {True: [], False: []}
+    ids: dict[bool, str] = {}
+
+    def call(stream: bool) -> None:
+        url = f"{sidecar.url}/rollouts/r-fallback-{stream}/v1/completions"
+        with httpx.stream("POST", url, json={**body, "stream": stream}, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {") or line.startswith("{"):
+                    event = json.loads(line[6:] if line.startswith("data: ") else line)
+                    ids[stream] = event["id"]
+                    received[stream] += [t for c in event["choices"] for t in c["token_ids"] or []]
+
+    engine.freeze()
+    threads = [threading.Thread(target=call, args=(stream,)) for stream in (True, False)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(engine.scheduler.progress()) == 2, "2 calls at the engine")
+    engine.thaw()
+    deadline = time.monotonic() + 60
+    while min(engine.scheduler.progress().values(), default=0) < 4:
+        assert time.monotonic() < deadline, "the batch did not reach 4 tokens"
+    assert httpx.post(f"{sidecar.url}{semconv.ADMIN_PAUSE_PATH}", json={"mode": "keep"}).status_code == 200
+    progress = engine.freeze()
+    wait_until(lambda: True in ids and len(received[True]) == progress[ids[True]], "the frozen stream's tokens")
+    engine.update_weights(WeightUpdate(version=1, state_dict=new_state))
+    resumed = httpx.post(f"{sidecar.url}{semconv.ADMIN_RESUME_PATH}", json={"policy_version": 1, "switch": True})
+    assert resumed.status_code == 200
+    engine.thaw()
+    for thread in threads:
+        thread.join(120)
+    streamed = progress[ids[True]]
+    assert len(received[True]) == len(received[False]) == 64 and 4 <= streamed < 64
+    stream_span, unary_span = span_of(otlp_sink, ids[True]), span_of(otlp_sink, ids[False])
+    assert stream_span.attributes[semconv.COMPLETION_POLICY_VERSIONS] == [0, 0, streamed, 1]
+    assert semconv.COMPLETION_POLICY_VERSIONS not in unary_span.attributes  # unknown: its entry version
+    assert unary_span.attributes[semconv.POLICY_VERSION] == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error"),
+    [
+        (semconv.ADMIN_PAUSE_PATH, {"mode": "keep", "drain": True}, 'mode "keep" does not drain'),
+        (semconv.ADMIN_PAUSE_PATH, {"mode": "freeze"}, "mode"),
+        (semconv.ADMIN_RESUME_PATH, {"switch": True}, "switch needs the policy_version"),
+        (semconv.ADMIN_RESUME_PATH, {"policy_version": 1, "engine_progress": {"x": 1}}, 'add "switch": true'),
+        (semconv.ADMIN_RESUME_PATH, {"policy_version": 1, "switch": True, "engine_progress": {"x": -1}}, "engine_progress"),
+    ],
+)
+def test_bad_switch_requests_are_refused_naming_the_problem(
+    sidecar: BackgroundSidecar, path: str, body: dict, error: str
+) -> None:
+    response = httpx.post(f"{sidecar.url}{path}", json=body)
+    assert response.status_code == 400 and error in response.json()["error"]
+    assert httpx.get(f"{sidecar.url}{semconv.ADMIN_STATE_PATH}").json()["policy_version"] == 0  # nothing changed

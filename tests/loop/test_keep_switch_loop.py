@@ -44,3 +44,13 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
                     starts = call.policy_versions[0::2]
                     assert starts[0] == 0 and np.all(np.diff(starts) > 0) and starts[-1] < versions.size
     assert 1 <= crossed <= frozen  # calls generated across a switch carry their boundary
+
+
+def test_keep_needs_the_collocated_async_loop(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    import pytest
+    from agl_trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="loop.switch: keep .* loop.mode=collocated-async"):
+        make_config(tmp_path, model_dir, [{"id": "t"}], "tests.loop.keep_harnesses:long_tail", mode="sync", switch="keep")
+    with pytest.raises(ConfigError, match="loop.switch"):
+        make_config(tmp_path, model_dir, [{"id": "t"}], "tests.loop.keep_harnesses:long_tail", switch="freeze")
