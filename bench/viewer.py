@@ -161,7 +161,7 @@ def chromium_time(executable: str, url: str, expect: str, repeats: int) -> float
             out = subprocess.run(
                 [executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--virtual-time-budget=30000", "--dump-dom", url],
+                 f"--user-data-dir={profile}", "--virtual-time-budget=9000", "--dump-dom", url],
                 capture_output=True, text=True, timeout=300,
             ).stdout  # fmt: skip
             times.append(time.perf_counter() - started)

@@ -81,6 +81,7 @@ def test_a_rollout_with_merged_calls_decodes_its_tokens_and_marks_every_role(ser
     assert all(lp is not None and lp < 0 for lp, r in zip(sample["logprobs"], roles, strict=True) if r == "c")
     calls = {call["call_seq"]: call for call in body["calls"]}
     assert calls[0]["reward"] == 0.25 and calls[1]["placement"]["merged"] is True
+    assert calls[1]["placement"]["parent"] == 0  # the call tree, from assembly's placements
     assert calls[1]["start_ns"] - calls[0]["start_ns"] == 50_000_000
     assert calls[0]["end_ns"] - calls[0]["start_ns"] == 40_000_000
     # both rewards end at the same time: their order is by span id, so compare as a set
@@ -242,3 +243,35 @@ def test_static_files_ship_with_the_package_and_carry_a_strict_csp(server):
     assert "innerHTML" not in Path(__file__).parents[2].joinpath(
         "trainer/agl_trainer/viewer/static/app.js"
     ).read_text().replace("never innerHTML", "")
+
+
+def test_the_call_tree_of_interleaved_sub_agent_calls_and_extra_call_columns(tmp_path):
+    """A main thread (calls 0, 2) and a sub-agent (1, 3) interleaved: two roots, each continued by
+    its own thread's next call. A column a newer store adds to `calls` (the sidecar's attribution)
+    reaches the page as it is."""
+    import sqlite3
+
+    path = tmp_path / "rollouts.db"
+    main, sub = [1, 2, 3, 4], [50, 51, 52]
+    with RolloutStore(path, grace_s=0.0) as store:
+        ingest(store, [
+            call_span("tree", 0, main, [10, 11]),
+            call_span("tree", 1, sub, [60]),
+            call_span("tree", 2, [*main, 10, 11, 20, 21], [12]),
+            call_span("tree", 3, [*sub, 60, 70], [61, 62]),
+            reward_span("tree", 1.0), rollout_span("tree"),
+        ])  # fmt: skip
+        store.refresh_completion()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE calls ADD COLUMN held_ms REAL")
+    db.execute("UPDATE calls SET held_ms = 12.5 WHERE call_seq = 2")
+    db.commit()
+    db.close()
+    with start(path, index=False) as server:
+        status, body = get(server, "/api/rollout?id=tree")
+    assert status == 200
+    parents = {p["call_seq"]: p.get("parent") for p in body["placements"]}
+    assert parents == {0: None, 1: None, 2: 0, 3: 1}
+    assert [s["call_seqs"] for s in body["samples"]] == [[0, 2], [1, 3]]
+    held = {c["call_seq"]: c["extra"].get("held_ms") for c in body["calls"]}
+    assert held == {0: None, 1: None, 2: 12.5, 3: None}

@@ -80,13 +80,35 @@ function grid(...pairs) {
   return box;
 }
 
+// Live view during training: the landing and steps pages reload their data every 10 s while
+// "live" is ticked (kept in localStorage), unless the user is typing in a filter.
+let liveTimer = null;
+function live() { return localStorage.getItem("agl-live") !== "off"; }
+function scheduleLive() {
+  clearTimeout(liveTimer);
+  if (!live()) return;
+  const at = location.hash;
+  liveTimer = setTimeout(() => {
+    const typing = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+    if (location.hash === at && !typing) route(); else scheduleLive();
+  }, 10000);
+}
+function liveToggle() {
+  return el("label", { class: "muted" }, el("input", {
+    type: "checkbox", checked: live() ? "" : null,
+    onchange: (event) => { localStorage.setItem("agl-live", event.target.checked ? "on" : "off"); scheduleLive(); },
+  }), " live (reload every 10 s)");
+}
+
 async function route() {
+  clearTimeout(liveTimer);
   const { path, params } = hashRoute();
   try {
     if (path === "/rollout") await rolloutPage(params);
     else if (path === "/step") await stepPage(params);
     else if (path === "/steps") await stepsPage();
     else await rolloutsPage(params);
+    if (path !== "/rollout" && path !== "/step") scheduleLive();
   } catch (error) {
     show(el("p", { class: "error" }, "error: " + visible(error.message)));
   }
@@ -133,7 +155,7 @@ async function rolloutsPage(params) {
     location.hash = "#/?" + new URLSearchParams(next).toString();
   });
   show(
-    el("h1", {}, "Rollouts"),
+    el("h1", {}, "Rollouts ", liveToggle()),
     cards,
     chart(overview.curve, overview.curve_source),
     form,
@@ -223,7 +245,7 @@ function chart(curve, source) {
 async function stepsPage() {
   const overview = await api("overview");
   const rewardAt = Object.fromEntries(overview.curve.map((p) => [p.step, p]));
-  show(el("h1", {}, "Training steps"), chart(overview.curve, overview.curve_source),
+  show(el("h1", {}, "Training steps ", liveToggle()), chart(overview.curve, overview.curve_source),
     overview.steps.length ? el("table", {},
       el("thead", {}, el("tr", {}, ["step", "rollouts", "at", "reward", "entropy"].map((h) => el("th", {}, h)))),
       el("tbody", {}, overview.steps.slice().reverse().map((s) => el("tr", {},
