@@ -149,7 +149,11 @@ def run_ls(args: argparse.Namespace) -> int:
     store.close()
     now = time.time()
     table = Table(
-        title=plain(f"{len(rollouts)} of {stats.rollouts} rollouts in {args.store}"), title_justify="left"
+        title=plain(
+            f"{len(rollouts)} of {stats.rollouts} rollouts in {args.store}"
+            + (" (the newest; --limit N or --all for more)" if len(rollouts) < stats.rollouts else "")
+        ),
+        title_justify="left",
     )
     table.add_column("rollout", overflow="fold", min_width=12)  # ids are never cut: users copy them
     for column in ("attempt", "task", "mode", "status", "cause", "calls", "rewards", "training", "last span"):
