@@ -4,8 +4,8 @@
 
 A rollout of 200 calls (4 threads interleaved, as a main thread and sub-agents make them, each
 prompt extending its thread's last sequence by a tool result), contexts growing to tens of
-thousands of tokens. Prints the time to find every call's parent with assembly's prefix-hash index
-(assembly/tree.py) and with the obvious way, comparing each prompt with every earlier call's full
+thousands of tokens. Prints the time to find every call's parent with assembly's index (probe
+tokens, then exact comparison of the survivors: assembly/tree.py) and with the obvious way, comparing each prompt with every earlier call's full
 sequence, measured in the same run (the ratio), and the whole `assemble_rollout` time. Then the
 same for naming each break's closest earlier call, with sub-agents sharing a long system prompt.
 """
@@ -46,28 +46,45 @@ def make_rollout(calls: int, threads: int, tool_tokens: int, completion_tokens: 
     return RolloutData(info=info, calls=rows, rewards=[RewardRow(b"\x01" * 8, "reward", 1.0, None, 1)])
 
 
-def parents_indexed(data: RolloutData) -> list[int | None]:
+Calls = list[tuple[int, np.ndarray, np.ndarray]]  # (seq, prompt, full): what assembly holds anyway
+
+
+def prepared(data: RolloutData) -> Calls:
+    return [(c.call_seq, c.prompt_ids, np.concatenate([c.prompt_ids, c.completion_ids])) for c in data.calls]
+
+
+def parents_indexed(calls: Calls) -> list[int | None]:
     index, parents = PrefixIndex(), []
-    for call in data.calls:
-        full = np.concatenate([call.prompt_ids, call.completion_ids])
-        hashes = prefix_hashes(full)
-        parents.append(index.parent(call.prompt_ids, hashes))
-        index.add(call.call_seq, full, hashes, int(call.prompt_ids.size))
+    for seq, prompt, full in calls:
+        parents.append(index.parent(prompt))
+        index.add(seq, full, int(prompt.size))
     return parents
 
 
-def parents_naive(data: RolloutData) -> list[int | None]:
+def parents_linear(calls: Calls) -> list[int | None]:
+    """The rule before the call tree: a call can only extend the call just before it."""
+    parents: list[int | None] = []
+    previous: tuple[int, np.ndarray] | None = None
+    for seq, prompt, full in calls:
+        extends = previous is not None and prompt.size >= previous[1].size
+        extends = extends and np.array_equal(prompt[: previous[1].size], previous[1])  # type: ignore[index]
+        parents.append(previous[0] if extends else None)  # type: ignore[index]
+        previous = (seq, full)
+    return parents
+
+
+def parents_naive(calls: Calls) -> list[int | None]:
     """Every earlier full sequence compared with the prompt; the longest one it extends."""
     fulls: list[tuple[int, np.ndarray]] = []
     parents = []
-    for call in data.calls:
-        prompt, best = call.prompt_ids, None
-        for seq, full in fulls:
-            if full.size <= prompt.size and np.array_equal(prompt[: full.size], full):
-                if best is None or full.size > fulls[best][1].size:
-                    best = seq
+    for seq, prompt, full in calls:
+        best = None
+        for earlier, sequence in fulls:
+            if sequence.size <= prompt.size and np.array_equal(prompt[: sequence.size], sequence):
+                if best is None or sequence.size > fulls[best][1].size:
+                    best = earlier
         parents.append(best)
-        fulls.append((call.call_seq, np.concatenate([prompt, call.completion_ids])))
+        fulls.append((seq, full))
     return parents
 
 
@@ -82,29 +99,27 @@ def shared_roots(calls: int, shared: int) -> RolloutData:
     return data
 
 
-def closest_indexed(data: RolloutData) -> list[int | None]:
+def closest_indexed(calls: Calls) -> list[int | None]:
     index, found = PrefixIndex(), []
-    for call in data.calls:
-        full = np.concatenate([call.prompt_ids, call.completion_ids])
-        hashes = prefix_hashes(full)
-        near = index.closest(call.prompt_ids, hashes) if len(index) else None
+    for seq, prompt, full in calls:
+        near = index.closest(prompt, prefix_hashes(prompt)) if len(index) else None
         found.append(None if near is None else near[2])
-        index.add(call.call_seq, full, hashes, int(call.prompt_ids.size))
+        index.add(seq, full, int(prompt.size))
     return found
 
 
-def closest_naive(data: RolloutData) -> list[int | None]:
+def closest_naive(calls: Calls) -> list[int | None]:
     fulls: list[np.ndarray] = []
     found: list[int | None] = []
-    for call in data.calls:
-        prompt, best = call.prompt_ids, None
+    for _, prompt, full_sequence in calls:
+        best = None
         for full in fulls:
             n = min(full.size, prompt.size)
             differ = np.flatnonzero(full[:n] != prompt[:n])
             common = int(differ[0]) if differ.size else n
             best = common if best is None else max(best, common)
         found.append(best)
-        fulls.append(np.concatenate([prompt, call.completion_ids]))
+        fulls.append(full_sequence)
     return found
 
 
@@ -124,21 +139,32 @@ def main() -> None:
     calls, repeats = (50, 3) if args.quick else (200, 5)
     data = make_rollout(calls, threads=4, tool_tokens=400, completion_tokens=100)
     tokens = sum(int(c.prompt_ids.size + c.completion_ids.size) for c in data.calls)
-    assert parents_indexed(data) == parents_naive(data)
-    indexed = best_of(parents_indexed, data, repeats)
-    naive = best_of(parents_naive, data, repeats)
+    calls_of = prepared(data)
+    assert parents_indexed(calls_of) == parents_naive(calls_of)
+    indexed = best_of(parents_indexed, calls_of, repeats)
+    naive = best_of(parents_naive, calls_of, repeats)
     whole = best_of(lambda d: assemble_rollout(d, AssemblyConfig()), data, repeats)
     samples = len(assemble_rollout(data, AssemblyConfig()).result.samples)  # type: ignore[union-attr]
     longest = max(int(c.prompt_ids.size) for c in data.calls)
     print(f"{calls} calls in 4 interleaved threads, prompts up to {longest} tokens, {tokens} tokens in all")
-    print(f"  parents by prefix-hash index: {indexed * 1e3:8.1f} ms")
+    print(f"  parents by the probe index:   {indexed * 1e3:8.1f} ms")
     print(f"  parents by comparing all:     {naive * 1e3:8.1f} ms   (reference)")
     print(f"  ratio (reference / index):    {naive / indexed:8.1f}x")
     print(f"  assemble_rollout, whole:      {whole * 1e3:8.1f} ms -> {samples} samples")
+    line = make_rollout(calls, threads=1, tool_tokens=400, completion_tokens=100)
+    line_calls = prepared(line)
+    assert parents_indexed(line_calls) == parents_linear(line_calls)
+    indexed = best_of(parents_indexed, line_calls, repeats)
+    linear = best_of(parents_linear, line_calls, repeats)
+    print(f"{calls} calls in one thread (the old rule's case), {line.calls[-1].prompt_ids.size} tokens at the end")
+    print(f"  parents by the probe index:          {indexed * 1e3:8.1f} ms")
+    print(f"  the previous call only (old rule):   {linear * 1e3:8.1f} ms   (reference)")
+    print(f"  ratio (reference / index):           {linear / indexed:8.2f}x")
     roots = shared_roots(calls, shared=10_000)
-    assert closest_indexed(roots) == closest_naive(roots)
-    indexed = best_of(closest_indexed, roots, repeats)
-    naive = best_of(closest_naive, roots, repeats)
+    root_calls = prepared(roots)
+    assert closest_indexed(root_calls) == closest_naive(root_calls)
+    indexed = best_of(closest_indexed, root_calls, repeats)
+    naive = best_of(closest_naive, root_calls, repeats)
     print(f"{calls} sub-agents sharing a 10000-token system prompt (every call a break to classify)")
     print(f"  closest earlier call by prefix hash: {indexed * 1e3:8.1f} ms")
     print(f"  closest by scanning every sequence:  {naive * 1e3:8.1f} ms   (reference)")

@@ -214,8 +214,7 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
         completion = call.completion_ids
         assert completion is not None
         logprobs, versions = _logprobs(call, problems), token_versions(call)
-        hashes = prefix_hashes(full)
-        parent = index.parent(prompt, hashes)
+        parent = index.parent(prompt)
         placement.parent = parent
         if parent is not None and parent not in continued:
             sample = sample_of.pop(parent)
@@ -226,7 +225,7 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
             placement.merged = True
         else:
             placement.start = START_BRANCH if parent is not None else START_NO_PREFIX if len(index) else START_FIRST
-            closest = index.closest(prompt, hashes) if len(index) else None
+            closest = index.closest(prompt, prefix_hashes(prompt)) if len(index) else None
             if closest is not None:
                 near, sequence, common = closest
                 # A branch is a failed merge only when the prompt went past the nearest call's
@@ -240,7 +239,7 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
         sample_of[seq] = placement.sample = sample
         placement.completion_end = current.size
         placement.completion_start = placement.completion_end - int(completion.size)
-        index.add(seq, full, hashes, int(prompt.size))
+        index.add(seq, full, int(prompt.size))
 
     samples, kept_index = _finish_samples(built, info, config, truncations)
     for placement in placements.values():
