@@ -19,12 +19,13 @@ from tests.support.waiting import wait_until
 
 
 @pytest.mark.slow
-def test_training_with_spans_through_an_external_collector(tmp_path: Path) -> None:
+def test_training_with_spans_through_an_external_collector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from examples.demo.model import build_demo_model
     from examples.demo.task import make_tasks
 
     model = build_demo_model(tmp_path / "tiny", seed=0)
     receiver_port, collector_port = free_port(), free_port()
+    monkeypatch.setenv("RECEIVER_TOKEN", "collector-to-receiver-secret")  # the receiver demands it of the collector
     log = open(tmp_path / "rotel.log", "wb")  # noqa: SIM115 (the child writes it)
     collector = subprocess.Popen(
         [
@@ -35,6 +36,7 @@ def test_training_with_spans_through_an_external_collector(tmp_path: Path) -> No
             "--otlp-exporter-endpoint", f"http://127.0.0.1:{receiver_port}",
             "--otlp-exporter-protocol", "http",
             "--batch-timeout", "50ms",
+            "--otlp-exporter-custom-headers", "authorization=Bearer collector-to-receiver-secret",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -59,7 +61,8 @@ def test_training_with_spans_through_an_external_collector(tmp_path: Path) -> No
                 f"--tasks={tasks}", f"--output_dir={tmp_path / 'run'}", f"--model.path={model}",
                 "--harness.workers=1", "--loop.batch_rollouts=32", "--loop.concurrency=32", "--loop.max_steps=3",
                 "--loop.checkpoint_every=3", "--loop.completion_grace_s=1.0", "--val_tasks=null", "--loop.val_every=0",
-                f"--receiver.listen=127.0.0.1:{receiver_port}",
+                f"--receiver.listen=127.0.0.1:{receiver_port}", "--receiver.auth=true",
+                "--receiver.token_env=RECEIVER_TOKEN",
                 # Senders use the collector: the sidecar for its call spans, harnesses' SDK for rewards.
                 f"--receiver.advertise_url={collector_url}", f"--sidecar.otlp_endpoint={collector_url}",
             ],
@@ -74,5 +77,4 @@ def test_training_with_spans_through_an_external_collector(tmp_path: Path) -> No
         trained = [i for i in store.find("") if i.trained_step is not None]
         assert len(trained) >= 64
         assert all(i.calls == 2 and i.rewards >= 1 for i in trained)  # calls and rewards both came through
-    sidecar_yaml = (tmp_path / "run" / "sidecar.log").read_text()
-    assert "Traceback" not in sidecar_yaml
+    assert "Traceback" not in (tmp_path / "run" / "sidecar.log").read_text()
