@@ -222,11 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 seed, 12 steps (a smoke run of a minute or two)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3; --quick 1)")
-    parser.add_argument("--out", default="runs/bench-normalization")
+    parser.add_argument("--out", default=None, help="default runs/bench-normalization (--quick: .../quick)")
     args = parser.parse_args(argv)
-    settings = Settings(out=Path(args.out))
+    out = Path(args.out or ("runs/bench-normalization/quick" if args.quick else "runs/bench-normalization"))
+    settings = Settings(out=out)
     if args.quick:
-        settings = Settings(steps=12, seeds=(0,), tasks_per_step=4, val_tasks=32, val_every=6, out=Path(args.out))
+        settings = Settings(steps=12, seeds=(0,), tasks_per_step=4, val_tasks=32, val_every=6, out=out)
     if args.steps is not None:
         settings.steps = args.steps
     if args.seeds is not None:
