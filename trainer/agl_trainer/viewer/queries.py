@@ -166,12 +166,17 @@ class Filters:
     def _where(self) -> str:
         return " WHERE " + " AND ".join(self.where) if self.where else ""
 
+    def _from(self, order: str = "") -> str:
+        """The summary joined only when a filter or the order reads it (a join is a lookup per row)."""
+        where = self._where()
+        return (JOIN if "m." in where or "m." in order else "s.rollouts r") + where
+
     def page_sql(self, *, order: str, limit: int, offset: int) -> str:
         """The page's rowids only: OFFSET then skips rows without building them (no subqueries)."""
-        return f"SELECT r.rowid FROM {JOIN}{self._where()} ORDER BY {order} LIMIT {limit} OFFSET {offset}"
+        return f"SELECT r.rowid FROM {self._from(order)} ORDER BY {order} LIMIT {limit} OFFSET {offset}"
 
     def count_sql(self) -> str:
-        return f"SELECT COUNT(*) FROM {JOIN}{self._where()}"
+        return f"SELECT COUNT(*) FROM {self._from()}"
 
 
 def page_rows(db: sqlite3.Connection, rowids: list[int], reward_name: str) -> list[dict[str, Any]]:
