@@ -24,10 +24,11 @@ SLACK_S = 5.0  # rows whose last span is this close to the watermark are looked 
 
 
 class Indexer:
-    def __init__(self, database: Database, config: AssemblyConfig, *, poll_s: float = 2.0) -> None:
+    def __init__(self, database: Database, config: AssemblyConfig, *, poll_s: float = 2.0, duty: float = 1.0) -> None:
         self.database = database
         self.config = config
         self.poll_s = poll_s
+        self.duty = duty  # the share of time it may run: below 1 beside a training loop (the GIL is shared)
         self.indexed = 0
         self.total = 0
         self.done = False  # caught up at least once
@@ -71,6 +72,7 @@ class Indexer:
         for start in range(0, len(todo), BATCH):
             if self._stop.is_set():
                 break
+            began = time.perf_counter()
             out = [self._summarise(reader, *item) for item in todo[start : start + BATCH]]
             out = [row for row in out if row is not None]
             with self.database.lock:
@@ -80,7 +82,8 @@ class Indexer:
             for row in out:
                 self._seen[(row[0], row[1])] = row[-1]
             self.indexed = len(self._seen)
-            time.sleep(0)  # let request threads have the GIL between batches
+            busy = time.perf_counter() - began
+            self._stop.wait(busy * (1 - self.duty) / self.duty if self.duty < 1 else 0)
         return max((t for _, _, t in rows), default=watermark)
 
     def _summarise(self, reader: Any, rollout_id: str, attempt: int, last_span_at: float) -> tuple | None:

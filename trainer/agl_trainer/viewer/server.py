@@ -92,6 +92,7 @@ class Viewer:
         run_dir: Path | None = None,
         reward_name: str | None = None,
         index: bool = True,
+        index_duty: float = 1.0,
     ) -> None:
         self.store_path = Path(store_path)
         self.database = queries.Database(self.store_path)
@@ -101,7 +102,7 @@ class Viewer:
         self._decoder: TokenDecoder | None = None
         self._decoder_error: str | None = None
         self._decoder_lock = threading.Lock()
-        self.indexer = Indexer(self.database, self.config) if index else None
+        self.indexer = Indexer(self.database, self.config, duty=index_duty) if index else None
 
     def decoder(self) -> TokenDecoder:
         with self._decoder_lock:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from agl_trainer.viewer.server import ListenError, Viewer, ViewerServer, parse_listen
 
+INDEX_DUTY = 0.25  # the viewer's indexer beside a training loop: at most a quarter of the time
+
 
 def start_for_training(store_path: Path, listen: str, model: str | None, run_dir: Path) -> ViewerServer | None:
     try:
@@ -21,7 +23,7 @@ def start_for_training(store_path: Path, listen: str, model: str | None, run_dir
         return None
     for attempt_port in (port, 0) if port else (0,):
         try:
-            viewer = Viewer(store_path, model=model, run_dir=run_dir)
+            viewer = Viewer(store_path, model=model, run_dir=run_dir, index_duty=INDEX_DUTY)
             server = ViewerServer(viewer, f"[{host}]:{attempt_port}" if ":" in host else f"{host}:{attempt_port}")
             server.start()
         except OSError as error:
