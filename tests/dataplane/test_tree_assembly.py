@@ -232,13 +232,14 @@ def test_inspect_shows_the_forest_and_why_each_break_happened(store, store_path,
     ingest(store, [*main_sub_compaction(), reward_span("r", 1.0), rollout_span("r")])
     assert main(["traces", "inspect", "r", "--store", str(store_path)]) == 0
     out = capsys.readouterr().out
-    tree = out[out.index("call tree") :]
-    lines = [line for line in tree.splitlines()[1:] if "call " in line and "sample" in line]
-    depth = {int(line.split("call ")[1].split()[0]): len(line) - len(line.lstrip(" │├└─")) for line in lines}
-    assert depth[1] > depth[0] and depth[3] > depth[1]  # the main thread is one path: 0 -> 1 -> 3
-    assert depth[2] == depth[0] == depth[5] and depth[4] > depth[2] and depth[6] > depth[5]  # three roots
+    tree = out[out.index("call tree") :].splitlines()
+    main, sub, compaction = (next(line for line in tree if marker in line) for marker in ("0 → 1 → 3", "2 → 4", "5 → 6"))
+    depth = [len(line) - len(line.lstrip(" │├└─")) for line in (main, sub, compaction)]
+    assert depth[0] == depth[1] == depth[2]  # three roots: the main thread, the sub-agent, the compaction
+    assert "sample 0" in main and "sample 1" in sub and "sample 2" in compaction
+    assert "break vs call 1: other at token 2" in sub and "break vs call 3: other at token 3" in compaction
     assert "merged onto call 3" not in out and "merged onto call 1" in out
-    assert "extends no earlier call" in out and "break vs call 3: other at token 3" in out
+    assert "extends no earlier call" in out
 
 
 def test_agl_train_config_has_the_assembly_section_and_names_a_bad_key():
@@ -250,3 +251,27 @@ def test_agl_train_config_has_the_assembly_section_and_names_a_bad_key():
         validate({"assembly": {"train_outside_trace": "sometimes"}})
     with pytest.raises(ConfigError, match="did you mean assembly.train_outside_trace"):
         validate({"assembly": {"train_outside_traces": False}})
+
+
+def test_inspect_nests_a_branch_under_its_thread_and_keeps_a_long_thread_on_one_line(
+    store, store_path, capsys, monkeypatch
+):
+    from agl_trainer.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    p0, c0 = [1, 2], [10, 11]
+    p1 = p0 + c0 + [3]
+    spans = [call_span("r", 0, p0, c0), call_span("r", 1, p1, [12]), call_span("r", 2, p1, [13])]
+    sequence = p1 + [12]
+    for seq in range(3, 1200):  # the main thread goes on from call 1 for a long time
+        prompt = sequence + [4]
+        spans.append(call_span("r", seq, prompt, [5]))
+        sequence = prompt + [5]
+    ingest(store, [*spans, reward_span("r", 1.0), rollout_span("r")])
+    assert main(["traces", "inspect", "r", "--store", str(store_path), "--max-tokens", "20"]) == 0
+    tree = capsys.readouterr().out.split("call tree")[1].splitlines()
+    [thread] = [line for line in tree if "calls 0 → 1 → 3 → 4" in line]
+    [branch] = [line for line in tree if line.lstrip(" │├└─").startswith("call 2 ")]
+    assert "a branch of call 0" in branch
+    assert len(branch) - len(branch.lstrip(" │├└─")) > len(thread) - len(thread.lstrip(" │├└─"))
+    assert "0 → 1 → 3 → 4 → … → 1197 → 1198 → 1199 (1199 calls)" in thread

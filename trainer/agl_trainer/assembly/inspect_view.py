@@ -64,7 +64,7 @@ def _token_text(token: int, tokenizer: Any) -> str:
 
 _STARTS = {
     START_FIRST: "new sample: the first call",
-    START_BRANCH: "new sample: a branch (the shared prefix is context)",
+    START_BRANCH: "new sample: a branch of call {parent} (the shared prefix is context)",
     START_NO_PREFIX: "new sample: extends no earlier call",
 }
 
@@ -77,38 +77,53 @@ def _where(placement: CallPlacement) -> Text:
         return Text("dropped with its sample", style="red")
     if placement.merged:
         return Text(f"merged onto call {placement.parent}", style="green")
-    return Text(_STARTS.get(placement.start or "", "new sample"), style="cyan")
+    text = _STARTS.get(placement.start or "", "new sample").format(parent=placement.parent)
+    return Text(text, style="cyan")
 
 
 def forest(assembly: RolloutAssembly) -> Tree:
-    """The rollout's calls as the tree assembly merged them onto: each call under the call whose
-    full sequence its prompt extends; roots extend none (first call, sub-agent, compaction)."""
+    """The rollout's calls as the tree assembly merged them onto. A node is a chain of calls each
+    merged onto the one before (one sample); under it, the calls that extend one of its calls but
+    start a new sample (a branch: retry, parallel call). Roots extend no earlier call (the first
+    call, a sub-agent, a compaction) or were skipped. Built without recursion: a rollout of
+    thousands of merged calls is one line."""
     failures = {failure.call_seq: failure for failure in assembly.merge_failures}
-    children: dict[int | None, list[CallPlacement]] = {}
+    merged_child = {p.parent: p for p in assembly.placements if p.merged}
+    starts: dict[int | None, list[CallPlacement]] = {}
     for placement in assembly.placements:
-        children.setdefault(placement.parent, []).append(placement)
-    root = Tree(Text("call tree (sample: its calls)", style="bold"))
+        if not placement.merged:
+            starts.setdefault(placement.parent, []).append(placement)
 
-    def label(placement: CallPlacement) -> Text:
-        sample = "-" if placement.sample is None else f"sample {placement.sample}"
-        text = Text(f"call {placement.call_seq} ", style="bold")
-        text.append(f"[{sample}] ")
-        text.append_text(_where(placement))
-        failure = failures.get(placement.call_seq)
+    def label(chain: list[CallPlacement]) -> Text:
+        head = chain[0]
+        text = Text("calls " if len(chain) > 1 else "call ", style="bold")
+        seqs = [str(p.call_seq) for p in chain]
+        if len(seqs) > 10:  # a long thread: its ends and its length
+            seqs = [*seqs[:4], "…", *seqs[-3:], f"({len(chain)} calls)"]
+        text.append(" → ".join(seqs).replace(" → (", " ("), style="bold")
+        text.append(f" [{'-' if head.sample is None else f'sample {head.sample}'}] ")
+        text.append_text(_where(head))
+        failure = failures.get(head.call_seq)
         if failure is not None:
             text.append(
                 f"; break vs call {failure.previous_call_seq}: {failure.kind} at token {failure.position}",
                 style="magenta",
             )
-        if placement.origin not in (None, semconv.ORIGIN_HARNESS):
-            text.append(f"; origin {placement.origin}", style="red")
+        outside = [p.call_seq for p in chain if p.origin not in (None, semconv.ORIGIN_HARNESS)]
+        if outside:
+            text.append(f"; outside the harness's trace: calls {outside}", style="red")
         return text
 
-    def grow(node: Tree, parent: int | None) -> None:
-        for child in children.get(parent, []):
-            grow(node.add(label(child)), child.call_seq)
-
-    grow(root, None)
+    root = Tree(Text("call tree (a line: calls merged into one sample)", style="bold"))
+    stack: list[tuple[Tree, CallPlacement]] = [(root, p) for p in reversed(starts.get(None, []))]
+    while stack:
+        node, head = stack.pop()
+        chain = [head]
+        while chain[-1].call_seq in merged_child:
+            chain.append(merged_child[chain[-1].call_seq])
+        child = node.add(label(chain))
+        for call in reversed(chain):
+            stack.extend((child, branch) for branch in reversed(starts.get(call.call_seq, [])))
     return root
 
 
