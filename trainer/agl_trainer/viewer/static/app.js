@@ -50,7 +50,11 @@ async function api(path, params) {
 
 const fmt = {
   num(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits === undefined ? 3 : digits).replace(/\.?0+$/, "") || "0"; },
-  ms(ns) { return ns === null || ns === undefined ? "–" : (ns / 1e6).toFixed(ns < 1e7 ? 2 : 0) + " ms"; },
+  ms(ns) {
+    if (ns === null || ns === undefined) return "–";
+    const ms = ns / 1e6;
+    return ms >= 10000 ? (ms / 1000).toFixed(1) + " s" : ms.toFixed(ms < 10 ? 2 : ms < 100 ? 1 : 0) + " ms";
+  },
   time(s) { return s ? new Date(s * 1000).toLocaleString() : "–"; },
 };
 
