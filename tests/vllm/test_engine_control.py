@@ -262,6 +262,29 @@ def test_update_weights_orders_calls_per_replica(tmp_path: Path, tiny_state_dict
     assert pause["query"] == {"mode": "keep"}
 
 
+@pytest.mark.parametrize(("switch_kv", "clear_cache"), [("recompute", "true"), ("keep", "false")])
+def test_a_keep_switch_freezes_syncs_without_its_own_pause_and_thaws(
+    tmp_path: Path, tiny_state_dict: dict, switch_kv: str, clear_cache: str
+) -> None:
+    engine = VLLMEngine(fake_config(tmp_path, switch_kv=switch_kv))
+    with engine:
+        progress = engine.freeze()
+        engine.update_weights(WeightUpdate(version=1, state_dict=tiny_state_dict))
+        engine.thaw()
+        engine.thaw()  # a second thaw does nothing
+    assert list(progress.values()) == [5] and next(iter(progress)).startswith("cmpl-")
+    events = [e for e in read_events(tmp_path / "events.jsonl") if not e["path"].startswith("<")]
+    assert [e["path"] for e in events] == [
+        "/pause", "/collective_rpc",  # freeze: requests kept where they are, their progress read
+        "/collective_rpc", "/reset_prefix_cache", "/update_weight_version",  # the sync: no pause, no resume
+        *(["/reset_prefix_cache"] if switch_kv == "recompute" else []), "/resume",  # thaw
+    ]  # fmt: skip
+    assert events[0]["query"] == {"mode": "keep", "clear_cache": clear_cache}
+    assert events[1]["body"]["method"] == "agl_request_progress"
+    if switch_kv == "recompute":
+        assert events[-2]["query"] == {"reset_running_requests": "true"}
+
+
 def test_configured_weights_dir_keeps_what_the_engine_did_not_write(
     tmp_path: Path, tiny_state_dict: dict
 ) -> None:

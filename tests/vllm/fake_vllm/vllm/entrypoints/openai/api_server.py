@@ -115,6 +115,10 @@ class Handler(BaseHTTPRequestHandler):
         if not body or "method" not in body:
             self.reply(400, MISSING_METHOD)
             return
+        if body["method"] == "agl_request_progress" and not os.environ.get("FAKE_VLLM_NO_EXTENSION"):
+            # one request frozen 5 tokens in, as the worker extension reports it (vLLM's internal id)
+            self.reply(200, json.dumps({"results": [{f"cmpl-{os.getpid()}-0-1a2b3c4d": 5}]}).encode())
+            return
         if os.environ.get("FAKE_VLLM_NO_EXTENSION") or body["method"] != "agl_load_weights":
             message = (
                 f"Call to collective_rpc method failed: Worker failed with error ''CPUWorker' object has no "
