@@ -8,6 +8,8 @@
                                           # wakes it; on CPU sleep() is a logged no-op (refused)
     engine.ensure_alive()                 # restart dead replicas now (a watchdog also does)
     engine.last_sync                      # SyncReport: seconds, write / worker-load split
+    progress = engine.freeze(); engine.update_weights(...); engine.thaw()   # loop.switch=keep:
+                                          # requests in flight frozen (pause?mode=keep), not drained
     engine.stop()
 
 Managed servers run `<python> -m vllm.entrypoints.openai.api_server` (the module, so the GPU
