@@ -10,6 +10,8 @@ import pytest
 from agl import semconv
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -275,3 +277,50 @@ def test_inspect_nests_a_branch_under_its_thread_and_keeps_a_long_thread_on_one_
     assert "a branch of call 0" in branch
     assert len(branch) - len(branch.lstrip(" │├└─")) > len(thread) - len(thread.lstrip(" │├└─"))
     assert "0 → 1 → 3 → 4 → … → 1197 → 1198 → 1199 (1199 calls)" in thread
+
+
+@st.composite
+def forest_spans(draw) -> list[Span]:
+    """A rollout whose calls continue, retry or restart any earlier call (by reference or whole),
+    some from outside the harness's trace, some never delivered; then its reward and end."""
+    calls: list[tuple[list[int], list[int]]] = []
+    spans = []
+    small = st.lists(st.integers(0, 5), max_size=3)
+    for seq in range(draw(st.integers(1, 7))):
+        how = draw(st.sampled_from(["root", "continue", "retry"])) if calls else "root"
+        completion = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
+        if how == "root":
+            prompt, span = [draw(st.integers(0, 5)), *draw(small)], None
+        else:
+            earlier = draw(st.integers(0, len(calls) - 1))
+            base_prompt, base_completion = calls[earlier]
+            prompt = base_prompt if how == "retry" else base_prompt + base_completion + draw(small)
+            if how == "continue" and draw(st.booleans()):  # sent by reference to that call
+                full = len(base_prompt) + len(base_completion)
+                suffix = prompt[full:]
+                span = call_span("r", seq, suffix, completion, ref=(earlier, full), prompt_length=len(prompt))
+            else:
+                span = None
+        span = span or call_span("r", seq, prompt, completion)
+        extra = draw(st.sampled_from([{}, {"agl__call__origin": "untraced"}, {"agl__call__end_reason": "upstream_error"}]))
+        spans.append(with_attributes(span, **extra))
+        calls.append((prompt, completion))
+    return [*spans, reward_span("r", 0.5), rollout_span("r")]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_forest_assembles_the_same_whatever_the_arrival_order(data, tmp_path_factory):
+    from agl_trainer.store import RolloutStore
+
+    spans = data.draw(forest_spans())
+    order = data.draw(st.permutations(spans))
+    outcomes = []
+    for arrival in (spans, order):
+        path = tmp_path_factory.mktemp("forest") / "store.db"
+        with RolloutStore(path, grace_s=0.0) as store:
+            for span in arrival:
+                ingest(store, [span])
+            result = assemble(store, store.ready_rollouts(), AssemblyConfig(missing_reward=0.0))
+            outcomes.append((result.rollouts, result.details[0].placements, result.details[0].merge_failures))
+    assert outcomes[0] == outcomes[1]
