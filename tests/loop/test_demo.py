@@ -21,4 +21,8 @@ def test_demo_reward_rises(tmp_path: Path) -> None:
     assert (out / "reward.png").stat().st_size > 0
     assert any((out / "tensorboard").iterdir())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == summary["steps"] and all("actor/entropy" in row for row in rows)
+    train = [row for row in rows if "reward/mean" in row]
+    assert len(train) == summary["steps"] and all("actor/entropy" in row for row in train)
+    # Held-out validation: a round before the first step, then every val_every steps, never trained.
+    val_steps = [row["step"] for row in rows if "val/reward" in row]
+    assert val_steps[0] == 0 and summary["val_rounds"] == len(val_steps) >= 2
