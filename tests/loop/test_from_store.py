@@ -65,14 +65,14 @@ async def collect(base_url: str, tasks: list[dict[str, Any]], episodes: int, con
     async def one(task: dict[str, Any]) -> None:
         rid = f"prod-{uuid.uuid4().hex[:12]}"
         async with slots:
-            with agl.rollout(rid, task_id=str(task["id"])):
+            with agl.rollout(rid, task_id=str(task["task_id"])):
                 await run_episode_async(task, f"{base_url}/rollouts/{rid}/v1", emit=True)
 
     await asyncio.gather(*(one(t) for t in tasks for _ in range(episodes)))
     return len(tasks) * episodes
 
 
-def held_out_reward(model_dir: Path, seed: int) -> float:
+def held_out_reward(model_dir: Path, seed: int, repeats: int = 16) -> float:
     import torch
     from examples.demo.episodes import DemoTokens, mean_reward
     from examples.demo.prepare import EVAL_TASKS
@@ -81,7 +81,7 @@ def held_out_reward(model_dir: Path, seed: int) -> float:
 
     tokens = DemoTokens(AutoTokenizer.from_pretrained(model_dir))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return mean_reward(model, tokens, make_tasks(EVAL_TASKS, seed + 10_000), seed=seed)
+    return mean_reward(model, tokens, make_tasks(EVAL_TASKS, seed + 10_000), seed=seed, repeats=repeats)
 
 
 @pytest.mark.slow
@@ -118,7 +118,8 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
         assert sum(1 for i in store.rollouts() if i.rewards) == collected
 
     run = tmp_path / "offline"
-    common = [f"--model.path={prepared.path}", f"--output_dir={run}", f"--seed={seed}", "--loop.batch_rollouts=128",
+    common = [f"--model.path={prepared.path}", f"--output_dir={run}", f"--seed={seed}", "--loop.batch_rollouts=64",
+              "--backend.options.ppo_epochs=3",
               "--loop.checkpoint_every=2", "--loop.completion_grace_s=0", "--quiet"]  # fmt: skip
     assert main(["train", "examples/demo/config.yaml", "--from-store", str(store_path), "--loop.max_steps=4", *common]) == 0
     # Stopped at 4 steps: --resume continues from the checkpoint and the store's marks.
@@ -127,7 +128,7 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
     ledger = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
     trained = [tuple(r) for entry in ledger for r in entry["rollouts"]]
     assert len(trained) == len(set(trained)) == collected  # every collected rollout once, none twice
-    assert [entry["step"] for entry in ledger] == [2, 4, 6, 8, 10]
+    assert [entry["step"] for entry in ledger] == list(range(2, collected // 64 + 1, 2))  # the resume went on
     # A second run over the same store finds nothing left to train.
     assert main(["train", "examples/demo/config.yaml", "--from-store", str(store_path),
                  *[a.replace(str(run), str(tmp_path / "again")) for a in common]]) == 0  # fmt: skip
@@ -137,8 +138,11 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
     assert all(row["importance/stale_token_frac"] == 1.0 for row in rows)  # every token off-policy, corrected
     final = Path((run / "checkpoints" / "latest").read_text().strip())
     after = held_out_reward(run / "checkpoints" / final / "backend" / "model", seed)
-    # On-policy validation of the trained weights (sampled, held-out tasks) against the served policy.
-    assert after >= prepared.reward_warm + 0.08, (prepared.reward_warm, after)
+    # On-policy validation (sampled, 64 held-out tasks x 16) of the trained weights against the served
+    # policy's. Measured on two collections: 0.54 -> 0.70-0.73 with 3 PPO epochs a step (one epoch:
+    # 0.49-0.62, too close to the noise of a collection); the evaluation's own noise is ~0.015.
+    before = held_out_reward(prepared.path, seed)
+    assert after >= before + 0.08, (before, after)
 
 
 async def _drain(sidecar: Any) -> None:
