@@ -275,3 +275,46 @@ def test_the_call_tree_of_interleaved_sub_agent_calls_and_extra_call_columns(tmp
     assert [s["call_seqs"] for s in body["samples"]] == [[0, 2], [1, 3]]
     held = {c["call_seq"]: c["extra"].get("held_ms") for c in body["calls"]}
     assert held == {0: None, 1: None, 2: 12.5, 3: None}
+
+
+def test_a_page_elsewhere_cannot_read_the_viewer_through_dns_rebinding(server):
+    import http.client
+
+    port = int(server.url.rsplit(":", 1)[1].strip("/"))
+    for host, status in (("evil.example:80", 403), (f"localhost:{port}", 200), (f"127.0.0.1:{port}", 200)):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/api/overview", headers={"Host": host})
+        response = connection.getresponse()
+        body = json.loads(response.read())
+        connection.close()
+        assert response.status == status, (host, body)
+    assert "loopback host name" in get_error_for_rebinding(server)
+
+
+def get_error_for_rebinding(server) -> str:
+    import http.client
+
+    port = int(server.url.rsplit(":", 1)[1].strip("/"))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/", headers={"Host": "attacker.test"})
+    response = connection.getresponse()
+    return json.loads(response.read())["error"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:8500", ("127.0.0.1", 8500)), ("[::1]:0", ("::1", 0)), (":9000", ("127.0.0.1", 9000)),
+     ("0.0.0.0:80", ("0.0.0.0", 80))],
+)  # fmt: skip
+def test_listen_addresses(text, expected):
+    from agl_trainer.viewer import parse_listen
+
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["localhost", "host:port", "1.2.3.4:70000", ""])
+def test_bad_listen_addresses(text):
+    from agl_trainer.viewer import ListenError, parse_listen
+
+    with pytest.raises(ListenError, match="HOST:PORT"):
+        parse_listen(text)

@@ -54,6 +54,8 @@ def test_serve_errors_are_messages(tmp_path, capsys):
     assert "listen address must be HOST:PORT" in capsys.readouterr().err
     assert main(["traces", "serve", "--store", str(tmp_path / "s.db"), "--listen", "256.1.1.1:1"]) == 2
     assert "cannot listen on 256.1.1.1:1" in capsys.readouterr().err
+    assert main(["traces", "serve", "--store", str(tmp_path / "s.db"), "--model", str(tmp_path / "no-model")]) == 2
+    assert "--model: cannot load a tokenizer from" in capsys.readouterr().err
 
 
 def test_ls_shows_the_newest_50_by_default_and_every_one_with_all(tmp_path, capsys):

@@ -254,6 +254,9 @@ def run_serve(args: argparse.Namespace) -> int:
         viewer = Viewer(Path(args.store), model=args.model, run_dir=args.run_dir, reward_name=args.reward_name)
     except (ListenError, ViewerError) as error:
         raise CLIError(f"{error} (fix: --store names a rollout store, --listen is HOST:PORT)") from None
+    if args.model and not viewer.decoder().decodes:  # load it now: a wrong path is said before serving
+        viewer.close()
+        raise CLIError(f"--model: {viewer.tokenizer_error} (fix: a model or tokenizer directory)")
     try:
         server = ViewerServer(viewer, args.listen).start()
     except OSError as error:

@@ -40,6 +40,7 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
 ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
 MAX_PARAM = 4096
 
@@ -49,12 +50,24 @@ class ListenError(ValueError):
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """'127.0.0.1:8500', '[::1]:8500', ':8500' (all interfaces of localhost) -> (host, port)."""
+    """'127.0.0.1:8500', '[::1]:8500', ':8500' (= 127.0.0.1:8500), '0.0.0.0:8500' -> (host, port)."""
     host, sep, port_text = value.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ListenError(f"listen address must be HOST:PORT (e.g. 127.0.0.1:8500), got {value!r}")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port_text)
+
+
+def _host_name(host: str) -> str:
+    """'127.0.0.1:8500' -> '127.0.0.1', '[::1]:8500' -> '::1', 'localhost' -> 'localhost'."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0]
+
+
+def _is_loopback(name: str) -> bool:
+    name = name.lower()
+    return name in LOOPBACK_NAMES or name.startswith("127.")
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -103,6 +116,7 @@ class Viewer:
         self._decoder_error: str | None = None
         self._decoder_lock = threading.Lock()
         self.indexer = Indexer(self.database, self.config, duty=index_duty) if index else None
+        self.loopback_only = False  # set by ViewerServer when it listens on a loopback address
 
     def decoder(self) -> TokenDecoder:
         with self._decoder_lock:
@@ -117,6 +131,10 @@ class Viewer:
                 self._decoder = TokenDecoder(tokenizer)
             return self._decoder
 
+    @property
+    def tokenizer_error(self) -> str | None:
+        return self._decoder_error
+
     def start(self) -> None:
         if self.indexer is not None:
             self.indexer.start()
@@ -128,7 +146,7 @@ class Viewer:
 
     # --- the application ------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._errors, self._host_check])
         app.router.add_get("/", self._index)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/api/overview", self._api(self.overview))
@@ -150,6 +168,14 @@ class Viewer:
         except Exception:  # noqa: BLE001 (a bug: logged, answered as JSON)
             log.exception("agl viewer: %s failed", request.path_qs[:200])
             return _json({"error": "internal error (see the server's log)"}, 500)
+
+    @web.middleware
+    async def _host_check(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """On a loopback address, only requests naming a loopback host: a web page elsewhere cannot
+        read the store by pointing its own domain name at 127.0.0.1 (DNS rebinding)."""
+        if self.loopback_only and not _is_loopback(_host_name(request.host or "")):
+            raise queries.ViewerError("this viewer answers only requests for a loopback host name", 403)
+        return await handler(request)
 
     def _api(self, function: Callable[[dict[str, str]], Any]) -> Callable:
         async def handler(request: web.Request) -> web.Response:
@@ -263,6 +289,7 @@ class ViewerServer:
     def __init__(self, viewer: Viewer, listen: str = "127.0.0.1:8500") -> None:
         self.viewer = viewer
         self.host, self.port = parse_listen(listen)
+        viewer.loopback_only = _is_loopback(self.host)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
