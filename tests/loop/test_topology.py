@@ -242,3 +242,23 @@ def test_agl_receive_off_loopback_needs_a_token(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert code != 0 and "AGL_RECEIVER_TOKEN is not set" in err and "--no-token" in err, err
     assert not (tmp_path / "t.db").exists()  # refused before anything was created
+
+
+async def test_a_graders_reward_reaches_a_sidecar_that_requires_the_harness_key(tmp_path: Path) -> None:
+    from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarError
+    from tests.support.fake_vllm import FakeVLLM
+
+    with FakeVLLM() as engine:
+        sidecar = SidecarProcess([engine.base_url], "http://127.0.0.1:9", api_key="harness-secret",
+                                 log_path=tmp_path / "log")  # fmt: skip
+        assert "harness-secret" not in sidecar.command()  # by environment, not on the command line
+        sidecar.start()
+        try:
+            async with SidecarAdmin(sidecar.url, sidecar.admin_token, harness_key="harness-secret") as admin:
+                await admin.emit_reward("r-1", 1.0)
+                assert (await admin.state()).paused is False  # admin calls still use the admin token
+            async with SidecarAdmin(sidecar.url, sidecar.admin_token) as without_key:
+                with pytest.raises(SidecarError, match="401"):
+                    await without_key.emit_reward("r-1", 1.0)
+        finally:
+            sidecar.stop()

@@ -31,8 +31,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a harness with RL (sync or collocated-async)",
-        description="Start the receiver, engine, sidecar and runners on loopback and train the "
-        "harness on the tasks, as CONFIG says.",
+        description="Start the receiver, engine, sidecar and runners (on loopback unless the config's "
+        "sidecar.* / receiver.* addresses say otherwise; or attach to your sidecars) and train the harness on "
+        "the tasks, as CONFIG says. With --from-store: train on rollouts collected earlier, no harness, no engine.",
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
