@@ -262,3 +262,14 @@ async def test_a_graders_reward_reaches_a_sidecar_that_requires_the_harness_key(
                     await without_key.emit_reward("r-1", 1.0)
         finally:
             sidecar.stop()
+
+
+def test_agl_train_check_validates_the_addresses(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agl_trainer.cli import main
+
+    base = make_config(tmp_path, model_dir, demo_tasks(2), "tests.loop.harnesses:calls")
+    args = ["train", "--check", f"--tasks={base.tasks}", f"--model.path={base.model.path}",
+            "--harness.function=tests.loop.harnesses:calls"]  # fmt: skip
+    assert main(args) == 0
+    assert main([*args, "--sidecar.listen=0.0.0.0:8400"]) != 0
+    assert "config key sidecar.advertise_url: sidecar.listen 0.0.0.0:8400 is a wildcard" in capsys.readouterr().err

@@ -126,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(path, overrides, check_paths=from_store is None)
         if from_store is not None:
             check_offline_config(config)
+        else:  # addresses and the secrets' variables, also for --check and --dry-run
+            from agl_trainer.loop.topology import resolve
+
+            resolve(config)
     except ConfigError as error:
         raise CLIError(str(error)) from None
     if from_store is not None and not (getattr(args, "dry_run", False) or args.check):
