@@ -273,3 +273,10 @@ def test_agl_train_check_validates_the_addresses(tmp_path: Path, model_dir: Path
     assert main(args) == 0
     assert main([*args, "--sidecar.listen=0.0.0.0:8400"]) != 0
     assert "config key sidecar.advertise_url: sidecar.listen 0.0.0.0:8400 is a wildcard" in capsys.readouterr().err
+
+
+def test_the_older_sidecar_url_key_attaches_with_only_the_token_configured() -> None:
+    (target,) = resolve(config_with(**{"sidecar.url": "http://127.0.0.1:8400"}), environ={}).attached
+    assert target.admin_token is None  # a loopback sidecar without a token accepts loopback admin calls
+    (target,) = resolve(config_with(**{"sidecar.url": "http://127.0.0.1:8400", "sidecar.admin_token": "t"}), environ={}).attached
+    assert target.admin_token == "t"

@@ -191,7 +191,9 @@ def resolve(config: Config, environ: Mapping[str, str] | None = None, saved: Map
     attached: list[SidecarTarget] = []
     if side.url is not None:  # the older single-sidecar key
         url = parse_url("sidecar.url", side.url)
-        attached.append(SidecarTarget(url, side.admin_token or admin_token, url, harness_key))
+        # Its token only if one is configured: a loopback sidecar without one takes loopback admin calls.
+        token = _secret("sidecar.admin_token_env", side.admin_token_env, environ, required=True) or side.admin_token
+        attached.append(SidecarTarget(url, token, url, harness_key))
     for index, entry in enumerate(side.attach):
         key = f"sidecar.attach.{index}"
         url = parse_url(f"{key}.url", entry.url)
