@@ -11,8 +11,10 @@ and group structure the rollout-level algorithms need. It does not depend on ver
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads only where a batch is padded: assembly and `agl` config stay light
+    import torch
 
 
 @dataclass
@@ -91,6 +93,7 @@ class TrainingBatch:
     @classmethod
     def from_rollouts(cls, rollouts: list[RolloutResult], pad_token_id: int = 0) -> TrainingBatch:
         """Pad every sample of `rollouts`; groups are formed by task id, in order of first appearance."""
+        import torch
         samples = [(index, sample) for index, rollout in enumerate(rollouts) for sample in rollout.samples]
         if not samples:
             raise ValueError("TrainingBatch.from_rollouts: no samples (every rollout was empty)")
