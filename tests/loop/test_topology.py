@@ -280,3 +280,5 @@ def test_the_older_sidecar_url_key_attaches_with_only_the_token_configured() -> 
     assert target.admin_token is None  # a loopback sidecar without a token accepts loopback admin calls
     (target,) = resolve(config_with(**{"sidecar.url": "http://127.0.0.1:8400", "sidecar.admin_token": "t"}), environ={}).attached
     assert target.admin_token == "t"
+    with pytest.raises(ConfigError, match="config key sidecar.admin_token_env: the sidecar at http://gpu1:8400"):
+        resolve(config_with(**{"sidecar.url": "http://gpu1:8400"}), environ={})

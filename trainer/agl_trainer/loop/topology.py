@@ -193,6 +193,11 @@ def resolve(config: Config, environ: Mapping[str, str] | None = None, saved: Map
         url = parse_url("sidecar.url", side.url)
         # Its token only if one is configured: a loopback sidecar without one takes loopback admin calls.
         token = _secret("sidecar.admin_token_env", side.admin_token_env, environ, required=True) or side.admin_token
+        if token is None and not is_loopback(urlsplit(url).hostname or ""):
+            raise ConfigError(
+                f"config key sidecar.admin_token_env: the sidecar at {url} is not on loopback, so its admin API "
+                "needs its token (fix: name the variable holding it)"
+            )
         attached.append(SidecarTarget(url, token, url, harness_key))
     for index, entry in enumerate(side.attach):
         key = f"sidecar.attach.{index}"
