@@ -52,6 +52,28 @@ def test_a_missing_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
     assert code != 0 and "--from-store" in err and "no such rollout store" in err, err
 
 
+def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path) -> None:
+    import httpx
+    from agl_trainer.loop.offline import close_quiet
+    from agl_trainer.receiver import Receiver, ReceiverConfig
+    from agl_trainer.store import RolloutStore
+    from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
+
+    spans = [call_span("ended", 0, [1, 2], [3, 4]), reward_span("ended", 1.0), rollout_span("ended"),
+             call_span("no-end", 0, [1, 2], [3, 5]), reward_span("no-end", 0.0)]  # fmt: skip
+    with Receiver(tmp_path / "t.db", ReceiverConfig(port=0)) as receiver:
+        body = request(spans).SerializeToString()
+        response = httpx.post(f"{receiver.url}/v1/traces", content=body,
+                              headers={"content-type": "application/x-protobuf"})  # fmt: skip
+        assert response.status_code == 200
+    with RolloutStore(tmp_path / "t.db", grace_s=0.0) as store:
+        assert close_quiet(store, 600.0, store.clock()) == 0  # its last span is fresh: it may go on
+        assert [i.rollout_id for i in store.ready_rollouts()] == ["ended"]
+        assert close_quiet(store, 600.0, store.clock() + 601) == 1
+        ready = {i.rollout_id: i.end_cause for i in store.ready_rollouts()}
+        assert ready == {"ended": "ok", "no-end": "ok"}
+
+
 # --- collected by the demo harness through the sidecar, trained later ---------------------------
 
 

@@ -254,6 +254,11 @@ class OfflineConfig(_Section):
     min_group_size: Annotated[
         int, _doc("train a task's rollouts only once this many of them are in the store (GRPO needs 2+)", ge=1)
     ] = 2
+    quiet_s: Annotated[
+        float,
+        _doc("a rollout that never sent its end (no agl.rollout around the harness) counts as ended once "
+             "its last span is this many seconds old", ge=0),
+    ] = 600.0
 
 
 class LoopConfig(_Section):

@@ -99,6 +99,18 @@ def select(
     return Selection(groups, dict(dropped), waiting)
 
 
+def close_quiet(store: RolloutStore, quiet_s: float, now: float) -> int:
+    """Rollouts with no end span (a harness without agl.rollout around it) end once quiet for `quiet_s`:
+    recorded as if their harness exited cleanly, so they complete and can be trained."""
+    closed = 0
+    for info in store.rollouts():
+        if info.complete or (info.mode or semconv.MODE_TRAIN) != semconv.MODE_TRAIN or info.last_span_at > now - quiet_s:
+            continue
+        store.mark_harness_exited(info.rollout_id, 0, attempt=info.attempt)
+        closed += 1
+    return closed
+
+
 def call_versions(store_path: Path) -> dict[RolloutKey, int]:
     """The oldest policy version among each rollout's calls (read-only: the receiver may be writing)."""
     db = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=30)
@@ -149,7 +161,8 @@ class OfflineTrainer:
         from agl_trainer.loop.session import _pad_token_id, build_backend
 
         torch.manual_seed(config.seed)
-        store = RolloutStore(self.store_path, grace_s=config.loop.completion_grace_s)
+        # Late spans are what offline.quiet_s waits for: a rollout that ended is ready at once.
+        store = RolloutStore(self.store_path, grace_s=0.0)
         stack.callback(store.close)
         backend = build_backend(config, str(config.model.path))
         close_backend = getattr(backend, "close", None)
@@ -204,6 +217,7 @@ class OfflineTrainer:
         self, store: RolloutStore, data: Any, summary: OfflineSummary, exclude: set[RolloutKey]
     ) -> tuple[list[RolloutKey], int]:
         config = self.config
+        close_quiet(store, config.offline.quiet_s, time.time())
         selection = select(
             [i for i in store.ready_rollouts(semconv.MODE_TRAIN) if i.key not in exclude],
             call_versions(self.store_path),
