@@ -4,6 +4,8 @@ Production harnesses call the model through a sidecar and report rewards with `a
 `agl receive --store traces.db` (or an agl train run) keeps their rollouts. This trains on them
 without running any harness or engine:
 
+    end      a rollout without an end span (no agl.rollout around the harness) once it is quiet for
+             offline.quiet_s
     select   complete, untrained rollouts of mode train with a reward, oldest first; drop (and record
              why) those that failed, are older than offline.max_age_s, or whose calls lag more than
              offline.max_policy_lag versions behind the newest in the store
