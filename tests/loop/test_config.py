@@ -76,3 +76,19 @@ def test_flag_parsing_errors() -> None:
         list(parse_overrides(["--set", "loop.mode"]))
     with pytest.raises(ConfigError, match="needs a value"):
         list(parse_overrides(["--loop.mode"]))
+
+
+def test_reading_a_config_and_the_cli_load_no_torch() -> None:
+    """`agl --help`, `agl train --check` and the viewer start in a fraction of a second: the config
+    (assembly's section included) and the command line import no torch, transformers or litellm."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import agl_trainer.cli, agl_trainer.config, agl_trainer.assembly\n"
+        "print([m for m in ('torch', 'transformers', 'litellm', 'verl') if m in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -167,8 +167,10 @@ def test_off_loopback_harnesses_get_the_advertised_url_and_every_secret(tmp_path
     assert secrets["harness_key"] not in (out / "config.yaml").read_text()
 
 
-def test_training_drives_the_sidecars_you_run(tmp_path: Path, model_dir: Path) -> None:
-    """Two sidecars started outside `agl train` (one per engine node), attached by URL + admin token."""
+@pytest.mark.parametrize(("mode", "switch"), [("sync", "drain"), ("collocated-async", "keep")])
+def test_training_drives_the_sidecars_you_run(tmp_path: Path, model_dir: Path, mode: str, switch: str) -> None:
+    """Two sidecars started outside `agl train` (one per engine node), attached by URL + admin token;
+    a drain-free switch pauses and resumes both."""
     receiver_port = free_port()
     tokens = {"SIDECAR_A_TOKEN": "token-a", "SIDECAR_B_TOKEN": "token-b"}
     sidecars = [
@@ -189,8 +191,8 @@ def test_training_drives_the_sidecars_you_run(tmp_path: Path, model_dir: Path) -
             [
                 f"--tasks={base.tasks}", f"--output_dir={base.output_dir}", f"--model.path={base.model.path}",
                 "--harness.function=tests.loop.harnesses:calls", "--harness.workers=1",
-                "--loop.mode=sync", "--loop.batch_rollouts=8", "--loop.group_size=2", "--loop.max_steps=2",
-                "--loop.completion_grace_s=0.2", f"--receiver.listen=127.0.0.1:{receiver_port}",
+                f"--loop.mode={mode}", f"--loop.switch={switch}", "--loop.batch_rollouts=8", "--loop.group_size=2",
+                "--loop.max_steps=2", "--loop.completion_grace_s=0.2", f"--receiver.listen=127.0.0.1:{receiver_port}",
                 "--sidecar.attach", json.dumps(attach),
             ],
         )  # fmt: skip

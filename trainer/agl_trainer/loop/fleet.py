@@ -23,13 +23,31 @@ class SidecarFleet:
             raise ValueError("SidecarFleet needs at least one sidecar")
         self.admins = admins
 
-    async def pause(self, *, drain: bool = True, timeout_s: float = 60.0) -> SidecarState:
-        states = await asyncio.gather(*(a.pause(drain=drain, timeout_s=timeout_s) for a in self.admins))
+    async def pause(self, *, drain: bool = True, timeout_s: float = 60.0, keep: bool = False) -> SidecarState:
+        states = await asyncio.gather(
+            *(a.pause(drain=drain, timeout_s=timeout_s, keep=keep) for a in self.admins)
+        )
         return merge_states(list(states))
 
-    async def resume(self, *, policy_version: int | None = None, upstreams: list[str] | None = None) -> SidecarState:
+    async def resume(
+        self,
+        *,
+        policy_version: int | None = None,
+        upstreams: list[str] | None = None,
+        switch: bool = False,
+        engine_progress: dict[str, int] | None = None,
+    ) -> SidecarState:
+        # The engine's progress is keyed by request id: each sidecar finds its own calls in it.
         states = await asyncio.gather(
-            *(a.resume(policy_version=policy_version, upstreams=upstreams) for a in self.admins)
+            *(
+                a.resume(
+                    policy_version=policy_version,
+                    upstreams=upstreams,
+                    switch=switch,
+                    engine_progress=engine_progress,
+                )
+                for a in self.admins
+            )
         )
         return merge_states(list(states))
 

@@ -180,7 +180,7 @@ class OfflineTrainer:
         from agl_trainer.loop.dataplane import StoreDataPlane
         from agl_trainer.metrics import MetricsWriter
 
-        data = StoreDataPlane(store)
+        data = StoreDataPlane(store, config.assembly)
         metrics = MetricsWriter(out)
         stack.callback(metrics.close)
         pad = _pad_token_id(str(config.model.path))
