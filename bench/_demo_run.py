@@ -8,6 +8,7 @@ import asyncio
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,11 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def steps_option(doc: str | None, quick_steps: int, steps: int, quick_help: str) -> int:
     """The number of training steps from the command line: --steps N, or fewer with --quick."""
+    return bench_args(doc, quick_steps, steps, quick_help).steps
+
+
+def bench_args(
+    doc: str | None,
+    quick_steps: int,
+    steps: int,
+    quick_help: str,
+    configure: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The command line of a demo bench: --quick, --steps N (resolved), plus what `configure` adds."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--steps", type=int, default=None)
+    if configure is not None:
+        configure(parser)
     args = parser.parse_args()
-    return args.steps or (quick_steps if args.quick else steps)
+    args.steps = args.steps or (quick_steps if args.quick else steps)
+    return args
 
 
 @dataclass
@@ -36,9 +51,10 @@ def demo_work(prefix: str) -> DemoWork:
 
 
 def run_demo(overrides: list[str]) -> list[dict[str, Any]]:
-    """Train with the demo's config and `overrides`; each step's metrics row."""
+    """Train with the demo's config and `overrides`; each step's metrics row. The trace viewer is
+    off (its indexer would take CPU from what the bench measures) unless the overrides say."""
     from agl_trainer.config import load_config
     from agl_trainer.loop.session import Session
 
-    config = load_config(ROOT / "examples/demo/config.yaml", overrides)
+    config = load_config(ROOT / "examples/demo/config.yaml", ["--viewer.enabled=false", *overrides])
     return asyncio.run(Session(config, quiet=True).run()).summary.history

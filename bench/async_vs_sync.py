@@ -1,7 +1,10 @@
 """sync vs collocated-async on the same task, the same number of trained samples, with long-tailed
 tool time in the harness (most rollouts wait 0.1 s on their tool, a few 1-4 s); then the policy
 switch of collocated-async, drain vs keep, with long-tailed generation lengths (each rollout first
-makes a "thinking" call of 4 tokens mostly, 40 or 90 for a few; EOS ignored).
+makes a "thinking" call of 4 tokens mostly, 40 or 90 for a few; EOS ignored) on an engine whose
+every batched step also waits DEVICE_STEP_MS, as a host waits on an accelerator's kernels (the
+tiny model's CPU step alone is too cheap for the longest generation to cost what it costs on a GPU;
+`--device-step-ms 0` measures the CPU-bound case).
 
     python bench/async_vs_sync.py [--quick]
 
@@ -20,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _demo_run import demo_work, run_demo, steps_option
+from _demo_run import bench_args, demo_work, run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 STALENESS = 2  # async may train calls up to 2 versions old (importance-corrected); sync never lags
+DEVICE_STEP_MS = 20.0  # a decode step of a mid-sized model on one GPU at batch 64-128
 sys.path.insert(0, str(ROOT))
 
 
@@ -61,10 +65,18 @@ def thinking_harness(task: dict[str, Any], base_url: str) -> float:
 
 
 def run_mode(
-    mode: str, model: Path, tasks: Path, work: Path, steps: int, switch: str = "drain", name: str = "harness"
+    mode: str,
+    model: Path,
+    tasks: Path,
+    work: Path,
+    steps: int,
+    switch: str = "drain",
+    name: str = "harness",
+    device_step_ms: float = 0.0,
 ) -> dict[str, float]:
     rows = run_demo(
         [
+            f"--engine.options.device_step_ms={device_step_ms}",
             f"--tasks={tasks}",
             f"--output_dir={work / (mode + '-' + switch + '-' + name)}",
             f"--model.path={model}",
@@ -90,7 +102,14 @@ def run_mode(
 
 
 def main() -> int:
-    steps = steps_option(__doc__, 4, 12, "fewer steps (about a minute)")
+    args = bench_args(
+        __doc__, 4, 12, "fewer steps (about a minute)",
+        lambda parser: parser.add_argument(
+            "--device-step-ms", type=float, default=DEVICE_STEP_MS,
+            help=f"device time per engine step in the switch runs (default {DEVICE_STEP_MS:g}; 0: CPU-bound)",
+        ),
+    )  # fmt: skip
+    steps, device_step_ms = args.steps, args.device_step_ms
     from examples.demo.task import write_tasks
 
     work = demo_work("agl-bench-async-")
@@ -106,11 +125,14 @@ def main() -> int:
     speedup = (fast["samples"] / fast["wall"]) / (sync["samples"] / sync["wall"])
     print(f"speed-up collocated-async vs sync (trained rollouts/s): {speedup:.2f}x  (target >= 1.8x)")
 
-    print("long-tailed generation lengths:")
+    print(f"long-tailed generation lengths, {device_step_ms:g} ms of device time per engine step:")
     switches = {
-        "sync": run_mode("sync", work.model, tasks, work.folder, steps, "drain", "thinking_harness"),
-        "drain": run_mode("collocated-async", work.model, tasks, work.folder, steps, "drain", "thinking_harness"),
-        "keep": run_mode("collocated-async", work.model, tasks, work.folder, steps, "keep", "thinking_harness"),
+        name: run_mode(mode, work.model, tasks, work.folder, steps, switch, "thinking_harness", device_step_ms)
+        for name, mode, switch in (
+            ("sync", "sync", "drain"),
+            ("drain", "collocated-async", "drain"),
+            ("keep", "collocated-async", "keep"),
+        )
     }
     for name, r in switches.items():
         print(

@@ -97,3 +97,27 @@ async def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(base_url:
         await asyncio.sleep(0.02)
     assert broken.finish_reason == "error" and "index" in str(broken.stop_reason).lower()
     assert (await _all(base_url, [_body(0, greedy=True)]))[0]["finish_reason"] == "length"
+
+
+def test_simulated_device_time_waits_each_step_and_leaves_answers_alone(bpe_model_dir: Any, base_url: str) -> None:
+    """`device_step_ms` (benches model an accelerator with it) makes every step wait that long, with
+    the same answer as an engine without it; out-of-range values are refused naming the key."""
+    import time
+
+    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+            "ignore_eos": True}  # fmt: skip
+    plain = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    config = EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", device_step_ms=40)
+    with EmbeddedEngine(config) as slow:
+        started = time.perf_counter()
+        answer = httpx.post(f"{slow.urls[0]}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        elapsed = time.perf_counter() - started
+        steps = slow._scheduler.steps
+    assert answer["token_ids"] == plain["token_ids"]
+    # one step per token after the first (the prompt's step samples it), each step waited 40 ms
+    assert len(answer["token_ids"]) == 6 and steps >= 5 and elapsed >= steps * 0.040
+    for bad in (-1.0, float("inf")):
+        with pytest.raises(ValueError, match="device_step_ms"):
+            EmbeddedEngine(EmbeddedEngineConfig(model_path=bpe_model_dir, device_step_ms=bad))

@@ -66,6 +66,10 @@ class EmbeddedEngineConfig:
     # synchronisation than they save, and on a loaded 2-core machine they were 8x slower (2.3 s vs
     # 0.28 s for a 12-token request). None leaves torch's setting alone (bigger models).
     torch_threads: int | None = 1
+    # Benches only: each batched step also waits this long, as a host waits on an accelerator's
+    # kernels (the CPU is free meanwhile). Models a GPU's per-token latency where the tiny model's
+    # CPU step would be too cheap to show what waiting for the longest generation costs. 0: off.
+    device_step_ms: float = 0.0
 
 
 class EmbeddedEngine:
@@ -77,6 +81,8 @@ class EmbeddedEngine:
         self.served_names = [names] if isinstance(names, str) else list(names)
         if not self.served_names:
             raise ValueError("EmbeddedEngineConfig.served_model_name: give at least one name")
+        if not 0.0 <= config.device_step_ms <= 10_000.0:
+            raise ValueError(f"EmbeddedEngineConfig.device_step_ms: {config.device_step_ms} is not in [0, 10000]")
         self.policy_version = 0
         self.model: Any = None
         self.tokenizer: Any = None
@@ -124,7 +130,12 @@ class EmbeddedEngine:
             loop.close()
 
         self._scheduler = BatchScheduler(
-            self.model, self.tokenizer, self.max_model_len, self._on_update, self.config.max_batch_size
+            self.model,
+            self.tokenizer,
+            self.max_model_len,
+            self._on_update,
+            self.config.max_batch_size,
+            device_step_s=self.config.device_step_ms / 1000.0,
         )
         self._scheduler.start()
         self._thread = threading.Thread(target=serve, name="agl-embedded-http", daemon=True)

@@ -82,8 +82,10 @@ class BatchScheduler:
         max_model_len: int,
         on_update: UpdateHook,
         max_batch_size: int = 256,
+        device_step_s: float = 0.0,
     ) -> None:
         self.model = model
+        self.device_step_s = device_step_s  # simulated accelerator time per step (EmbeddedEngineConfig)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
@@ -172,6 +174,8 @@ class BatchScheduler:
                     self._step(admitted)
             except Exception as error:  # noqa: BLE001 (a failed step fails its sequences, never the thread)
                 self._fail_all(admitted, error)
+            if self.device_step_s:
+                time.sleep(self.device_step_s)
             self.busy_s += time.perf_counter() - started
             self.steps += 1
 
