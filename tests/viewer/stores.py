@@ -7,7 +7,10 @@ from pathlib import Path
 from agl_trainer.store import RolloutStore
 
 from tests.dataplane.ingest import ingest
-from tests.dataplane.otlp import call_span, reward_span, rollout_span
+from agl import semconv
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+from tests.dataplane.otlp import any_value, call_span, reward_span, rollout_span
 from tests.dataplane.tiny_tokenizer import encode, special, tiny_tokenizer
 
 HOSTILE_ID = '<img src=x onerror=alert(1)>\x1b[31m"\u202e'
@@ -15,6 +18,8 @@ MERGED_ID = "merged-rollout"
 PARTNER_ID = "partner-rollout"  # MERGED_ID's group mate at step 1 (reward 0 against its 1)
 BROKEN_ID = "broken-rollout"
 T0 = 1_700_000_000_000_000_000
+HELD_MS = 12.5  # MERGED_ID's call 1 waited this long while training paused the sidecar
+UPSTREAM = "http://127.0.0.1:8001"
 
 
 def save_tokenizer(folder: Path) -> Path:
@@ -22,8 +27,22 @@ def save_tokenizer(folder: Path) -> Path:
     return folder
 
 
+def held(span):
+    """`span` as the sidecar sends a call it held: its held time and its attribution."""
+    span.attributes.extend(
+        KeyValue(key=key, value=any_value(value))
+        for key, value in (
+            (semconv.CALL_HELD_MS, HELD_MS),
+            (semconv.CALL_UPSTREAM, UPSTREAM),
+            (semconv.CALL_API, semconv.API_CHAT_COMPLETIONS),
+        )
+    )
+    return span
+
+
 def build(path: Path) -> Path:
-    """Four rollouts: two calls that merge (a tool result between them), two calls whose second
+    """Four rollouts: two calls that merge (a tool result between them; the second held by a
+    paused sidecar), two calls whose second
     prompt re-encodes the first's completion (a retokenization break), and a hostile id whose
     completion holds HTML and control characters, and a one-call group mate of the first. All but
     the hostile one trained at step 1; every one has a reward."""
@@ -34,7 +53,7 @@ def build(path: Path) -> Path:
     second = [*encode("hello world"), end]
     spans = [
         call_span(MERGED_ID, 0, prompt, answer, start_ns=T0, end_ns=T0 + 40_000_000, version=0),
-        call_span(MERGED_ID, 1, [*prompt, *answer, *tool], second, start_ns=T0 + 50_000_000, end_ns=T0 + 90_000_000, version=1),
+        held(call_span(MERGED_ID, 1, [*prompt, *answer, *tool], second, start_ns=T0 + 50_000_000, end_ns=T0 + 90_000_000, version=1)),
         reward_span(MERGED_ID, 1.0),
         reward_span(MERGED_ID, 0.25, call_seq=0),
         rollout_span(MERGED_ID),

@@ -16,7 +16,7 @@ from tests.dataplane.ingest import ingest
 from tests.dataplane.otlp import call_span, reward_span, rollout_span
 from tests.support.waiting import wait_until
 from tests.viewer.conftest import get, start
-from tests.viewer.stores import BROKEN_ID, HOSTILE_ID, MERGED_ID, PARTNER_ID
+from tests.viewer.stores import BROKEN_ID, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM
 
 
 def ids(body):
@@ -84,6 +84,10 @@ def test_a_rollout_with_merged_calls_decodes_its_tokens_and_marks_every_role(ser
     assert calls[1]["placement"]["parent"] == 0  # the call tree, from assembly's placements
     assert calls[1]["start_ns"] - calls[0]["start_ns"] == 50_000_000
     assert calls[0]["end_ns"] - calls[0]["start_ns"] == 40_000_000
+    # the sidecar's account of each call, from its span's attributes
+    assert (calls[1]["held_ms"], calls[1]["upstream"], calls[1]["api"]) == (HELD_MS, UPSTREAM, "openai.chat_completions")
+    assert (calls[0]["held_ms"], calls[0]["upstream"], calls[0]["api"]) == (None, None, None)
+    assert not {"held_ms", "upstream", "api"} & calls[1]["extra"].keys()  # the call's own fields, not extras
     # both rewards end at the same time: their order is by span id, so compare as a set
     assert sorted((r["name"], r["value"], r["call_seq"] is None) for r in body["rewards"]) == [
         ("reward", 0.25, False),
@@ -247,8 +251,8 @@ def test_static_files_ship_with_the_package_and_carry_a_strict_csp(server):
 
 def test_the_call_tree_of_interleaved_sub_agent_calls_and_extra_call_columns(tmp_path):
     """A main thread (calls 0, 2) and a sub-agent (1, 3) interleaved: two roots, each continued by
-    its own thread's next call. A column a newer store adds to `calls` (the sidecar's attribution)
-    reaches the page as it is."""
+    its own thread's next call. A column a newer store adds to `calls` (one this agl does not
+    know) reaches the page as it is, under `extra`."""
     import sqlite3
 
     path = tmp_path / "rollouts.db"
@@ -263,8 +267,8 @@ def test_the_call_tree_of_interleaved_sub_agent_calls_and_extra_call_columns(tmp
         ])  # fmt: skip
         store.refresh_completion()
     db = sqlite3.connect(path)
-    db.execute("ALTER TABLE calls ADD COLUMN held_ms REAL")
-    db.execute("UPDATE calls SET held_ms = 12.5 WHERE call_seq = 2")
+    db.execute("ALTER TABLE calls ADD COLUMN zone TEXT")
+    db.execute("UPDATE calls SET zone = 'us-east' WHERE call_seq = 2")
     db.commit()
     db.close()
     with start(path, index=False) as server:
@@ -273,8 +277,8 @@ def test_the_call_tree_of_interleaved_sub_agent_calls_and_extra_call_columns(tmp
     parents = {p["call_seq"]: p.get("parent") for p in body["placements"]}
     assert parents == {0: None, 1: None, 2: 0, 3: 1}
     assert [s["call_seqs"] for s in body["samples"]] == [[0, 2], [1, 3]]
-    held = {c["call_seq"]: c["extra"].get("held_ms") for c in body["calls"]}
-    assert held == {0: None, 1: None, 2: 12.5, 3: None}
+    zones = {c["call_seq"]: c["extra"].get("zone") for c in body["calls"]}
+    assert zones == {0: None, 1: None, 2: "us-east", 3: None}
 
 
 def test_a_page_elsewhere_cannot_read_the_viewer_through_dns_rebinding(server):

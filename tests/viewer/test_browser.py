@@ -10,7 +10,7 @@ import urllib.parse
 import pytest
 
 from tests.viewer import browser
-from tests.viewer.stores import BROKEN_ID, HOSTILE_ID, MERGED_ID, PARTNER_ID
+from tests.viewer.stores import BROKEN_ID, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM
 
 EXECUTABLE, WHY = browser.chromium()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(EXECUTABLE is None, reason=WHY)]
@@ -45,6 +45,9 @@ def test_a_merged_rollout_colours_prompt_completion_and_tool_output(server, tmp_
     roles = {role for role, _ in re.findall(r'<span class="tok r-(\w)" title="[^"]*">([^<]*)</span>', dom)}
     assert roles == {"p", "c", "t"}
     assert "call 1 ▸" in dom and "merged → sample 0" in dom  # the call tree: call 1 continues call 0
+    # call 1 was held by a paused sidecar: a hatched segment on its bar, its held ms and attribution
+    assert dom.count('class="bar held"') == 1 and f">{HELD_MS} ms</td>" in dom
+    assert f"upstream {UPSTREAM}, api openai.chat_completions" in dom
     shot = browser.screenshot(EXECUTABLE, url, tmp_path / "rollout.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 

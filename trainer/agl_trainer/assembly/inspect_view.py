@@ -180,9 +180,11 @@ def render(
         console.print(rewards)
 
     calls = Table(title="calls", title_justify="left")
-    for column in ("seq", "policy", "prompt", "completion", "finish", "origin", "parent", "sample", "placement"):
-        calls.add_column(column)
     by_seq = {call.call_seq: call for call in data.calls}
+    held = any(call.held_ms for call in data.calls)  # the column only when training held some call
+    for column in ("seq", "policy", "prompt", "completion", "finish", *(("held ms",) if held else ()), "origin",
+                   "parent", "sample", "placement"):  # fmt: skip
+        calls.add_column(column)
     for placement in assembly.placements:
         call = by_seq.get(placement.call_seq)
         prompt = (
@@ -201,6 +203,7 @@ def render(
             prompt,
             completion,
             plain(call.finish_reason if call else "-"),
+            *((("-" if call is None or call.held_ms is None else f"{call.held_ms:.1f}"),) if held else ()),
             plain(placement.origin or "-"),
             "-" if placement.parent is None else str(placement.parent),
             "-" if placement.sample is None else str(placement.sample),

@@ -10,7 +10,8 @@ value can fail a commit (SQLite INTEGER is int64; token arrays are int32): agl i
 read (wire.BadValue) is a violation named after the attribute. Times are OTLP fixed64: one above
 2^63 - 1 (legal on the wire, centuries away) is clamped to 2^63 - 1 rather than refused, so a
 sender's broken clock costs no training data; a time that is not a fixed64 at all (negative, over
-2^64 - 1, not a number in JSON) is a violation (`bad_time`).
+2^64 - 1, not a number in JSON) is a violation (`bad_time`).The sidecar's account of a call (agl.call.held_ms, .upstream, .api) is for display: bounded, with
+no control characters, and like any other attribute a bad value refuses its span, named after it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from agl_trainer.store.records import CallSpan, Record, RewardSpan, RolloutSpan,
 TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
 INT64_MAX = semconv.INT64_MAX  # also SQLite INTEGER's
 STATUS_CODE_MAX = 2**31 - 1  # an OTLP enum is an int32
+# The sidecar's attribution is for display: bounded so a sender cannot park megabytes in every row.
+# agl.call.api takes any string (another sidecar may speak a protocol agl's API_* does not name).
+UPSTREAM_MAX_CHARS = 2048  # a replica's URL
+API_MAX_CHARS = 128
 
 
 class ContractError(Exception):
@@ -155,6 +160,37 @@ def _int(attributes: dict[str, Any], key: str, required: bool = False) -> int | 
     return value
 
 
+def _label(attributes: dict[str, Any], key: str, limit: int) -> str | None:
+    """A short display string (the sidecar's attribution): at most `limit` characters, no control
+    characters (C0, DEL, C1): a replica or protocol name has none, and one that does is broken."""
+    value = _str(attributes, key)
+    if value is None:
+        return None
+    if len(value) > limit:
+        raise ContractError(f"{_attribute_name(key)}_too_long")
+    if not value.isprintable() and any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise ContractError(f"{_attribute_name(key)}_control_character")
+    return value
+
+
+def _held_ms(attributes: dict[str, Any]) -> float | None:
+    """agl.call.held_ms: a finite double >= 0 (an int is taken too)."""
+    value = attributes.get(semconv.CALL_HELD_MS)
+    name = _attribute_name(semconv.CALL_HELD_MS)
+    if value is None:
+        return None
+    if type(value) is BadValue:
+        raise ContractError(f"{name}_{value.reason}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError(f"{name}_not_number")
+    held = float(value)  # an int64 always converts
+    if not math.isfinite(held):
+        raise ContractError(f"{name}_not_finite")
+    if held < 0:
+        raise ContractError(f"{name}_negative")
+    return held
+
+
 def _mode(attributes: dict[str, Any]) -> str | None:
     mode = _str(attributes, semconv.ROLLOUT_MODE)
     if mode is not None and mode not in semconv.MODES:
@@ -258,6 +294,9 @@ def _call(span: RawSpan) -> CallSpan:
         status_code=span.status_code,
         origin=origin,
         parent_span_id=parent or None,
+        held_ms=_held_ms(attributes),
+        upstream=_label(attributes, semconv.CALL_UPSTREAM, UPSTREAM_MAX_CHARS),
+        api=_label(attributes, semconv.CALL_API, API_MAX_CHARS),
     )
 
 

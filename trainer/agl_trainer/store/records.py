@@ -82,6 +82,11 @@ class CallRow(msgspec.Struct, gc=False):
     # (a call generated across a drain-free switch); None: every token is policy_version's. Read it
     # through assembly.versions.token_versions.
     policy_versions: np.ndarray | None = None
+    # The sidecar's account of the call (schema 4; None: not sent, or a store from before): ms held
+    # while training paused the sidecar, the replica that served it, the protocol the harness spoke.
+    held_ms: float | None = None
+    upstream: str | None = None
+    api: str | None = None
 
 
 class CallSpan(CallRow, kw_only=True, gc=False):

@@ -230,7 +230,7 @@ class RolloutStore:
 
     def _insert_call(self, db: sqlite3.Connection, r: CallSpan, now: float) -> bool:
         cursor = db.execute(
-            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 r.trace_id,
                 r.span_id,
@@ -256,6 +256,9 @@ class RolloutStore:
                 r.origin,
                 r.parent_span_id,
                 _blob(r.policy_versions, "<i8"),
+                r.held_ms,
+                r.upstream,
+                r.api,
             ),
         )
         if cursor.rowcount:
@@ -411,7 +414,7 @@ class RolloutStore:
             call_rows = self._db.execute(
                 "SELECT span_id, call_seq, name, end_ns, prompt_ids, completion_ids, logprobs, prompt_ref_seq,"
                 " prompt_ref_length, prompt_length, policy_version, finish_reason, end_reason, tokens_source, choices,"
-                " origin, parent_span_id, policy_versions"
+                " origin, parent_span_id, policy_versions, held_ms, upstream, api"
                 " FROM calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
                 (key.rollout_id, key.attempt),
             ).fetchall()
@@ -435,6 +438,9 @@ class RolloutStore:
                 origin=row[15],
                 parent_span_id=row[16],
                 policy_versions=_array(row[17], "<i8"),
+                held_ms=row[18],
+                upstream=row[19],
+                api=row[20],
             )
             for row in call_rows
         ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Upgrades of an existing store: version -> the statements that bring version - 1 to it.
 MIGRATIONS: dict[int, str] = {
     2: "ALTER TABLE calls ADD COLUMN origin TEXT; ALTER TABLE calls ADD COLUMN parent_span_id BLOB;",
     3: "ALTER TABLE calls ADD COLUMN policy_versions BLOB;",
+    4: "ALTER TABLE calls ADD COLUMN held_ms REAL; ALTER TABLE calls ADD COLUMN upstream TEXT;"
+    " ALTER TABLE calls ADD COLUMN api TEXT;",
 }
 
 SCHEMA = """
@@ -36,6 +38,9 @@ CREATE TABLE IF NOT EXISTS calls (
     origin TEXT,                -- agl.call.origin (schema 2)
     parent_span_id BLOB,        -- the span's W3C parent (schema 2)
     policy_versions BLOB,       -- int64 LE run-length pairs [start, version, ...] (schema 3; NULL: one version)
+    held_ms REAL,               -- agl.call.held_ms: held while training paused the sidecar (schema 4)
+    upstream TEXT,              -- agl.call.upstream: the replica that served the call (schema 4)
+    api TEXT,                   -- agl.call.api: the front protocol the harness spoke (schema 4)
     UNIQUE (trace_id, span_id)
 );  -- a rowid table: its rows hold kilobytes of token blobs
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, attempt, call_seq);

@@ -63,6 +63,9 @@ def rollout(
                 "finish_reason": call.finish_reason,
                 "end_reason": call.end_reason,
                 "tokens_source": call.tokens_source,
+                "held_ms": _finite(call.held_ms),
+                "upstream": call.upstream,
+                "api": call.api,
                 "choices": call.choices,
                 "prompt_tokens": call.prompt_length
                 if call.prompt_length is not None

@@ -235,6 +235,7 @@ _KNOWN_CALL_COLUMNS = {
     "trace_id", "span_id", "rollout_id", "attempt", "call_seq", "name", "start_ns", "end_ns", "prompt_ids",
     "completion_ids", "logprobs", "prompt_ref_seq", "prompt_ref_length", "prompt_length", "policy_version",
     "finish_reason", "end_reason", "tokens_source", "choices", "status_code", "received_at",
+    "held_ms", "upstream", "api",  # schema 4: the call's own fields in the API (detail.py)
 }  # fmt: skip
 
 

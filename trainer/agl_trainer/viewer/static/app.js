@@ -330,16 +330,17 @@ function rewardsTable(rewards) {
       el("td", {}, w.call_seq === null ? "whole rollout" : "call " + w.call_seq), el("td", { class: "num" }, String(w.end_ns))))))];
 }
 
+// The sidecar's attribution (the replica that served the call, the protocol the harness spoke),
+// then every other column the store keeps on a call (its origin; any a newer store adds).
 function attribution(call) {
-  const extra = call.extra || {};
+  const entries = [["upstream", call.upstream], ["api", call.api], ...Object.entries(call.extra || {})];
   const parts = [];
-  for (const [key, value] of Object.entries(extra)) if (value !== null) parts.push(visible(key) + " " + visible(value));
+  for (const [key, value] of entries) if (value !== null && value !== undefined) parts.push(visible(key) + " " + visible(value));
   return parts.join(", ");
 }
 
 function heldMs(call) {
-  const extra = call.extra || {};
-  return typeof extra.held_ms === "number" ? extra.held_ms : null;
+  return typeof call.held_ms === "number" ? call.held_ms : null;
 }
 
 function timeline(calls) {
