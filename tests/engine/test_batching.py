@@ -121,3 +121,50 @@ def test_simulated_device_time_waits_each_step_and_leaves_answers_alone(bpe_mode
     for bad in (-1.0, float("inf")):
         with pytest.raises(ValueError, match="device_step_ms"):
             EmbeddedEngine(EmbeddedEngineConfig(model_path=bpe_model_dir, device_step_ms=bad))
+
+
+def test_stopping_with_requests_frozen_or_generating_answers_them_aborted(
+    bpe_model_dir: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An engine stopped while calls are in flight (frozen by a switch, or generating) ends them as
+    aborted: every client gets its answer, and nothing is left pending on a closed event loop."""
+    import gc
+    import logging
+    import threading
+
+    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from tests.support.waiting import wait_until
+
+    caplog.set_level(logging.ERROR)
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    answers: list[Any] = []
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", device_step_ms=5)
+    )
+    engine.start()
+    url = engine.urls[0]
+
+    def call(stream: bool) -> None:
+        try:
+            answers.append(httpx.post(f"{url}/v1/completions", json={**body, "stream": stream}, timeout=60))
+        except httpx.HTTPError as error:  # a closed connection is an answer too, not a hang
+            answers.append(error)
+
+    callers = [threading.Thread(target=call, args=(stream,)) for stream in (False, True, False)]
+    for caller in callers:
+        caller.start()
+    progress = engine._scheduler.progress
+    wait_until(lambda: len(progress()) == 3 and min(progress().values()) >= 2, timeout=30)
+    engine.freeze()
+    engine.stop()
+    for caller in callers:
+        caller.join(timeout=30)
+    assert len(answers) == 3 and not any(caller.is_alive() for caller in callers)
+    assert all(isinstance(a, httpx.Response) and a.status_code == 200 for a in answers), answers
+    streams = [a for a in answers if a.text.startswith("data:")]
+    unary = [a for a in answers if not a.text.startswith("data:")]
+    assert len(streams) == 1 and streams[0].text.rstrip().endswith("data: [DONE]")
+    assert len(unary) == 2 and all(a.json()["choices"][0]["finish_reason"] == "abort" for a in unary)
+    gc.collect()  # a handler left pending on the closed loop complains when it is collected
+    messages = [record.getMessage() for record in caplog.records]
+    assert not [m for m in messages if "destroyed but it is pending" in m or "Error handling request" in m]

@@ -127,6 +127,10 @@ class EmbeddedEngine:
             started.set()
             loop.run_forever()
             loop.run_until_complete(self._runner.cleanup())
+            leftover = asyncio.all_tasks(loop)  # handlers of clients that never read their answer
+            for task in leftover:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
             loop.close()
 
         self._scheduler = BatchScheduler(
@@ -148,12 +152,12 @@ class EmbeddedEngine:
             )
 
     def stop(self) -> None:
+        if self._scheduler is not None:  # first, while the loop runs: requests in flight end aborted
+            self._scheduler.stop()
         if self._loop is not None and self._thread is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if self._scheduler is not None:
-            self._scheduler.stop()
         self._thread, self._loop, self._scheduler, self._port = None, None, None, 0
 
     def update_weights(self, update: WeightUpdate) -> float:

@@ -116,6 +116,21 @@ class BatchScheduler:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        self._abort_unfinished()
+
+    def _abort_unfinished(self) -> None:
+        """The engine stops: whatever still generates, frozen or waiting, ends as aborted, so that
+        no request handler waits for a token that will never come."""
+        with self._cond:
+            sequences, self._pending = [*self._live, *self._pending], []
+        self._live, self._cache, self._mask, self._next = [], None, None, None
+        updates = []
+        for sequence in sequences:
+            if not sequence.finished:
+                sequence.finish_reason = "abort"
+                updates.append((sequence, len(sequence.token_ids), True))
+        if updates:
+            self.on_update(updates)
 
     def freeze(self) -> dict[str, int]:
         """Stop scheduling after the step under way; returns each unfinished sequence's tokens so
