@@ -139,6 +139,19 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
     assert columns[-3:] == ["held_ms", "upstream", "api"]
 
 
+def test_a_second_process_upgrading_an_upgraded_store_goes_on_with_it(store_path):
+    """Two processes open an old store at once: both read schema 3, the first upgrades it, the
+    second's upgrade (which runs after the first's commit) finds the columns there and goes on."""
+    with RolloutStore(store_path, grace_s=0.0) as store:
+        ingest(store, [call_span("old", 0, [1, 2], [3]), rollout_span("old")])
+        store._create_or_upgrade(3)  # what the second process does after reading version 3
+        store._create_or_upgrade(0)  # and a second creator of a new store
+        [old] = store.load("old").calls
+        assert old.completion_ids.tolist() == [3]
+    with sqlite3.connect(store_path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
 def test_inspect_shows_held_ms_when_a_call_was_held(store, store_path, capsys, monkeypatch):
     from agl_trainer.cli import main
 

@@ -110,13 +110,25 @@ class RolloutStore:
         if version > SCHEMA_VERSION:
             self._db.close()
             raise StoreError(f"{self.path} has schema {version}; this agl reads up to {SCHEMA_VERSION}")
-        if 0 < version < SCHEMA_VERSION:  # an older store: upgrade it in place
+        if version < SCHEMA_VERSION:
+            self._create_or_upgrade(version)
+
+    def _create_or_upgrade(self, version: int) -> None:
+        """A new store gets the schema, an older one is upgraded in place. Two processes opening the
+        same store at once both try; the second finds the work done (its ALTER or CREATE fails once
+        the first has committed) and goes on with the store as the first left it."""
+        if version == 0:
+            steps = f"{SCHEMA};"
+        else:
             steps = " ".join(MIGRATIONS[v] for v in range(version + 1, SCHEMA_VERSION + 1))
+        try:
             self._db.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-        elif version < SCHEMA_VERSION:
-            self._db.executescript(
-                f"BEGIN IMMEDIATE; {SCHEMA}; PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
-            )
+        except sqlite3.OperationalError:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                self._db.close()
+                raise
 
     # --- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
