@@ -33,7 +33,7 @@ from tests.dataplane.hostile import (
     nested_kvlist,
     with_attribute,
 )
-from tests.dataplane.otlp import call_span, request, reward_span, span, to_otlp_json
+from tests.dataplane.otlp import call_span, request, reward_span, to_otlp_json
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 JSON = {"content-type": "application/json"}

@@ -417,7 +417,7 @@ class FakeKube:
             return self._create(ns, await request.json())
         if request.method == "GET":
             return await self._list_or_watch(request, JOBS, "JobList", "batch/v1")
-        return _error(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+        return _error(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
     def _create(self, ns: str, body: dict[str, Any]) -> web.Response:
         self.created.append(json.loads(json.dumps(body)))

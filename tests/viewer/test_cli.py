@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 from agl_trainer.cli import main

@@ -35,9 +35,9 @@ from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl
 from agl_trainer.loop.progress import LoopProgress
+from agl_trainer.loop.sidecar_client import SidecarError
 from agl_trainer.loop.validation import Validator
 from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
-from agl_trainer.loop.sidecar_client import SidecarError
 from agl_trainer.store.records import RolloutKey
 
 log = logging.getLogger("agl.loop")
