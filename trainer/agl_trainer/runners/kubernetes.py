@@ -285,8 +285,13 @@ class KubernetesRunner:
             if now - created_at > give_up_after:
                 await self._delete(name)
                 return RolloutOutcome(spec, Cause.TIMEOUT, message=f"job {name} did not end in {give_up_after:g} s")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(state.changed.wait(), poll)
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for swallows a cancellation that lands
+            # as the event fires, and a cancelled rollout would go on waiting for its Job.
+            waiter = asyncio.ensure_future(state.changed.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=poll)
+            finally:
+                waiter.cancel()
 
     def _outcome(self, spec: RolloutSpec, verdict: Verdict) -> RolloutOutcome:
         message = verdict.message
