@@ -43,7 +43,8 @@ def demo_run(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path
             "log_dir": str(work / "vllm-logs"),
         },
     }
-    config["loop"].update(max_train_s=TRAIN_SECONDS, checkpoint_every=1000)
+    config["loop"].update(max_train_s=TRAIN_SECONDS, checkpoint_every=1000, val_every=0)
+    config.update(val_tasks=None, viewer={"enabled": False})  # training only: no validation rounds
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     env = {
         **os.environ,
