@@ -21,6 +21,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agl_trainer.config import ConfigError
+
+RUN_FILE = "run.json"  # in output_dir: the run's id; its presence says a run lives there
+
 KEEP = 2
 
 
@@ -93,3 +97,18 @@ class Checkpoints:
         for old in steps[:-KEEP]:
             if old.name != keep:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def open_run_dir(out: Path, resume: bool) -> tuple[Checkpoints, Path | None]:
+    """output_dir made ready for a run (on-policy or from a store): its checkpoints and, with
+    --resume, the latest one. A new run refuses a folder that holds one; --resume needs one."""
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoints = Checkpoints(out / "checkpoints")
+    latest = checkpoints.latest() if resume else None
+    if resume and latest is None and not (out / RUN_FILE).exists():
+        raise ConfigError(f"--resume: nothing to resume in {out} (fix: run without --resume first)")
+    if not resume and (out / RUN_FILE).exists():
+        raise ConfigError(
+            f"output_dir {out} already holds a run (fix: --resume to continue it, or another output_dir)"
+        )
+    return checkpoints, latest

@@ -38,11 +38,10 @@ from typing import Any
 from agl import semconv
 
 from agl_trainer.config import Config, ConfigError, dump_config
-from agl_trainer.loop.checkpoint import Checkpoints, LoopState
+from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
 
-RUN_FILE = "run.json"
 
 
 @dataclass
@@ -148,15 +147,7 @@ class OfflineTrainer:
             raise ConfigError(
                 f"--from-store {self.store_path}: no such rollout store (fix: the file `agl receive --store` wrote)"
             )
-        out.mkdir(parents=True, exist_ok=True)
-        checkpoints = Checkpoints(out / "checkpoints")
-        latest = checkpoints.latest() if self.resume else None
-        if self.resume and latest is None and not (out / RUN_FILE).exists():
-            raise ConfigError(f"--resume: nothing to resume in {out} (fix: run without --resume first)")
-        if not self.resume and (out / RUN_FILE).exists():
-            raise ConfigError(
-                f"output_dir {out} already holds a run (fix: --resume to continue it, or another output_dir)"
-            )
+        checkpoints, latest = open_run_dir(out, self.resume)
         (out / "config.yaml").write_text(dump_config(config))
         import torch
 

@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config, harness_argv, read_tasks
-from agl_trainer.loop.checkpoint import Checkpoints, LoopState
+from agl_trainer.loop.checkpoint import RUN_FILE, LoopState, open_run_dir
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
 from agl_trainer.loop.parts import backend_settings, vllm_error, vllm_settings
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
-
-RUN_FILE = "run.json"
 
 
 @dataclass
@@ -143,15 +141,7 @@ class Session:
     # --- start-up ------------------------------------------------------------------------------
     async def _start(self) -> TrainingLoop:
         config, out = self.config, self.output_dir
-        out.mkdir(parents=True, exist_ok=True)
-        checkpoints = Checkpoints(out / "checkpoints")
-        latest = checkpoints.latest() if self.resume else None
-        if self.resume and latest is None and not (out / RUN_FILE).exists():
-            raise ConfigError(f"--resume: nothing to resume in {out} (fix: run without --resume first)")
-        if not self.resume and (out / RUN_FILE).exists():
-            raise ConfigError(
-                f"output_dir {out} already holds a run (fix: --resume to continue it, or another output_dir)"
-            )
+        checkpoints, latest = open_run_dir(out, self.resume)
         run_id = self._run_id(out)
         from agl_trainer.loop import topology as addresses
 
