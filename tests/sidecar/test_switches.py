@@ -29,6 +29,16 @@ def test_a_stream_without_the_engines_word_uses_its_mark() -> None:
     assert version_runs(log, 1, "chatcmpl-u", None, 30) is None and log.unresolved == 1
 
 
+def test_an_engine_that_froze_nothing_leaves_every_token_older() -> None:
+    """A call that finished at the engine before the freeze landed, its last bytes still on the way:
+    the stream's mark would date its tail to the new version; the engine's empty report says none is."""
+    log = SwitchLog()
+    switch = log.record(2, {})
+    assert version_runs(log, 1, "chatcmpl-late", {switch.serial: 12}, 30) is None and log.unresolved == 0
+    log.record(3, None)  # no word from the engine: the mark of that switch counts
+    assert version_runs(log, 1, "chatcmpl-late", {switch.serial + 1: 20}, 30) == [0, 1, 20, 3]
+
+
 def test_engine_ids_match_the_response_id_and_prefer_prompt_zero() -> None:
     progress = {"cmpl-q-1-aaaaaaaa": 9, "cmpl-q-0-bbbbbbbb": 4, "chatcmpl-q2": 7}
     assert engine_progress(progress, "cmpl-q") == 4  # completions: prompt 0's request

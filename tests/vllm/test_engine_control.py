@@ -104,6 +104,8 @@ def engine(tmp_path: Path) -> Iterator[VLLMEngine]:
         ({"urls": ["http://h:8000/v1"]}, "no /v1"),
         ({"urls": ["h:8000"]}, "base URL"),
         ({"model": "m", "sleep_level": 3}, "sleep_level"),
+        ({"model": "m", "device_step_ms": -1}, "device_step_ms"),
+        ({"model": "m", "device_step_ms": 1e6}, r"device_step_ms must be in \[0, 10000\]"),
     ],
 )
 def test_config_errors_name_the_key(settings: dict, names: str) -> None:
@@ -283,6 +285,17 @@ def test_a_keep_switch_freezes_syncs_without_its_own_pause_and_thaws(
     assert events[1]["body"]["method"] == "agl_request_progress"
     if switch_kv == "recompute":
         assert events[-2]["query"] == {"reset_running_requests": "true"}
+
+
+def test_simulated_device_time_reaches_every_worker_at_start_and_on_change(tmp_path: Path) -> None:
+    engine = VLLMEngine(fake_config(tmp_path, replicas=2, device_step_ms=20))
+    with engine:
+        engine.set_device_step_ms(0)
+        with pytest.raises(ValueError, match="device_step_ms"):
+            engine.set_device_step_ms(-5)
+    calls = [e for e in read_events(tmp_path / "events.jsonl") if e["path"] == "/collective_rpc"]
+    assert [c["body"] for c in calls] == [{"method": "agl_set_step_delay", "args": [s]} for s in (0.02, 0.02, 0.0, 0.0)]
+    assert engine.config.device_step_ms == 0
 
 
 def test_configured_weights_dir_keeps_what_the_engine_did_not_write(

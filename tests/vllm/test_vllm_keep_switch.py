@@ -27,6 +27,10 @@ from tests.vllm.conftest import SERVED_NAME, hf_token_logprobs
 pytestmark = pytest.mark.vllm
 
 ATOL = 2e-4  # as tests/vllm/test_vllm_weight_sync.py: float32 on both sides
+# The tiny model decodes 140 tokens in under 70 ms on a CPU, faster than a pause takes to land
+# (55-640 ms measured): without simulated device time the generation often ended before the freeze,
+# and there was no boundary to check. At 20 ms a step, 200 tokens take 4 s.
+DEVICE_STEP_MS = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +59,14 @@ def sidecar(vllm_engine, otlp_sink: OTLPSink, tmp_path: Path) -> Iterator[Backgr
 
 def freeze_mid_way(vllm_engine, sidecar: BackgroundSidecar, otlp_sink: OTLPSink, noisy: dict, version: int):  # type: ignore[no-untyped-def]
     """Stream 200 tokens through the sidecar; switch to `noisy` as `version` after 60 have come."""
+    vllm_engine.set_device_step_ms(DEVICE_STEP_MS)
+    try:
+        return _freeze_mid_way(vllm_engine, sidecar, otlp_sink, noisy, version)
+    finally:
+        vllm_engine.set_device_step_ms(0.0)
+
+
+def _freeze_mid_way(vllm_engine, sidecar: BackgroundSidecar, otlp_sink: OTLPSink, noisy: dict, version: int):  # type: ignore[no-untyped-def]
     body = {
         "model": SERVED_NAME, "prompt": "The quick brown fox", "max_tokens": 200, "ignore_eos": True,
         "seed": 11, "logprobs": 0, "return_token_ids": True, "stream": True,
@@ -79,7 +91,9 @@ def freeze_mid_way(vllm_engine, sidecar: BackgroundSidecar, otlp_sink: OTLPSink,
     reader.join(300)
 
     response_id = events[0]["id"]
-    (boundary,) = [n for rid, n in progress.items() if rid.startswith(response_id + "-")]
+    mine = [n for rid, n in progress.items() if rid.startswith(response_id + "-")]
+    assert len(mine) == 1, f"the engine reports no single frozen request {response_id}: {progress}"
+    boundary = mine[0]
     tokens = [t for e in events for c in e["choices"] for t in c["token_ids"] or []]
     logprobs = [p for e in events for c in e["choices"] if c["logprobs"] for p in c["logprobs"]["token_logprobs"]]
     prompt = events[0]["choices"][0]["prompt_token_ids"]
@@ -91,15 +105,6 @@ def freeze_mid_way(vllm_engine, sidecar: BackgroundSidecar, otlp_sink: OTLPSink,
     return prompt, tokens, logprobs, boundary
 
 
-# Known race (open in issue #19): vLLM's engine sometimes reports no progress for the frozen request
-# (the worker extension's read after /pause?mode=keep finds it absent), so the test cannot place the
-# boundary by the engine's word; the sidecar then falls back to the stream's count. Passes most runs.
-ENGINE_PROGRESS_RACE = pytest.mark.xfail(
-    raises=ValueError, strict=False, reason="vLLM freeze progress sometimes empty (issue #19)"
-)
-
-
-@ENGINE_PROGRESS_RACE
 def test_keep_switch_with_the_prefix_recomputed(vllm_engine, sidecar, otlp_sink, models, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
     old, new, noisy = models
     vllm_engine.update_weights(WeightUpdate(version=0, directory=tiny_model_dir))
@@ -111,7 +116,6 @@ def test_keep_switch_with_the_prefix_recomputed(vllm_engine, sidecar, otlp_sink,
     assert logprobs[boundary:] == pytest.approx(after, abs=ATOL)
 
 
-@ENGINE_PROGRESS_RACE
 def test_keep_switch_with_the_old_kv_kept(vllm_engine, sidecar, otlp_sink, models, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
     old, new, noisy = models
     vllm_engine.update_weights(WeightUpdate(version=0, directory=tiny_model_dir))

@@ -8,6 +8,9 @@ flight across one resolves its boundary when its span is built, best source firs
 
 - the engine's word: the progress of the request whose id is the call's response id (vLLM's
   internal ids are the response id plus suffixes: `chatcmpl-X-1a2b3c4d`, `cmpl-X-0-1a2b3c4d`);
+- the engine's word that it froze nothing (an empty report): the call had finished generating
+  before the freeze landed (a pause takes about 100 ms to land on vLLM), so all its tokens are of
+  the older version, however late its last bytes reach the sidecar;
 - for a stream, the choice-0 tokens the sidecar had received when it first saw the switch (the
   sidecar resumes before the engine does, so no token of the new weights can come before the mark);
 - else unknown: those tokens keep the older version (importance weights use the engine's own
@@ -28,7 +31,7 @@ KEEP_SWITCHES = 256  # a call frozen across more switches than this resolves the
 class Switch:
     serial: int  # 1, 2, ... in the order the switches happened
     version: int  # the policy version in force from this switch on
-    progress: Mapping[str, int] | None  # engine request id -> completion tokens before the freeze
+    progress: Mapping[str, int] | None  # engine request id -> completion tokens before the freeze; None: no word
 
 
 class SwitchLog:
@@ -42,7 +45,7 @@ class SwitchLog:
 
     def record(self, version: int, progress: Mapping[str, int] | None) -> Switch:
         self.serial += 1
-        switch = Switch(self.serial, version, dict(progress) if progress else None)
+        switch = Switch(self.serial, version, dict(progress) if progress is not None else None)
         self._switches.append(switch)
         self.version = max(self.version, version)
         return switch
@@ -85,6 +88,8 @@ def version_runs(
         return None
     runs = [0, entry_version]
     for switch in switches:
+        if switch.progress is not None and not switch.progress:
+            continue  # the engine held no request at the freeze: this one had finished generating
         start = engine_progress(switch.progress, response_id)
         if start is None and marks:
             start = marks.get(switch.serial)

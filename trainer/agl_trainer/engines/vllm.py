@@ -66,10 +66,12 @@ from agl_trainer.engines.vllm_config import (
     LOAD_METHOD,
     PROGRESS_METHOD,
     REPO_ROOT,
+    STEP_DELAY_METHOD,
     WORKER_CLASS,
     WORKER_MODULE,
     VLLMConfig,
     VLLMError,
+    check_device_step_ms,
     resolve_device,
     resolve_python,
     resolve_weight_sync,
@@ -158,6 +160,7 @@ class VLLMEngine:
             if not self.managed:
                 self._servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
                 self._wait_healthy(self._servers)
+                self._apply_step_delay(self._servers)
                 return
             ports = self.config.ports or [free_port(self.config.host) for _ in range(self.config.replicas)]
             log_dir = Path(self.config.log_dir) if self.config.log_dir else self._tmp("agl-vllm-logs-")
@@ -173,6 +176,7 @@ class VLLMEngine:
                 for server in self._servers:
                     self._launch(server)
                 self._wait_healthy(self._servers)
+                self._apply_step_delay(self._servers)
             except BaseException:
                 self.stop()
                 raise
@@ -286,6 +290,18 @@ class VLLMEngine:
                 start_new_session=True,  # its own process group: stop() reaches the engine core too
             )
 
+    def set_device_step_ms(self, milliseconds: float) -> None:
+        """Change the simulated device time per engine step (VLLMConfig.device_step_ms) on every
+        server now; a restarted server gets it too."""
+        with self._lock:
+            self.config.device_step_ms = check_device_step_ms(milliseconds)
+            self._apply_step_delay(self._servers, always=True)
+
+    def _apply_step_delay(self, servers: list[Server], always: bool = False) -> None:
+        if self.config.device_step_ms or always:
+            for server in servers:
+                self._post(server, "/collective_rpc", json={"method": STEP_DELAY_METHOD, "args": [self.config.device_step_ms / 1000.0]})
+
     def _wait_healthy(self, servers: list[Server]) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
         pending = list(servers)
@@ -352,6 +368,7 @@ class VLLMEngine:
         terminate(server.process)  # its engine core may outlive the API server
         self._launch(server)
         self._wait_healthy([server])
+        self._apply_step_delay([server])
         if self._transfer is not None:
             self._transfer.forget(server.url)  # its NCCL group / IPC engine died with it
             if self._latest_state is not None:

@@ -19,6 +19,8 @@ WORKER_MODULE = "agl_vllm_worker"
 WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
 PROGRESS_METHOD = "agl_request_progress"  # while paused with mode=keep: request id -> output tokens
+STEP_DELAY_METHOD = "agl_set_step_delay"  # device_step_ms, in seconds
+MAX_DEVICE_STEP_MS = 10_000.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 LOG_TAIL_LINES = 40
@@ -50,6 +52,10 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # and the prefix cache cannot be emptied while requests hold blocks (new requests may then reuse
     # the old weights' KV of a shared prefix: start vLLM with --no-enable-prefix-caching).
     switch_kv: Literal["recompute", "keep"] = "recompute"
+    # Simulated device time: each engine step first waits this long in the worker (as the embedded
+    # engine's option of the same name). For CPU benches that model an accelerator's batch-independent
+    # decode step, and for tests that need a generation slower than a pause takes to land.
+    device_step_ms: float = 0.0
     extra_args: list[str] = []
     env: dict[str, str] = {}
     weights_dir: str | None = None  # where state_dicts are written; default /dev/shm
@@ -84,6 +90,13 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"engine.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ValueError(f"engine.vllm.max_model_len must be >= 16, got {self.max_model_len}")
+        check_device_step_ms(self.device_step_ms)
+
+
+def check_device_step_ms(milliseconds: float) -> float:
+    if not 0.0 <= milliseconds <= MAX_DEVICE_STEP_MS:
+        raise ValueError(f"engine.vllm.device_step_ms must be in [0, {MAX_DEVICE_STEP_MS:g}], got {milliseconds}")
+    return milliseconds
 
 
 def vllm_config(settings: Mapping[str, object]) -> VLLMConfig:

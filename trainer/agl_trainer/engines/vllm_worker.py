@@ -101,6 +101,22 @@ class WeightSyncExtension:
         requests = getattr(self.model_runner, "requests", {}) or {}
         return {str(rid): sum(1 for t in state.output_token_ids if t >= 0) for rid, state in requests.items()}
 
+    def agl_set_step_delay(self, seconds: float) -> dict[str, float]:
+        """Make every engine step first wait `seconds` (0: none), as a host waits on an accelerator's
+        kernels: the model runner's execute_model is wrapped once, the delay read on each step."""
+        runner = self.model_runner
+        if not hasattr(runner, "_agl_execute_model"):
+            runner._agl_execute_model = runner.execute_model  # type: ignore[attr-defined]
+
+            def delayed(*args: object, **kwargs: object) -> object:
+                if runner._agl_step_delay_s > 0:  # type: ignore[attr-defined]
+                    time.sleep(runner._agl_step_delay_s)  # type: ignore[attr-defined]
+                return runner._agl_execute_model(*args, **kwargs)  # type: ignore[attr-defined]
+
+            runner.execute_model = delayed  # type: ignore[attr-defined]
+        runner._agl_step_delay_s = max(0.0, float(seconds))  # type: ignore[attr-defined]
+        return {"step_delay_s": runner._agl_step_delay_s}  # type: ignore[attr-defined]
+
     def _repack_tied_lm_head(self) -> bool:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         hf_config = getattr(getattr(self.model_runner, "model_config", None), "hf_text_config", None)

@@ -119,6 +119,9 @@ class Handler(BaseHTTPRequestHandler):
             # one request frozen 5 tokens in, as the worker extension reports it (vLLM's internal id)
             self.reply(200, json.dumps({"results": [{f"cmpl-{os.getpid()}-0-1a2b3c4d": 5}]}).encode())
             return
+        if body["method"] == "agl_set_step_delay" and not os.environ.get("FAKE_VLLM_NO_EXTENSION"):
+            self.reply(200, json.dumps({"results": [{"step_delay_s": float(body["args"][0])}]}).encode())
+            return
         if os.environ.get("FAKE_VLLM_NO_EXTENSION") or body["method"] != "agl_load_weights":
             message = (
                 f"Call to collective_rpc method failed: Worker failed with error ''CPUWorker' object has no "
