@@ -324,6 +324,17 @@ class Proxy:
             if request.transport is not None:
                 request.transport.close()
             return response
+        except Exception as exc:  # a sidecar bug mid-stream: the status line is long gone
+            # An error response written now would land inside the chunked body (the harness's client
+            # reads "illegal chunk header"): break the stream as a dying engine would, keep the record.
+            if not response.prepared:
+                raise
+            log.exception("agl-sidecar: a stream failed inside the sidecar")
+            if not call.finished:
+                end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500])
+            if request.transport is not None:
+                request.transport.close()
+            return response
         self.sidecar.recorder.finish(call)
         return response
 

@@ -40,7 +40,20 @@ def _record_choice(call: CallRecord, c: Any, flags: Flags, strip: list[tuple[byt
 
 
 def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture: bool) -> bytes:
-    """Record the response's ids, tokens and logprobs on `call`; return the body for the harness."""
+    """Record the response's ids, tokens and logprobs on `call`; return the body for the harness.
+    Raises msgspec.MsgspecError for a body that is not a completion."""
+    try:
+        return _record_unary(kind, data, data, flags, call, capture)
+    except msgspec.MsgspecError:
+        # JSON as Python writes it (`NaN`, `-Infinity` in logprobs): recorded from its strict form;
+        # the harness still gets the engine's own spelling, stripped by the slow path.
+        readable = wire.tolerant_json(data)
+        if readable is None:
+            raise
+        return _record_unary(kind, readable, data, flags, call, capture)
+
+
+def _record_unary(kind: str, data: bytes, original: bytes, flags: Flags, call: CallRecord, capture: bool) -> bytes:
     strip: list[tuple[bytes, msgspec.Raw]] = []
     if kind == CHAT:
         parsed = wire.decode_lifted(wire.chat_response, data, "prompt_token_ids")
@@ -65,7 +78,7 @@ def record_unary(kind: str, data: bytes, flags: Flags, call: CallRecord, capture
     call.response_model = parsed.model
     if parsed.usage is not None:
         record_usage(call, parsed.usage)
-    return wire.strip(data, strip, flags.token_ids, flags.logprobs) if strip else data
+    return wire.strip(original, strip, flags.token_ids, flags.logprobs) if strip else original
 
 
 class StreamRecorder:
@@ -111,10 +124,32 @@ class StreamRecorder:
         try:
             chunk = self._decode(payload)
         except msgspec.MsgspecError:
-            return self._event_lines(event) if b"\n" in event else event
+            return self._event_lines(event) if b"\n" in event else self._unreadable(event, payload)
+        return self._chunk(chunk, payload, payload, event)
+
+    def _unreadable(self, event: bytes, payload: bytes) -> bytes:
+        """A `data:` payload the typed decoder refused. JSON as Python writes it (`NaN`, `Infinity`,
+        `-1e400` in logprobs) is recorded from its strict form, the harness getting the engine's
+        spelling. Anything else may have carried tokens the span would then silently lack: the
+        call's tokens are marked absent instead (it is not trained on), and the event passed on."""
+        readable = wire.tolerant_json(payload)
+        if readable is not None:
+            try:
+                chunk = self._decode(readable)
+            except msgspec.MsgspecError:
+                pass
+            else:
+                return self._chunk(chunk, readable, payload, event)
+        self.call.tokens_absent = True
+        return event
+
+    def _chunk(self, chunk: Any, payload: bytes, original: bytes, event: bytes) -> bytes:
+        """Record a decoded chunk (`payload` its bytes) and strip `original`, the event's data."""
         call = self.call
         if chunk.error is not None:
-            call.fail(semconv.END_UPSTREAM_ERROR, "upstream_stream_error", chunk.error.message or "")
+            message = chunk.error.message
+            text = message if isinstance(message, str) else ("" if message is None else wire.encode(message).decode())
+            call.fail(semconv.END_UPSTREAM_ERROR, "upstream_stream_error", text[:500])
             return event
         if call.response_id is None:
             call.response_id = chunk.id
@@ -131,13 +166,15 @@ class StreamRecorder:
             choice = call.choice(c.index)
             if c.finish_reason is not None:
                 choice.finish_reason = c.finish_reason
-            ids = wire.token_ids(c.token_ids)
+            try:
+                ids = wire.token_ids(c.token_ids)
+                logprobs = (wire.chat_logprobs if self.kind == CHAT else wire.legacy_logprobs)(c.logprobs)
+            except msgspec.MsgspecError:  # not an int array / not logprobs: the span says absent
+                call.tokens_absent = True
+                ids = logprobs = None
             if ids:
                 choice.token_ids += ids
-            if self.kind == CHAT:
-                logprobs = wire.chat_logprobs(c.logprobs)
-            else:
-                logprobs = wire.legacy_logprobs(c.logprobs)
+            if self.kind != CHAT:
                 if call.prompt_ids is None and c.index == 0 and c.prompt_token_ids != wire.NULL:
                     call.prompt_ids = c.prompt_token_ids
                 if not flags.token_ids:
@@ -149,7 +186,7 @@ class StreamRecorder:
             if not flags.logprobs:
                 strip.append((K_LOGPROBS, c.logprobs))
         if strip:
-            return DATA + wire.strip(payload, strip, flags.token_ids, flags.logprobs)
+            return DATA + wire.strip(original, strip, flags.token_ids, flags.logprobs)
         return event
 
 

@@ -7,6 +7,8 @@ value, which locate it in the body for byte-level removal and decode typed only 
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,7 +88,7 @@ class ChatChunkChoice(Struct):
 
 
 class UpstreamError(Struct):
-    message: str | None = None
+    message: Any = None  # any JSON: an engine's error chunk is recorded whatever its message's type
 
 
 class ChatChunk(Struct):
@@ -134,7 +136,7 @@ class CompletionResponse(Struct):
 
 # Typed views of the Raw fields, decoded only to record them.
 class TokenLogprob(Struct):
-    logprob: float
+    logprob: float | None  # null: an engine that writes a non-finite logprob as JSON null
 
 
 class ChatLogprobs(Struct):
@@ -146,12 +148,54 @@ class LegacyLogprobs(Struct):
 
 
 _ints = msgspec.json.Decoder(list[int] | None)
-_chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None)
-_legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None)
+_numbers = msgspec.json.Decoder(list[int | float] | None)
+# Lax: a logprob may arrive as the string "NaN" / "-Infinity" (tolerant_json's spelling of them).
+_chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None, strict=False)
+_legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None, strict=False)
 
 
 def token_ids(raw: Raw | bytes) -> list[int] | None:
-    return _ints.decode(raw)
+    """The int array `raw`. IDs spelled as integral floats (`1.0`, `1e3`: JSON does not tell them
+    apart, and some servers write every number as a double) are the same IDs: read by a slow path
+    taken only when the strict decode fails. Raises msgspec.ValidationError for anything else."""
+    try:
+        return _ints.decode(raw)
+    except msgspec.ValidationError:
+        values = _numbers.decode(raw)
+        if values is None:
+            return None
+        out: list[int] = []
+        for value in values:
+            if type(value) is float:
+                if not value.is_integer():
+                    raise msgspec.ValidationError(f"token ID {value!r} is not an integer") from None
+                value = int(value)
+            out.append(value)
+        return out
+
+
+def _nonfinite_as_strings(value: Any) -> Any:
+    if type(value) is float:
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if type(value) is list:
+        return [_nonfinite_as_strings(v) for v in value]
+    if type(value) is dict:
+        return {k: _nonfinite_as_strings(v) for k, v in value.items()}
+    return value
+
+
+def tolerant_json(body: bytes) -> bytes | None:
+    """`body` as strict JSON when it is JSON only as Python's `json` writes it: `NaN`, `Infinity`,
+    `-Infinity`, or a number beyond double range (`-1e400`), all of which an engine written in
+    Python may put in logprobs. Those values become the strings "NaN" / "Infinity" / "-Infinity",
+    which the logprob decoders (lax) read back as the same floats. None when it is not JSON at all.
+    The slow path of a body the typed decoders refused: never on the hot path."""
+    try:
+        return msgspec.json.encode(_nonfinite_as_strings(json.loads(body)))
+    except (ValueError, RecursionError, TypeError):  # not JSON (UnicodeDecodeError is a ValueError)
+        return None
 
 
 def int_array_pieces(raw: Raw, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
@@ -219,15 +263,26 @@ def decode_lifted(decoder: msgspec.json.Decoder[Any], body: bytes, field: str) -
     return decoder.decode(body)
 
 
+def _decode_logprobs(decoder: msgspec.json.Decoder[Any], raw: Raw | bytes) -> Any:
+    """`raw` decoded; a value only Python's `json` reads (`NaN`, `-1e400`) through tolerant_json."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.MsgspecError:
+        fixed = tolerant_json(bytes(raw))
+        if fixed is None:
+            raise
+        return decoder.decode(fixed)
+
+
 def chat_logprobs(raw: Raw) -> list[float] | None:
-    parsed = _chat_logprobs.decode(raw)
+    parsed = _decode_logprobs(_chat_logprobs, raw)
     if parsed is None or parsed.content is None:
         return None
-    return [entry.logprob for entry in parsed.content]
+    return [entry.logprob if entry.logprob is not None else float("nan") for entry in parsed.content]
 
 
 def legacy_logprobs(raw: Raw) -> list[float] | None:
-    parsed = _legacy_logprobs.decode(raw)
+    parsed = _decode_logprobs(_legacy_logprobs, raw)
     if parsed is None:
         return None
     return [value if value is not None else float("nan") for value in parsed.token_logprobs]
@@ -254,8 +309,17 @@ def strip(body: bytes, fields: list[tuple[bytes, Raw]], token_ids: bool, logprob
 
 
 def strip_decoded(body: bytes, token_ids: bool, logprobs: bool) -> bytes:
-    """The slow path: decode, null the injected fields the harness did not ask for, re-encode."""
-    data = msgspec.json.decode(body)
+    """The slow path: decode, null the injected fields the harness did not ask for, re-encode. A
+    body only Python's `json` reads (`NaN` in logprobs) is re-encoded by it, in the same spelling."""
+    python_json = False
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.MsgspecError:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            raise msgspec.DecodeError("the engine's body is not JSON") from None
+        python_json = True
     if not isinstance(data, dict):
         return body
     drop = [] if token_ids else ["prompt_token_ids", "token_ids"]
@@ -269,6 +333,8 @@ def strip_decoded(body: bytes, token_ids: bool, logprobs: bool) -> bytes:
             for key in drop:
                 if choice.get(key) is not None:
                     choice[key] = None
+    if python_json:
+        return json.dumps(data, separators=(",", ":")).encode()  # ASCII: a lone surrogate stays escaped
     return msgspec.json.encode(data)
 
 

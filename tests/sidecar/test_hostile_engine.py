@@ -1,0 +1,139 @@
+"""An engine whose answers are valid but spelled otherwise (IDs as `1.0`, logprobs as Python's `json`
+writes them: `NaN`, `-Infinity`, `-1e400`), or that are not what the contract expects (a chunk with
+a string for token IDs, an unreadable `data:` line, an error whose message is not a string). The
+harness always gets a well-formed answer; the call's span records exactly what the engine generated,
+or says its tokens are absent, never a sequence with a gap and never no span at all."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agl import semconv
+from tests.support.fake_vllm import FakeVLLM, Reply
+
+SSE = "text/event-stream; charset=utf-8"
+MESSAGES = [{"role": "user", "content": "hi"}]
+LOGPROB = '{"token":"a","logprob":%s,"bytes":[97],"top_logprobs":[]}'
+
+
+def _chat_body(ids: str, logprobs: list[str]) -> bytes:
+    content = ",".join(LOGPROB % value for value in logprobs)
+    return (
+        '{"id":"c1","object":"chat.completion","created":1,"model":"tiny","choices":[{"index":0,'
+        '"message":{"role":"assistant","content":"ab"},"logprobs":{"content":[%s]},"finish_reason":"stop",'
+        '"token_ids":%s}],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2},'
+        '"prompt_token_ids":[1,2,3]}' % (content, ids)
+    ).encode()
+
+
+def _chunk(ids: str, logprob: str = "-0.5", finish: str = "null", prompt: str | None = None) -> bytes:
+    extra = ',"prompt_token_ids":%s' % prompt if prompt else ""
+    return (
+        'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,'
+        '"delta":{"content":"a"},"logprobs":{"content":[%s]},"finish_reason":%s,"token_ids":%s}]%s}\n\n'
+        % (LOGPROB % logprob, finish, ids, extra)
+    ).encode()
+
+
+def _stream(*middle: bytes) -> Reply:
+    chunks = [_chunk("[5]", prompt="[1,2]"), *middle, _chunk("[7]", finish='"stop"'), b"data: [DONE]\n\n"]
+    return Reply(content_type=SSE, chunks=chunks)
+
+
+@pytest.fixture
+def engine() -> Iterator[tuple[FakeVLLM, dict[str, Reply]]]:
+    scripted: dict[str, Reply] = {}
+    with FakeVLLM(script=lambda request: scripted["reply"]) as server:
+        yield server, scripted
+
+
+def _call(
+    engine: tuple[FakeVLLM, dict[str, Reply]], make_sidecar: Callable[..., Any], otlp_sink: Any,
+    reply: Reply, **asked: Any,
+) -> tuple[str, dict[str, Any]]:
+    """(the body the harness received, the call span's attributes)."""
+    server, scripted = engine
+    scripted["reply"] = reply
+    sidecar = make_sidecar(upstream=[server.base_url], otlp_endpoint=otlp_sink.endpoint)
+    body = {"model": "tiny", "messages": MESSAGES, "stream": bool(reply.chunks), **asked}
+    with httpx.stream("POST", sidecar.url + "/rollouts/r-1/v1/chat/completions", json=body, timeout=10) as answer:
+        text = answer.read().decode()  # a 500 written into the chunked body raises here
+        assert answer.status_code == 200, text
+    (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
+    return text, span.attributes
+
+
+def _events(text: str) -> list[Any]:
+    """The stream's `data:` payloads, read as Python's json (the openai SDK's reader) reads them."""
+    out = []
+    for event in text.split("\n\n"):
+        if event.startswith("data: ") and event != "data: [DONE]":
+            out.append(json.loads(event[6:]))
+    return out
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [v for v in value]
+
+
+def test_a_stream_chunk_whose_token_ids_are_not_ints_does_not_break_the_stream(engine, make_sidecar, otlp_sink):
+    # Before: an uncaught ValidationError after the status line went out, answered as a 500 inside the
+    # chunked body: the harness's client read "illegal chunk header".
+    text, attributes = _call(engine, make_sidecar, otlp_sink, _stream(_chunk('"x"')))
+    assert text.endswith("data: [DONE]\n\n")
+    assert len(_events(text)) == 3
+    assert attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT  # not a sequence with a gap
+    assert semconv.COMPLETION_TOKEN_IDS not in attributes
+
+
+def test_an_unreadable_data_event_mid_stream_marks_the_tokens_absent(engine, make_sidecar, otlp_sink):
+    # Before: the event passed unread and the span said "engine" tokens [5, 7], missing whatever it held.
+    text, attributes = _call(engine, make_sidecar, otlp_sink, _stream(b"data: {not json\n\n"))
+    assert "data: {not json\n\n" in text
+    assert attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_token_ids_spelled_as_integral_floats_are_the_same_ids(engine, make_sidecar, otlp_sink, stream):
+    reply = _stream(_chunk("[6.0]")) if stream else Reply(body=_chat_body("[5.0,6e0]", ["-0.5", "-0.25"]))
+    text, attributes = _call(engine, make_sidecar, otlp_sink, reply)
+    assert _as_list(attributes[semconv.COMPLETION_TOKEN_IDS]) == ([5, 6, 7] if stream else [5, 6])
+    received = _events(text) if stream else [json.loads(text)]
+    assert all(choice["token_ids"] is None for event in received for choice in event["choices"])
+
+
+@pytest.mark.parametrize("spelling,expected", [("NaN", math.nan), ("-Infinity", -math.inf), ("-1e400", -math.inf)])
+def test_logprobs_as_python_json_writes_them_are_recorded_unary(engine, make_sidecar, otlp_sink, spelling, expected):
+    # Before: NaN / -Infinity made the whole body unreadable (tokens absent, the injected fields left
+    # in the harness's body); -1e400 lost the call's span (the builder raised "Number out of range").
+    reply = Reply(body=_chat_body("[5,6]", [spelling, "-0.25"]))
+    text, attributes = _call(engine, make_sidecar, otlp_sink, reply)
+    assert _as_list(attributes[semconv.COMPLETION_TOKEN_IDS]) == [5, 6]
+    first, second = _as_list(attributes[semconv.COMPLETION_LOGPROBS])
+    assert (math.isnan(first) if math.isnan(expected) else first == expected) and second == -0.25
+    choice = json.loads(text)["choices"][0]
+    assert choice["logprobs"] is None and choice["token_ids"] is None  # not asked for: stripped
+
+
+def test_logprobs_with_nan_in_a_stream_are_recorded_and_reach_a_harness_that_asked(engine, make_sidecar, otlp_sink):
+    reply = _stream(_chunk("[6]", logprob="NaN"))
+    text, attributes = _call(engine, make_sidecar, otlp_sink, reply, logprobs=True)
+    assert _as_list(attributes[semconv.COMPLETION_TOKEN_IDS]) == [5, 6, 7]
+    logprobs = _as_list(attributes[semconv.COMPLETION_LOGPROBS])
+    assert logprobs[0] == -0.5 and math.isnan(logprobs[1]) and logprobs[2] == -0.5
+    events = _events(text)
+    assert math.isnan(events[1]["choices"][0]["logprobs"]["content"][0]["logprob"])  # the engine's value
+    assert all(event["choices"][0]["token_ids"] is None for event in events)  # not asked for
+
+
+def test_an_error_chunk_whose_message_is_not_a_string_is_recorded(engine, make_sidecar, otlp_sink):
+    text, attributes = _call(engine, make_sidecar, otlp_sink, _stream(b'data: {"error":{"message":{"code":5}}}\n\n'))
+    assert attributes[semconv.CALL_END_REASON] == semconv.END_UPSTREAM_ERROR
+    assert attributes[semconv.ERROR_TYPE] == "upstream_stream_error"
+
