@@ -175,3 +175,68 @@ async def _drain(sidecar: Any) -> None:
         state = await admin.pause(drain=True, timeout_s=60)
         assert state.spans_flushed, state
         await admin.resume()
+
+
+# --- the store read incrementally: a step reads what changed since the last one --------------------
+
+
+def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_scan(tmp_path: Path) -> None:
+    from agl_trainer.loop.store_cursor import FullScan, StoreCursor
+    from agl_trainer.store import RolloutStore
+    from tests.support.rollouts import end, reward, write_rollouts
+
+    path = tmp_path / "t.db"
+    with RolloutStore(path, grace_s=0.0) as store:
+        write_rollouts(store, [f"r-{i}" for i in range(40)])
+        write_rollouts(store, ["r-40"], rewarded=False)  # ended; its reward comes later
+        write_rollouts(store, ["r-41"], ended=False)  # in flight
+        cursor, full = StoreCursor(store, path), FullScan(store, path)
+
+        def step() -> list[RolloutKey]:
+            now = store.clock()
+            ours, reference = cursor.refresh(600.0, now), full.refresh(600.0, now)
+            assert [(i.key, i.calls, i.rewards) for i in ours] == [(i.key, i.calls, i.rewards) for i in reference]
+            assert (cursor.min_versions, cursor.newest) == (full.min_versions, full.newest)
+            policy = dict(group_size=4, min_group_size=2, max_policy_lag=0, max_age_s=0, now=now)
+            assert select(ours, cursor.min_versions, newest=cursor.newest, **policy) == select(
+                reference, full.min_versions, **policy
+            )
+            return [i.key for i in ours]
+
+        first = step()
+        assert len(first) == 41 and cursor.rows_read == 42  # every ready rollout and the one in flight
+        trained = first[:16]
+        cursor.forget(trained)
+        full.forget(trained)
+        write_rollouts(store, [f"r-{i}" for i in range(42, 50)], version=1)  # newer policy: the rest turn stale
+        store.write([reward("r-40", "task-0"), end("r-41", "task-1")])
+        second = step()
+        assert cursor.rows_read == 8 + 1 + 1  # the new rows, the one that ended, the one whose reward came
+        assert full.rows_read == 50 + 50  # the reference reads every rollout and every unmarked ready one again
+        assert set(second) == {RolloutKey(f"r-{i}") for i in range(50)} - set(trained)
+        assert cursor.newest == 1
+        step()
+        assert cursor.rows_read == 0  # nothing changed, nothing read
+
+
+def test_rollouts_added_between_runs_are_trained_once_across_a_resume(tmp_path: Path) -> None:
+    from agl_trainer.cli import main
+    from agl_trainer.store import RolloutStore
+    from examples.demo.model import build_demo_model
+    from tests.support.rollouts import write_rollouts
+
+    model = build_demo_model(tmp_path / "tiny", seed=0)
+    path, run = tmp_path / "t.db", tmp_path / "run"
+    with RolloutStore(path) as store:
+        write_rollouts(store, [f"r-{i}" for i in range(16)])
+    common = ["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
+              f"--output_dir={run}", "--loop.batch_rollouts=4", "--loop.group_size=2", "--loop.checkpoint_every=1",
+              "--loop.completion_grace_s=0", "--quiet"]  # fmt: skip
+    assert main([*common, "--loop.max_steps=2"]) == 0
+    with RolloutStore(path) as store:
+        write_rollouts(store, [f"r-{i}" for i in range(16, 24)])
+    assert main([*common, "--resume", "--loop.max_steps=100"]) == 0
+    ledger = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    trained = [tuple(r) for entry in ledger for r in entry["rollouts"]]
+    assert sorted(trained) == sorted((f"r-{i}", 0) for i in range(24))  # each once, the added ones too
+    assert [entry["step"] for entry in ledger] == list(range(1, 7))

@@ -28,20 +28,19 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import sqlite3
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agl import semconv
-
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
+from agl_trainer.loop.store_cursor import FullScan, StoreCursor, call_versions, close_quiet_among
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
 
+__all__ = ["OfflineTrainer", "call_versions", "close_quiet", "select", "train_from_store"]
 
 
 @dataclass
@@ -71,10 +70,13 @@ def select(
     max_policy_lag: int,
     max_age_s: float,
     now: float,
+    newest: int | None = None,
 ) -> Selection:
-    """Which ready rollouts to train (as groups, oldest first), which to drop and why, how many wait."""
+    """Which ready rollouts to train (as groups, oldest first), which to drop and why, how many wait.
+    `newest`: the newest of min_versions when the caller keeps it (else computed here)."""
     dropped: dict[str, list[RolloutKey]] = defaultdict(list)
-    newest = max(min_versions.values(), default=0)
+    if newest is None:
+        newest = max(min_versions.values(), default=0)
     by_task: dict[str, list[RolloutKey]] = defaultdict(list)
     waiting = 0
     for info in infos:
@@ -103,35 +105,20 @@ def select(
 def close_quiet(store: RolloutStore, quiet_s: float, now: float) -> int:
     """Rollouts with no end span (a harness without agl.rollout around it) end once quiet for `quiet_s`:
     recorded as if their harness exited cleanly, so they complete and can be trained."""
-    closed = 0
-    for info in store.rollouts():
-        if info.complete or (info.mode or semconv.MODE_TRAIN) != semconv.MODE_TRAIN or info.last_span_at > now - quiet_s:
-            continue
-        store.mark_harness_exited(info.rollout_id, 0, attempt=info.attempt)
-        closed += 1
-    return closed
-
-
-def call_versions(store_path: Path) -> dict[RolloutKey, int]:
-    """The oldest policy version among each rollout's calls (read-only: the receiver may be writing)."""
-    db = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = db.execute(
-            "SELECT rollout_id, attempt, MIN(policy_version) FROM calls WHERE policy_version IS NOT NULL"
-            " GROUP BY rollout_id, attempt"
-        ).fetchall()
-    finally:
-        db.close()
-    return {RolloutKey(r, a): int(v) for r, a, v in rows}
+    return close_quiet_among(store, store.incomplete_rollouts(), quiet_s, now)
 
 
 class OfflineTrainer:
-    def __init__(self, config: Config, store_path: str | Path, *, resume: bool = False, quiet: bool = False) -> None:
+    def __init__(
+        self, config: Config, store_path: str | Path, *, resume: bool = False, quiet: bool = False, full_scan: bool = False
+    ) -> None:
         self.config = config
         self.store_path = Path(store_path)
         self.resume = resume
         self.quiet = quiet
         self.output_dir = Path(config.output_dir)
+        self.full_scan = full_scan  # read the whole store each step (the reference the cursor is checked against)
+        self.reader: StoreCursor | FullScan | None = None  # what the run read the store through
 
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -179,10 +166,11 @@ class OfflineTrainer:
         pending: list[RolloutKey] = []  # trained since the last checkpoint
         started = time.monotonic()
         loop = config.loop
+        self.reader = reader = (FullScan if self.full_scan else StoreCursor)(store, self.store_path)
         while state.step < loop.max_steps:
             if loop.max_train_s and time.monotonic() - started > loop.max_train_s:
                 break
-            batch, waiting = self._next_batch(store, data, summary, exclude=set(pending))
+            batch, waiting = self._next_batch(reader, data, summary)
             summary.waiting = waiting
             if not batch:
                 break
@@ -207,27 +195,31 @@ class OfflineTrainer:
         return summary
 
     def _next_batch(
-        self, store: RolloutStore, data: Any, summary: OfflineSummary, exclude: set[RolloutKey]
+        self, reader: StoreCursor | FullScan, data: Any, summary: OfflineSummary
     ) -> tuple[list[RolloutKey], int]:
+        """The next step's rollouts and how many wait; the reader reads only what changed (store_cursor.py)."""
         config = self.config
-        close_quiet(store, config.offline.quiet_s, time.time())
+        infos = reader.refresh(config.offline.quiet_s, time.time())
         selection = select(
-            [i for i in store.ready_rollouts(semconv.MODE_TRAIN) if i.key not in exclude],
-            call_versions(self.store_path),
+            infos,
+            reader.min_versions,
             group_size=config.loop.group_size,
             min_group_size=config.offline.min_group_size,
             max_policy_lag=config.offline.max_policy_lag,
             max_age_s=config.offline.max_age_s,
             now=time.time(),
+            newest=reader.newest,
         )
         for reason, keys in selection.dropped.items():
             data.mark_dropped(keys, reason)  # recorded: the next run does not look at them again
+            reader.forget(keys)
             summary.dropped[reason] = summary.dropped.get(reason, 0) + len(keys)
         batch: list[RolloutKey] = []
         for group in selection.groups:
             if len(batch) + len(group) > config.loop.batch_rollouts and batch:
                 break
             batch += group
+        reader.forget(batch)
         return batch, selection.waiting
 
     def _train(self, keys: list[RolloutKey], data: Any, backend: Any, pad: int, state: LoopState) -> dict[str, float]:

@@ -408,6 +408,37 @@ class RolloutStore:
         self.refresh_completion()
         return self._infos("1", (), limit, newest=newest)
 
+    # An incremental reader (loop/store_cursor.py): rollout rows are only added, and a row only moves
+    # from in flight to complete to trained or dropped, so a reader that keeps the last row it read
+    # and the rollouts then in flight need not read the others again.
+    def last_row(self) -> int:
+        """The newest rollout row's id (0: none): rows after it are the ones added since."""
+        with self._lock:
+            return int(self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM rollouts").fetchone()[0])
+
+    def incomplete_rollouts(self) -> list[RolloutInfo]:
+        """The rollouts not complete yet, after completing those due (read through the completion index)."""
+        self.refresh_completion()
+        return self._infos("complete = 0", ())
+
+    def ready_among(
+        self, keys: Iterable[RolloutKey], *, after_row: int, upto_row: int, mode: str = semconv.MODE_TRAIN
+    ) -> list[RolloutInfo]:
+        """The ready rollouts (as ready_rollouts, without completing any) among the rows
+        after_row < rowid <= upto_row and `keys`: each read by the rowid or the primary key."""
+        # The unary + keeps SQLite off the completion index, which would walk every ready row.
+        ready = "+complete = 1 AND +trained_step IS NULL AND +dropped_reason IS NULL AND COALESCE(mode, ?) = ?"
+        found = self._infos(f"r.rowid > ? AND r.rowid <= ? AND {ready}", (after_row, upto_row, semconv.MODE_TRAIN, mode))
+        listed = [_key(k) for k in keys]
+        for start in range(0, len(listed), 300):  # SQLite's limit on bound parameters
+            chunk = listed[start : start + 300]
+            ids, pairs = ", ".join("?" for _ in chunk), ", ".join("(?, ?)" for _ in chunk)
+            params = [k.rollout_id for k in chunk] + [p for k in chunk for p in (k.rollout_id, k.attempt)]
+            # rollout_id IN (...) lets the primary key find the rows; the row values pick the attempts.
+            where = f"rollout_id IN ({ids}) AND (rollout_id, attempt) IN (VALUES {pairs}) AND {ready}"
+            found += self._infos(where, (*params, semconv.MODE_TRAIN, mode))
+        return found
+
     def rollout(self, key: RolloutKey | str) -> RolloutInfo | None:
         key = _key(key)
         found = self._infos("rollout_id = ? AND attempt = ?", (key.rollout_id, key.attempt))
