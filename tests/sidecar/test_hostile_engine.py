@@ -137,3 +137,46 @@ def test_an_error_chunk_whose_message_is_not_a_string_is_recorded(engine, make_s
     assert attributes[semconv.CALL_END_REASON] == semconv.END_UPSTREAM_ERROR
     assert attributes[semconv.ERROR_TYPE] == "upstream_stream_error"
 
+
+
+def test_logprobs_of_the_wrong_type_cost_the_tokens_not_the_span(engine, make_sidecar, otlp_sink):
+    # Before: the span builder raised on them and the call's span was lost (no record of the call).
+    body = (
+        b'{"id":"c1","object":"text_completion","created":1,"model":"tiny","choices":[{"index":0,"text":"ab",'
+        b'"logprobs":{"token_logprobs":"x"},"finish_reason":"stop","token_ids":[5,6],"prompt_token_ids":[1,2,3]}]}'
+    )
+    server, scripted = engine
+    scripted["reply"] = Reply(body=body)
+    sidecar = make_sidecar(upstream=[server.base_url], otlp_endpoint=otlp_sink.endpoint)
+    answer = httpx.post(sidecar.url + "/rollouts/r-1/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    assert answer.status_code == 200 and answer.json()["choices"][0]["logprobs"] is None
+    (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
+    assert span.attributes[semconv.CALL_END_REASON] == semconv.END_COMPLETED
+    assert span.attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT
+
+
+def test_logprobs_for_only_some_tokens_leave_the_tokens_recorded(engine, make_sidecar, otlp_sink):
+    # A chunk with null logprobs: the span would carry 2 IDs and 1 logprob, which the receiver refuses
+    # whole (logprobs_length_mismatch); the IDs are kept and the partial logprobs left out.
+    reply = _stream(_chunk("[6]").replace(b'"logprobs":{"content":[' + (LOGPROB % "-0.5").encode() + b"]}", b'"logprobs":null'))
+    _, attributes = _call(engine, make_sidecar, otlp_sink, reply)
+    assert _as_list(attributes[semconv.COMPLETION_TOKEN_IDS]) == [5, 6, 7]
+    assert semconv.COMPLETION_LOGPROBS not in attributes
+
+
+def test_a_malformed_chunk_does_not_break_a_translated_stream(engine, make_sidecar, otlp_sink):
+    # Before: the Anthropic translator raised on `"choices": 5` and the harness's stream was cut.
+    server, scripted = engine
+    scripted["reply"] = _stream(b'data: {"choices":5}\n\n')
+    sidecar = make_sidecar(upstream=[server.base_url], otlp_endpoint=otlp_sink.endpoint)
+    body = {"model": "tiny", "max_tokens": 5, "messages": MESSAGES, "stream": True}
+    with httpx.stream("POST", sidecar.url + "/rollouts/r-1/v1/messages", json=body, timeout=10) as answer:
+        text = answer.read().decode()
+    types = [json.loads(e.split("data: ", 1)[1])["type"] for e in text.split("\n\n") if "data: " in e]
+    assert types[0] == "message_start" and types[-1] == "message_stop"
+    assert "".join(
+        json.loads(e.split("data: ", 1)[1])["delta"].get("text", "") for e in text.split("\n\n")
+        if "content_block_delta" in e
+    ) == "aa"
+    (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
+    assert span.attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT  # what it held is unknown

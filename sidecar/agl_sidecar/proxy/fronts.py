@@ -62,14 +62,15 @@ class AdapterFront:
         try:
             parsed = msgspec.json.decode(body)
             if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-                message = str(parsed["error"].get("message", message))
+                value = parsed["error"].get("message", message)
+                message = value if isinstance(value, str) else msgspec.json.encode(value).decode()  # JSON, not a repr
                 error_type = str(parsed["error"].get("type") or error_type)
         except msgspec.DecodeError:
             pass
         return self.error(status, message, error_type)
 
     def unary(self, body: bytes) -> bytes:
-        chat = msgspec.json.decode(body)  # the engine's: a failure is the proxy's upstream error
+        chat = _decode(body)  # the engine's: a failure is the proxy's upstream error
         return msgspec.json.encode(self.adapter.from_chat_response(chat, self.original))
 
     def start_stream(self) -> None:
@@ -87,13 +88,30 @@ class AdapterFront:
             if event[6:].strip() == b"[DONE]":
                 continue
             try:
-                chunk = msgspec.json.decode(event[6:])
+                chunk = _decode(event[6:])
             except msgspec.DecodeError:
-                continue
+                continue  # not JSON: the recorder marked the call's tokens absent
             if isinstance(chunk, dict):
-                out += self._translator.feed(chunk)
+                try:
+                    out += self._translator.feed(chunk)
+                except (TypeError, AttributeError, LookupError, ValueError):
+                    # A chunk not shaped as a chat chunk (`"choices": 5`): skipped, as one that is
+                    # not JSON; the stream goes on (the recorder already marked the tokens absent).
+                    continue
         return b"".join(out)
 
     def end_stream(self) -> bytes:
         assert self._translator is not None
         return b"".join(self._translator.finish())
+
+
+def _decode(data: bytes) -> Any:
+    """The engine's JSON; as Python's `json` reads it when only that reads it (`NaN` in logprobs the
+    harness asked for), the non-finite values then as strings."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        readable = wire.tolerant_json(data)
+        if readable is None:
+            raise
+        return msgspec.json.decode(readable)

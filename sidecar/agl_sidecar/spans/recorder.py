@@ -309,6 +309,7 @@ class SpanRecorder:
         prompt: otlp.IntArray | None = None
         completions: list[tuple[int, Choice, otlp.IntArray]] = []
         if call.prompt_ids is not None and not call.tokens_absent:
+            logprobs_of = wire.chat_logprobs if call.operation == semconv.OPERATION_CHAT else wire.legacy_logprobs
             try:
                 prompt = yield from encode_token_ids(call.prompt_ids, self.slices)
                 for index in sorted(call.choices):
@@ -317,6 +318,8 @@ class SpanRecorder:
                     if ids is None:
                         call.tokens_absent = True
                         break
+                    if not isinstance(choice.logprobs, list):  # decoded here: an engine's bad value
+                        choice.logprobs = logprobs_of(choice.logprobs) or []  # costs the tokens, not the span
                     completions.append((index, choice, ids))
             except (msgspec.MsgspecError, otlp.OutOfRange):  # not an int array, or IDs beyond int64
                 call.tokens_absent = True
@@ -421,7 +424,7 @@ class SpanRecorder:
                 first = ids
             attrs.append((semconv.completion_token_ids_key(index), ids))
             logprobs = choice.logprobs if isinstance(choice.logprobs, list) else logprobs_of(choice.logprobs)
-            if logprobs:
+            if logprobs and len(logprobs) == ids.length:  # else the receiver refuses the whole span
                 attrs.append((semconv.completion_logprobs_key(index), otlp.DoubleArray(logprobs)))
             if index > 0:
                 attrs.append((semconv.completion_finish_reason_key(index), choice.finish_reason or ""))
