@@ -74,9 +74,13 @@ def validate_upstream(url: str) -> str | None:
     """A message naming what is wrong with an --upstream value, or None."""
     if url.startswith(LITELLM_PREFIX):
         return None if len(url) > len(LITELLM_PREFIX) else "litellm: needs a model, e.g. litellm:openai/gpt-4o-mini"
+    try:
+        shown = split_credentials(url)[0]
+    except ValueError:  # urlsplit refuses it (`http://[::1`): still name it, never its credentials
+        scheme, sep, rest = url.partition("://")
+        shown = scheme + sep + rest.rpartition("@")[2]
     if not url.startswith(("http://", "https://")):
-        return f"upstream {split_credentials(url)[0]!r} must start with http://, https:// or litellm:"
-    shown = split_credentials(url)[0]
+        return f"upstream {shown!r} must start with http://, https:// or litellm:"
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
