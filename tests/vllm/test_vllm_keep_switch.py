@@ -133,3 +133,73 @@ def test_keep_switch_with_the_old_kv_kept(vllm_engine, sidecar, otlp_sink, model
     assert logprobs[boundary:] == pytest.approx(after, abs=ATOL)
     recomputed = hf_token_logprobs(new, prompt, tokens)[boundary:]
     assert max(abs(a - b) for a, b in zip(logprobs[boundary:], recomputed)) > 10 * ATOL  # the old KV mattered
+
+
+def length_of(call: int) -> int:
+    return 24 + (call * 7) % 80  # 24-103 tokens
+
+
+def test_50_concurrent_calls_through_a_keep_switch(vllm_engine, sidecar, otlp_sink, models, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Chat and completions, streamed and unary, 24-103 tokens each, all in flight when the engine
+    freezes: every call answers whole, and each span's boundary is the engine's count for that call
+    (none for a call that had finished before the freeze landed)."""
+    _, _, noisy = models
+    vllm_engine.update_weights(WeightUpdate(version=0, directory=tiny_model_dir))
+    httpx.post(f"{sidecar.url}{semconv.ADMIN_RESUME_PATH}", json={"policy_version": 0}).raise_for_status()
+    answers: dict[int, tuple[int, str, object]] = {}  # status, response id, what says it ended whole
+    streamed: dict[int, int] = {}  # events received so far, per streamed call
+
+    def call(i: int) -> None:
+        chat, stream = i % 4 < 2, i % 2 == 1
+        body: dict = {"model": SERVED_NAME, "max_tokens": length_of(i), "ignore_eos": True, "seed": i, "stream": stream}
+        body.update({"messages": [{"role": "user", "content": f"count to {i}"}]} if chat else {"prompt": f"Count to {i}:"})
+        url = f"{sidecar.url}/rollouts/r50-{i}/v1/{'chat/completions' if chat else 'completions'}"
+        if not stream:
+            reply = httpx.post(url, json=body, timeout=300)
+            answers[i] = (reply.status_code, reply.json()["id"], reply.json()["usage"]["completion_tokens"])
+            return
+        events: list[dict] = []
+        with httpx.stream("POST", url, json=body, timeout=300) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    streamed[i] = len(events)
+        finished = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
+        answers[i] = (reply.status_code, events[0]["id"], finished)
+
+    vllm_engine.set_device_step_ms(DEVICE_STEP_MS)
+    try:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(50)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(streamed) == 25 and min(streamed.values()) >= 3, "every stream under way", 300)
+        assert httpx.post(f"{sidecar.url}{semconv.ADMIN_PAUSE_PATH}", json={"mode": "keep"}, timeout=60).status_code == 200
+        progress = vllm_engine.freeze()
+        vllm_engine.update_weights(WeightUpdate(version=1, state_dict=noisy))
+        resume = {"policy_version": 1, "switch": True, "engine_progress": progress}
+        assert httpx.post(f"{sidecar.url}{semconv.ADMIN_RESUME_PATH}", json=resume, timeout=60).status_code == 200
+        vllm_engine.thaw()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        vllm_engine.set_device_step_ms(0.0)
+    assert sorted(answers) == list(range(50)) and {status for status, _, _ in answers.values()} == {200}
+    for i, (_, _, ended) in answers.items():  # unary: every token asked for; streamed: ended by length
+        assert ended == (["length"] if i % 2 else length_of(i)), (i, ended)
+    ids = {response_id for _, response_id, _ in answers.values()}
+    spans = otlp_sink.wait_for(lambda s: ids <= {x.attributes.get(semconv.GEN_AI_RESPONSE_ID) for x in s})
+    by_id = {s.attributes.get(semconv.GEN_AI_RESPONSE_ID): s for s in spans}
+    frozen = 0
+    for i, (_, response_id, _) in answers.items():
+        span = by_id[response_id]
+        length = len(span.attributes[semconv.COMPLETION_TOKEN_IDS])
+        assert length == length_of(i), i  # whole
+        counts = [n for rid, n in progress.items() if rid.startswith(response_id + "-")]
+        assert len(counts) <= 1, (i, counts)
+        versions = span.attributes.get(semconv.COMPLETION_POLICY_VERSIONS)
+        if not counts or counts[0] >= length:
+            assert versions is None, (i, counts, versions)  # finished before the freeze: all version 0
+            continue
+        frozen += 1
+        assert versions == ([0, 1] if counts[0] == 0 else [0, 0, counts[0], 1]), (i, counts, versions)
+    assert frozen >= 40  # the freeze found most calls mid-generation
