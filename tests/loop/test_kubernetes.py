@@ -25,6 +25,7 @@ from agl_trainer.runners.kubernetes_manifest import (
     check_job_manifest,
     check_object,
 )
+from agl_trainer.runners.kubernetes_retry import Backoff
 from agl_trainer.runners.kubernetes_status import job_verdict
 from agl_trainer.runners.ratelimit import RateLimiter
 from tests.support.fake_kube import FakeKube
@@ -391,8 +392,10 @@ async def test_start_says_what_to_fix_when_the_cluster_is_unreachable(tmp_path: 
     server = FakeKube().start()
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     server.stop()  # nothing listens there any more
-    runner = KubernetesRunner(JobTemplate(image="img:1"), Endpoint(SIDECAR), kubeconfig=str(kubeconfig))
-    with pytest.raises(RuntimeError, match=r"cannot list Jobs in namespace default at http://127\.0\.0\.1:\d+.*fix: "):
+    runner = KubernetesRunner(JobTemplate(image="img:1"), Endpoint(SIDECAR), kubeconfig=str(kubeconfig),
+                              backoff=Backoff(attempts=2, base_s=0.01))  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"cannot list Jobs in namespace default: the Kubernetes API server at "
+                                           r"http://127\.0\.0\.1:\d+ did not answer .*2 tries.*fix: "):  # fmt: skip
         await runner.start()
     await runner.stop()
     missing = KubernetesRunner(JobTemplate(image="img:1"), Endpoint(SIDECAR), kubeconfig=str(tmp_path / "nope"))

@@ -19,6 +19,9 @@ the container's command here with the pod's environment, secrets resolved from `
 image_pull (ErrImagePull -> ImagePullBackOff), invalid_image, unschedulable, no_pod (a pod quota:
 FailedCreate event), oom, evict. `silently()` changes objects without watch events (a missed event:
 only a list sees it); `compact()` makes resuming watches get 410 Gone; `drop_watches()` cuts them.
+`fail(n, status)` answers the next n matching requests with that status (a Status body, as the API
+server and the load balancers before it answer 429/5xx; Retry-After when given), status 0 closes the
+connection unanswered (a server restarting); then the server answers again.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ import contextlib
 import itertools
 import json
 import random
+import ssl
 import string
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -81,6 +86,15 @@ def default_scenario(job: dict[str, Any]) -> str:
     return "succeed"
 
 
+@dataclass
+class Fault:
+    count: int  # requests still to fail
+    status: int  # 0: close the connection without an answer
+    retry_after: str | None = None
+    method: str | None = None  # only requests of this method (GET, POST, DELETE)
+    path: str | None = None  # only paths containing this
+
+
 class _Watcher:
     def __init__(self, resource: str, namespace: str, selector: Callable[[dict[str, str]], bool]) -> None:
         self.resource, self.namespace, self.selector = resource, namespace, selector
@@ -88,8 +102,10 @@ class _Watcher:
 
 
 class FakeKube:
-    def __init__(self, step_s: float = 0.01) -> None:
+    def __init__(self, step_s: float = 0.01, ssl_context: ssl.SSLContext | None = None) -> None:
         self.step_s = step_s
+        self.ssl_context = ssl_context  # serve https (as an API server does; in-cluster config expects it)
+        self.authorizations: set[str] = set()  # the Authorization headers requests came with
         self.scenario: Callable[[dict[str, Any]], str] = default_scenario
         self.job_quota: int | None = None
         self.secrets: dict[str, dict[str, str]] = {}  # name -> data (the kubelet resolves env from them)
@@ -105,6 +121,8 @@ class FakeKube:
         self.max_live = 0
         self.watch_requests = 0
         self.list_requests = 0
+        self.faults: list[Fault] = []
+        self.failed: list[tuple[str, str, int]] = []  # (method, path, status) of each request failed on purpose
         self._rv = itertools.count(1)
         self._last_rv = 0
         self._silent = False
@@ -132,7 +150,7 @@ class FakeKube:
         return self
 
     async def _start_app(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._faulty])
         app.router.add_route("*", "/apis/batch/v1/namespaces/{ns}/jobs", self._jobs)
         app.router.add_route("*", "/apis/batch/v1/namespaces/{ns}/jobs/{name}", self._job)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
@@ -140,10 +158,10 @@ class FakeKube:
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._events)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{port}"
 
     def stop(self) -> None:
         if self._loop is None:
@@ -215,6 +233,13 @@ class FakeKube:
     def drop_watches(self) -> None:
         """Cut every open watch stream (a load balancer's idle timeout, an API server restart)."""
         self.call(lambda: [w.queue.put_nowait(None) for w in self._watchers])
+
+    def fail(
+        self, count: int, status: int = 503, *, retry_after: str | None = None, method: str | None = None,
+        path: str | None = None,
+    ) -> None:
+        """The next `count` requests (of `method`, to a path containing `path`) fail with `status`."""
+        self.call(self.faults.append, Fault(count, status, retry_after, method, path))
 
     def live_jobs(self, namespace: str = "default") -> int:
         return sum(1 for job in self.jobs(namespace).values() if not _finished(job))
@@ -410,6 +435,27 @@ class FakeKube:
             self._finish(ns, name, code if code >= 0 else 128 - code, "Completed" if code == 0 else "Error")
 
     # -- the HTTP API ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _faulty(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        self.authorizations.add(request.headers.get("Authorization", ""))
+        fault = next((f for f in self.faults if f.count > 0 and f.method in (None, request.method)
+                      and (f.path is None or f.path in request.path)), None)  # fmt: skip
+        if fault is None:
+            return await handler(request)
+        fault.count -= 1
+        self.failed.append((request.method, request.path, fault.status))
+        if fault.status == 0:
+            assert request.transport is not None
+            request.transport.abort()  # the client sees the connection reset, no status line
+            return web.Response(status=500)
+        reasons = {429: "TooManyRequests", 500: "InternalError", 502: "BadGateway", 503: "ServiceUnavailable",
+                   504: "Timeout"}  # fmt: skip
+        response = _error(fault.status, reasons.get(fault.status, "InternalError"),
+                          f"the server is currently unable to handle the request (fault {fault.status})")  # fmt: skip
+        if fault.retry_after is not None:
+            response.headers["Retry-After"] = fault.retry_after
+        return response
 
     async def _jobs(self, request: web.Request) -> web.StreamResponse:
         ns = request.match_info["ns"]

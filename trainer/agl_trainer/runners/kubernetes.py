@@ -14,7 +14,9 @@ unschedulable, no pod at all: a quota) fails the attempt with the reason once it
 `start_timeout_s` (at once for reasons that never clear, like an invalid image name); the Job is
 deleted, the outcome is infra_error (retried as the next attempt). Cancelled rollouts delete their
 Job; stop() deletes every unfinished Job of this runner. Finished Jobs stay for `ttl_s` (logs:
-`kubectl logs -n NAMESPACE job/NAME`).
+`kubectl logs -n NAMESPACE job/NAME`). Every API call backs off and tries again while the API server
+is away or answers 429/5xx (kubernetes_retry); once the tries are spent the attempt fails with the
+server's address and status as its cause (infra_error), and the training loop goes on.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from agl_trainer.runners.kubernetes_manifest import (
     check_job_manifest,
     job_name,
 )
+from agl_trainer.runners.kubernetes_retry import ApiUnavailable, Backoff, call_with_backoff, describe
 from agl_trainer.runners.kubernetes_status import NotStarted, Verdict, classify_job, job_finished, job_verdict, not_started
 from agl_trainer.runners.kubernetes_watch import JobState, JobTracker
 from agl_trainer.runners.ratelimit import RateLimiter
@@ -82,8 +85,10 @@ class KubernetesRunner:
         api_client: Any = None,
         runner_id: str | None = None,
         log_dir: Path | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self.template = template
+        self.backoff = backoff or Backoff()  # for every API call (kubernetes_retry)
         self.endpoint = endpoint
         self.retries = retries
         self.on_exit = on_exit
@@ -161,17 +166,17 @@ class KubernetesRunner:
         self.core = client.CoreV1Api(self._api_client)
         self.tracker = JobTracker(
             self.batch, self.core, self.template.namespace, self.selector, self._executor,
-            reconcile_s=self.reconcile_s,
+            reconcile_s=self.reconcile_s, backoff=self.backoff,
         )  # fmt: skip
         log.info("kubernetes runner %s: Jobs labelled %s in namespace %s", self.runner_id, self.selector,
                  self.template.namespace)  # fmt: skip
         try:
             await self.tracker.start()
         except Exception as error:
-            host = self._api_client.configuration.host
+            why = str(error) if isinstance(error, ApiUnavailable) else f"{self.host}: {_api_error(error)}"
             raise RuntimeError(
-                f"the kubernetes runner cannot list Jobs in namespace {self.template.namespace} at {host}: "
-                f"{_api_error(error)} (fix: harness.kubernetes.kubeconfig / context, and RBAC: create, get, list, "
+                f"the kubernetes runner cannot list Jobs in namespace {self.template.namespace}: "
+                f"{why} (fix: harness.kubernetes.kubeconfig / context, and RBAC: create, get, list, "
                 "watch, delete on jobs; list, watch on pods; list on events)"
             ) from None
 
@@ -222,13 +227,20 @@ class KubernetesRunner:
         name, namespace = state.name, self.template.namespace
         await self._rate.acquire()
         loop = asyncio.get_running_loop()
-        creating = loop.run_in_executor(self._executor, lambda: self.batch.create_namespaced_job(namespace, manifest))
-        try:
+
+        async def create() -> Any:
+            creating = loop.run_in_executor(self._executor, lambda: self.batch.create_namespaced_job(namespace, manifest))
             try:
-                created = await asyncio.shield(creating)
+                return await asyncio.shield(creating)
             except asyncio.CancelledError:  # let the create land first, so the caller's delete finds the Job
                 await asyncio.wait([creating], timeout=30)
                 raise
+
+        try:
+            # A retried create whose first try landed after all answers 409: adopted below.
+            created = await call_with_backoff(create, self.backoff, self.host, on_retry=self._retrying(f"create job {name}"))
+        except ApiUnavailable as error:
+            return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {error}")
         except ApiException as error:
             if error.status != 409:
                 return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {_api_error(error)}")
@@ -346,8 +358,25 @@ class KubernetesRunner:
         except Exception as error:
             log.warning("could not delete job %s: %s", name, error)
 
+    @property
+    def host(self) -> str:
+        """The API server's address, as errors name it."""
+        return str(getattr(getattr(self._api_client, "configuration", None), "host", None) or "(not connected)")
+
+    def _retrying(self, what: str) -> Any:
+        def report(error: BaseException, wait: float) -> None:
+            log.warning("kubernetes: %s at %s: %s; trying again in %.1f s", what, self.host, describe(error), wait)
+
+        return report
+
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        """fn(*args, **kwargs) on the API thread pool, tried again on transient failures (kubernetes_retry)."""
+        loop = asyncio.get_running_loop()
+        name = getattr(fn, "__name__", "call")
+        return await call_with_backoff(
+            lambda: loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs)),
+            self.backoff, self.host, on_retry=self._retrying(name),
+        )  # fmt: skip
 
 
 SECRET_BEARING = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", semconv.ENV_OTLP_HEADERS, semconv.ENV_SIDECAR_ADMIN_TOKEN)
@@ -370,17 +399,7 @@ def _plain(api: Any, model: Any) -> dict[str, Any]:
     return api.api_client.sanitize_for_serialization(model)  # type: ignore[no-any-return]
 
 
-def _api_error(error: Exception) -> str:
-    """An ApiException as 'status reason: the API server's message'."""
-    import json
-
-    status, reason, body = getattr(error, "status", None), getattr(error, "reason", None), getattr(error, "body", None)
-    if status is None:
-        return str(error)
-    message = ""
-    with contextlib.suppress(Exception):
-        message = json.loads(body).get("message", "")
-    return f"{status} {reason}" + (f": {message}" if message else "")
+_api_error = describe  # an ApiException as 'status reason: the API server's message'
 
 
 def load_api_client(kubeconfig: str | None, context: str | None) -> Any:

@@ -5,7 +5,8 @@ the asyncio loop (`call_soon_threadsafe`); API calls go through the runner's thr
 can miss events (a dropped connection, `410 Gone` after compaction), so the watch restarts from a
 fresh list, and every `reconcile_s` the tracker lists Jobs and Pods anyway: a missed event delays a
 rollout's end by at most one reconcile, never strands it. A Job missing from a list newer than its
-creation was deleted from outside.
+creation was deleted from outside. While the API server is away the lists back off (kubernetes_retry):
+the watches' relists without end, each wait at most backoff.max_s, the others for backoff.attempts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl_trainer.runners.kubernetes_manifest import LABEL_JOB
+from agl_trainer.runners.kubernetes_retry import Backoff, call_with_backoff, describe
 from agl_trainer.runners.kubernetes_status import job_finished
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,9 @@ class JobTracker:
         *,
         reconcile_s: float = 15.0,
         watch_timeout_s: int = 60,
+        backoff: Backoff | None = None,
     ) -> None:
+        self.backoff = backoff or Backoff()
         self.batch, self.core = batch, core
         self.namespace, self.selector = namespace, selector
         self.executor = executor
@@ -169,7 +173,14 @@ class JobTracker:
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        host = str(self.batch.api_client.configuration.host)
+
+        def report(error: BaseException, wait: float) -> None:
+            log.warning("kubernetes list at %s: %s; trying again in %.1f s", host, describe(error), wait)
+
+        return await call_with_backoff(
+            lambda: loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs)), self.backoff, host, on_retry=report
+        )
 
     def _apply(self, kind: str, kind_of_event: str, obj: dict[str, Any]) -> None:
         if kind == JOBS:
@@ -228,6 +239,7 @@ class JobTracker:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
+        failures = 0  # in a row: the wait before the next relist grows with them, up to backoff.max_s
         while not self._stopping.is_set():
             stream = watch.Watch()
             self._watches[kind] = stream
@@ -246,23 +258,28 @@ class JobTracker:
                     rv = _rv(raw) or rv
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                         self._post(self._apply, kind, event["type"], raw)
+                    failures = 0
                 continue  # the server ended the watch (timeoutSeconds): resume from rv
             except ApiException as error:
                 if self._stopping.is_set():
                     return
                 if error.status != 410:
-                    log.warning("kubernetes %s watch failed (%s): relisting", kind, error.reason)
-                    self._stopping.wait(1.0)
+                    log.warning("kubernetes %s watch failed (%s): relisting", kind, describe(error))
+                    self._stopping.wait(self.backoff.delay(min(failures, 16)))
+                    failures += 1
             except Exception as error:  # connection dropped: relist and watch again
                 if self._stopping.is_set():
                     return
                 log.warning("kubernetes %s watch dropped (%s): relisting", kind, error)
-                self._stopping.wait(1.0)
+                self._stopping.wait(self.backoff.delay(min(failures, 16)))
+                failures += 1
             while not self._stopping.is_set():  # 410 Gone or an error: the list is the new start
                 try:
                     items, rv = self._list_sync(kind)
                     self._post(self._apply_list, kind, items, rv)
                     break
                 except Exception as error:
-                    log.warning("kubernetes %s list failed (%s): retrying", kind, error)
-                    self._stopping.wait(1.0)
+                    wait = self.backoff.delay(min(failures, 16))
+                    failures += 1
+                    log.warning("kubernetes %s list failed (%s): trying again in %.1f s", kind, describe(error), wait)
+                    self._stopping.wait(wait)
