@@ -92,6 +92,20 @@ def test_bf16_master_weights_halve_the_trainer_state(capsys: pytest.CaptureFixtu
     assert gib(out.split("engine:")[0], "weights") == pytest.approx(QWEN3_8B * 2 / 8 / GIB, abs=0.01)
 
 
+def test_a_keep_switch_keeps_vllm_awake_while_training(capsys: pytest.CaptureFixture[str]) -> None:
+    """loop.switch: keep skips the collocated sleep (it would drop the frozen calls' KV cache): the
+    engine's whole budget (gpu_memory_utilization 0.6 of the GPU) stays there while the trainer
+    trains, and where that does not fit the fix says so."""
+    for gpu in (80, 40):
+        drain_code, drain, _ = dry_run(capsys, f"--gpu-memory-gib={gpu}")
+        code, keep, _ = dry_run(capsys, "--loop.switch=keep", f"--gpu-memory-gib={gpu}")
+        assert "sleeps while training" in drain and "frozen calls keep their KV cache" in keep
+        assert gib(keep, "training") == pytest.approx(gib(drain, "training") + 0.6 * gpu, abs=0.02)
+        assert drain_code == 0
+        assert code == (0 if gpu == 80 else 1), keep
+    assert "fix: set loop.switch: drain" in keep
+
+
 def test_kv_cache_too_small_for_one_sequence(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = dry_run(capsys, "--engine.options.gpu_memory_utilization=0.25", "--engine.options.max_model_len=40960")
     assert code == 1

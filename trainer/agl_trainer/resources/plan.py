@@ -58,6 +58,13 @@ class EnginePlan:
     weights_bytes: float  # per GPU
     budget_bytes: float  # per GPU: what the engine claims (vLLM) or holds (embedded)
     kv_bytes: float  # per GPU, <= 0 when the weights leave no room
+    # loop.switch: keep: calls frozen across an update hold the engine's KV cache, so vLLM cannot
+    # sleep while the trainer trains, collocated or not (the loop skips the sleep)
+    holds_frozen_calls: bool = False
+
+    @property
+    def asleep_while_training(self) -> bool:
+        return self.name == "vllm" and self.collocated and not self.holds_frozen_calls
 
     @property
     def gpus(self) -> int:
@@ -220,6 +227,7 @@ def _engine_plan(config: Config, arch: Architecture, parameters: int, gpu_memory
             utilization=utilization, max_model_len=max_len,
             kv_bytes_per_token=arch.kv_bytes_per_token(kv_bytes), collocated=bool(options.get("collocated", False)),
             weights_bytes=weights, budget_bytes=budget, kv_bytes=budget - weights - ENGINE_RESERVE_GIB * GIB,
+            holds_frozen_calls=config.loop.switch == "keep",
         )  # fmt: skip
     # The embedded engine keeps its own fp32 copy of the weights in the trainer's process; its KV
     # cache grows with the batch (engine.max_batch), not from a preallocated budget.
@@ -236,7 +244,7 @@ def _check(plan: ResourcePlan, config: Config) -> None:
     context = CUDA_CONTEXT_GIB * GIB * (2 if engine.name == "vllm" else 1)
     plan.generating_bytes = engine.budget_bytes + trainer.resident_bytes + context
     engine_while_training = engine.budget_bytes
-    if engine.name == "vllm" and engine.collocated:
+    if engine.asleep_while_training:
         engine_while_training = 0.0  # asleep: level 1 moves weights to CPU, drops the KV cache
     plan.training_bytes = trainer.training_peak_bytes + engine_while_training + context
     if engine.name == "vllm":
@@ -270,7 +278,12 @@ def _check(plan: ResourcePlan, config: Config) -> None:
                 plan.fixes.append(f"lower engine.options.gpu_memory_utilization to {int(room * 100) / 100:.2f} or less")
     if plan.training_bytes > gpu:
         plan.problems.append(f"while training: {_gib(plan.training_bytes)} per GPU > {plan.gpu_memory_gib:g} GiB")
-        if engine.name == "vllm" and not engine.collocated:
+        if engine.name == "vllm" and engine.holds_frozen_calls:
+            plan.fixes.append(
+                "set loop.switch: drain (with keep, the calls frozen across an update hold vLLM's weights and "
+                "KV cache on the GPU while the trainer trains: it cannot sleep)"
+            )
+        elif engine.name == "vllm" and not engine.collocated:
             plan.fixes.append("set engine.options.collocated: true (vLLM sleeps while the trainer trains)")
         if trainer.activation_bytes > trainer.optimizer_bytes:
             if not trainer.gradient_checkpointing:
@@ -366,7 +379,7 @@ def format_plan(plan: ResourcePlan) -> str:
         lines.append(
             f"engine: vLLM, {engine.replicas} replica(s) x TP {engine.tensor_parallel}, weights "
             f"{engine.dtype_bytes * 8}-bit, gpu_memory_utilization {engine.utilization:g} ({_gib(engine.budget_bytes)}), "
-            f"max_model_len {engine.max_model_len}, {'sleeps while training' if engine.collocated else 'stays resident while training'}"
+            f"max_model_len {engine.max_model_len}, {_while_training(engine)}"
         )
         sequences = engine.kv_tokens // engine.max_model_len
         lines.append(
@@ -391,6 +404,14 @@ def format_plan(plan: ResourcePlan) -> str:
         lines += [f"  - {problem}" for problem in plan.problems]
         lines += [f"  fix: {fix}" for fix in dict.fromkeys(plan.fixes)]
     return "\n".join(lines)
+
+
+def _while_training(engine: EnginePlan) -> str:
+    if engine.asleep_while_training:
+        return "sleeps while training"
+    if engine.holds_frozen_calls:
+        return "stays resident while training (loop.switch: keep: frozen calls keep their KV cache)"
+    return "stays resident while training"
 
 
 def _yes(flag: bool) -> str:
