@@ -299,8 +299,9 @@ class VLLMEngine:
 
     def _apply_step_delay(self, servers: list[Server], always: bool = False) -> None:
         if self.config.device_step_ms or always:
+            call = {"method": STEP_DELAY_METHOD, "args": [self.config.device_step_ms / 1000.0]}
             for server in servers:
-                self._post(server, "/collective_rpc", json={"method": STEP_DELAY_METHOD, "args": [self.config.device_step_ms / 1000.0]})
+                self._post(server, "/collective_rpc", json=call)
 
     def _wait_healthy(self, servers: list[Server]) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
