@@ -43,6 +43,8 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
+    if encoding == "x-gzip":  # RFC 9110 8.4.1.3: a recipient treats it as gzip
+        encoding = "gzip"
     if encoding not in ("gzip", "deflate"):
         raise DecodeError(f"unsupported content-encoding {encoding!r} (use gzip or none)")
     wbits = 31 if encoding == "gzip" else 15

@@ -189,6 +189,9 @@ class Receiver:
         app.router.add_get("/stats", self._http_stats)
         app.router.add_get("/metrics", self._http_metrics)
         app.router.add_get("/healthz", self._http_health)
+        from agl_trainer.receiver.client_errors import quiet_client_errors
+
+        quiet_client_errors()  # a sender's malformed HTTP is its 400, not a traceback in our log
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)

@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from agl_trainer.assembly import AssemblyConfig
+from agl_trainer.receiver.client_errors import quiet_client_errors
 from agl_trainer.store.records import RolloutKey
 from agl_trainer.viewer import detail, queries
 from agl_trainer.viewer.indexer import Indexer
@@ -326,6 +327,7 @@ class ViewerServer:
         return self
 
     async def _bind(self) -> None:
+        quiet_client_errors()  # a browser's over-long URL is its 400, not a traceback in our log
         self._runner = web.AppRunner(self.viewer.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
