@@ -6,17 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import openai
 
-from agl_sidecar.config import build
-from agl_sidecar.server import BackgroundSidecar
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
-from agl_trainer.receiver import Receiver, ReceiverConfig
-from agl_trainer.store import RolloutStore
 from tests.support.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
-from tests.support.waiting import wait_until
+from tests.support.pipeline import pipeline
 
 
 def scripted_reply(body: dict, choice: int) -> str:
@@ -24,42 +19,19 @@ def scripted_reply(body: dict, choice: int) -> str:
 
 
 def test_a_two_call_rollout_becomes_one_exact_sample(tmp_path: Path) -> None:
-    store_path = tmp_path / "store.sqlite"
-    receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
-    try:
-        with FakeVLLM(reply=scripted_reply) as engine, BackgroundSidecar(
-            build(
-                {
-                    "upstream": [engine.base_url],
-                    "listen": "127.0.0.1:0",
-                    "otlp_endpoint": receiver.url,
-                    "spool_dir": str(tmp_path / "spool"),
-                    "export_interval_s": 0.05,
-                    "policy_version": 4,
-                }
-            )
-        ) as sidecar:
-            client = openai.OpenAI(base_url=f"{sidecar.url}/rollouts/r-e2e/v1", api_key="unused")
-            messages = [{"role": "user", "content": "look up k3"}]
-            first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16)
-            messages += [
-                {"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "tool", "content": "v7", "tool_call_id": "t0"},
-            ]
-            # Streamed, so both paths of the sidecar feed the same sample.
-            stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, stream=True)
-            second_text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-            httpx.post(f"{sidecar.url}/rollouts/r-e2e/reward", json={"value": 0.5}).raise_for_status()
-            httpx.post(
-                f"{sidecar.url}/rollouts/r-e2e/end", json={"status": "succeeded", "task_id": "task-1", "mode": "train"}
-            ).raise_for_status()
-
-            store = RolloutStore(store_path, grace_s=0.0)
-            wait_until(lambda: len(store.ready_rollouts(mode="train")) == 1, "the rollout to be ready")
-            ready = store.ready_rollouts(mode="train")
-            result = assemble(store, ready, AssemblyConfig())
-    finally:
-        receiver.stop()
+    with FakeVLLM(reply=scripted_reply) as engine, pipeline(tmp_path, engine.base_url, policy_version=4) as piped:
+        client = openai.OpenAI(base_url=f"{piped.sidecar_url}/rollouts/r-e2e/v1", api_key="unused")
+        messages = [{"role": "user", "content": "look up k3"}]
+        first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16)
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "tool", "content": "v7", "tool_call_id": "t0"},
+        ]
+        # Streamed, so both paths of the sidecar feed the same sample.
+        stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, stream=True)
+        second_text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        store = piped.finish("r-e2e", 0.5, task_id="task-1", mode="train")
+        result = assemble(store, store.ready_rollouts(mode="train"), AssemblyConfig())
 
     (rollout,) = result.rollouts
     assert rollout.reward == 0.5

@@ -20,15 +20,11 @@ import pytest
 import openai
 from agl import semconv
 
-from agl_sidecar.config import build
-from agl_sidecar.server import BackgroundSidecar
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
 from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
-from agl_trainer.receiver import Receiver, ReceiverConfig
-from agl_trainer.store import RolloutStore
-from tests.support.waiting import wait_until
+from tests.support.pipeline import pipeline
 
 TRACE = "5a" * 16
 SUB_AGENTS = 4
@@ -80,31 +76,12 @@ def test_a_main_thread_and_four_concurrent_sub_agents_become_five_exact_samples(
     model = build_bpe_model(
         tmp_path / "model", TinyModelSpec(hidden=128, heads=2, kv_heads=2, intermediate=256, max_positions=256)
     )
-    store_path = tmp_path / "store.sqlite"
-    receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
-    try:
-        with EmbeddedEngine(
-            EmbeddedEngineConfig(model_path=model, served_model_name="tiny", max_model_len=256)
-        ) as engine, BackgroundSidecar(
-            build(
-                {
-                    "upstream": [engine.urls[0]],
-                    "listen": "127.0.0.1:0",
-                    "otlp_endpoint": receiver.url,
-                    "spool_dir": str(tmp_path / "spool"),
-                    "export_interval_s": 0.05,
-                }
-            )
-        ) as sidecar:
-            main, subs = asyncio.run(harness(f"{sidecar.url}/rollouts/r-sub/v1"))
-            httpx.post(f"{sidecar.url}/rollouts/r-sub/reward", json={"value": 1.0}).raise_for_status()
-            httpx.post(f"{sidecar.url}/rollouts/r-sub/end", json={"status": "succeeded"}).raise_for_status()
-            store = RolloutStore(store_path, grace_s=0.0)
-            wait_until(lambda: len(store.ready_rollouts()) == 1, "the rollout to be ready")
-            calls = store.load("r-sub").calls
-            result = assemble(store, store.ready_rollouts(), AssemblyConfig())
-    finally:
-        receiver.stop()
+    engine_config = EmbeddedEngineConfig(model_path=model, served_model_name="tiny", max_model_len=256)
+    with EmbeddedEngine(engine_config) as engine, pipeline(tmp_path, engine.urls[0]) as piped:
+        main, subs = asyncio.run(harness(f"{piped.sidecar_url}/rollouts/r-sub/v1"))
+        store = piped.finish("r-sub", 1.0)
+        calls = store.load("r-sub").calls
+        result = assemble(store, store.ready_rollouts(), AssemblyConfig())
 
     # every call recorded, in the harness's trace, each with the parent span its thread sent
     assert sorted(call.call_seq for call in calls) == list(range(3 + 2 * SUB_AGENTS))
@@ -173,30 +150,11 @@ async def chat_harness(base_url: str) -> list[list[dict]]:
 def test_chat_threads_retry_compaction_and_a_spawned_process_through_the_sidecar(tmp_path: Path) -> None:
     from tests.support.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
 
-    store_path = tmp_path / "store.sqlite"
-    receiver = Receiver(store_path, ReceiverConfig(port=0)).start()
-    try:
-        with FakeVLLM(reply=chat_reply) as engine, BackgroundSidecar(
-            build(
-                {
-                    "upstream": [engine.base_url],
-                    "listen": "127.0.0.1:0",
-                    "otlp_endpoint": receiver.url,
-                    "spool_dir": str(tmp_path / "spool"),
-                    "export_interval_s": 0.05,
-                }
-            )
-        ) as sidecar:
-            base_url = f"{sidecar.url}/rollouts/r-chat/v1"
-            made = asyncio.run(chat_harness(base_url))
-            httpx.post(f"{sidecar.url}/rollouts/r-chat/reward", json={"value": 1.0}).raise_for_status()
-            httpx.post(f"{sidecar.url}/rollouts/r-chat/end", json={"status": "succeeded"}).raise_for_status()
-            store = RolloutStore(store_path, grace_s=0.0)
-            wait_until(lambda: len(store.ready_rollouts()) == 1, "the rollout to be ready")
-            calls = store.load("r-chat").calls
-            result = assemble(store, store.ready_rollouts(), AssemblyConfig())
-    finally:
-        receiver.stop()
+    with FakeVLLM(reply=chat_reply) as engine, pipeline(tmp_path, engine.base_url) as piped:
+        made = asyncio.run(chat_harness(f"{piped.sidecar_url}/rollouts/r-chat/v1"))
+        store = piped.finish("r-chat", 1.0)
+        calls = store.load("r-chat").calls
+        result = assemble(store, store.ready_rollouts(), AssemblyConfig())
 
     assert len(calls) == len(made) + 1  # every call recorded, the spawned process's too
     origins = [call.origin for call in sorted(calls, key=lambda c: c.call_seq)]

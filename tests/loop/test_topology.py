@@ -17,6 +17,7 @@ from agl_trainer.loop.sidecar_client import SidecarProcess
 from agl_trainer.loop.topology import parse_listen, resolve
 from agl_trainer.store import RolloutStore
 from tests.loop.test_loop import make_config, run_session
+from tests.support.pipeline import run_config
 from tests.support.ports import free_port
 
 
@@ -123,20 +124,10 @@ def demo_tasks(n: int) -> list[dict[str, Any]]:
 
 def test_off_loopback_harnesses_get_the_advertised_url_and_every_secret(tmp_path: Path, model_dir: Path) -> None:
     sidecar_port, receiver_port = free_port(), free_port()
-    config = make_config(
-        tmp_path, model_dir, demo_tasks(2), "examples.demo.harness:run_episode",
-        mode="sync", batch_rollouts=4, group_size=2, concurrency=4, max_steps=1,
-    )  # fmt: skip
-    config = load_config(
-        None,
-        [
-            f"--tasks={config.tasks}", f"--output_dir={config.output_dir}", f"--model.path={config.model.path}",
-            "--harness.function=examples.demo.harness:run_episode", "--harness.workers=1",
-            "--loop.mode=sync", "--loop.batch_rollouts=4", "--loop.group_size=2", "--loop.max_steps=1",
-            "--loop.completion_grace_s=0.2",
-            f"--sidecar.listen=0.0.0.0:{sidecar_port}", f"--sidecar.advertise_url=http://127.0.0.1:{sidecar_port}",
-            f"--receiver.listen=0.0.0.0:{receiver_port}", f"--receiver.advertise_url=http://127.0.0.1:{receiver_port}",
-        ],
+    config = run_config(
+        tmp_path, model_dir, "examples.demo.harness:run_episode",
+        f"--sidecar.listen=0.0.0.0:{sidecar_port}", f"--sidecar.advertise_url=http://127.0.0.1:{sidecar_port}",
+        f"--receiver.listen=0.0.0.0:{receiver_port}", f"--receiver.advertise_url=http://127.0.0.1:{receiver_port}",
     )  # fmt: skip
     probes: dict[str, int] = {}
 
@@ -182,19 +173,10 @@ def test_training_drives_the_sidecars_you_run(tmp_path: Path, model_dir: Path, m
         sidecar.start()
     try:
         attach = [{"url": s.url, "admin_token_env": name} for s, name in zip(sidecars, tokens)]
-        base = make_config(
-            tmp_path, model_dir, demo_tasks(4), "tests.loop.harnesses:calls",
-            mode="sync", batch_rollouts=8, group_size=2, concurrency=8, max_steps=2,
-        )  # fmt: skip
-        config = load_config(
-            None,
-            [
-                f"--tasks={base.tasks}", f"--output_dir={base.output_dir}", f"--model.path={base.model.path}",
-                "--harness.function=tests.loop.harnesses:calls", "--harness.workers=1",
-                f"--loop.mode={mode}", f"--loop.switch={switch}", "--loop.batch_rollouts=8", "--loop.group_size=2",
-                "--loop.max_steps=2", "--loop.completion_grace_s=0.2", f"--receiver.listen=127.0.0.1:{receiver_port}",
-                "--sidecar.attach", json.dumps(attach),
-            ],
+        config = run_config(
+            tmp_path, model_dir, "tests.loop.harnesses:calls",
+            f"--loop.switch={switch}", f"--receiver.listen=127.0.0.1:{receiver_port}", "--sidecar.attach", json.dumps(attach),
+            tasks=4, mode=mode, batch_rollouts=8, max_steps=2,
         )  # fmt: skip
         os.environ.update(tokens)
         try:
@@ -216,15 +198,8 @@ def test_training_drives_the_sidecars_you_run(tmp_path: Path, model_dir: Path, m
 def test_an_unreachable_attached_sidecar_is_a_clear_error(tmp_path: Path, model_dir: Path) -> None:
     from agl_trainer.loop.sidecar_client import SidecarError
 
-    base = make_config(tmp_path, model_dir, demo_tasks(2), "tests.loop.harnesses:calls", max_steps=1)
-    config = load_config(
-        None,
-        [
-            f"--tasks={base.tasks}", f"--output_dir={base.output_dir}", f"--model.path={base.model.path}",
-            "--harness.function=tests.loop.harnesses:calls",
-            "--sidecar.attach", json.dumps([{"url": f"http://127.0.0.1:{free_port()}"}]),
-        ],
-    )  # fmt: skip
+    unreachable = json.dumps([{"url": f"http://127.0.0.1:{free_port()}"}])
+    config = run_config(tmp_path, model_dir, "tests.loop.harnesses:calls", "--sidecar.attach", unreachable)
     with pytest.raises(SidecarError, match=r"config key sidecar.attach.0: cannot reach the sidecar"):
         run_session(config)
 
