@@ -23,6 +23,7 @@ from agl_trainer.runners.kubernetes import KubernetesRunner, load_api_client
 from agl_trainer.runners.kubernetes_manifest import JobTemplate
 from agl_trainer.runners.kubernetes_retry import ApiUnavailable, Backoff, call_with_backoff
 from tests.support.fake_kube import FakeKube
+from tests.support.waiting import wait_until_async
 
 SIDECAR = "http://agl-sidecar.train.svc:8400"
 FAST = Backoff(attempts=4, base_s=0.01, max_s=2.0)
@@ -128,8 +129,7 @@ async def test_lists_and_deletes_ride_out_an_outage(fake: FakeKube, tmp_path: Pa
     await runner.start()
     try:
         run = asyncio.create_task(runner.run(_spec("r-cancel", "hold")))
-        while not any(j["status"].get("ready") for j in fake.jobs().values()):
-            await asyncio.sleep(0.02)
+        await wait_until_async(lambda: any(j["status"].get("ready") for j in fake.jobs().values()), "the job to run")
         fake.fail(2, 502, method="DELETE")
         run.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -251,7 +251,7 @@ class KubernetesRunner:
                 return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"job {name}: {_api_error(again)}")
             if (created.metadata.labels or {}).get(LABEL_RUNNER) != self.runner_id:
                 return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"job {name} exists and is not this runner's")
-        except Exception as error:  # the API server is unreachable
+        except Exception as error:  # not the API's answer, nor an outage (kubernetes_retry): a client error
             return RolloutOutcome(spec, Cause.INFRA_ERROR, message=f"could not create job {name}: {error}")
         state.created_rv = created.metadata.resource_version
         state.update_job(_plain(self.batch, created))
