@@ -13,18 +13,25 @@ import numpy as np
 from agl_trainer.receiver.raw_span import MAX_VALUE_DEPTH, BadValue, DecodeError, RawSpan, first_bad
 
 
+# Proto3's JSON mapping accepts null for any field (the field's default) and an integral number
+# for an int64 (`1.0`, `1e3`: what protobuf's own parsers take): every field here takes both, so a
+# sender spelling its JSON so costs nothing. A span whose shape is wrong (attributes an object, a
+# string for a span) is refused alone, not its request (decode_json's slow path).
+Number = int | float | str | None
+
+
 class JsonArrayValue(msgspec.Struct, forbid_unknown_fields=False):
-    values: list[JsonAnyValue] = []
+    values: list[JsonAnyValue | None] | None = []
 
 
 class JsonKeyValueList(msgspec.Struct, forbid_unknown_fields=False):
-    values: list[JsonKeyValue] = []
+    values: list[JsonKeyValue] | None = []
 
 
 class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
     stringValue: str | None = None
     boolValue: bool | None = None
-    intValue: int | str | None = None
+    intValue: Number = None
     doubleValue: float | str | None = None
     arrayValue: JsonArrayValue | None = None
     kvlistValue: JsonKeyValueList | None = None
@@ -32,40 +39,55 @@ class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class JsonKeyValue(msgspec.Struct, forbid_unknown_fields=False):
-    key: str
+    key: str | None = ""
     value: msgspec.Raw = msgspec.Raw()  # decoded on its own (_JSON_VALUE): a bad value costs only itself
 
 
 class JsonStatus(msgspec.Struct, forbid_unknown_fields=False):
-    code: int | str = 0
-    message: str = ""
+    code: Number = 0
+    message: str | None = ""
 
 
 class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
-    traceId: str = ""
-    spanId: str = ""
-    parentSpanId: str = ""
-    name: str = ""
-    kind: int | str = 0
-    startTimeUnixNano: int | str = 0
-    endTimeUnixNano: int | str = 0
-    attributes: list[JsonKeyValue] = []
+    traceId: str | None = ""
+    spanId: str | None = ""
+    parentSpanId: str | None = ""
+    name: str | None = ""
+    kind: Number = 0
+    startTimeUnixNano: Number = 0
+    endTimeUnixNano: Number = 0
+    attributes: list[JsonKeyValue] | None = []
     status: JsonStatus | None = None
 
 
 class JsonScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
-    spans: list[JsonSpan] = []
+    spans: list[JsonSpan] | None = []
 
 
 class JsonResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
-    scopeSpans: list[JsonScopeSpans] = []
+    scopeSpans: list[JsonScopeSpans] | None = []
 
 
 class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceSpans: list[JsonResourceSpans] = []
+    resourceSpans: list[JsonResourceSpans] | None = []
+
+
+# The slow path, taken when the whole request does not decode typed: each span on its own.
+class JsonRawScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
+    spans: list[msgspec.Raw] | None = []
+
+
+class JsonRawResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
+    scopeSpans: list[JsonRawScopeSpans] | None = []
+
+
+class JsonRawExportRequest(msgspec.Struct, forbid_unknown_fields=False):
+    resourceSpans: list[JsonRawResourceSpans] | None = []
 
 
 _JSON_DECODER = msgspec.json.Decoder(JsonExportRequest)
+_JSON_RAW_DECODER = msgspec.json.Decoder(JsonRawExportRequest)
+_SPAN = msgspec.json.Decoder(JsonSpan)
 _JSON_VALUE = msgspec.json.Decoder(JsonAnyValue | None)
 _KINDS = {
     "SPAN_KIND_UNSPECIFIED": 0,
@@ -78,17 +100,22 @@ _KINDS = {
 _STATUS = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
 
-def _json_int(value: int | str) -> int | None:
-    """An OTLP JSON integer (a number, or a decimal string as the JSON mapping writes int64s)."""
+def _json_int(value: int | float | str | None) -> int | None:
+    """An OTLP JSON integer (a number, or a decimal string as the JSON mapping writes int64s); an
+    integral float is that integer (protobuf's JSON parsers take `1.0`), any other float is not."""
     if type(value) is int:
         return value
+    if value is None:
+        return 0
+    if type(value) is float:
+        return int(value) if value.is_integer() else None
     try:
         return int(value)
     except ValueError:
         return None
 
 
-def _json_int64(value: int | str) -> int | BadValue:
+def _json_int64(value: int | float | str) -> int | BadValue:
     number = _json_int(value)
     if number is None:
         return BadValue("not_int", f"intValue {str(value)[:40]!r} is not an integer")
@@ -129,7 +156,7 @@ def _json_value(value: JsonAnyValue | None, depth: int) -> Any:
         except ValueError:
             return BadValue("not_number", f"doubleValue {str(value.doubleValue)[:40]!r} is not a number")
     if value.arrayValue is not None:
-        items = [_json_value(item, depth + 1) for item in value.arrayValue.values]
+        items = [_json_value(item, depth + 1) for item in value.arrayValue.values or ()]
         bad = first_bad(items)
         if bad is not None:
             return bad
@@ -140,11 +167,11 @@ def _json_value(value: JsonAnyValue | None, depth: int) -> Any:
         return items
     if value.kvlistValue is not None:
         entries = {}
-        for kv in value.kvlistValue.values:
+        for kv in value.kvlistValue.values or ():
             item = _json_attribute(kv.value, depth + 1)
             if type(item) is BadValue:
                 return item
-            entries[kv.key] = item
+            entries[kv.key or ""] = item
         return entries
     if value.bytesValue is not None:
         try:
@@ -154,9 +181,11 @@ def _json_value(value: JsonAnyValue | None, depth: int) -> Any:
     return None
 
 
-def _json_id(value: str) -> bytes:
+def _json_id(value: str | None) -> bytes:
     """A trace or span id: hex, as the OTLP JSON encoding writes it; base64, as a generic protobuf
     JSON mapping would, is accepted too. Anything else is b"" (the contract's bad_ids)."""
+    if not value:
+        return b""
     try:
         return bytes.fromhex(value)
     except ValueError:
@@ -167,7 +196,7 @@ def _json_id(value: str) -> bytes:
         return b""
 
 
-def _enum(value: int | str, names: dict[str, int]) -> int:
+def _enum(value: int | float | str | None, names: dict[str, int]) -> int:
     """An enum given as a number or its name; -1 when it is neither (the contract decides)."""
     if type(value) is str and value in names:
         return names[value]
@@ -175,37 +204,64 @@ def _enum(value: int | str, names: dict[str, int]) -> int:
     return -1 if number is None else number
 
 
-def _json_time(value: int | str) -> int:
+def _json_time(value: int | float | str | None) -> int:
     """A fixed64 time; -1 (which the contract refuses) when it is not an integer."""
     number = _json_int(value)
     return -1 if number is None else number
 
 
 def decode_json(body: bytes) -> list[RawSpan]:
-    """Decode an OTLP ExportTraceServiceRequest in JSON encoding."""
+    """Decode an OTLP ExportTraceServiceRequest in JSON encoding. The whole request is decoded typed
+    in one pass; when that fails, each span is decoded on its own, so a span of the wrong shape is
+    refused alone (a violation) and its neighbours are kept."""
     try:
         request = _JSON_DECODER.decode(body)
+    except msgspec.ValidationError:
+        return _span_by_span(body)
     except msgspec.DecodeError as error:
         raise DecodeError(f"invalid OTLP JSON: {error}") from None
     except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
+        return _span_by_span(body)
+    return [
+        _raw_span(span)
+        for resource_spans in request.resourceSpans or ()
+        for scope_spans in resource_spans.scopeSpans or ()
+        for span in scope_spans.spans or ()
+    ]
+
+
+def _span_by_span(body: bytes) -> list[RawSpan]:
+    try:
+        request = _JSON_RAW_DECODER.decode(body)
+    except msgspec.DecodeError as error:  # the request's own frame is wrong: nothing to keep
+        raise DecodeError(f"invalid OTLP JSON: {error}") from None
+    except RecursionError:
         raise DecodeError("invalid OTLP JSON: nested too deep") from None
     spans: list[RawSpan] = []
-    for resource_spans in request.resourceSpans:
-        for scope_spans in resource_spans.scopeSpans:
-            for span in scope_spans.spans:
-                status = span.status or JsonStatus()
-                spans.append(
-                    RawSpan(
-                        trace_id=_json_id(span.traceId),
-                        span_id=_json_id(span.spanId),
-                        parent_span_id=_json_id(span.parentSpanId),
-                        name=span.name,
-                        kind=_enum(span.kind, _KINDS),
-                        start_ns=_json_time(span.startTimeUnixNano),
-                        end_ns=_json_time(span.endTimeUnixNano),
-                        status_code=_enum(status.code, _STATUS),
-                        status_message=status.message,
-                        attributes={kv.key: _json_attribute(kv.value) for kv in span.attributes},
-                    )
-                )
+    for resource_spans in request.resourceSpans or ():
+        for scope_spans in resource_spans.scopeSpans or ():
+            for raw in scope_spans.spans or ():
+                try:
+                    span = _SPAN.decode(raw)
+                except (msgspec.DecodeError, RecursionError) as error:  # this span only
+                    problem = f"undecodable: {str(error)[:200]}"
+                    spans.append(RawSpan(b"", b"", b"", "", 0, 0, 0, 0, "", {}, problem=problem))
+                else:
+                    spans.append(_raw_span(span))
     return spans
+
+
+def _raw_span(span: JsonSpan) -> RawSpan:
+    status = span.status or JsonStatus()
+    return RawSpan(
+        trace_id=_json_id(span.traceId),
+        span_id=_json_id(span.spanId),
+        parent_span_id=_json_id(span.parentSpanId),
+        name=span.name or "",
+        kind=_enum(span.kind, _KINDS),
+        start_ns=_json_time(span.startTimeUnixNano),
+        end_ns=_json_time(span.endTimeUnixNano),
+        status_code=_enum(status.code, _STATUS),
+        status_message=status.message or "",
+        attributes={kv.key or "": _json_attribute(kv.value) for kv in span.attributes or ()},
+    )
