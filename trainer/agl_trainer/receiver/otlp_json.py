@@ -14,9 +14,10 @@ from agl_trainer.receiver.raw_span import MAX_VALUE_DEPTH, BadValue, DecodeError
 
 
 # Proto3's JSON mapping accepts null for any field (the field's default) and an integral number
-# for an int64 (`1.0`, `1e3`: what protobuf's own parsers take): every field here takes both, so a
-# sender spelling its JSON so costs nothing. A span whose shape is wrong (attributes an object, a
-# string for a span) is refused alone, not its request (decode_json's slow path).
+# for an int64 (`1.0`, `1e3`: what protobuf's own parsers take). The request is decoded in one typed
+# pass (the fast path, the spelling exporters write); when that fails, span by span with every field
+# taking those spellings too (the slow path), so a sender spelling its JSON so costs nothing and a
+# span of the wrong shape (attributes an object, a string for a span) is refused alone.
 Number = int | float | str | None
 
 
@@ -25,7 +26,7 @@ class JsonArrayValue(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class JsonKeyValueList(msgspec.Struct, forbid_unknown_fields=False):
-    values: list[JsonKeyValue] | None = []
+    values: list[LenientKeyValue] | None = []
 
 
 class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
@@ -39,16 +40,51 @@ class JsonAnyValue(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class JsonKeyValue(msgspec.Struct, forbid_unknown_fields=False):
-    key: str | None = ""
+    key: str
     value: msgspec.Raw = msgspec.Raw()  # decoded on its own (_JSON_VALUE): a bad value costs only itself
 
 
 class JsonStatus(msgspec.Struct, forbid_unknown_fields=False):
+    code: int | str = 0
+    message: str = ""
+
+
+class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
+    traceId: str = ""
+    spanId: str = ""
+    parentSpanId: str = ""
+    name: str = ""
+    kind: int | str = 0
+    startTimeUnixNano: int | str = 0
+    endTimeUnixNano: int | str = 0
+    attributes: list[JsonKeyValue] = []
+    status: JsonStatus | None = None
+
+
+class JsonScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
+    spans: list[JsonSpan] = []
+
+
+class JsonResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
+    scopeSpans: list[JsonScopeSpans] = []
+
+
+class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
+    resourceSpans: list[JsonResourceSpans] = []
+
+
+# --- the slow path's spellings ---
+class LenientKeyValue(msgspec.Struct, forbid_unknown_fields=False):
+    key: str | None = ""
+    value: msgspec.Raw = msgspec.Raw()
+
+
+class LenientStatus(msgspec.Struct, forbid_unknown_fields=False):
     code: Number = 0
     message: str | None = ""
 
 
-class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
+class LenientSpan(msgspec.Struct, forbid_unknown_fields=False):
     traceId: str | None = ""
     spanId: str | None = ""
     parentSpanId: str | None = ""
@@ -56,38 +92,25 @@ class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
     kind: Number = 0
     startTimeUnixNano: Number = 0
     endTimeUnixNano: Number = 0
-    attributes: list[JsonKeyValue] | None = []
-    status: JsonStatus | None = None
+    attributes: list[LenientKeyValue] | None = []
+    status: LenientStatus | None = None
 
 
-class JsonScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
-    spans: list[JsonSpan] | None = []
+class RawScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
+    spans: list[msgspec.Raw] | None = []  # each decoded on its own (_LENIENT_SPAN)
 
 
-class JsonResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
-    scopeSpans: list[JsonScopeSpans] | None = []
+class RawResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
+    scopeSpans: list[RawScopeSpans] | None = []
 
 
-class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceSpans: list[JsonResourceSpans] | None = []
-
-
-# The slow path, taken when the whole request does not decode typed: each span on its own.
-class JsonRawScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
-    spans: list[msgspec.Raw] | None = []
-
-
-class JsonRawResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
-    scopeSpans: list[JsonRawScopeSpans] | None = []
-
-
-class JsonRawExportRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceSpans: list[JsonRawResourceSpans] | None = []
+class RawExportRequest(msgspec.Struct, forbid_unknown_fields=False):
+    resourceSpans: list[RawResourceSpans] | None = []
 
 
 _JSON_DECODER = msgspec.json.Decoder(JsonExportRequest)
-_JSON_RAW_DECODER = msgspec.json.Decoder(JsonRawExportRequest)
-_SPAN = msgspec.json.Decoder(JsonSpan)
+_RAW_DECODER = msgspec.json.Decoder(RawExportRequest)
+_LENIENT_SPAN = msgspec.json.Decoder(LenientSpan)
 _JSON_VALUE = msgspec.json.Decoder(JsonAnyValue | None)
 _KINDS = {
     "SPAN_KIND_UNSPECIFIED": 0,
@@ -211,38 +234,35 @@ def _json_time(value: int | float | str | None) -> int:
 
 
 def decode_json(body: bytes) -> list[RawSpan]:
-    """Decode an OTLP ExportTraceServiceRequest in JSON encoding. The whole request is decoded typed
-    in one pass; when that fails, each span is decoded on its own, so a span of the wrong shape is
-    refused alone (a violation) and its neighbours are kept."""
+    """Decode an OTLP ExportTraceServiceRequest in JSON encoding: one typed pass, else span by span
+    (a request whose own frame is wrong is refused with the typed pass's message)."""
     try:
         request = _JSON_DECODER.decode(body)
-    except msgspec.ValidationError:
-        return _span_by_span(body)
+    except msgspec.ValidationError as error:
+        return _span_by_span(body, error)
     except msgspec.DecodeError as error:
         raise DecodeError(f"invalid OTLP JSON: {error}") from None
     except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
-        return _span_by_span(body)
+        raise DecodeError("invalid OTLP JSON: nested too deep") from None
     return [
         _raw_span(span)
-        for resource_spans in request.resourceSpans or ()
-        for scope_spans in resource_spans.scopeSpans or ()
-        for span in scope_spans.spans or ()
+        for resource_spans in request.resourceSpans
+        for scope_spans in resource_spans.scopeSpans
+        for span in scope_spans.spans
     ]
 
 
-def _span_by_span(body: bytes) -> list[RawSpan]:
+def _span_by_span(body: bytes, typed_error: msgspec.ValidationError) -> list[RawSpan]:
     try:
-        request = _JSON_RAW_DECODER.decode(body)
-    except msgspec.DecodeError as error:  # the request's own frame is wrong: nothing to keep
-        raise DecodeError(f"invalid OTLP JSON: {error}") from None
-    except RecursionError:
-        raise DecodeError("invalid OTLP JSON: nested too deep") from None
+        request = _RAW_DECODER.decode(body)
+    except (msgspec.DecodeError, RecursionError):  # the request's own frame: nothing to keep
+        raise DecodeError(f"invalid OTLP JSON: {typed_error}") from None
     spans: list[RawSpan] = []
     for resource_spans in request.resourceSpans or ():
         for scope_spans in resource_spans.scopeSpans or ():
             for raw in scope_spans.spans or ():
                 try:
-                    span = _SPAN.decode(raw)
+                    span = _LENIENT_SPAN.decode(raw)
                 except (msgspec.DecodeError, RecursionError) as error:  # this span only
                     problem = f"undecodable: {str(error)[:200]}"
                     spans.append(RawSpan(b"", b"", b"", "", 0, 0, 0, 0, "", {}, problem=problem))
@@ -251,8 +271,8 @@ def _span_by_span(body: bytes) -> list[RawSpan]:
     return spans
 
 
-def _raw_span(span: JsonSpan) -> RawSpan:
-    status = span.status or JsonStatus()
+def _raw_span(span: JsonSpan | LenientSpan) -> RawSpan:
+    status = span.status
     return RawSpan(
         trace_id=_json_id(span.traceId),
         span_id=_json_id(span.spanId),
@@ -261,7 +281,7 @@ def _raw_span(span: JsonSpan) -> RawSpan:
         kind=_enum(span.kind, _KINDS),
         start_ns=_json_time(span.startTimeUnixNano),
         end_ns=_json_time(span.endTimeUnixNano),
-        status_code=_enum(status.code, _STATUS),
-        status_message=status.message or "",
+        status_code=0 if status is None else _enum(status.code, _STATUS),
+        status_message=(status.message or "") if status is not None else "",
         attributes={kv.key or "": _json_attribute(kv.value) for kv in span.attributes or ()},
     )
