@@ -210,10 +210,14 @@ def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_sc
         full.forget(trained)
         write_rollouts(store, [f"r-{i}" for i in range(42, 50)], version=1)  # newer policy: the rest turn stale
         store.write([reward("r-40", "task-0"), end("r-41", "task-1")])
+        with RolloutStore(path, grace_s=0.0, clock=lambda: 1.0) as behind:  # a receiver whose clock lags
+            write_rollouts(behind, ["r-50"])
+            behind.refresh_completion()  # completed "before" every other: first in the order
         second = step()
-        assert cursor.rows_read == 8 + 1 + 1  # the new rows, the one that ended, the one whose reward came
-        assert full.rows_read == 50 + 50  # the reference reads every rollout and every unmarked ready one again
-        assert set(second) == {RolloutKey(f"r-{i}") for i in range(50)} - set(trained)
+        assert cursor.rows_read == 9 + 1 + 1  # the new rows, the one that ended, the one whose reward came
+        assert full.rows_read == 51 + 51  # the reference reads every rollout and every unmarked ready one again
+        assert set(second) == {RolloutKey(f"r-{i}") for i in range(51)} - set(trained)
+        assert second[0] == RolloutKey("r-50")
         assert cursor.newest == 1
         step()
         assert cursor.rows_read == 0  # nothing changed, nothing read

@@ -79,9 +79,10 @@ def select(
         newest = max(min_versions.values(), default=0)
     by_task: dict[str, list[RolloutKey]] = defaultdict(list)
     waiting = 0
+    ok = (None, Cause.OK.value)
     for info in infos:
         key = info.key
-        if info.end_cause not in (None, Cause.OK.value):
+        if info.end_cause not in ok:
             dropped["failed"].append(key)
         elif max_age_s > 0 and (info.completed_at or info.last_span_at) < now - max_age_s:
             dropped["too_old"].append(key)

@@ -53,7 +53,9 @@ class StoreCursor:
         self._row = 0
         self._call_row = 0
         self._open: set[RolloutKey] = set()
-        self._pool: dict[RolloutKey, RolloutInfo] = {}
+        self._pool: dict[RolloutKey, RolloutInfo] = {}  # oldest completion first, kept so (no sort a step)
+        self._tail: tuple[float, float, str, int] | None = None  # no pool entry orders after this
+        self._unrewarded: set[RolloutKey] = set()  # in the pool without a reward (or a call) yet
         self._gone: set[RolloutKey] = set()  # handed out or dropped by this run
 
     def refresh(self, quiet_s: float, now: float) -> list[RolloutInfo]:
@@ -65,22 +67,43 @@ class StoreCursor:
             incomplete = self.store.incomplete_rollouts()
             self.rows_read += len(incomplete)
         still_open = {i.key for i in incomplete}
-        recheck = (self._open - still_open) | {k for k, i in self._pool.items() if not (i.rewards and i.calls)}
+        recheck = (self._open - still_open) | self._unrewarded
         found = self.store.ready_among(recheck, after_row=self._row, upto_row=upto)
         self.rows_read += len(found)
-        for key in recheck & self._pool.keys():
-            del self._pool[key]  # back below if still ready
-        for info in found:
-            if info.key not in self._gone:
-                self._pool[info.key] = info
+        self._add({i.key: i for i in found if i.key not in self._gone}, recheck)
         self._open, self._row = still_open, upto
         self._read_versions()
-        return sorted(self._pool.values(), key=_order)
+        return list(self._pool.values())
+
+    def _add(self, found: dict[RolloutKey, RolloutInfo], recheck: set[RolloutKey]) -> None:
+        for key in recheck - found.keys():
+            self._pool.pop(key, None)  # no longer ready (marked by someone else)
+            self._unrewarded.discard(key)
+        new: list[RolloutInfo] = []
+        for key, info in found.items():
+            if key in self._pool:
+                self._pool[key] = info  # in place: a rollout's place in the order does not change
+            else:
+                new.append(info)
+            if info.rewards and info.calls:
+                self._unrewarded.discard(key)
+            else:
+                self._unrewarded.add(key)
+        if not new:
+            return
+        new.sort(key=_order)
+        if self._tail is not None and _order(new[0]) < self._tail:  # one completed before the newest known
+            merged = sorted([*self._pool.values(), *new], key=_order)
+            self._pool = {i.key: i for i in merged}
+        else:
+            self._pool.update((i.key, i) for i in new)
+        self._tail = max(self._tail or _order(new[-1]), _order(new[-1]))
 
     def forget(self, keys: Iterable[RolloutKey]) -> None:
         """These were trained or dropped: never hand them out again."""
         for key in keys:
             self._pool.pop(key, None)
+            self._unrewarded.discard(key)
             self._gone.add(key)
 
     def _read_versions(self) -> None:
