@@ -32,7 +32,8 @@ def close_quiet_among(store: RolloutStore, infos: Iterable[RolloutInfo], quiet_s
     recorded as if their harness exited cleanly, so they complete and can be trained."""
     closed = 0
     for info in infos:
-        if info.complete or (info.mode or semconv.MODE_TRAIN) != semconv.MODE_TRAIN or info.last_span_at > now - quiet_s:
+        mode = info.mode or semconv.MODE_TRAIN
+        if info.complete or mode != semconv.MODE_TRAIN or info.last_span_at > now - quiet_s:
             continue
         store.mark_harness_exited(info.rollout_id, 0, attempt=info.attempt)
         closed += 1

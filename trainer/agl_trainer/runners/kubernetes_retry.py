@@ -78,7 +78,8 @@ def retry_after(error: BaseException) -> float | None:
 
 def describe(error: BaseException) -> str:
     """An ApiException as 'status reason: the API server's message'; anything else as itself."""
-    status, reason, body = getattr(error, "status", None), getattr(error, "reason", None), getattr(error, "body", None)
+    status, reason = getattr(error, "status", None), getattr(error, "reason", None)
+    body = getattr(error, "body", None)
     if not _is_api_exception(error) or not status:
         return str(error) or type(error).__name__
     message = ""
@@ -106,7 +107,8 @@ async def call_with_backoff(
             if not is_transient(error):
                 raise
             if retry + 1 >= backoff.attempts:
-                raise ApiUnavailable(unavailable(host, error, backoff.attempts, time.monotonic() - started), error) from error
+                message = unavailable(host, error, backoff.attempts, time.monotonic() - started)
+                raise ApiUnavailable(message, error) from error
             wait = backoff.delay(retry, retry_after(error))
             if on_retry is not None:
                 on_retry(error, wait)
@@ -116,7 +118,8 @@ async def call_with_backoff(
 
 def unavailable(host: str, error: BaseException, tries: int, seconds: float) -> str:
     status = getattr(error, "status", None)
-    what = f"answered {describe(error)}" if _is_api_exception(error) and status else f"did not answer ({describe(error)})"
+    answered = _is_api_exception(error) and status
+    what = f"answered {describe(error)}" if answered else f"did not answer ({describe(error)})"
     return f"the Kubernetes API server at {host} {what}, {tries} tries in {seconds:.1f} s"
 
 
