@@ -6,17 +6,23 @@ every batched step also waits DEVICE_STEP_MS, as a host waits on an accelerator'
 tiny model's CPU step alone is too cheap for the longest generation to cost what it costs on a GPU;
 `--device-step-ms 0` measures the CPU-bound case).
 
-    python bench/async_vs_sync.py [--quick]
+    python bench/async_vs_sync.py [--quick] [--engine vllm]
 
 Every run goes through the whole pipeline (runner workers, agl-sidecar, embedded engine, receiver,
 store, assembly, torch backend) from the same warm-started demo model. Prints wall-clock of the
 training loop in each mode, their ratios (targets: async >= 1.8x faster than sync; keep >= 1.3x
 drain's throughput), the engine's idle fraction (no call in flight, or paused for training), and
 the mean reward per trained sample in each mode.
+
+`--engine vllm` runs the drain vs keep comparison only, on vLLM's CPU build (.venv-vllm, built by
+scripts/setup_vllm_venv.sh) with the same simulated device time per step
+(`engine.options.device_step_ms`, a sleep in vLLM's worker): keep is then vLLM's
+`/pause?mode=keep` with the frozen requests' prefix recomputed on resume (switch_kv: recompute).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import time
@@ -75,9 +81,11 @@ def run_mode(
     switch: str = "drain",
     name: str = "harness",
     device_step_ms: float = 0.0,
+    engine: str = "embedded",
 ) -> dict[str, float]:
     rows = run_demo(
         [
+            *engine_overrides(engine, work / f"{mode}-{switch}-{name}-vllm-logs"),
             f"--engine.options.device_step_ms={device_step_ms}",
             f"--tasks={tasks}",
             f"--output_dir={work / (mode + '-' + switch + '-' + name)}",
@@ -103,19 +111,43 @@ def run_mode(
     return {"wall": wall, "idle": idle, "samples": samples, "reward": reward, "draining": draining}
 
 
-def main() -> int:
-    args = bench_args(
-        __doc__, 4, 12, "fewer steps (about a minute)",
-        lambda parser: parser.add_argument(
-            "--device-step-ms", type=float, default=DEVICE_STEP_MS,
-            help=f"device time per engine step in the switch runs (default {DEVICE_STEP_MS:g}; 0: CPU-bound)",
-        ),
+def engine_overrides(engine: str, log_dir: Path) -> list[str]:
+    if engine == "embedded":
+        return []
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"{python} is missing: run `bash scripts/setup_vllm_venv.sh` first")
+    import yaml
+
+    served = yaml.safe_load((ROOT / "examples/demo/config.yaml").read_text())["model"]["name"]
+    return [
+        "--engine.name=vllm",
+        f"--engine.options.python={python}",
+        f"--engine.options.served_model_name={served}",  # the name the demo harness asks for
+        f"--engine.options.log_dir={log_dir}",
+    ]
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device-step-ms", type=float, default=DEVICE_STEP_MS,
+        help=f"device time per engine step in the switch runs (default {DEVICE_STEP_MS:g}; 0: CPU-bound)",
     )  # fmt: skip
+    parser.add_argument(
+        "--engine", choices=("embedded", "vllm"), default="embedded",
+        help="vllm: only the drain vs keep runs, on vLLM's CPU build (.venv-vllm)",
+    )  # fmt: skip
+
+
+def main() -> int:
+    args = bench_args(__doc__, 4, 12, "fewer steps (about a minute)", options)
     steps, device_step_ms = args.steps, args.device_step_ms
     from examples.demo.task import write_tasks
 
     work = demo_work("agl-bench-async-")
     tasks = write_tasks(work.folder / "tasks.jsonl", 256, 0)
+    if args.engine == "vllm":
+        return compare_switches(work, tasks, steps, device_step_ms, ("drain", "keep"), "vllm")
     results = {mode: run_mode(mode, work.model, tasks, work.folder, steps) for mode in ("sync", "collocated-async")}
     sync, fast = results["sync"], results["collocated-async"]
     for mode, r in results.items():
@@ -127,15 +159,18 @@ def main() -> int:
     speedup = (fast["samples"] / fast["wall"]) / (sync["samples"] / sync["wall"])
     print(f"speed-up collocated-async vs sync (trained rollouts/s): {speedup:.2f}x  (target >= 1.8x)")
 
-    print(f"long-tailed generation lengths, {device_step_ms:g} ms of device time per engine step:")
-    switches = {
-        name: run_mode(mode, work.model, tasks, work.folder, steps, switch, "thinking_harness", device_step_ms)
-        for name, mode, switch in (
-            ("sync", "sync", "drain"),
-            ("drain", "collocated-async", "drain"),
-            ("keep", "collocated-async", "keep"),
+    return compare_switches(work, tasks, steps, device_step_ms, ("sync", "drain", "keep"), "embedded")
+
+
+def compare_switches(work: Any, tasks: Path, steps: int, device_step_ms: float, names: tuple[str, ...], engine: str) -> int:
+    print(f"long-tailed generation lengths, {device_step_ms:g} ms of device time per engine step ({engine} engine):")
+    loops = {"sync": ("sync", "drain"), "drain": ("collocated-async", "drain"), "keep": ("collocated-async", "keep")}
+    switches = {}
+    for name in names:
+        mode, switch = loops[name]
+        switches[name] = run_mode(
+            mode, work.model, tasks, work.folder, steps, switch, "thinking_harness", device_step_ms, engine
         )
-    }
     for name, r in switches.items():
         print(
             f"{name:17} {r['wall']:7.1f} s for {r['samples']:.0f} trained rollouts; engine idle {r['idle']:5.1%};"
