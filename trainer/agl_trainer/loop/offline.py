@@ -19,8 +19,9 @@ without running any harness or engine:
              OUTPUT_DIR/trained.jsonl), so a second run, or --resume, continues where this one
              stopped and never trains a rollout twice
 
-The store is opened beside a running `agl receive` (SQLite WAL): new rollouts keep arriving and the
-next run picks them up.
+The store is opened beside a running `agl receive` (SQLite WAL): new rollouts keep arriving; the
+next step picks them up, reading only what changed since the last (store_cursor.py), and so does
+the next run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
-from agl_trainer.loop.store_cursor import FullScan, StoreCursor, call_versions, close_quiet_among
+from agl_trainer.loop.store_cursor import StoreCursor, call_versions, close_quiet_among
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
 
@@ -110,16 +111,12 @@ def close_quiet(store: RolloutStore, quiet_s: float, now: float) -> int:
 
 
 class OfflineTrainer:
-    def __init__(
-        self, config: Config, store_path: str | Path, *, resume: bool = False, quiet: bool = False, full_scan: bool = False
-    ) -> None:
+    def __init__(self, config: Config, store_path: str | Path, *, resume: bool = False, quiet: bool = False) -> None:
         self.config = config
         self.store_path = Path(store_path)
         self.resume = resume
         self.quiet = quiet
         self.output_dir = Path(config.output_dir)
-        self.full_scan = full_scan  # read the whole store each step (the reference the cursor is checked against)
-        self.reader: StoreCursor | FullScan | None = None  # what the run read the store through
 
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -167,7 +164,7 @@ class OfflineTrainer:
         pending: list[RolloutKey] = []  # trained since the last checkpoint
         started = time.monotonic()
         loop = config.loop
-        self.reader = reader = (FullScan if self.full_scan else StoreCursor)(store, self.store_path)
+        reader = StoreCursor(store, self.store_path)  # a step reads only what changed since the last
         while state.step < loop.max_steps:
             if loop.max_train_s and time.monotonic() - started > loop.max_train_s:
                 break
@@ -196,7 +193,7 @@ class OfflineTrainer:
         return summary
 
     def _next_batch(
-        self, reader: StoreCursor | FullScan, data: Any, summary: OfflineSummary
+        self, reader: StoreCursor, data: Any, summary: OfflineSummary
     ) -> tuple[list[RolloutKey], int]:
         """The next step's rollouts and how many wait; the reader reads only what changed (store_cursor.py)."""
         config = self.config
