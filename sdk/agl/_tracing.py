@@ -9,6 +9,7 @@ that could not be delivered are reported on stderr with their count: never lost 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 DEFAULT_EXIT_FLUSH_TIMEOUT_S = 5.0
+MAX_EXIT_FLUSH_TIMEOUT_S = 3600.0  # an exit that waits longer is a hang, and int(inf * 1000) raises
 _lock = threading.Lock()
 _tracer: Tracer | None = None
 _private_provider: TracerProvider | None = None
@@ -160,11 +162,30 @@ def _shutdown_private_locked() -> None:
     _private_provider, _exporter, _tracer = None, None, None
     if provider is None:
         return
-    timeout_s = float(os.environ.get(semconv.ENV_EXIT_FLUSH_TIMEOUT, DEFAULT_EXIT_FLUSH_TIMEOUT_S))
-    flushed = provider.force_flush(int(timeout_s * 1000))
+    flushed = provider.force_flush(int(_exit_flush_timeout_s() * 1000))
     if exporter is not None:
         exporter.give_up_after_flush(flushed)
     provider.shutdown()
+
+
+def _exit_flush_timeout_s() -> float:
+    """AGL_EXIT_FLUSH_TIMEOUT_S, or the default with a warning when it is not a number >= 0: this
+    runs at exit, where raising would skip the flush and lose every span still buffered."""
+    raw = os.environ.get(semconv.ENV_EXIT_FLUSH_TIMEOUT)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_EXIT_FLUSH_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_EXIT_FLUSH_TIMEOUT_S:
+        print(
+            f"agl: {semconv.ENV_EXIT_FLUSH_TIMEOUT}={raw[:40]!r} is not a number of seconds from 0 to "
+            f"{MAX_EXIT_FLUSH_TIMEOUT_S:g}; flushing with the default {DEFAULT_EXIT_FLUSH_TIMEOUT_S:g} s",
+            file=sys.stderr,
+        )
+        return DEFAULT_EXIT_FLUSH_TIMEOUT_S
+    return value
 
 
 class _CountingExporter:

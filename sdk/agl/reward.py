@@ -9,7 +9,7 @@ from numbers import Real
 from typing import Any
 
 from agl import semconv
-from agl.rollout import _env_int, _parent_context, current_rollout
+from agl.rollout import _check_text, _env_int, _parent_context, current_rollout, env_text
 
 NO_ROLLOUT_MESSAGE = (
     "agl.emit_reward: no rollout to attribute this reward to. Call it inside `with agl.rollout(...):`, "
@@ -43,6 +43,8 @@ def emit_reward(
     extra = _validate_attributes(attributes)
     if rollout_id is not None and (not isinstance(rollout_id, str) or not rollout_id):
         raise ValueError("agl.emit_reward: rollout_id must be a non-empty string")
+    if rollout_id is not None:
+        _check_text(rollout_id, "agl.emit_reward: rollout_id")
 
     identity = _identity(rollout_id)
     from agl._tracing import get_tracer
@@ -62,6 +64,7 @@ def emit_reward(
 def _validate_rewards(value: Any, name: Any) -> dict[str, float]:
     if not isinstance(name, str) or not name:
         raise ValueError("agl.emit_reward: name must be a non-empty string")
+    _check_text(name, "agl.emit_reward: name")
     if isinstance(value, Mapping):
         if not value:
             raise ValueError("agl.emit_reward: the reward dict is empty")
@@ -72,6 +75,7 @@ def _validate_rewards(value: Any, name: Any) -> dict[str, float]:
 def _check_name(key: Any) -> str:
     if not isinstance(key, str) or not key:
         raise TypeError(f"agl.emit_reward: reward names must be non-empty strings, got {key!r}")
+    _check_text(key, "agl.emit_reward: a reward name")
     return key
 
 
@@ -80,7 +84,10 @@ def _check_number(value: Any, name: str) -> float:
         raise TypeError(
             f"agl.emit_reward: reward {name!r} must be a finite number, got {type(value).__name__} {value!r}"
         )
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a double's range (10**400)
+        raise ValueError(f"agl.emit_reward: reward {name!r} is too large for a double: {value!r:.40}") from None
     if not math.isfinite(number):
         raise ValueError(f"agl.emit_reward: reward {name!r} must be finite, got {number}")
     return number
@@ -98,6 +105,11 @@ def _validate_attributes(attributes: Any) -> dict[str, Any]:
             raise TypeError(
                 f"agl.emit_reward: attribute {key!r} must be str, int, float or bool, got {type(item).__name__}"
             )
+        _check_text(key, "agl.emit_reward: an attribute name")
+        if isinstance(item, str):
+            _check_text(item, f"agl.emit_reward: attribute {key!r}")
+        elif isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**63:
+            raise ValueError(f"agl.emit_reward: attribute {key!r} is outside int64: {item!r:.40}")
     return dict(attributes)
 
 
@@ -120,10 +132,11 @@ def _identity(explicit_id: str | None) -> dict[str, Any]:
         if task:
             identity[semconv.TASK_ID] = str(task)
         return identity
-    env_id = os.environ.get(semconv.ENV_ROLLOUT_ID)
+    env_id = env_text(semconv.ENV_ROLLOUT_ID, rollout=True)
     if env_id:
         identity = {semconv.ROLLOUT_ID: env_id, semconv.ATTEMPT: _env_int(semconv.ENV_ATTEMPT, 0)}
-        if os.environ.get(semconv.ENV_TASK_ID):
-            identity[semconv.TASK_ID] = os.environ[semconv.ENV_TASK_ID]
+        task_id = env_text(semconv.ENV_TASK_ID)
+        if task_id:
+            identity[semconv.TASK_ID] = task_id
         return identity
     raise NoRolloutError(NO_ROLLOUT_MESSAGE)

@@ -11,9 +11,11 @@ import contextvars
 import functools
 import inspect
 import os
+import unicodedata
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
+from urllib.parse import quote
 
 from agl import semconv
 
@@ -39,10 +41,12 @@ class Rollout:
     ) -> None:
         if rollout_id is not None and (not isinstance(rollout_id, str) or not rollout_id):
             raise ValueError("agl.rollout: rollout_id must be a non-empty string")
-        if rollout_id is not None and "/" in rollout_id:
-            raise ValueError(f"agl.rollout: rollout_id must not contain '/': {rollout_id!r}")
+        if rollout_id is not None:
+            _check_rollout_id(rollout_id, "agl.rollout: rollout_id")
         if task_id is not None and not isinstance(task_id, str):
             raise TypeError("agl.rollout: task_id must be a string")
+        if task_id is not None:
+            _check_text(task_id, "agl.rollout: task_id")
         if attempt is not None and (
             isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0
         ):
@@ -55,10 +59,15 @@ class Rollout:
     def _reset(self) -> None:
         rollout_id, task_id, attempt, mode = self._given
         env = os.environ
-        self.rollout_id: str = rollout_id or env.get(semconv.ENV_ROLLOUT_ID) or uuid.uuid4().hex
-        self.task_id: str | None = task_id or env.get(semconv.ENV_TASK_ID)
+        self.rollout_id: str = rollout_id or env_text(semconv.ENV_ROLLOUT_ID, rollout=True) or uuid.uuid4().hex
+        self.task_id: str | None = task_id or env_text(semconv.ENV_TASK_ID)
         self.attempt: int = attempt if attempt is not None else _env_int(semconv.ENV_ATTEMPT, 0)
-        self.mode: str = mode or env.get(semconv.ENV_MODE) or semconv.MODE_TRAIN
+        env_mode = env.get(semconv.ENV_MODE)
+        if not mode and env_mode and env_mode not in semconv.MODES:
+            raise ValueError(
+                f"agl: environment variable {semconv.ENV_MODE}={_shown(env_mode)} must be one of {semconv.MODES}"
+            )
+        self.mode: str = mode or env_mode or semconv.MODE_TRAIN
         self._span: Any = None
         self._tokens: list[Any] = []
 
@@ -70,7 +79,9 @@ class Rollout:
         base = sidecar_url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{self.rollout_id}"
+        # Percent-encoded: the sidecar decodes the path segment back to the id (an id holding `?`,
+        # `#` or `%2F` otherwise reached it cut short or decoded, and its calls went to another id).
+        prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{quote(self.rollout_id, safe='')}"
         if self.attempt:
             prefix += f"/attempts/{self.attempt}"
         return f"{base}{prefix}/v1"
@@ -214,10 +225,50 @@ def _parent_context() -> Any:
 
 
 def _env_int(name: str, default: int) -> int:
+    """A count from the environment (an attempt): an integer from 0 to 2^63 - 1, as every span int
+    must be (a negative or larger one would cost the spans it went into at the receiver)."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise ValueError(f"agl: environment variable {name}={raw!r} is not an integer") from None
+        raise ValueError(f"agl: environment variable {name}={_shown(raw)} is not an integer") from None
+    if not 0 <= value <= semconv.INT64_MAX:
+        raise ValueError(f"agl: environment variable {name}={_shown(raw)} must be from 0 to {semconv.INT64_MAX}")
+    return value
+
+
+def env_text(name: str, rollout: bool = False) -> str | None:
+    """An id from the environment, checked as one given in code (None when unset or empty)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    what = f"agl: environment variable {name}"
+    if rollout:
+        _check_rollout_id(raw, what)
+    else:
+        _check_text(raw, what)
+    return raw
+
+
+def _check_text(value: str, what: str) -> None:
+    """Text a span carries must be printable UTF-8: a lone surrogate (an undecodable byte in an
+    environment variable or a file name) cannot be encoded and fails the export of the whole batch
+    it is in (other rollouts' spans too); a control character is refused by the sidecar and the
+    receiver."""
+    if value.isascii() and value.isprintable():
+        return
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+        raise ValueError(f"{what} must be printable UTF-8 text, got {_shown(value)}")
+
+
+def _check_rollout_id(value: str, what: str) -> None:
+    _check_text(value, what)
+    if "/" in value or value in (".", ".."):  # a path segment of the sidecar's rollout prefix
+        raise ValueError(f"{what} must not contain '/' or be '.' or '..': {_shown(value)}")
+
+
+def _shown(value: str) -> str:
+    shown = value.encode("ascii", "backslashreplace").decode("ascii")
+    return repr(shown[:64] + ("..." if len(shown) > 64 else ""))
