@@ -140,6 +140,21 @@ async def test_lists_and_deletes_ride_out_an_outage(fake: FakeKube, tmp_path: Pa
     assert [s for m, _, s in fake.failed] == [503, 503, 503, 502, 502]
 
 
+def test_the_tries_and_the_longest_wait_come_from_the_config(tmp_path: Path) -> None:
+    from agl_trainer.config import ConfigError, load_config
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    args = [f"--tasks={tasks}", f"--model.path={tmp_path}", "--harness.runner=kubernetes", "--harness.image=img:1",
+            f"--harness.kubernetes.sidecar_url={SIDECAR}"]  # fmt: skip
+    config = load_config(None, [*args, "--harness.kubernetes.api_tries=3", "--harness.kubernetes.api_backoff_max_s=5"])
+    runner = KubernetesRunner.from_config(config, Endpoint(SIDECAR))
+    assert (runner.backoff.attempts, runner.backoff.max_s) == (3, 5.0)
+    assert KubernetesRunner.from_config(load_config(None, args), Endpoint(SIDECAR)).backoff == Backoff()
+    with pytest.raises(ConfigError, match="harness.kubernetes.api_tries"):
+        load_config(None, [*args, "--harness.kubernetes.api_tries=0"])
+
+
 async def test_start_names_the_server_and_status_once_the_tries_are_spent(fake: FakeKube, tmp_path: Path) -> None:
     fake.fail(100, 503, method="GET")
     runner = _runner(fake, tmp_path)

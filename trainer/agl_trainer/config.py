@@ -84,6 +84,14 @@ class KubernetesConfig(_Section):
              "the attempt with the reason (infra_error, retried)", gt=0),
     ] = 300.0
     reconcile_s: Annotated[float, _doc("list Jobs and pods this often, for events a watch missed", gt=0)] = 15.0
+    api_tries: Annotated[
+        int,
+        _doc("tries of an API call while the API server does not answer or answers 429/5xx (backoff with "
+             "jitter between them); then the attempt fails as infra_error", ge=1),
+    ] = 6
+    api_backoff_max_s: Annotated[
+        float, _doc("the longest wait between two tries of an API call (Retry-After included)", ge=0.5)
+    ] = 30.0
 
 
 class HarnessConfig(_Section):

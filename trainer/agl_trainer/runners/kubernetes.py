@@ -138,6 +138,7 @@ class KubernetesRunner:
             kubeconfig=kube.kubeconfig,
             context=kube.context,
             log_dir=Path(config.harness.log_dir) if config.harness.log_dir else Path(config.output_dir) / "rollouts",
+            backoff=Backoff(attempts=kube.api_tries, max_s=kube.api_backoff_max_s),
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
