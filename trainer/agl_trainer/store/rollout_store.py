@@ -95,11 +95,14 @@ class RolloutStore:
         self.rollout_timeout_s = rollout_timeout_s
         self.clock = clock
         self._lock = threading.RLock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         # busy_timeout_s: how long a write waits for another connection's write lock before failing.
-        self._db = sqlite3.connect(
-            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
+        try:  # a folder, a path under a file, a file this user may not read: named, not a traceback
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as error:
+            raise StoreError(f"{self.path} cannot be opened as a rollout store: {error}") from None
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={DURABILITY[durability]}")
