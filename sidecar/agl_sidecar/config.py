@@ -15,6 +15,7 @@ from agl_sidecar.proxy.routing import validate_upstream
 
 ENV_PREFIX = "AGL_SIDECAR_"
 DEFAULT_LISTEN = "127.0.0.1:8400"
+MAX_SECONDS = 365 * 24 * 3600.0  # the longest wait a setting may ask for: finite (an event loop timer of inf raises)
 
 
 def default_spool_dir() -> str:
@@ -106,6 +107,8 @@ def load_yaml(path: str) -> dict[str, Any]:
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"--config {path}: cannot read the file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
@@ -158,9 +161,11 @@ def validate(config: SidecarConfig) -> None:
         raise ConfigError(f"setting 'otlp_compression': {config.otlp_compression!r} must be gzip, none or auto")
     if config.otlp_protocol not in ("http/protobuf", "grpc"):
         raise ConfigError(f"setting 'otlp_protocol': {config.otlp_protocol!r} must be 'http/protobuf' or 'grpc'")
-    for key in ("max_hold_s", "export_interval_s", "health_interval_s"):
-        if getattr(config, key) <= 0:
-            raise ConfigError(f"setting {key!r} must be > 0, got {getattr(config, key)}")
+    for key in ("max_hold_s", "export_interval_s", "health_interval_s", "upstream_timeout_s"):
+        value = getattr(config, key)
+        # `not 0 < value <= MAX`: NaN and inf (YAML .nan, .inf) fail it too
+        if value is not None and not 0 < value <= MAX_SECONDS:
+            raise ConfigError(f"setting {key!r} must be a number of seconds > 0 and <= {MAX_SECONDS:g}, got {value}")
     for key in ("spool_max_bytes", "export_memory_bytes", "prompt_ref_memory_bytes", "token_cache_bytes"):
         if getattr(config, key) < 0:
             raise ConfigError(f"setting {key!r} must be >= 0 bytes, got {getattr(config, key)}")
@@ -183,8 +188,10 @@ def validate(config: SidecarConfig) -> None:
             if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
                 raise ConfigError(f"setting 'sampling.{mode}.{key}': {value} is out of the int64 range")
             # The call's span copies these: a value of another type would cost the span.
-            if key in ("temperature", "top_p") and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} must be a number")
+            if key in ("temperature", "top_p") and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not -INT64_MAX < value < INT64_MAX
+            ):  # the range test also refuses NaN and infinities (YAML .nan, .inf)
+                raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} must be a finite number")
             if key in ("max_tokens", "n") and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"setting 'sampling.{mode}.{key}': {value!r} must be an integer")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
