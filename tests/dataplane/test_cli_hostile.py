@@ -23,3 +23,12 @@ def test_a_store_path_that_cannot_be_opened_is_named(tmp_path, capsys, command, 
     assert main(args) == 2  # a usage error, as every other `agl: error:`
     err = capsys.readouterr().err
     assert f"{store} cannot be opened as a rollout store" in err and "Traceback" not in err
+
+
+def test_a_train_config_that_is_not_utf8_is_named(tmp_path, capsys):
+    # Before: UnicodeDecodeError escaped the config reader: `agl train` printed a traceback.
+    path = tmp_path / "train.yaml"
+    path.write_bytes(b"model: tiny\n\xff\xfe\n")
+    assert main(["train", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {path} is not UTF-8 text" in err and "Traceback" not in err

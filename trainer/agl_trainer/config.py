@@ -367,6 +367,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    except UnicodeDecodeError as error:  # read_text: a binary or Latin-1 file
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {error.start}; fix: save it as UTF-8)") from None
+    except OSError as error:  # unreadable (permissions)
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
     return data
