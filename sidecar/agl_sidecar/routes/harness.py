@@ -48,13 +48,22 @@ async def _read(request: web.Request, schema: type[Body], what: str, example: st
     return body
 
 
+def _as_float(value: float) -> float:
+    """A JSON number as a double; an int beyond a double's range (`1` and 400 zeros, which JSON
+    allows and msgspec decodes as an int) is infinite, so refused as one."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 async def reward(request: web.Request) -> web.Response:
     body = await _read(request, RewardBody, "reward", '{"value": 1.0, "name": "reward"}')
     if isinstance(body, web.Response):
         return body
     sidecar = sidecar_of(request)
-    if isinstance(body.value, bool) or not math.isfinite(float(body.value)):
-        return openai_error(400, f"reward value must be a finite number, got {body.value!r}", param="value")
+    if isinstance(body.value, bool) or not math.isfinite(_as_float(body.value)):
+        return openai_error(400, f"reward value must be a finite number, got {body.value!r:.60}", param="value")
     if not body.name:
         return openai_error(400, "reward name must be a non-empty string", param="name")
     try:
