@@ -180,3 +180,19 @@ def test_a_malformed_chunk_does_not_break_a_translated_stream(engine, make_sidec
     ) == "aa"
     (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
     assert span.attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT  # what it held is unknown
+
+
+def test_json_over_several_data_lines_with_nan_is_recorded(engine, make_sidecar, otlp_sink):
+    # Before: the joined lines did not decode (NaN) and the event passed unrecorded: token 6 missing
+    # from a span that said its tokens came from the engine.
+    pretty = json.dumps(json.loads(_chunk("[6]")[6:].decode().replace("-0.5", "0.5")), indent=1)
+    event = ("\n".join("data: " + line for line in pretty.replace("0.5", "NaN").split("\n")) + "\n\n").encode()
+    _, attributes = _call(engine, make_sidecar, otlp_sink, _stream(event))
+    assert _as_list(attributes[semconv.COMPLETION_TOKEN_IDS]) == [5, 6, 7]
+    assert math.isnan(_as_list(attributes[semconv.COMPLETION_LOGPROBS])[1])
+
+
+def test_two_json_objects_in_one_event_mark_the_tokens_absent(engine, make_sidecar, otlp_sink):
+    event = _chunk("[6]").rstrip(b"\n") + b"\n" + _chunk("[8]")
+    _, attributes = _call(engine, make_sidecar, otlp_sink, _stream(event))
+    assert attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT

@@ -208,7 +208,7 @@ class StreamRecorder:
             try:
                 payload = wire.encode(wire.decode_any(payload))
             except (msgspec.MsgspecError, RecursionError):
-                return event
+                return self._unreadable(event, payload)  # NaN in it, or not JSON: never unrecorded
         return b"\n".join([*other, self._event(DATA + payload)])
 
     def _chat_fast(self, payload: bytes) -> bytes | None:
