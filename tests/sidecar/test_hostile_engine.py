@@ -196,3 +196,19 @@ def test_two_json_objects_in_one_event_mark_the_tokens_absent(engine, make_sidec
     event = _chunk("[6]").rstrip(b"\n") + b"\n" + _chunk("[8]")
     _, attributes = _call(engine, make_sidecar, otlp_sink, _stream(event))
     assert attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_counts_and_indices_spelled_as_floats_are_recorded(engine, make_sidecar, otlp_sink, stream):
+    # Before: `"index": 0.0` / `"prompt_tokens": 3.0` failed the typed decode: the call's tokens were
+    # marked absent (unary) or the chunk's token went unrecorded (stream).
+    if stream:
+        reply = _stream(_chunk("[6]").replace(b'"index":0', b'"index":0.0'))
+    else:
+        body = _chat_body("[5,6]", ["-0.5", "-0.25"]).replace(b'"index":0', b'"index":0.0')
+        reply = Reply(body=body.replace(b'"prompt_tokens":3', b'"prompt_tokens":3.0'))
+    text, attributes = _call(engine, make_sidecar, otlp_sink, reply)
+    assert _as_list(attributes[semconv.COMPLETION_TOKEN_IDS]) == ([5, 6, 7] if stream else [5, 6])
+    if not stream:
+        assert attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 3
+        assert json.loads(text)["choices"][0]["token_ids"] is None  # stripped all the same

@@ -174,26 +174,27 @@ def token_ids(raw: Raw | bytes) -> list[int] | None:
         return out
 
 
-def _nonfinite_as_strings(value: Any) -> Any:
+def _normalized(value: Any) -> Any:
     if type(value) is float:
         if math.isfinite(value):
-            return value
+            return int(value) if value.is_integer() else value
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if type(value) is list:
-        return [_nonfinite_as_strings(v) for v in value]
+        return [_normalized(v) for v in value]
     if type(value) is dict:
-        return {k: _nonfinite_as_strings(v) for k, v in value.items()}
+        return {k: _normalized(v) for k, v in value.items()}
     return value
 
 
 def tolerant_json(body: bytes) -> bytes | None:
-    """`body` as strict JSON when it is JSON only as Python's `json` writes it: `NaN`, `Infinity`,
-    `-Infinity`, or a number beyond double range (`-1e400`), all of which an engine written in
-    Python may put in logprobs. Those values become the strings "NaN" / "Infinity" / "-Infinity",
-    which the logprob decoders (lax) read back as the same floats. None when it is not JSON at all.
-    The slow path of a body the typed decoders refused: never on the hot path."""
+    """`body` as the typed decoders read it, when they refused its spelling: integral numbers
+    written as floats (`"index": 0.0`, `"prompt_tokens": 3.0`, IDs `5.0`) become ints, and what only
+    Python's `json` reads (`NaN`, `Infinity`, `-Infinity`, a number beyond double range like
+    `-1e400`, which an engine written in Python may put in logprobs) becomes the strings "NaN" /
+    "Infinity" / "-Infinity", which the logprob decoders (lax) read back as the same floats. None
+    when it is not JSON at all. The slow path of a body the typed decoders refused: never the hot path."""
     try:
-        return msgspec.json.encode(_nonfinite_as_strings(json.loads(body)))
+        return msgspec.json.encode(_normalized(json.loads(body)))
     except (ValueError, RecursionError, TypeError):  # not JSON (UnicodeDecodeError is a ValueError)
         return None
 
