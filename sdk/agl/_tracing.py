@@ -146,8 +146,18 @@ def _traces_url(endpoint: str | None) -> str | None:
 
 
 def _env_headers() -> dict[str, str]:
-    raw = os.environ.get(semconv.ENV_OTLP_HEADERS) or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+    """AGL_OTLP_HEADERS as given (`k=v,k=v`), else OTEL_EXPORTER_OTLP_HEADERS as its spec and the
+    OpenTelemetry SDKs read it: values percent-encoded (`authorization=Bearer%20abc`; taken
+    literally, the receiver got `Bearer%20abc` and refused every span with a 401)."""
+    raw = os.environ.get(semconv.ENV_OTLP_HEADERS)
+    decode = False
+    if not raw:
+        raw, decode = os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", ""), True
     pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    if decode:
+        from urllib.parse import unquote
+
+        return {unquote(key.strip()): unquote(value.strip()) for key, value in pairs}
     return {key.strip(): value.strip() for key, value in pairs}
 
 

@@ -10,6 +10,7 @@ import agl
 from agl import semconv
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
+from agl_trainer.receiver import Receiver, ReceiverConfig
 from tests.sdk.test_process import run_python
 from tests.support.fake_vllm import FakeVLLM
 
@@ -88,3 +89,19 @@ def test_a_malformed_exit_flush_timeout_still_flushes_with_a_clear_warning(otlp_
     assert "AGL_EXIT_FLUSH_TIMEOUT_S='abc' is not a number" in result.stderr
     (span,) = otlp_sink.wait_for(lambda spans: len(spans) == 1)
     assert span.attributes[semconv.ROLLOUT_ID] == "exit-flush"
+
+
+
+def test_the_standard_otlp_headers_variable_is_percent_decoded_as_its_spec_says(tmp_path):
+    # OTEL_EXPORTER_OTLP_HEADERS values are percent-encoded (W3C baggage format), as the OpenTelemetry
+    # SDKs read them; taken literally, a receiver behind a token refused every span with a 401.
+    with Receiver(tmp_path / "rollouts.db", ReceiverConfig(port=0, token="abc def,1")) as receiver:
+        result = run_python(
+            "import agl\nagl.emit_reward(0.5, rollout_id='hdr')\n",
+            env={
+                semconv.ENV_OTLP_ENDPOINT: receiver.url,
+                "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc%20def%2C1",
+            },
+        )
+        assert result.returncode == 0, result.stderr
+        assert receiver.stats().stored == 1, result.stderr
