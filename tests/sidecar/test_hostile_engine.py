@@ -212,3 +212,15 @@ def test_counts_and_indices_spelled_as_floats_are_recorded(engine, make_sidecar,
     if not stream:
         assert attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 3
         assert json.loads(text)["choices"][0]["token_ids"] is None  # stripped all the same
+
+
+@pytest.mark.parametrize("answer", [b"null", b"[1, 2]"])
+def test_a_tokenize_answer_that_is_not_an_object_is_a_502_naming_it(engine, make_sidecar, answer):
+    # Before: Anthropic count_tokens read keys off it: an AttributeError, a 500 and a traceback.
+    server, scripted = engine
+    scripted["reply"] = Reply(body=answer)
+    sidecar = make_sidecar(upstream=[server.base_url])
+    body = {"model": "tiny", "messages": MESSAGES}
+    reply = httpx.post(sidecar.url + "/v1/messages/count_tokens", json=body, timeout=30)
+    assert reply.status_code == 502
+    assert "unreadable body" in reply.json()["error"]["message"]

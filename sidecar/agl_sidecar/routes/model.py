@@ -127,7 +127,10 @@ async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, origin
     if status != 200:
         return json_reply(status, adapter.error_body(status, body.decode(errors="replace"), "api_error"))
     try:
-        return json_reply(200, adapter.from_chat_response(msgspec.json.decode(body), original))
+        answer = msgspec.json.decode(body)
+        if not isinstance(answer, dict):  # `null`, a list: the adapter reads keys (was a 500)
+            raise msgspec.ValidationError(f"expected a JSON object, got {type(answer).__name__}")
+        return json_reply(200, adapter.from_chat_response(answer, original))
     except ProtocolError as exc:
         return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
     except (msgspec.MsgspecError, RecursionError) as exc:
