@@ -112,3 +112,18 @@ def test_a_float_that_is_not_an_integer_is_still_refused_as_an_int(receiver, sto
     count, message = _rejected(reply)
     assert count == 1 and "call_seq_not_int" in message
     assert store.rollout("half") is None and len(store.load("good").calls) == 1
+
+
+def test_nan_logprobs_keep_the_call_and_drop_only_the_logprobs(receiver, store):
+    # A NaN behaviour logprob would make its token's importance weight NaN (torch's clamp keeps NaN)
+    # and poison the step's loss: the call is stored, its logprobs left out (assembly: logprobs_missing).
+    spans = [call_span("nan-lp", 0, [1, 2], [3, 4], [-0.5, float("nan")]), call_span("inf-lp", 0, [1], [3], [float("-inf")])]
+    reply = httpx.post(
+        f"{receiver.url}/v1/traces", content=request(spans).SerializeToString(),
+        headers={"Content-Type": "application/x-protobuf"},
+    )  # fmt: skip
+    assert reply.status_code == 200
+    (call,) = store.load("nan-lp").calls
+    assert call.completion_ids.tolist() == [3, 4] and call.logprobs is None
+    (kept,) = store.load("inf-lp").calls
+    assert kept.logprobs.tolist() == [float("-inf")]

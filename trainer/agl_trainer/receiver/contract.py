@@ -253,6 +253,11 @@ def _call(span: RawSpan) -> CallSpan:
         if completion is None or logprobs.size != completion.size:
             raise ContractError("logprobs_length_mismatch")
         logprobs = logprobs.astype(np.float32)
+        if np.isnan(logprobs).any():
+            # An engine's NaN (Python's json writes it; a null logprob is recorded as one) would make
+            # the token's importance weight NaN and poison the loss: the call is kept, its logprobs
+            # are not (assembly then counts it logprobs_missing). -inf is a usable value (weight capped).
+            logprobs = None
     ref_seq = _int(attributes, semconv.PROMPT_REF_CALL_SEQ)
     ref_length = _int(attributes, semconv.PROMPT_REF_LENGTH)
     if (ref_seq is None) != (ref_length is None):
