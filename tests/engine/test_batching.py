@@ -67,7 +67,8 @@ async def test_requests_joining_a_running_batch(base_url: str) -> None:
         assert answer["token_ids"] == (await _all(base_url, [body]))[0]["token_ids"]
 
 
-async def test_a_client_that_leaves_frees_its_rows(base_url: str, engine: Any) -> None:
+async def test_a_client_that_leaves_frees_its_rows(base_url: str, engine: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
     import time
 
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 500, "stream": True, "ignore_eos": True}
@@ -83,6 +84,8 @@ async def test_a_client_that_leaves_frees_its_rows(base_url: str, engine: Any) -
         await asyncio.sleep(0.02)
     assert engine._scheduler._live == []
     assert engine._scheduler.steps - steps_before < 400  # it left long before its 500 tokens
+    # a client hanging up is no error of the engine's (it was an aiohttp traceback at ERROR)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(base_url: str, engine: Any) -> None:

@@ -123,6 +123,26 @@ async def stream_choices(
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     response.enable_chunked_encoding()
     await response.prepare(request)
+    try:
+        await _stream_body(response, head, tokenizer, sequences, queue, choice_of, prompt_tokens, include_usage,
+                           count_tokens, preludes)  # fmt: skip
+    except ConnectionResetError:  # the client hung up: nobody to answer (the caller cancels the rest)
+        pass
+    return response
+
+
+async def _stream_body(
+    response: Any,
+    head: dict[str, Any],
+    tokenizer: Any,
+    sequences: list[Sequence],
+    queue: asyncio.Queue[Any],
+    choice_of: ChoiceBuilder,
+    prompt_tokens: int,
+    include_usage: bool,
+    count_tokens: Callable[[int], None],
+    preludes: Iterable[dict[str, Any]],
+) -> None:
     for prelude in preludes:
         await send(response, {**head, **prelude})
     async for index, sequence, position, delta, done in deltas(tokenizer, sequences, queue):
@@ -144,7 +164,6 @@ async def stream_choices(
         )
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-    return response
 
 
 async def send(response: Any, chunk: dict[str, Any]) -> None:
