@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from agl import semconv
 
@@ -133,14 +134,35 @@ def _build_tracer(
 
 
 def _traces_url(endpoint: str | None) -> str | None:
-    endpoint = (
-        endpoint
-        or os.environ.get(semconv.ENV_OTLP_ENDPOINT)
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
+    source = "agl.init(endpoint=...)"
+    as_is = False  # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is the full URL, used as is (its spec)
+    if not endpoint:
+        for name in (semconv.ENV_OTLP_ENDPOINT, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+            endpoint = os.environ.get(name)
+            if endpoint:
+                source, as_is = f"environment variable {name}", name == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+                break
     if not endpoint:
         return None
+    endpoint = endpoint.strip()
+    # Checked here, where it enters: a URL the exporter cannot use lost every span, its message
+    # only "could not deliver ... is the collector running?".
+    problem = None
+    if not endpoint.startswith(("http://", "https://")):
+        problem = "must start with http:// or https://"
+    else:
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        except ValueError as error:
+            problem = f"is not a valid URL ({error})"
+        else:
+            if not parts.hostname:
+                problem = "has no host"
+    if problem:
+        raise ValueError(f"agl: {source}={endpoint[:200]!r} {problem}, e.g. http://127.0.0.1:4318")
+    if as_is:
+        return endpoint
     endpoint = endpoint.rstrip("/")
     return endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
 

@@ -105,3 +105,31 @@ def test_the_standard_otlp_headers_variable_is_percent_decoded_as_its_spec_says(
         )
         assert result.returncode == 0, result.stderr
         assert receiver.stats().stored == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("localhost:4318", "must start with http://"), ("http://[::1", "is not a valid URL"), ("http://h:99999", "is not a valid URL")],
+)
+def test_an_otlp_endpoint_the_exporter_cannot_use_is_refused_naming_the_variable(value, problem):
+    # Before: every span was lost, the only word "could not deliver ... is the collector running?".
+    result = run_python(
+        "import agl\nagl.emit_reward(0.5, rollout_id='r')\n", env={semconv.ENV_OTLP_ENDPOINT: value}
+    )
+    assert result.returncode == 1
+    assert f"environment variable AGL_OTLP_ENDPOINT={value!r} {problem}" in result.stderr
+
+
+
+def test_the_traces_endpoint_variable_is_used_as_is(monkeypatch):
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is the full URL (its spec): agl appended /v1/traces to it.
+    from agl._tracing import _traces_url
+
+    for name in (semconv.ENV_OTLP_ENDPOINT, "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:4318/custom/traces")
+    assert _traces_url(None) == "http://collector:4318/custom/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")  # the traces one wins
+    assert _traces_url(None) == "http://collector:4318/custom/traces"
+    monkeypatch.setenv(semconv.ENV_OTLP_ENDPOINT, "http://agl:4318/")
+    assert _traces_url(None) == "http://agl:4318/v1/traces"
