@@ -16,6 +16,7 @@ from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.protocols.registry import ADAPTERS
 from agl_sidecar.routes.admin import admin_only, healthz, metrics, pause, resume, state
+from agl_sidecar.routes.common import no_route
 from agl_sidecar.routes.harness import end_rollout, reward
 from agl_sidecar.routes.model import chat, completions, models, translated
 from agl_sidecar.sidecar import SIDECAR_KEY, Sidecar
@@ -44,6 +45,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_get(semconv.ADMIN_STATE_PATH, admin_only(state))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/{path:.*}", no_route)  # last: a JSON 404 for whatever matched nothing
 
     async def lifecycle(app: web.Application) -> Any:
         await sidecar.start()

@@ -68,6 +68,11 @@ def text(value: str | None, param: str) -> str | None:
     raise BadInput(f"{param} must be printable UTF-8 text, got {_shown(value)}", param)
 
 
+def shown_text(value: str) -> str:
+    """`value` escaped and short, for an error message."""
+    return _shown(value)
+
+
 def _shown(value: str) -> str:
     """`value` safe to put in an error message: escaped, and short."""
     shown = value.encode("ascii", "backslashreplace").decode("ascii")

@@ -56,3 +56,24 @@ def decode_body(raw: bytes, kind: type, what: str) -> Any:
         raise BodyError(f"{what}: the body is not valid JSON ({exc})") from None
     except RecursionError:
         raise BodyError(f"{what}: {DEEP_JSON}") from None
+
+
+ROUTE_SHAPES = (
+    "POST [/rollouts/{id}[/attempts/{n}][/modes/{train|val}]]/v1/chat/completions (also /v1/completions, "
+    "/v1/messages, /v1/responses; GET .../v1/models), POST /rollouts/{id}/reward and /end, /agl/v1/... (admin)"
+)
+
+
+async def no_route(request: web.Request) -> web.Response:
+    """Any method and path no route serves (mounted last, so it costs matched calls nothing): an
+    OpenAI-shaped JSON 404 naming what was asked and what the sidecar serves, not aiohttp's plain
+    "404: Not Found" (a harness with a wrong base URL, an empty rollout id, a trailing slash)."""
+    shown = inputs.shown_text(request.method + " " + request.rel_url.raw_path)
+    for method in ("POST", "GET"):  # the path is served, with another method: a 405 saying which
+        if method != request.method:
+            match = await request.app.router.resolve(request.clone(method=method))
+            if match.handler is not no_route:
+                response = openai_error(405, f"{shown}: this path takes {method}", "method_not_allowed")
+                response.headers["Allow"] = method
+                return response
+    return openai_error(404, f"the sidecar has no route for {shown}; it serves {ROUTE_SHAPES}", "not_found")
