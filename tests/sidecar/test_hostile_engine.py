@@ -224,3 +224,14 @@ def test_a_tokenize_answer_that_is_not_an_object_is_a_502_naming_it(engine, make
     reply = httpx.post(sidecar.url + "/v1/messages/count_tokens", json=body, timeout=30)
     assert reply.status_code == 502
     assert "unreadable body" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("index", [b"-1", b"1000000000000", b"1"])
+def test_choice_indices_other_than_0_to_n_minus_1_mark_the_tokens_absent(engine, make_sidecar, otlp_sink, index):
+    # Before: the span carried `agl.completion.-1.token_ids` (or ...1000000000000...) and no completion 0,
+    # with tokens_source "engine": the call stored as one that generated nothing.
+    body = _chat_body("[5,6]", ["-0.5", "-0.25"]).replace(b'"index":0', b'"index":' + index)
+    text, attributes = _call(engine, make_sidecar, otlp_sink, Reply(body=body))
+    assert json.loads(text)["choices"][0]["token_ids"] is None  # still stripped for the harness
+    assert attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT
+    assert not any(key.startswith("agl.completion.") and key.endswith(".token_ids") for key in attributes)

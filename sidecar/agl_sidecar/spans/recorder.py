@@ -308,6 +308,8 @@ class SpanRecorder:
         identity = call.identity
         prompt: otlp.IntArray | None = None
         completions: list[tuple[int, Choice, otlp.IntArray]] = []
+        if any(index != i for i, index in enumerate(sorted(call.choices))):
+            call.tokens_absent = True  # the engine's choice indices are not 0..n-1 (-1, 10**12): no completion 0
         if call.prompt_ids is not None and not call.tokens_absent:
             logprobs_of = wire.chat_logprobs if call.operation == semconv.OPERATION_CHAT else wire.legacy_logprobs
             try:
