@@ -235,3 +235,25 @@ def test_choice_indices_other_than_0_to_n_minus_1_mark_the_tokens_absent(engine,
     assert json.loads(text)["choices"][0]["token_ids"] is None  # still stripped for the harness
     assert attributes[semconv.TOKENS_SOURCE] == semconv.TOKENS_ABSENT
     assert not any(key.startswith("agl.completion.") and key.endswith(".token_ids") for key in attributes)
+
+
+def test_an_upstream_event_that_never_ends_breaks_the_stream_instead_of_growing_memory(
+    engine, make_sidecar, otlp_sink, monkeypatch
+):
+    # Before: the unfinished event's buffer grew with every read, without bound (the sidecar killed
+    # for memory, with every call in flight through it).
+    from agl_sidecar.proxy import handler
+
+    monkeypatch.setattr(handler, "MAX_EVENT_BYTES", 64 * 1024)
+    server, scripted = engine
+    endless = [_chunk("[5]", prompt="[1,2]"), b"data: {" + b" " * 40000] + [b" " * 40000] * 4
+    scripted["reply"] = Reply(content_type=SSE, chunks=endless)
+    sidecar = make_sidecar(upstream=[server.base_url], otlp_endpoint=otlp_sink.endpoint)
+    body = {"model": "tiny", "messages": MESSAGES, "stream": True}
+    with pytest.raises(httpx.HTTPError):  # a broken stream, as from an engine that died
+        with httpx.stream("POST", sidecar.url + "/rollouts/r-1/v1/chat/completions", json=body, timeout=10) as answer:
+            answer.read()
+    (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
+    assert span.attributes[semconv.ERROR_TYPE] == "upstream_stream_broken"
+    assert span.status_code == 2
+    assert httpx.get(sidecar.url + "/healthz").status_code == 200

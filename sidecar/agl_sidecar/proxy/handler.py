@@ -43,6 +43,14 @@ if TYPE_CHECKING:
     Front = OpenAIFront | AdapterFront
 
 log = logging.getLogger("agl_sidecar.proxy")
+# One SSE event's bytes, at most. The largest real one is a stream's first chunk with the prompt's
+# IDs (about 1 MB for 128k tokens); an upstream that never ends an event would otherwise grow the
+# buffer until the sidecar, and every call in flight through it, is killed for memory.
+MAX_EVENT_BYTES = 64 * 1024 * 1024
+
+
+class EventTooLarge(Exception):
+    pass
 
 class Proxy:
     def __init__(self, sidecar: Sidecar) -> None:
@@ -276,6 +284,7 @@ class Proxy:
         # one carries the prompt's IDs, 200 KB for a 30k-char prompt) is searched and joined once,
         # not once per read.
         partial: list[bytes] = []
+        partial_bytes = 0
         foreground = self.sidecar.foreground
         carriage_return = False  # a read ended in CR: its LF may start the next read
         try:
@@ -288,6 +297,9 @@ class Proxy:
                 if partial:
                     if b"\n\n" not in data and not (partial[-1][-1:] == b"\n" and data[:1] == b"\n"):
                         partial.append(data)
+                        partial_bytes += len(data)
+                        if partial_bytes > MAX_EVENT_BYTES:
+                            raise EventTooLarge
                         continue
                     partial.append(data)
                     data = b"".join(partial)
@@ -296,6 +308,9 @@ class Proxy:
                 rest = events.pop()
                 if rest:
                     partial.append(rest)
+                    partial_bytes = len(rest)
+                    if partial_bytes > MAX_EVENT_BYTES:
+                        raise EventTooLarge
                 if not events:
                     continue
                 out = front.stream([recorder.event(event) for event in events if event])
@@ -315,7 +330,9 @@ class Proxy:
         except asyncio.CancelledError:  # counted by handle()
             client_gone(self.sidecar, call)
             raise
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, EventTooLarge) as exc:
+            if isinstance(exc, EventTooLarge):
+                exc = aiohttp.ClientPayloadError(f"upstream sent an SSE event over {MAX_EVENT_BYTES} bytes")
             end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", repr(exc), upstream_error=True)
             # The engine broke off: the harness must see a broken stream too, as it would talking
             # to the engine directly, never a clean end. Closing the connection without the chunked
