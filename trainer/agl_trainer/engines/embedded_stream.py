@@ -124,46 +124,30 @@ async def stream_choices(
     response.enable_chunked_encoding()
     await response.prepare(request)
     try:
-        await _stream_body(response, head, tokenizer, sequences, queue, choice_of, prompt_tokens, include_usage,
-                           count_tokens, preludes)  # fmt: skip
+        for prelude in preludes:
+            await send(response, {**head, **prelude})
+        async for index, sequence, position, delta, done in deltas(tokenizer, sequences, queue):
+            chunk = {**head, "choices": [choice_of(index, sequence, position, delta, done)]}
+            if done and not include_usage:
+                chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
+            await send(response, chunk)
+        completion_tokens = sum(len(s.token_ids) for s in sequences)
+        count_tokens(completion_tokens)
+        if include_usage:
+            await send(
+                response,
+                {
+                    **head,
+                    "choices": [],
+                    "usage": wire.usage(prompt_tokens, completion_tokens, details=False),
+                    "system_fingerprint": wire.SYSTEM_FINGERPRINT,
+                },
+            )
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
     except ConnectionResetError:  # the client hung up: nobody to answer (the caller cancels the rest)
         pass
     return response
-
-
-async def _stream_body(
-    response: Any,
-    head: dict[str, Any],
-    tokenizer: Any,
-    sequences: list[Sequence],
-    queue: asyncio.Queue[Any],
-    choice_of: ChoiceBuilder,
-    prompt_tokens: int,
-    include_usage: bool,
-    count_tokens: Callable[[int], None],
-    preludes: Iterable[dict[str, Any]],
-) -> None:
-    for prelude in preludes:
-        await send(response, {**head, **prelude})
-    async for index, sequence, position, delta, done in deltas(tokenizer, sequences, queue):
-        chunk = {**head, "choices": [choice_of(index, sequence, position, delta, done)]}
-        if done and not include_usage:
-            chunk["system_fingerprint"] = wire.SYSTEM_FINGERPRINT
-        await send(response, chunk)
-    completion_tokens = sum(len(s.token_ids) for s in sequences)
-    count_tokens(completion_tokens)
-    if include_usage:
-        await send(
-            response,
-            {
-                **head,
-                "choices": [],
-                "usage": wire.usage(prompt_tokens, completion_tokens, details=False),
-                "system_fingerprint": wire.SYSTEM_FINGERPRINT,
-            },
-        )
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
 
 
 async def send(response: Any, chunk: dict[str, Any]) -> None:
