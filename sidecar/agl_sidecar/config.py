@@ -60,6 +60,10 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_version: int = 0
     # Largest request body accepted (harness calls and admin requests); larger ones get 413
     max_body_bytes: int = 32 * 1024 * 1024
+    # Largest non-streamed engine answer read (decompressed); a larger one is the harness's 502, not
+    # a sidecar grown until it is killed with every call in flight. 128k tokens with 20 top
+    # logprobs each are about 150 MB.
+    max_response_bytes: int = 512 * 1024 * 1024
     service_name: str = "agl-sidecar"
     log_level: str = "warning"
 
@@ -171,6 +175,8 @@ def validate(config: SidecarConfig) -> None:
             raise ConfigError(f"setting {key!r} must be >= 0 bytes, got {getattr(config, key)}")
     if config.max_body_bytes <= 0:
         raise ConfigError(f"setting 'max_body_bytes' must be > 0 bytes, got {config.max_body_bytes}")
+    if config.max_response_bytes <= 0:
+        raise ConfigError(f"setting 'max_response_bytes' must be > 0 bytes, got {config.max_response_bytes}")
     if not 4096 <= config.export_batch_bytes <= 4 * 1024 * 1024:
         raise ConfigError("setting 'export_batch_bytes' must be between 4096 and 4194304 (collectors refuse more)")
     for mode, overrides in config.sampling.items():

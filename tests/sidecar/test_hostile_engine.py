@@ -257,3 +257,30 @@ def test_an_upstream_event_that_never_ends_breaks_the_stream_instead_of_growing_
     assert span.attributes[semconv.ERROR_TYPE] == "upstream_stream_broken"
     assert span.status_code == 2
     assert httpx.get(sidecar.url + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_answer_over_max_response_bytes_is_a_502_not_a_sidecar_grown_without_bound(
+    engine, make_sidecar, otlp_sink, chunked
+):
+    # Before: the whole body was read into memory whatever its size (with or without a length).
+    body = _chat_body("[5,6]", ["-0.5", "-0.25"])
+    server, scripted = engine
+    padded = body[:-1] + b',"padding":"' + b"x" * 300_000 + b'"}'
+    scripted["reply"] = Reply(chunks=[padded[i : i + 65536] for i in range(0, len(padded), 65536)]) if chunked else Reply(body=padded)
+    sidecar = make_sidecar(upstream=[server.base_url], otlp_endpoint=otlp_sink.endpoint, max_response_bytes=200_000)
+    asked = {"model": "tiny", "messages": MESSAGES}
+    answer = httpx.post(sidecar.url + "/rollouts/r-1/v1/chat/completions", json=asked, timeout=10)
+    assert answer.status_code == 502 and "max_response_bytes" in answer.json()["error"]["message"]
+    (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
+    assert span.attributes[semconv.CALL_END_REASON] == semconv.END_UPSTREAM_ERROR
+    scripted["reply"] = Reply(body=body)  # an answer within the bound passes as before
+    answer = httpx.post(sidecar.url + "/rollouts/r-1/v1/chat/completions", json=asked, timeout=10)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "ab"
+
+
+def test_max_response_bytes_must_be_positive() -> None:
+    from agl_sidecar.config import ConfigError, build
+
+    with pytest.raises(ConfigError, match="max_response_bytes"):
+        build({"upstream": ["http://127.0.0.1:1"], "max_response_bytes": 0})

@@ -52,6 +52,26 @@ MAX_EVENT_BYTES = 64 * 1024 * 1024
 class EventTooLarge(Exception):
     pass
 
+
+class ResponseTooLarge(Exception):
+    pass
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole (decompressed) body, or ResponseTooLarge past `limit` bytes."""
+    if response.content_length is not None and response.content_length > limit and not response.headers.get(
+        "Content-Encoding"
+    ):
+        raise ResponseTooLarge
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.content.iter_any():
+        size += len(part)
+        if size > limit:
+            raise ResponseTooLarge
+        parts.append(part)
+    return b"".join(parts)
+
 class Proxy:
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
@@ -198,7 +218,10 @@ class Proxy:
             break
         try:
             if upstream_response.status != 200:
-                data = await upstream_response.read()
+                try:
+                    data = await read_bounded(upstream_response, self.sidecar.config.max_response_bytes)
+                except ResponseTooLarge:
+                    data = b"(an error body over max_response_bytes)"
                 message = data[:500].decode(errors="replace")
                 end_call(
                     sidecar, call, semconv.END_UPSTREAM_ERROR, str(upstream_response.status), message, upstream_error=True
@@ -228,13 +251,17 @@ class Proxy:
         flags: Flags,
         call: CallRecord,
     ) -> web.StreamResponse:
+        limit = self.sidecar.config.max_response_bytes
         try:
-            data = await upstream_response.read()  # the engine is done: a transfer, not a wait
+            data = await read_bounded(upstream_response, limit)  # the engine is done: a transfer, not a wait
         except asyncio.CancelledError:
             client_gone(self.sidecar, call)
             raise
         except aiohttp.ClientError as exc:
             return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
+        except ResponseTooLarge:
+            message = f"upstream {call.upstream} answered a body over {limit} bytes (sidecar max_response_bytes)"
+            return self._fail(call, front, 502, message, "upstream_error")
         try:
             out = record_unary(kind, data, flags, call, self.sidecar.config.capture_messages)
         except (msgspec.MsgspecError, RecursionError):
