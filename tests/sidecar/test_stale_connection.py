@@ -56,8 +56,9 @@ class DroppingEngine:
                     self.dropped += 1
                     return  # close without an answer
                 headers, _, body = head.partition(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in headers.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
+                lengths = [line.split(b":")[1] for line in headers.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")]  # fmt: skip
+                length = int(lengths[0]) if lengths else 0  # a GET (the health check) has none
                 while len(body) < length:
                     body += conn.recv(65536)
                 payload = json.dumps(REPLY).encode()
