@@ -185,13 +185,18 @@ def test_attribution_header_baggage_api_key_and_traceparent(fake, make_sidecar, 
     assert by_rollout["r-path"].parent_span_id == ""
 
 
-def test_sampling_overrides_per_mode(fake, make_sidecar):
-    sidecar = make_sidecar(upstream=[fake.base_url], sampling={"train": {"temperature": 1.0}})
+def test_sampling_overrides_per_mode(fake, make_sidecar, otlp_sink):
+    overrides = {"temperature": 1.0, "n": 2, "max_tokens": 3}
+    sidecar = make_sidecar(upstream=[fake.base_url], sampling={"train": overrides}, otlp_endpoint=otlp_sink.endpoint)
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "temperature": 0.2}
-    httpx.post(sidecar.url + "/v1/chat/completions", json=body, headers={"x-agl-mode": "train"})
-    httpx.post(sidecar.url + "/v1/chat/completions", json=body, headers={"x-agl-mode": "val"})
-    assert fake.requests[0]["temperature"] == 1.0
-    assert fake.requests[1]["temperature"] == 0.2
+    httpx.post(sidecar.url + "/rollouts/t/v1/chat/completions", json=body, headers={"x-agl-mode": "train"})
+    httpx.post(sidecar.url + "/rollouts/v/v1/chat/completions", json=body, headers={"x-agl-mode": "val"})
+    assert {k: fake.requests[0][k] for k in overrides} == overrides
+    assert (fake.requests[1]["temperature"], fake.requests[1].get("n")) == (0.2, None)
+    spans = {s.attributes[semconv.ROLLOUT_ID]: s.attributes for s in otlp_sink.wait_for(lambda s: len(s) >= 2)}
+    asked = [semconv.GEN_AI_REQUEST_TEMPERATURE, semconv.GEN_AI_REQUEST_CHOICE_COUNT, semconv.GEN_AI_REQUEST_MAX_TOKENS]
+    assert [spans["t"].get(key) for key in asked] == [1.0, 2, 3]  # what the engine was asked, not the harness
+    assert [spans["v"].get(key) for key in asked] == [0.2, None, 4]
 
 
 def test_disconnect_mid_stream_cancels_upstream_and_records_partial_tokens(make_sidecar, otlp_sink):

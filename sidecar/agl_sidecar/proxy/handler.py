@@ -119,7 +119,7 @@ class Proxy:
             temperature=overrides.get("temperature", parsed.temperature),
             top_p=overrides.get("top_p", parsed.top_p),
             max_tokens=overrides.get("max_tokens", parsed.max_tokens),
-            n=parsed.n,
+            n=overrides.get("n", parsed.n),  # the span says what the engine was asked for
         )
         if sidecar.config.capture_messages and kind == CHAT:
             call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]
