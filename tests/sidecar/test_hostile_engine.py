@@ -284,3 +284,13 @@ def test_max_response_bytes_must_be_positive() -> None:
 
     with pytest.raises(ConfigError, match="max_response_bytes"):
         build({"upstream": ["http://127.0.0.1:1"], "max_response_bytes": 0})
+
+
+def test_a_stream_that_opens_with_a_utf8_bom_is_recorded_from_its_first_event(engine, make_sidecar, otlp_sink):
+    # SSE lets a stream open with a byte order mark; before, the first event (with the prompt's IDs
+    # and the first token) was not recognised as data and went unrecorded.
+    reply = _stream()
+    reply.chunks[0] = b"\xef\xbb\xbf" + reply.chunks[0]
+    text, attributes = _call(engine, make_sidecar, otlp_sink, reply)
+    assert attributes[semconv.COMPLETION_TOKEN_IDS] == [5, 7] and attributes[semconv.PROMPT_TOKEN_IDS] == [1, 2]
+    assert text.startswith("data: {") and text.count("data: {") == 2

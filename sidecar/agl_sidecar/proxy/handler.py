@@ -47,6 +47,7 @@ log = logging.getLogger("agl_sidecar.proxy")
 # IDs (about 1 MB for 128k tokens); an upstream that never ends an event would otherwise grow the
 # buffer until the sidecar, and every call in flight through it, is killed for memory.
 MAX_EVENT_BYTES = 64 * 1024 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class EventTooLarge(Exception):
@@ -314,9 +315,16 @@ class Proxy:
         partial_bytes = 0
         foreground = self.sidecar.foreground
         carriage_return = False  # a read ended in CR: its LF may start the next read
+        first = True
         try:
             await response.prepare(request)
             while data := await foreground.waiting(upstream_response.content.readany()):
+                if first:  # an event stream may open with a UTF-8 BOM, which SSE parsers drop
+                    first = False
+                    if data.startswith(UTF8_BOM):
+                        data = data[len(UTF8_BOM) :]
+                        if not data:
+                            continue
                 if carriage_return or b"\r" in data:  # SSE also ends lines with CRLF or CR
                     data, carriage_return = _lf_lines(data, carriage_return)
                     if not data:
