@@ -132,3 +132,41 @@ def test_no_endpoint_counts_spans_as_failed(fake, make_sidecar):
     state = httpx.get(sidecar.url + "/agl/v1/state").json()
     assert state["counters"]["spans_failed"] == 2 and state["counters"]["spans_exported"] == 0
     assert os.environ.get("AGL_SIDECAR_OTLP_ENDPOINT") is None
+
+
+def test_spans_on_their_way_to_the_spool_stay_counted_as_pending(fake, make_sidecar, tmp_path):
+    """The state's counters account for every span at every moment, also while a batch taken from the
+    queue is being compressed and written to the spool (in the export thread): a caller waiting for
+    "nothing pending" must not see them gone from every count (CI's full-disk test once did)."""
+    import asyncio
+    import threading
+
+    with OTLPSink(fail_with=503) as sink:
+        sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=sink.endpoint, spool_dir=str(tmp_path / "s"))
+        exporter = sidecar.sidecar.exporter
+        counters = exporter.counters
+        _calls(sidecar.url, 1)
+        wait_until(lambda: counters.spans_in_spool == 1, "the endpoint found down, the first span spooled")
+        gate = threading.Event()
+        compress = exporter._gzip
+
+        async def held_compress(data: bytes) -> bytes:  # the next spool write waits for the gate
+            await asyncio.to_thread(gate.wait)
+            return await compress(data)
+
+        exporter._gzip = held_compress
+        try:
+            _calls(sidecar.url, 5)
+            wait_until(  # the export cycle took some of them and waits in the compression
+                lambda: counters.spans_submitted == 6 and len(exporter._pending) < 5, "spans taken for the spool"
+            )
+
+            def accounted() -> int:
+                state = httpx.get(f"{sidecar.url}/agl/v1/state").json()["counters"]
+                return sum(state[k] for k in ("spans_pending", "spans_sending", "spans_in_spool", "spans_failed"))
+
+            assert accounted() == 6
+        finally:
+            gate.set()
+        wait_until(lambda: counters.spans_in_spool == 6, "all 6 in the spool")
+        assert counters.spans_pending == 0 and accounted() == 6

@@ -136,6 +136,9 @@ class SpanExporter:
         self._idle.set()
         self._stopping = False
         self._in_flight: list[bytes] | None = None  # the batch being sent: spooled if cut short
+        # Spans taken from the queue for the spool and not yet written (gzip and the write run in a
+        # thread): still counted in spans_pending, or a state read in between would miss them.
+        self._spooling = 0
         self._strikes: dict[str, int] = {}  # spool file name -> 5xx answers while later files passed
         self._spool_bytes_now = 0
 
@@ -158,7 +161,7 @@ class SpanExporter:
             self.log.append(span)
         self._pending.append(span)
         self._pending_bytes += self.framer.overhead(span)
-        self.counters.spans_pending = len(self._pending)
+        self._count_pending()
         self._idle.clear()
         if self._pending_bytes >= self.max_batch_bytes:
             self._wake.set()
@@ -233,8 +236,10 @@ class SpanExporter:
                 await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         leftover = ([self._in_flight] if self._in_flight else []) + self._take_batches()
+        self._spooling += len(self._in_flight or ())  # from sending to pending until spooled
         self._in_flight = None
         self.counters.spans_sending = 0
+        self._count_pending()
         if leftover:
             await self._spool_batches(leftover, settle=True)
         if self.log is not None:
@@ -297,16 +302,20 @@ class SpanExporter:
             batch.append(self._pending.popleft())
             self._pending_bytes -= cost
             size += cost
-        self.counters.spans_pending = len(self._pending)
+        self._count_pending()
         return batch
 
     def _take_batches(self) -> list[list[bytes]]:
         """Every pending span, in export requests of at most max_batch_bytes each."""
         spans = list(self._pending)
         self._pending.clear()
-        self.counters.spans_pending = 0
         self._pending_bytes = 0
+        self._spooling += len(spans)  # counted as pending until _spool_batches has written them
+        self._count_pending()
         return self._batches(spans)
+
+    def _count_pending(self) -> None:
+        self.counters.spans_pending = len(self._pending) + self._spooling
 
     def _batches(self, spans: list[bytes]) -> list[list[bytes]]:
         """`spans` in order, cut into requests of at most max_batch_bytes (a bigger span goes alone)."""
@@ -507,11 +516,20 @@ class SpanExporter:
         log.error("agl-sidecar: spool file %s set aside in %s: %s", path.name, self.spool.dead_letter_dir, why)
 
     async def _spool_batches(self, batches: list[list[bytes]], settle: bool = False) -> None:
-        """Write batches to the spool; `settle`: they came from the pending queue (durable log order)."""
-        for batch in batches:
-            await self._write_spool(await self._gzip(self.framer.request(batch)), len(batch))
-            if settle:
-                self._settle(len(batch))
+        """Write batches to the spool; `settle`: they came from the pending queue (durable log order;
+        _take_batches counted them as spooling)."""
+        unwritten = sum(len(batch) for batch in batches) if settle else 0
+        try:
+            for batch in batches:
+                await self._write_spool(await self._gzip(self.framer.request(batch)), len(batch))
+                if settle:
+                    unwritten -= len(batch)
+                    self._spooling -= len(batch)
+                    self._count_pending()
+                    self._settle(len(batch))
+        finally:  # cancelled part-way: the count must not stay inflated
+            self._spooling -= unwritten
+            self._count_pending()
 
     async def _write_spool(self, payload: bytes, spans: int) -> None:
         if self._spool_bytes_now + len(payload) > self.max_spool_bytes:
