@@ -54,7 +54,7 @@ def test_a_missing_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path) -> None:
     import httpx
-    from agl_trainer.loop.offline import close_quiet
+    from agl_trainer.loop.store_cursor import close_quiet_among
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore
     from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
@@ -67,9 +67,9 @@ def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path)
                               headers={"content-type": "application/x-protobuf"})  # fmt: skip
         assert response.status_code == 200
     with RolloutStore(tmp_path / "t.db", grace_s=0.0) as store:
-        assert close_quiet(store, 600.0, store.clock()) == 0  # its last span is fresh: it may go on
+        assert close_quiet_among(store, store.incomplete_rollouts(), 600.0, store.clock()) == 0  # its last span is fresh: it may go on
         assert [i.rollout_id for i in store.ready_rollouts()] == ["ended"]
-        assert close_quiet(store, 600.0, store.clock() + 601) == 1
+        assert close_quiet_among(store, store.incomplete_rollouts(), 600.0, store.clock() + 601) == 1
         ready = {i.rollout_id: i.end_cause for i in store.ready_rollouts()}
         assert ready == {"ended": "ok", "no-end": "ok"}
 

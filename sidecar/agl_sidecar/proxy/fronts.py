@@ -108,10 +108,4 @@ class AdapterFront:
 def _decode(data: bytes) -> Any:
     """The engine's JSON; as Python's `json` reads it when only that reads it (`NaN` in logprobs the
     harness asked for), the non-finite values then as strings."""
-    try:
-        return msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        readable = wire.tolerant_json(data)
-        if readable is None:
-            raise
-        return msgspec.json.decode(readable)
+    return wire.decode_tolerant(msgspec.json.decode, data)

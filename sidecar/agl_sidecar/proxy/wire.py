@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import Raw, Struct
 
 from agl_sidecar.proxy.inputs import Count, Int64, Positive
+
+T = TypeVar("T")
 
 NULL = Raw(b"null")
 
@@ -264,26 +266,27 @@ def decode_lifted(decoder: msgspec.json.Decoder[Any], body: bytes, field: str) -
     return decoder.decode(body)
 
 
-def _decode_logprobs(decoder: msgspec.json.Decoder[Any], raw: Raw | bytes) -> Any:
-    """`raw` decoded; a value only Python's `json` reads (`NaN`, `-1e400`) through tolerant_json."""
+def decode_tolerant(decode: Callable[[Raw | bytes], T], raw: Raw | bytes) -> T:
+    """`decode(raw)`; when it refuses a spelling only Python's `json` reads (`NaN`, `-1e400`, `1.0`
+    for an int), `decode` of its tolerant_json form. Raises what `decode` raised when that is None."""
     try:
-        return decoder.decode(raw)
+        return decode(raw)
     except msgspec.MsgspecError:
         fixed = tolerant_json(bytes(raw))
         if fixed is None:
             raise
-        return decoder.decode(fixed)
+        return decode(fixed)
 
 
 def chat_logprobs(raw: Raw) -> list[float] | None:
-    parsed = _decode_logprobs(_chat_logprobs, raw)
+    parsed = decode_tolerant(_chat_logprobs.decode, raw)
     if parsed is None or parsed.content is None:
         return None
     return [entry.logprob if entry.logprob is not None else float("nan") for entry in parsed.content]
 
 
 def legacy_logprobs(raw: Raw) -> list[float] | None:
-    parsed = _decode_logprobs(_legacy_logprobs, raw)
+    parsed = decode_tolerant(_legacy_logprobs.decode, raw)
     if parsed is None:
         return None
     return [value if value is not None else float("nan") for value in parsed.token_logprobs]

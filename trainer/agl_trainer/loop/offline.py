@@ -37,11 +37,9 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
-from agl_trainer.loop.store_cursor import StoreCursor, call_versions, close_quiet_among
+from agl_trainer.loop.store_cursor import StoreCursor
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
-
-__all__ = ["OfflineTrainer", "call_versions", "close_quiet", "select", "train_from_store"]
 
 
 @dataclass
@@ -102,12 +100,6 @@ def select(
             else:
                 waiting += len(chunk)
     return Selection(groups, dict(dropped), waiting)
-
-
-def close_quiet(store: RolloutStore, quiet_s: float, now: float) -> int:
-    """Rollouts with no end span (a harness without agl.rollout around it) end once quiet for `quiet_s`:
-    recorded as if their harness exited cleanly, so they complete and can be trained."""
-    return close_quiet_among(store, store.incomplete_rollouts(), quiet_s, now)
 
 
 class OfflineTrainer:
