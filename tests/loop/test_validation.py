@@ -1,5 +1,6 @@
 """Validation rounds (loop.val_every, val_tasks): held-out rollouts in mode val reach the engine
-greedy through the unmodified harness's URL, write val/* metrics, and are never trained."""
+greedy through the unmodified harness's URL, the sampled pass (loop.val_sampled) reaches it at
+sampling.train, both write val/* metrics, and neither is ever trained."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def test_val_rounds_are_greedy_never_trained_and_reported(
         "loop.max_steps": 3,
         "loop.val_every": 2,
         "loop.val_repeats": 2,
+        "loop.val_sampled": 2,
         "loop.completion_grace_s": 0.2,
     }
     config = load_config(None, [f"--{k}={v}" for k, v in overrides.items()])
@@ -98,16 +100,18 @@ def test_val_rounds_are_greedy_never_trained_and_reported(
         assert row["val/count"] == 6 and row["val/failed"] == 0  # 3 tasks x 2 repeats
         assert row["val/reward"] == pytest.approx(0.5)  # the val tasks' rewards 0.25, 0.5, 0.75
         assert row["val/pass_rate"] == 0.0
+        assert row["val/sampled/count"] == 6 and row["val/sampled/failed"] == 0 and row["val/sampled/k"] == 2
+        assert row["val/sampled/reward"] == pytest.approx(0.5) and row["val/sampled/pass@k"] == 0.0
     assert [row["step"] for row in rows if "reward/mean" in row] == [1, 2, 3]  # training rows apart
     assert all("val/reward" not in row for row in result.summary.history)
     assert [v["step"] for v in result.summary.validation] == [0.0, 2.0, 3.0]
 
-    # The engine saw greedy sampling for every val call and sampling.train for every train call,
-    # whatever the harness asked for (1.3): the mode travelled in the rollout's URL.
+    # The engine saw greedy sampling for every mode-val call, sampling.train for every sampled val
+    # call and every train call, whatever the harness asked for (1.3): the mode travelled in the URL.
     val_calls = [(t, p) for m, t, p in seen if m == VAL_MAX_TOKENS]
     train_calls = [(t, p) for m, t, p in seen if m == TRAIN_MAX_TOKENS]
-    assert len(val_calls) == 3 * 6 * 2  # 3 rounds x 6 rollouts x 2 calls
-    assert set(val_calls) == {(0.0, 1.0)}
+    assert val_calls.count((0.0, 1.0)) == 3 * 6 * 2  # 3 rounds x 6 rollouts x 2 calls
+    assert val_calls.count((0.7, 0.9)) == 3 * 6 * 2 and len(val_calls) == 3 * 12 * 2  # the sampled pass
     assert len(train_calls) >= 3 * 4 * 2 and set(train_calls) == {(0.7, 0.9)}
 
     # Val rollouts are recorded as mode val, never trained, and marked so in the store.
@@ -115,7 +119,8 @@ def test_val_rounds_are_greedy_never_trained_and_reported(
         infos = store.find("")
     vals = [i for i in infos if i.task_id in {"v0", "v1", "v2"}]
     trains = [i for i in infos if i.task_id in {"t0", "t1", "t2", "t3"}]
-    assert len(vals) == 18 and all(i.mode == "val" for i in vals)
+    assert len(vals) == 36 and sum(i.mode == "val" for i in vals) == 18  # the sampled 18: mode train
+    assert all(i.rollout_id.endswith(("-s0", "-s1")) for i in vals if i.mode != "val")
     assert all(i.trained_step is None and i.dropped_reason == VAL_DROP_REASON for i in vals)
     assert sum(i.trained_step is not None for i in trains) == 12  # 3 steps x 4 rollouts, all train tasks
     assert sum(row["rollouts/trained"] for row in result.summary.history) == 12

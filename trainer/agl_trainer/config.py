@@ -302,6 +302,10 @@ class LoopConfig(_Section):
         _doc("validate on val_tasks before the first step, every N steps and at the end (0: never)", ge=0),
     ] = 0
     val_repeats: Annotated[int, _doc("rollouts per val task in a validation round", ge=1)] = 1
+    val_sampled: Annotated[
+        int,
+        _doc("also run each val task this many times at sampling.train (mean@k: val/sampled/reward; 0: off)", ge=0),
+    ] = 0
 
 
 class ViewerSection(_Section):

@@ -218,11 +218,17 @@ class TrainingLoop:
         self.validation.append({"step": float(self.state.step), **metrics})
         if self.metrics is not None:
             self.metrics.write(self.state.step, metrics)
-        reward = metrics.get("val/reward")
+        reward, sampled = metrics.get("val/reward"), metrics.get("val/sampled/reward")
         self.progress.log(
             f"agl: validation at step {self.state.step}: "
             + (f"reward {reward:.3f}, pass rate {metrics['val/pass_rate']:.3f}" if reward is not None else "no data")
             + f" over {metrics['val/count']:.0f} rollouts ({metrics['val/failed']:.0f} failed)"
+            + (
+                f"; sampled mean@{metrics['val/sampled/k']:.0f} {sampled:.3f}"
+                f" over {metrics['val/sampled/count']:.0f} rollouts"
+                if sampled is not None
+                else ""
+            )
         )
 
     # --- generating ----------------------------------------------------------------------------

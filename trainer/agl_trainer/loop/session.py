@@ -315,6 +315,7 @@ def build_validator(config: Config, runner: Any, data: Any, run_id: str) -> Any:
         run_id=run_id,
         every=config.loop.val_every,
         repeats=config.loop.val_repeats,
+        sampled=config.loop.val_sampled,
         no_data_timeout_s=60.0 + config.loop.completion_grace_s,
     )
 

@@ -1,21 +1,31 @@
-"""Validation rounds: the held-out tasks (`val_tasks`), run as rollouts in mode `val`, never trained.
+"""Validation rounds: the held-out tasks (`val_tasks`), run as rollouts, never trained.
 
 When (loop.val_every = N > 0): one round before the first training step (the starting policy,
 reported at step 0), one after every N-th step, and one when training ends (loop.max_steps or
 loop.max_train_s) unless that step already had one. A stop the user asked for (Ctrl-C) skips the
 final round. A resumed run validates at its first step only when that step is due.
 
-A round runs every val task `loop.val_repeats` times through the same runner, harness and sidecar
-as training. The runner puts the mode in the rollout's URL (`/rollouts/{id}/modes/val/v1`), so
-the sidecar applies `sampling.val` (greedy by default) without any change to the harness. The
-rounds' rollouts never enter a training batch (the loop trains only the groups it scheduled) and
-are marked in the store as dropped with the reason `validation`, so no later pass trains them.
+A round has up to two passes over every val task, through the same runner, harness and sidecar
+as training, run together:
+  - `loop.val_repeats` rollouts in mode `val`: the runner puts the mode in the rollout's URL
+    (`/rollouts/{id}/modes/val/v1`), so the sidecar applies `sampling.val` (greedy by default)
+    without any change to the harness. A greedy policy can solve a task every time while the
+    policy RL samples from still fails it often, so greedy alone may not move while RL improves.
+  - `loop.val_sampled` = k rollouts in mode `train` (sampling.train, the training temperature):
+    mean@k, the held-out counterpart of the training reward. Mode train only selects the sampling;
+    their ids (`...-valNNNNNN-...-s{j}`) and the store's drop reason say they are validation.
+Neither pass's rollouts enter a training batch (the loop trains only the groups it scheduled),
+and both are marked in the store as dropped with the reason `validation`, so no later pass
+(e.g. `agl train --from-store`) trains them.
 
 Metrics, one row per round at the step it measured (metrics.jsonl, TensorBoard, metrics.prom):
-  val/reward       mean reward of the rollouts that produced data
+  val/reward       mean reward of the mode-val rollouts that produced data (greedy by default)
   val/reward_std   their standard deviation
   val/pass_rate    fraction of them with full reward (>= 1)
   val/count        rollouts with data;  val/failed: rollouts without (harness error, timeout, no data)
+  val/sampled/reward    mean@k: mean reward of the sampled rollouts (loop.val_sampled > 0)
+  val/sampled/pass@k    fraction of val tasks with a full reward in at least one of their k samples
+  val/sampled/count, val/sampled/failed, val/sampled/k
   val/seconds      wall time of the round;  val/policy_version: the weights it measured
 """
 
@@ -36,6 +46,7 @@ from agl_trainer.store.records import RolloutKey
 VAL_DROP_REASON = "validation"  # how the store records that a val rollout is never to be trained
 PASS_REWARD = 1.0
 POLL_S = 0.05
+SAMPLED = "val/sampled/"  # the sampled pass's metric prefix
 
 
 @dataclass(frozen=True)
@@ -59,14 +70,18 @@ class Validator:
         run_id: str,
         every: int,
         repeats: int = 1,
+        sampled: int = 0,
         no_data_timeout_s: float = 60.0,
     ) -> None:
+        if repeats < 1 or sampled < 0:
+            raise ValueError(f"Validator: repeats must be >= 1 and sampled >= 0, got {repeats} and {sampled}")
         self.tasks = tasks
         self.runner = runner
         self.data = data
         self.run_id = run_id
         self.plan = ValidationPlan(every)
         self.repeats = repeats
+        self.sampled = sampled
         self.no_data_timeout_s = no_data_timeout_s
         self.last_step: int | None = None  # the step the latest round measured
         self.rounds = 0
@@ -74,12 +89,19 @@ class Validator:
         self._instance = secrets.token_hex(2)
 
     def specs(self, step: int) -> list[RolloutSpec]:
+        """The round's rollouts: the mode-val pass, then the sampled pass (ids ending `-s{j}`)."""
         prefix = f"{self.run_id}-val{step:06d}-{self._instance}r{self.rounds}"
-        return [
+        greedy = [
             RolloutSpec(f"{prefix}-{index:04d}-{repeat}", str(task["id"]), task, 0, semconv.MODE_VAL)
             for index, task in enumerate(self.tasks)
             for repeat in range(self.repeats)
         ]
+        sampled = [
+            RolloutSpec(f"{prefix}-{index:04d}-s{repeat}", str(task["id"]), task, 0, semconv.MODE_TRAIN)
+            for index, task in enumerate(self.tasks)
+            for repeat in range(self.sampled)
+        ]
+        return greedy + sampled
 
     async def run(self, step: int, version: int, check: Callable[[], None] = lambda: None) -> dict[str, float]:
         """One round at `step`; returns its val/* metrics. `check` raises to abandon the round
@@ -100,14 +122,23 @@ class Validator:
         outcomes = [_outcome(task, spec) for task, spec in zip(tasks, specs)]
         keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes if o.ok]
         complete = await self._wait_complete(keys, check)
-        rewards: list[float] = []
+        by_id: dict[str, float] = {}
         if complete:
             assembled = await asyncio.to_thread(self.data.assemble, sorted(complete, key=lambda k: k.rollout_id))
-            rewards = [result.reward for result in assembled.results]
+            by_id = {result.rollout_id: result.reward for result in assembled.results}
         all_keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes]
         self.data.mark_dropped(all_keys, VAL_DROP_REASON)
         self.last_step = step
-        metrics = summarize(rewards, attempted=len(specs))
+        greedy = [spec for spec in specs if spec.mode == semconv.MODE_VAL]
+        rewards = [by_id[spec.rollout_id] for spec in greedy if spec.rollout_id in by_id]
+        metrics = summarize(rewards, attempted=len(greedy))
+        if self.sampled:
+            samples: dict[str, list[float]] = {}  # task id -> rewards of its sampled rollouts with data
+            sampled = [spec for spec in specs if spec.mode != semconv.MODE_VAL]
+            for spec in sampled:
+                if spec.rollout_id in by_id:
+                    samples.setdefault(spec.task_id, []).append(by_id[spec.rollout_id])
+            metrics.update(summarize_sampled(samples, attempted=len(sampled), k=self.sampled))
         metrics["val/seconds"] = time.monotonic() - started
         metrics["val/policy_version"] = float(version)
         return metrics
@@ -130,6 +161,21 @@ def _outcome(task: asyncio.Task[RolloutOutcome], spec: RolloutSpec) -> RolloutOu
     if task.exception() is not None:
         return RolloutOutcome(spec, Cause.INFRA_ERROR, message=repr(task.exception()))
     return task.result()
+
+
+def summarize_sampled(samples: dict[str, list[float]], attempted: int, k: int) -> dict[str, float]:
+    """val/sampled/* of one round: each task's rewards over its (up to k) samples with data."""
+    rewards = [reward for task_rewards in samples.values() for reward in task_rewards]
+    metrics = {
+        f"{SAMPLED}count": float(len(rewards)),
+        f"{SAMPLED}failed": float(attempted - len(rewards)),
+        f"{SAMPLED}k": float(k),
+    }
+    if rewards:
+        metrics[f"{SAMPLED}reward"] = sum(rewards) / len(rewards)  # mean@k
+        solved = [any(r >= PASS_REWARD for r in task_rewards) for task_rewards in samples.values()]
+        metrics[f"{SAMPLED}pass@k"] = sum(solved) / len(solved)
+    return metrics
 
 
 def summarize(rewards: list[float], attempted: int) -> dict[str, float]:

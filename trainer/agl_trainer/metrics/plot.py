@@ -1,7 +1,8 @@
 """reward.png: mean training reward, validation reward and entropy per training step, from metrics.jsonl.
 
 Training rows carry reward/mean; validation rounds (loop/validation.py) write their own rows with
-val/reward at the step they measured (step 0: before training), drawn beside the training reward."""
+val/reward (sampling.val: greedy by default) and val/sampled/reward (mean@k at the training
+sampling) at the step they measured (step 0: before training), drawn beside the training reward."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from agl_trainer.metrics.writer import read_jsonl
 
 REWARD_KEY = "reward/mean"
 VAL_KEY = "val/reward"
+VAL_SAMPLED_KEY = "val/sampled/reward"
 ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
 
 
@@ -21,6 +23,7 @@ def plot_run(output_dir: Path, *, title: str = "agl training") -> Path | None:
     if not rows:
         return None
     validation = [(row["step"], row[VAL_KEY]) for row in every if VAL_KEY in row]
+    sampled = [row for row in every if VAL_SAMPLED_KEY in row]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,7 +33,13 @@ def plot_run(output_dir: Path, *, title: str = "agl training") -> Path | None:
     figure, reward_axis = plt.subplots(figsize=(8, 4.5), dpi=100)
     reward_axis.plot(steps, [row[REWARD_KEY] for row in rows], color="tab:blue", label="training reward (mean)")
     if validation:
-        reward_axis.plot(*zip(*validation), "o-", color="tab:green", label="validation reward (held-out, mode val)")
+        label = "held-out reward (sampling.val, greedy by default)"
+        reward_axis.plot(*zip(*validation), "o-", color="tab:green", label=label)
+    if sampled:
+        k = sampled[-1].get("val/sampled/k")
+        label = f"held-out reward, sampled (mean@{k:.0f})" if k else "held-out reward, sampled"
+        points = [(row["step"], row[VAL_SAMPLED_KEY]) for row in sampled]
+        reward_axis.plot(*zip(*points), "s-", color="tab:purple", label=label)
     reward_axis.set_xlabel("training step")
     reward_axis.set_ylabel("reward", color="tab:blue")
     reward_axis.set_ylim(bottom=min(0.0, reward_axis.get_ylim()[0]))
