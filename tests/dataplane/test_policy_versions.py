@@ -44,6 +44,9 @@ def test_tokens_get_the_version_that_sampled_them(store) -> None:
         ([0, 3, 2, 4, 2, 5], "policy_versions_starts_not_increasing_from_0"),
         ([0, 3, 6, 4], "policy_versions_start_outside_completion"),  # 6 tokens: starts end at 5
         ([0, 3, 2, -1], "policy_versions_negative"),
+        ([0, 3, 2, 5, 4, 4], "policy_versions_decreasing"),  # 5 then 4: a lower resume's leftover
+        ([0, 100, 2, 100], "policy_versions_not_from_entry_version"),  # the call entered at 3
+        ([0, 2, 2, 3], "policy_versions_not_from_entry_version"),
         ([0, 3, 2], "policy_versions_not_int_pairs"),
         ([], "policy_versions_not_int_pairs"),
     ],

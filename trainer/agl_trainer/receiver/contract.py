@@ -215,9 +215,12 @@ def _token_array(attributes: dict[str, Any], key: str, reason: str) -> np.ndarra
     return value.astype(np.int32)
 
 
-def _policy_versions(attributes: dict[str, Any], completion: np.ndarray | None) -> np.ndarray | None:
+def _policy_versions(
+    attributes: dict[str, Any], completion: np.ndarray | None, entry_version: int | None
+) -> np.ndarray | None:
     """agl.completion.policy_versions: [start, version, ...] pairs, starts strictly increasing from
-    0 and inside the completion, versions int64 >= 0."""
+    0 and inside the completion, versions int64 >= 0, non-decreasing from the call's entry version
+    (agl.policy.version: weights only move forward while a call is in flight)."""
     value = attributes.get(semconv.COMPLETION_POLICY_VERSIONS)
     if value is None:
         return None
@@ -233,6 +236,10 @@ def _policy_versions(attributes: dict[str, Any], completion: np.ndarray | None) 
         raise ContractError("policy_versions_start_outside_completion")
     if int(versions.min()) < 0:
         raise ContractError("policy_versions_negative")
+    if versions.size > 1 and bool(np.any(np.diff(versions) < 0)):
+        raise ContractError("policy_versions_decreasing")
+    if entry_version is not None and int(versions[0]) != entry_version:
+        raise ContractError("policy_versions_not_from_entry_version")
     return runs
 
 
@@ -273,6 +280,7 @@ def _call(span: RawSpan) -> CallSpan:
     parent = span.parent_span_id
     if parent and len(parent) != 8:
         raise ContractError("bad_ids")
+    policy_version = _int(attributes, semconv.POLICY_VERSION)
     return CallSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -290,8 +298,8 @@ def _call(span: RawSpan) -> CallSpan:
         prompt_ref_seq=ref_seq,
         prompt_ref_length=ref_length,
         prompt_length=_int(attributes, semconv.PROMPT_LENGTH),
-        policy_version=_int(attributes, semconv.POLICY_VERSION),
-        policy_versions=_policy_versions(attributes, completion),
+        policy_version=policy_version,
+        policy_versions=_policy_versions(attributes, completion, policy_version),
         finish_reason=finish,
         end_reason=_str(attributes, semconv.CALL_END_REASON),
         tokens_source=_str(attributes, semconv.TOKENS_SOURCE),
