@@ -6,7 +6,10 @@ releases held calls in arrival order under the new policy version. A call held l
 
 A drain-free switch (loop.switch: keep) pauses without draining: the engine freezes the calls in
 flight, and `resume(version, switch=True, progress=...)` records where the new version starts in
-them (`switches`, see proxy/switches.py).
+them (`switches`, see proxy/switches.py). A resume to a lower version than the one in force (a new
+run on an attached sidecar, a trainer resumed from an older checkpoint) starts a new switch log: the
+calls that enter under it see only the switches after it, and the calls in flight keep the log they
+entered with, so a span's versions only ever rise from its entry version.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from agl_sidecar.proxy.switches import SwitchLog
 
 class HeldTooLong(Exception):
     """A call waited longer than max_hold_s for the gate to open."""
+
+
+class LowerSwitch(ValueError):
+    """A drain-free switch to a version below the one in force (a switch only moves forward)."""
 
 
 class Gate:
@@ -94,7 +101,11 @@ class Gate:
         asyncio wakes tasks in the order their futures complete). `switch`: calls in flight were
         frozen, not drained, and continue under `policy_version` (recorded before any is released)."""
         if policy_version is not None:
-            if switch and policy_version != self.policy_version:
+            if policy_version < self.policy_version:
+                if switch:
+                    raise LowerSwitch(policy_version)
+                self.switches = SwitchLog(unresolved=self.switches.unresolved)  # a new run
+            elif switch and policy_version != self.policy_version:
                 self.switches.record(policy_version, progress)
             self.policy_version = policy_version
         self.paused = False

@@ -35,19 +35,22 @@ class Switch:
 
 
 class SwitchLog:
-    """The sidecar's recent switches; `version` is the newest switch's (-1: none yet)."""
+    """The switches of one run, in non-decreasing version order; `version` is the newest switch's (-1:
+    none yet). A run that goes back to a lower version gets a new log (proxy/gate.py)."""
 
-    def __init__(self, keep: int = KEEP_SWITCHES) -> None:
+    def __init__(self, keep: int = KEEP_SWITCHES, unresolved: int = 0) -> None:
         self._switches: deque[Switch] = deque(maxlen=keep)
         self.serial = 0
         self.version = -1
-        self.unresolved = 0  # boundaries neither the engine nor the stream could place
+        self.unresolved = unresolved  # boundaries neither the engine nor the stream could place
 
     def record(self, version: int, progress: Mapping[str, int] | None) -> Switch:
+        if version < self.version:
+            raise ValueError(f"a switch to version {version} after one to {self.version}: versions only rise in a log")
         self.serial += 1
         switch = Switch(self.serial, version, dict(progress) if progress is not None else None)
         self._switches.append(switch)
-        self.version = max(self.version, version)
+        self.version = version
         return switch
 
     def since(self, version: int) -> list[Switch]:

@@ -126,6 +126,12 @@ async def resume(request: web.Request) -> web.Response:
         return body
     if body.switch and body.policy_version is None:
         return json_reply(400, {"error": "resume: switch needs the policy_version the frozen calls continue under"})
+    if body.switch and body.policy_version is not None and body.policy_version < sidecar.gate.policy_version:
+        return json_reply(400, {"error": (
+            f"resume: a switch continues the frozen calls under a newer version, and policy_version "
+            f"{body.policy_version} is below the version in force ({sidecar.gate.policy_version}); to start a "
+            'new run at a lower version, pause with {"drain": true} and resume without "switch"'
+        )})
     if body.engine_progress is not None and not body.switch:
         return json_reply(400, {"error": 'resume: engine_progress belongs to a switch; add "switch": true'})
     if body.upstreams is not None:
