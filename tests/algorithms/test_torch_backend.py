@@ -304,9 +304,7 @@ def test_bad_config_and_batch_are_named(model_dir, tmp_path):
         backend.train_step(dataclasses.replace(batch, loss_mask=first_token), 0)
     with pytest.raises(ValueError, match="rollout_index"):
         backend.train_step(dataclasses.replace(batch, rollout_index=batch.rollout_index + 5), 0)
-    nan_logprob = batch.engine_logprobs.masked_fill(batch.loss_mask.bool(), float("nan"))
-    with pytest.raises(ValueError, match="engine_logprobs is NaN"):
-        backend.train_step(dataclasses.replace(batch, engine_logprobs=nan_logprob), 0)
+    # a NaN engine logprob is no error but an unknown one: tests/algorithms/test_agreement.py
     with pytest.raises(FileNotFoundError, match="not an agl checkpoint"):
         backend.load_checkpoint(tmp_path)
     assert backend.step == 0  # nothing above trained

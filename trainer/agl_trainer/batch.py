@@ -29,6 +29,12 @@ class Sample:
     policy_versions: list[int]  # the policy version that generated each token, -1 elsewhere
     call_seqs: list[int] = field(default_factory=list)  # the calls merged into this sample, in order
     token_rewards: list[float] | None = None  # per-call rewards placed on a call's last token
+    # 0 where the engine gave no usable logprob (missing, NaN): its engine_logprobs 0.0 is a placeholder
+    # the backends never weigh with (backends/agreement.py re-scores or excludes). None: all known.
+    logprob_known: list[int] | None = None
+    # 1 where a token was sampled after a drain-free switch (loop.switch: keep) in the same call: over
+    # the old weights' KV of its prefix, so it is expected to differ from the trainer's forward. None: none.
+    after_switch: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -37,8 +43,10 @@ class Sample:
             "engine_logprobs": len(self.engine_logprobs),
             "policy_versions": len(self.policy_versions),
         }
-        if self.token_rewards is not None:
-            lengths["token_rewards"] = len(self.token_rewards)
+        for name in ("token_rewards", "logprob_known", "after_switch"):
+            values = getattr(self, name)
+            if values is not None:
+                lengths[name] = len(values)
         bad = {name: length for name, length in lengths.items() if length != n}
         if bad:
             raise ValueError(f"Sample {self.rollout_id}: token_ids has {n} tokens but {bad}")
@@ -65,7 +73,9 @@ class TrainingBatch:
     """Samples padded to [N, L] (right padding), with rollout-level structure.
 
     Per token [N, L]: input_ids, attention_mask, position_ids, loss_mask, engine_logprobs,
-    policy_versions, token_rewards. Per sample [N]: rollout_index (into the rollout arrays).
+    policy_versions, token_rewards, logprob_known (bool: the engine's logprob is usable; a NaN or
+    infinite engine logprob is stored as 0.0 with logprob_known False), after_switch (bool).
+    Per sample [N]: rollout_index (into the rollout arrays).
     Per rollout [R]: rollout_rewards, rollout_group_index (rollouts of one task share a group).
     """
 
@@ -81,6 +91,23 @@ class TrainingBatch:
     rollout_group_index: torch.Tensor
     rollout_ids: list[str]
     task_ids: list[str]  # per rollout
+    logprob_known: torch.Tensor | None = None  # None: every engine logprob is known
+    after_switch: torch.Tensor | None = None  # None: no token was sampled after a keep switch
+
+    def known_logprobs(self) -> torch.Tensor:
+        """[N, L] bool: where engine_logprobs holds the engine's own (finite) logprob."""
+        import torch
+
+        finite = torch.isfinite(self.engine_logprobs)
+        return finite if self.logprob_known is None else finite & self.logprob_known.bool()
+
+    def switched(self) -> torch.Tensor:
+        """[N, L] bool: tokens sampled after a keep switch over the old weights' KV."""
+        import torch
+
+        if self.after_switch is None:
+            return torch.zeros(self.engine_logprobs.shape, dtype=torch.bool)
+        return self.after_switch.bool()
 
     @property
     def num_samples(self) -> int:
@@ -104,6 +131,8 @@ class TrainingBatch:
         engine_logprobs = torch.zeros((n, width), dtype=torch.float32)
         policy_versions = torch.full((n, width), -1, dtype=torch.long)
         token_rewards = torch.zeros((n, width), dtype=torch.float32)
+        known = torch.ones((n, width), dtype=torch.bool)
+        switched = torch.zeros((n, width), dtype=torch.bool)
         for row, (_, sample) in enumerate(samples):
             length = len(sample.token_ids)
             input_ids[row, :length] = torch.tensor(sample.token_ids, dtype=torch.long)
@@ -113,6 +142,13 @@ class TrainingBatch:
             policy_versions[row, :length] = torch.tensor(sample.policy_versions, dtype=torch.long)
             if sample.token_rewards is not None:
                 token_rewards[row, :length] = torch.tensor(sample.token_rewards, dtype=torch.float32)
+            if sample.logprob_known is not None:
+                known[row, :length] = torch.tensor(sample.logprob_known, dtype=torch.bool)
+            if sample.after_switch is not None:
+                switched[row, :length] = torch.tensor(sample.after_switch, dtype=torch.bool)
+        # NaN or +-inf from any source is unknown, never a weight: 0.0 is only a placeholder
+        known &= torch.isfinite(engine_logprobs)
+        engine_logprobs = torch.where(known, engine_logprobs, torch.zeros(()))
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         groups: dict[str, int] = {}
         group_index = [groups.setdefault(rollout.task_id, len(groups)) for rollout in rollouts]
@@ -129,4 +165,6 @@ class TrainingBatch:
             rollout_group_index=torch.tensor(group_index, dtype=torch.long),
             rollout_ids=[rollout.rollout_id for rollout in rollouts],
             task_ids=[rollout.task_id for rollout in rollouts],
+            logprob_known=known,
+            after_switch=switched,
         )

@@ -36,6 +36,8 @@ class AlgorithmConfig:
     importance_cap: float = 2.0
     importance_scope: str = "stale"  # stale | all | off
     bypass_old_logprobs: bool = False  # use the engine's log-probs as the PPO old log-probs
+    # Engine/trainer agreement (backends/agreement.py): agreement/*/frac_over counts |delta| above this
+    agreement_threshold: float = 0.1
 
     def __post_init__(self) -> None:
         def fail(key: str, message: str) -> None:
@@ -79,6 +81,11 @@ class AlgorithmConfig:
                 fail(key, f"{getattr(self, key)} must be >= 0")
         if self.importance_cap <= 0:
             fail("importance_cap", f"{self.importance_cap} must be positive (2.0 is usual)")
+        if not (isinstance(self.agreement_threshold, (int, float)) and 0 < self.agreement_threshold < float("inf")):
+            fail(
+                "agreement_threshold",
+                f"{self.agreement_threshold!r} must be a positive number of nats (0.1 is usual: a 10% probability gap)",
+            )
 
     @property
     def clip(self) -> ClipConfig:

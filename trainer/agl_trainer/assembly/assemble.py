@@ -27,7 +27,7 @@ from agl import semconv
 from agl_trainer.assembly.config import DROP, KEEP, AssemblyConfig
 from agl_trainer.assembly.merge import MergeFailure, classify
 from agl_trainer.assembly.tree import PrefixIndex, prefix_hashes
-from agl_trainer.assembly.versions import token_versions
+from agl_trainer.assembly.versions import after_switch, token_versions
 from agl_trainer.batch import RolloutResult, Sample
 from agl_trainer.store.records import CallRow, RolloutData, RolloutKey
 
@@ -39,7 +39,7 @@ TOKENS_ABSENT = "tokens_absent"
 DUPLICATE_CALL_SEQ = "duplicate_call_seq"
 NOT_DELIVERED = "response_not_delivered"  # agl.call.end_reason in semconv.ENDS_UNDELIVERED
 OUTSIDE_TRACE = "outside_trace_not_trained"  # agl.call.origin not harness, train_outside_trace off
-LOGPROBS_MISSING = "logprobs_missing"  # trained, with logprob 0.0 (counted: importance weights are off)
+LOGPROBS_MISSING = "logprobs_missing"  # trained; Sample.logprob_known 0: re-scored or excluded (agreement.py)
 CALL_REWARD_LOST = "call_reward_lost"  # a per-call reward whose call was skipped or cut away
 EXTRA_CHOICES = (
     "extra_choices_not_trained"  # choices 1..n-1 of an n > 1 call: only choice 0 continues the rollout
@@ -186,7 +186,7 @@ def _logprobs(call: CallRow, problems: dict[str, int]) -> np.ndarray:
     assert completion is not None
     if call.logprobs is None or call.logprobs.size != completion.size:
         _count(problems, LOGPROBS_MISSING)
-        return np.zeros(completion.size, np.float32)
+        return np.full(completion.size, np.nan, np.float32)  # unknown: Sample.logprob_known says so
     return call.logprobs.astype(np.float32, copy=False)
 
 
@@ -317,15 +317,19 @@ def _finish_samples(
         kept_index[index] = len(samples)
         starts = sample.call_starts
         kept_calls = [seq for seq, begin in zip(sample.call_seqs, starts, strict=True) if begin < end]
+        known = np.isfinite(logprobs[:end])
+        switched = after_switch(mask[:end], versions[:end], starts)
         samples.append(
             Sample(
                 rollout_id=info.rollout_id,
                 task_id=info.task_id or info.rollout_id,
                 token_ids=tokens[:end].tolist(),
                 loss_mask=mask[:end].tolist(),
-                engine_logprobs=logprobs[:end].tolist(),
+                engine_logprobs=np.where(known, logprobs[:end], 0.0).tolist(),
                 policy_versions=versions[:end].tolist(),
                 call_seqs=kept_calls,
+                logprob_known=None if known.all() else known.astype(np.int8).tolist(),
+                after_switch=None if switched is None else switched.tolist(),
             )
         )
     return samples, kept_index

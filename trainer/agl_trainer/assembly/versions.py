@@ -25,3 +25,23 @@ def token_versions(call: CallRow) -> np.ndarray:
         for start, end, run_version in zip(starts, ends, versions):
             out[int(start) : int(end)] = int(run_version)
     return out
+
+
+def after_switch(mask: np.ndarray, versions: np.ndarray, call_starts: list[int]) -> np.ndarray | None:
+    """Per token of a sample, 1 where a call's generated token has another version than the call's
+    first one: sampled after a drain-free switch, over the old weights' KV of its prefix (switch_kv:
+    keep). None when no call of the sample spans a switch (the common case)."""
+    out: np.ndarray | None = None
+    size = int(mask.size)
+    for index, begin in enumerate(call_starts):
+        if begin >= size or not mask[begin]:
+            continue
+        limit = call_starts[index + 1] if index + 1 < len(call_starts) else size  # a child may add no context
+        rest = mask[begin:limit] == 0
+        end = begin + int(np.argmax(rest)) if rest.any() else min(limit, size)  # the call's generated run
+        changed = versions[begin:end] != versions[begin]
+        if changed.any():
+            if out is None:
+                out = np.zeros(size, np.int8)
+            out[begin:end] = changed
+    return out

@@ -36,11 +36,10 @@ def validate_batch(batch: TrainingBatch, vocab_size: int) -> torch.Tensor:
         )
     if bool(((batch.loss_mask != 0) & ~batch.attention_mask.bool()).any()):
         raise ValueError("loss_mask is 1 on padding (attention_mask 0)")
-    if not bool(torch.isfinite(batch.engine_logprobs[batch.loss_mask != 0]).all()):
-        raise ValueError(
-            "engine_logprobs is NaN or infinite on a trained token; the engine must return a "
-            "finite logprob for every generated token"
-        )
+    for name in ("logprob_known", "after_switch"):  # a NaN engine logprob is unknown (agreement.py)
+        value = getattr(batch, name)
+        if value is not None and tuple(value.shape) != (n, width):
+            raise ValueError(f"TrainingBatch.{name} has shape {tuple(value.shape)}, expected {(n, width)}")
     real = batch.input_ids[batch.attention_mask.bool()]
     if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
         raise ValueError(

@@ -4,6 +4,7 @@ No reward/*: the loop reports those, over every trained rollout (one rollout may
 
 from __future__ import annotations
 
+from agl_trainer.backends.agreement import agreement_metrics
 from agl_trainer.backends.step_plan import StepPlan
 
 
@@ -61,6 +62,8 @@ def step_metrics(
         "perf/micro_batches": float(sums["micro_batches"]),
         "perf/optimizer_steps": float(len(grad_norms)),
     }
+    out.update(agreement_metrics(sums, maxima))
+    out.update(plan.missing.counts)
     if "ref_kl" in sums:
         out["actor/ref_kl"] = sums["ref_kl"] / tokens
         out["loss/kl"] = sums["kl_loss"] / updates

@@ -15,6 +15,7 @@ from agl_trainer.algorithms import (
     compute_rollout_advantages,
     token_weights,
 )
+from agl_trainer.backends.agreement import MissingPlan, plan_missing
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.packing import split_rollouts
 from agl_trainer.batch import TrainingBatch
@@ -26,6 +27,8 @@ class StepPlan:
     advantages: RolloutAdvantages
     loss_mask: torch.Tensor  # [N, T] the batch's, less rollouts the advantage estimator leaves out
     token_advantages: torch.Tensor  # [N, T]
+    missing: MissingPlan  # engine logprobs unknown: re-scored at lag 0, else out of loss_mask
+    switched: torch.Tensor  # [N, T] bool: sampled after a keep switch
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,12 @@ class MiniBatch:
     weights: torch.Tensor  # [N, T] each trained token's share of the mini-batch's loss
 
 
-def plan_step(batch: TrainingBatch, algo: AlgorithmConfig, vocab_size: int) -> StepPlan:
-    """Validate `batch` and compute what the step trains on (raises ValueError on a bad batch)."""
+def plan_step(
+    batch: TrainingBatch, algo: AlgorithmConfig, vocab_size: int, policy_version: int | None = None
+) -> StepPlan:
+    """Validate `batch` and compute what the step trains on (raises ValueError on a bad batch).
+    `policy_version`: the version being trained; a token without an engine logprob is re-scored
+    when that version sampled it, else left out of the loss."""
     lengths = validate_batch(batch, vocab_size)
     advantages = compute_rollout_advantages(
         batch.rollout_rewards,
@@ -46,8 +53,10 @@ def plan_step(batch: TrainingBatch, algo: AlgorithmConfig, vocab_size: int) -> S
         epsilon=algo.advantage_epsilon,
     )
     loss_mask = batch.loss_mask.float() * advantages.trained[batch.rollout_index].unsqueeze(-1)
+    missing = plan_missing(batch.known_logprobs(), loss_mask, batch.policy_versions, policy_version)
+    loss_mask = loss_mask * ~missing.excluded
     token_advantages = broadcast_to_tokens(advantages.values, batch.rollout_index, loss_mask)
-    return StepPlan(lengths, advantages, loss_mask, token_advantages)
+    return StepPlan(lengths, advantages, loss_mask, token_advantages, missing, batch.switched())
 
 
 def mini_batches(

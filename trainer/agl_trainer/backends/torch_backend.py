@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from dataclasses import dataclass
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +23,8 @@ from agl_trainer.algorithms import (
     token_logprobs,
     truncated_importance_weights,
 )
+from agl_trainer.backends.agreement import PREFIX as AGREE
+from agl_trainer.backends.agreement import agreement_stats, resolve_logprobs
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import (
     atomic_directory,
@@ -41,7 +44,7 @@ from agl_trainer.backends.hf_model import (
 from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches
 from agl_trainer.backends.schedule import LRLambda
 from agl_trainer.backends.step_metrics import step_metrics
-from agl_trainer.backends.step_plan import mini_batches, plan_step
+from agl_trainer.backends.step_plan import StepPlan, mini_batches, plan_step
 from agl_trainer.backends.targets import Targets, trained_targets
 from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
 from agl_trainer.batch import TrainingBatch
@@ -119,29 +122,33 @@ class TorchBackend:
         stale. Returns metrics; their policy_version is the one this update produces."""
         started = time.perf_counter()
         algo = self.config.algorithm
-        plan = plan_step(batch, algo, self.vocab_size)
+        plan = plan_step(batch, algo, self.vocab_size, policy_version)
         lengths, token_advantages = plan.lengths, plan.token_advantages
+        before = None  # the trainer's pre-update log-probs, where no forward of this step gives them
         if algo.bypass_old_logprobs:
             old_log_prob = batch.engine_logprobs.float()
+            if self.config.updates_per_step > 1:  # agreement and re-scoring need the sampling weights'
+                before = self.compute_logprobs(batch)
         elif self.config.updates_per_step > 1:
             old_log_prob = self.compute_logprobs(batch)
         else:
             old_log_prob = None  # one update: the old policy is the current one, read from the same forward
+        tokens = _TokenInputs.of(batch, plan, old_log_prob, before, policy_version)
 
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
-        for _ in range(self.config.ppo_epochs):
+        for epoch in range(self.config.ppo_epochs):
             for mini in mini_batches(batch, plan, algo, self.config.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in self._plan(batch, lengths, mini.samples):
                     sums["micro_batches"] += 1
                     sums["real_positions"] += micro.num_tokens
                     sums["padded_positions"] += micro.num_positions - micro.num_tokens
-                    stats = self._forward_backward(
-                        batch, micro, mini.weights, token_advantages, old_log_prob, policy_version
-                    )
+                    stats = self._forward_backward(micro, mini.weights, token_advantages, tokens)
                     for key, value in stats.items():
+                        if epoch > 0 and key.startswith(AGREE):
+                            continue  # the same tokens against the same pre-update log-probs: once
                         if key.endswith("_max"):
                             maxima[key] = max(maxima[key], value)
                         else:
@@ -154,13 +161,7 @@ class TorchBackend:
         return step_metrics(self.step, produced, self.skipped_steps, plan, sums, maxima, grad_norms, lr, elapsed)
 
     def _forward_backward(
-        self,
-        batch: TrainingBatch,
-        micro: MicroBatch,
-        weights: torch.Tensor,
-        advantages: torch.Tensor,
-        old_log_prob: torch.Tensor | None,
-        current_version: int,
+        self, micro: MicroBatch, weights: torch.Tensor, advantages: torch.Tensor, tokens: _TokenInputs
     ) -> dict[str, float]:
         algo = self.config.algorithm
         w = micro.gather(weights)
@@ -168,34 +169,46 @@ class TorchBackend:
         if keep is None:
             return {}
         want_entropy_grad = algo.entropy_coef > 0
+
+        def select(per_token: torch.Tensor | None, fill: float = 0.0) -> torch.Tensor | None:
+            return None if per_token is None else keep.select(micro.gather(per_token, fill=fill)).to(self.device)
+
         log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
         w = keep.select(w)
-        old = (
-            log_prob.detach()
-            if old_log_prob is None
-            else keep.select(micro.gather(old_log_prob)).to(self.device)
+        versions = select(tokens.batch.policy_versions, fill=-1)
+        old, engine, before = resolve_logprobs(
+            log_prob.detach(),
+            select(tokens.engine),
+            select(tokens.known).bool(),
+            old=select(tokens.old),
+            before=select(tokens.before),
+            bypass=algo.bypass_old_logprobs,
+        )
+        agree_sums, agree_maxima = agreement_stats(
+            before, engine, select(tokens.known), versions, select(tokens.switched),
+            tokens.version, algo.agreement_threshold,
         )
         importance = None
-        stale_info: dict[str, float] = {}
+        extra: dict[str, float] = {**agree_sums, **agree_maxima}
         if not algo.bypass_old_logprobs and algo.importance_scope != "off":
             iw = truncated_importance_weights(
                 old,
-                keep.select(micro.gather(batch.engine_logprobs.float())).to(self.device),
+                engine,
                 w.to(self.device),
-                keep.select(micro.gather(batch.policy_versions, fill=-1)).to(self.device),
-                current_version,
+                versions,
+                tokens.version,
                 cap=algo.importance_cap,
                 scope=algo.importance_scope,  # type: ignore[arg-type]
             )
             importance = iw.weights
-            stale_info = {
+            extra.update({
                 "is_applied": float(iw.applied.sum()),
                 "is_capped": float(iw.capped.sum()),
                 "is_weight_sum": float(torch.where(iw.applied, iw.weights, 0.0).sum()),
                 "is_weight_max": float(torch.where(iw.applied, iw.weights, 0.0).max())
                 if iw.applied.any()
                 else 0.0,
-            }
+            })
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
@@ -213,7 +226,7 @@ class TorchBackend:
         out.loss.backward()
         stats = {key: float(value) for key, value in out.sums.items()}
         stats["loss"] = float(out.loss.detach())
-        stats.update(stale_info)
+        stats.update(extra)
         return stats
 
     def _optimizer_step(self) -> float:
@@ -370,6 +383,26 @@ class TorchBackend:
 
 
 # -------------------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class _TokenInputs:
+    """The step's per-token inputs besides weights and advantages, [N, L] on the CPU."""
+
+    batch: TrainingBatch
+    engine: torch.Tensor  # the engine's logprobs (0.0 where unknown)
+    known: torch.Tensor  # 1.0 where the engine's logprob is known
+    switched: torch.Tensor  # 1.0 where sampled after a keep switch
+    old: torch.Tensor | None  # PPO's old log-probs, when computed before the update
+    before: torch.Tensor | None  # the pre-update log-probs, when neither `old` nor the forward gives them
+    version: int  # the policy version being trained
+
+    @classmethod
+    def of(
+        cls, batch: TrainingBatch, plan: StepPlan, old: torch.Tensor | None, before: torch.Tensor | None, version: int
+    ) -> _TokenInputs:
+        engine = batch.engine_logprobs.float()
+        return cls(batch, engine, plan.missing.known.float(), plan.switched.float(), old, before, version)
 
 
 def _config_summary(config: TorchBackendConfig) -> dict[str, Any]:
