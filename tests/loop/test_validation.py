@@ -126,6 +126,24 @@ def test_val_rounds_are_greedy_never_trained_and_reported(
     assert sum(row["rollouts/trained"] for row in result.summary.history) == 12
     assert plot_run(tmp_path / "run") is not None
 
+    # `agl traces serve --store run/rollouts.db` over this run: its overview finds metrics.jsonl next
+    # to the store and shows the training curve and the held-out points (the page said "No training
+    # steps yet" when every training row's step was written as a float).
+    from agl_trainer.viewer import Viewer, ViewerServer
+
+    with ViewerServer(Viewer(tmp_path / "run" / "rollouts.db", index=False), "127.0.0.1:0").start() as viewer:
+        with urllib.request.urlopen(viewer.url + "api/overview", timeout=30) as response:
+            overview = json.loads(response.read())
+    assert overview["curve_source"] == "metrics.jsonl"
+    curve = {point["step"]: point for point in overview["curve"]}
+    assert sorted(curve) == [0, 1, 2, 3]
+    trained = {row["step"]: row["reward/mean"] for row in rows if "reward/mean" in row}
+    assert {step: curve[step]["reward"] for step in (1, 2, 3)} == trained and curve[0]["reward"] is None
+    assert all(curve[step]["entropy"] is not None for step in (1, 2, 3))
+    assert [curve[step]["val_sampled"] for step in (0, 2, 3)] == [pytest.approx(0.5)] * 3
+    assert curve[1]["val_reward"] is None and curve[2]["val_reward"] == pytest.approx(0.5)
+    assert all(isinstance(row["step"], int) for row in rows)  # the writer keeps the step an integer
+
 
 def test_val_config_errors_name_the_key(tmp_path: Path, model_dir: Path) -> None:
     tasks = write_jsonl(tmp_path / "tasks.jsonl", [{"id": "a"}])

@@ -151,13 +151,40 @@ def test_metrics_and_harness_logs_from_the_run_dir(built, tmp_path):
     with start(store, None, run_dir=tmp_path, index=False) as server:
         _, overview = get(server, "/api/overview")
         assert overview["curve_source"] == "metrics.jsonl"
-        assert overview["curve"] == [{"step": 1, "reward": 0.4, "entropy": 1.5}]
+        assert overview["curve"] == [
+            {"step": 1, "reward": 0.4, "entropy": 1.5, "val_reward": None, "val_sampled": None}
+        ]
         _, step = get(server, "/api/step?step=1")
         assert step["metrics"]["reward/mean"] == 0.4 and step["trained_version"] == 0
         _, rollout = get(server, "/api/rollout?id=" + MERGED_ID)
         assert rollout["log"]["tail"] == "harness said hi\n"
         _, other = get(server, "/api/rollout?id=" + BROKEN_ID)
         assert other["log"] is None
+
+
+def test_reward_times_are_readable_and_old_float_steps_are_read(built, tmp_path):
+    store, _ = built
+    _, body = get_rollout(store, MERGED_ID)
+    first_start = min(call["start_ns"] for call in body["calls"])
+    for reward in body["rewards"]:
+        assert reward["end_s"] == pytest.approx(reward["end_ns"] / 1e9)
+        assert reward["after_ns"] == reward["end_ns"] - first_start
+    # metrics.jsonl written before the writer kept steps integers: training rows had "step": 1.0
+    rows = [{"step": 0, "val/reward": 0.5}, {"step": 1.0, "reward/mean": 0.25, "actor/entropy": 2.0}]
+    rows += [{"step": 2.0, "reward/mean": 0.75}, {"step": 2, "val/reward": 0.9, "val/sampled/reward": 0.6}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with start(store, None, run_dir=tmp_path, index=False) as server:
+        _, overview = get(server, "/api/overview")
+    assert overview["curve"] == [
+        {"step": 0, "reward": None, "entropy": None, "val_reward": 0.5, "val_sampled": None},
+        {"step": 1, "reward": 0.25, "entropy": 2.0, "val_reward": None, "val_sampled": None},
+        {"step": 2, "reward": 0.75, "entropy": None, "val_reward": 0.9, "val_sampled": 0.6},
+    ]
+
+
+def get_rollout(store, rollout_id):
+    with start(store, None, index=False) as server:
+        return get(server, "/api/rollout?id=" + rollout_id)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,11 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         clean = {name: float(value) for name, value in metrics.items() if _is_number(value)}
-        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        # The step is the integer given: a metrics dict that carries its own "step" (a float, as the
+        # loop's history rows do) does not override it; readers key rows by it.
+        row = {"step": step, "time": time.time()}
+        row.update((name, value) for name, value in clean.items() if name not in row)
+        self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
         if self._tensorboard is not None:
             for name, value in clean.items():

@@ -88,10 +88,7 @@ def rollout(
         "calls": calls,
         "placements": [_builtins(p) for p in assembly.placements],
         "merge_failures": [_builtins(f) for f in assembly.merge_failures],
-        "rewards": [
-            {"name": r.name, "value": _finite(r.value), "call_seq": r.call_seq, "end_ns": r.end_ns}
-            for r in data.rewards
-        ],
+        "rewards": _rewards(data.rewards, calls),
         "samples": _samples(assembly, decoder),
         "decoded": decoder.decodes,
         "log": _log(run_dir, key),
@@ -159,6 +156,24 @@ def _log(run_dir: Path | None, key: RolloutKey) -> dict[str, Any] | None:
     return None
 
 
+def _rewards(rewards: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each reward span with its end time as people read it: seconds since the epoch (`end_s`, the
+    page shows the local time) and nanoseconds after the rollout's first call started (`after_ns`)."""
+    starts = [c["start_ns"] for c in calls if isinstance(c.get("start_ns"), int)]
+    first = min(starts) if starts else None
+    return [
+        {
+            "name": r.name,
+            "value": _finite(r.value),
+            "call_seq": r.call_seq,
+            "end_ns": r.end_ns,
+            "end_s": None if r.end_ns is None else r.end_ns / 1e9,
+            "after_ns": None if r.end_ns is None or first is None else r.end_ns - first,
+        }
+        for r in rewards
+    ]
+
+
 def metrics_rows(run_dir: Path | None) -> list[dict[str, Any]]:
     """The run's metrics.jsonl (one row per step), when the store sits in a run's output dir."""
     if run_dir is None:
@@ -172,7 +187,10 @@ def metrics_rows(run_dir: Path | None) -> list[dict[str, Any]]:
                     row = json.loads(line)
                 except ValueError:
                     continue  # a line being written right now
-                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                step = row.get("step") if isinstance(row, dict) else None
+                if isinstance(step, float) and step.is_integer():
+                    step = row["step"] = int(step)  # files written before the writer kept it an int
+                if isinstance(step, int) and not isinstance(step, bool):
                     rows.append({k: v for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(v)})
     except OSError:
         return []

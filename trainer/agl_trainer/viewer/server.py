@@ -46,6 +46,22 @@ ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
 MAX_PARAM = 4096
 
 
+def metrics_curve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per step from metrics.jsonl: the training row's reward and entropy, and the
+    held-out rewards of the validation row at that step (its own row; step 0: before training)."""
+    points: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        point = points.setdefault(
+            row["step"], {"step": row["step"], "reward": None, "entropy": None, "val_reward": None, "val_sampled": None}
+        )
+        if "reward/mean" in row:
+            point["reward"] = row["reward/mean"]
+            point["entropy"] = next((row[k] for k in ENTROPY_KEYS if k in row), None)
+        point["val_reward"] = row.get("val/reward", point["val_reward"])
+        point["val_sampled"] = row.get("val/sampled/reward", point["val_sampled"])
+    return sorted(points.values(), key=lambda point: point["step"])
+
+
 class ListenError(ValueError):
     """A --listen address that is not host:port."""
 
@@ -213,14 +229,7 @@ class Viewer:
             steps = queries.steps(self.database.db)
         metrics = detail.metrics_rows(self.run_dir)
         if metrics:
-            curve = [
-                {
-                    "step": row["step"],
-                    "reward": row.get("reward/mean"),
-                    "entropy": next((row[k] for k in ENTROPY_KEYS if k in row), None),
-                }
-                for row in metrics
-            ]
+            curve = metrics_curve(metrics)
             source = "metrics.jsonl"
         else:
             with self.database.lock:

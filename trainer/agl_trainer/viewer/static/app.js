@@ -213,36 +213,54 @@ function pager(page, params) {
     el("button", { disabled: last >= page.total ? "" : null, onclick: () => go(page.offset + page.limit) }, "older ›"));
 }
 
-// Reward (left axis) and entropy (right axis) per step, drawn from JSON as inline SVG.
+// Reward (left axis) and entropy (right axis) per step, drawn from JSON as inline SVG. The held-out
+// rewards of validation rounds (metrics.jsonl's val/reward, val/sampled/reward) share the reward axis.
 function chart(curve, source) {
   const W = 720, H = 220, L = 48, R = 48, T = 14, B = 28;
-  const points = (curve || []).filter((p) => p.reward !== null || p.entropy !== null);
-  if (!points.length) return el("p", { class: "muted" }, "No training steps yet: the reward and entropy curves appear here.");
+  const has = (p, key) => p[key] !== null && p[key] !== undefined;
+  const rewardKeys = ["reward", "val_sampled", "val_reward"];
+  const points = (curve || []).filter((p) => [...rewardKeys, "entropy"].some((key) => has(p, key)));
+  if (!points.some((p) => has(p, "reward") || has(p, "entropy"))) {
+    return el("p", { class: "muted" }, "No training steps yet: the reward and entropy curves appear here.");
+  }
   const steps = points.map((p) => p.step);
   const x0 = Math.min(...steps), x1 = Math.max(...steps);
   const sx = (s) => L + (x1 === x0 ? (W - L - R) / 2 : ((s - x0) / (x1 - x0)) * (W - L - R));
   const root = svg("svg", { class: "chart", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
   root.append(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#ccc" }));
   root.append(svg("text", { x: L, y: H - 8 }, "step " + x0), svg("text", { x: W - R - 40, y: H - 8 }, "step " + x1));
-  const series = [["reward", "#2f6fdf", L - 44], ["entropy", "#e07b00", W - R + 4]];
-  for (const [key, color, labelX] of series) {
-    const values = points.filter((p) => p[key] !== null && p[key] !== undefined);
-    if (!values.length) continue;
-    const ys = values.map((p) => p[key]);
+  // [keys on one axis, colour per key, where the axis labels go]
+  const axes = [[rewardKeys, { reward: "#2f6fdf", val_sampled: "#8a3fbf", val_reward: "#2a9d4b" }, L - 44],
+    [["entropy"], { entropy: "#e07b00" }, W - R + 4]];
+  const names = { reward: "reward", val_sampled: "held-out reward, sampled", val_reward: "held-out reward, greedy", entropy: "entropy" };
+  const drawn = [];
+  for (const [keys, colors, labelX] of axes) {
+    const ys = points.flatMap((p) => keys.filter((key) => has(p, key)).map((key) => p[key]));
+    if (!ys.length) continue;
     let y0 = Math.min(...ys), y1 = Math.max(...ys);
     if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
     const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
-    const path = values.map((p, i) => (i ? "L" : "M") + sx(p.step).toFixed(1) + "," + sy(p[key]).toFixed(1)).join(" ");
-    root.append(svg("path", { d: path, fill: "none", stroke: color, "stroke-width": 2 }));
-    for (const p of values) {
-      const dot = svg("circle", { cx: sx(p.step), cy: sy(p[key]), r: 2.5, fill: color });
-      dot.append(svg("title", {}, `step ${p.step}: ${key} ${fmt.num(p[key], 4)}`));
-      root.append(dot);
+    for (const key of keys) {
+      const values = points.filter((p) => has(p, key));
+      if (!values.length) continue;
+      drawn.push(key);
+      const path = values.map((p, i) => (i ? "L" : "M") + sx(p.step).toFixed(1) + "," + sy(p[key]).toFixed(1)).join(" ");
+      root.append(svg("path", { d: path, fill: "none", stroke: colors[key], "stroke-width": 2, "stroke-dasharray": key.startsWith("val_") ? "5 3" : null }));
+      for (const p of values) {
+        const dot = svg("circle", { cx: sx(p.step), cy: sy(p[key]), r: 2.5, fill: colors[key] });
+        dot.append(svg("title", {}, `step ${p.step}: ${names[key]} ${fmt.num(p[key], 4)}`));
+        root.append(dot);
+      }
     }
+    const color = colors[keys[0]] || colors[drawn[drawn.length - 1]];
     root.append(svg("text", { x: labelX, y: T + 8, fill: color }, fmt.num(y1, 3)), svg("text", { x: labelX, y: H - B, fill: color }, fmt.num(y0, 3)));
   }
-  return el("div", {}, el("h2", {}, "Reward ", el("span", { style: null, class: "muted" }, "(blue) and entropy (orange) per step, from " + source)), root);
+  const colorOf = Object.assign({}, ...axes.map(([, colors]) => colors));
+  return el("div", {}, el("h2", {}, "Reward ", el("span", { class: "muted" }, "per step, from " + source + ": ",
+    drawn.map((key, i) => [i ? ", " : "", names[key] + " (" + COLOR_NAMES[colorOf[key]] + ")"]))), root);
 }
+
+const COLOR_NAMES = { "#2f6fdf": "blue", "#8a3fbf": "purple, dashed", "#2a9d4b": "green, dashed", "#e07b00": "orange" };
 
 // --- steps -----------------------------------------------------------------------------------------
 
@@ -324,10 +342,13 @@ async function rolloutPage(params) {
 
 function rewardsTable(rewards) {
   if (!rewards.length) return el("p", { class: "muted" }, "No reward spans.");
+  // When it was given: after the rollout's first call started, and the local time (the raw
+  // nanoseconds are in the title, for matching against other tools).
+  const when = (w) => (w.after_ns !== null && w.after_ns !== undefined ? (w.after_ns < 0 ? "−" : "+") + fmt.ms(Math.abs(w.after_ns)) + " · " : "") + fmt.time(w.end_s);
   return [el("h2", {}, "Rewards"), el("table", {},
-    el("thead", {}, el("tr", {}, ["name", "value", "call", "end"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["name", "value", "call", "given (after the first call's start · local time)"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rewards.map((w) => el("tr", {}, el("td", {}, visible(w.name)), el("td", { class: "num" }, fmt.num(w.value, 6)),
-      el("td", {}, w.call_seq === null ? "whole rollout" : "call " + w.call_seq), el("td", { class: "num" }, String(w.end_ns))))))];
+      el("td", {}, w.call_seq === null ? "whole rollout" : "call " + w.call_seq), el("td", { title: w.end_ns === null ? null : w.end_ns + " ns" }, when(w))))))];
 }
 
 // The sidecar's attribution (the replica that served the call, the protocol the harness spoke),
