@@ -68,3 +68,12 @@ def test_a_step_page_shows_advantages(server):
     dom = browser.dump_dom(EXECUTABLE, server.url + "#/step?step=1", expect='id="step-rollouts"')
     assert "Training step 1" in dom and f">{MERGED_ID}</a>" in dom
     assert ">0.5</td>" in dom and ">-0.5</td>" in dom  # advantage = reward − group mean
+
+
+def test_reward_times_read_as_times_not_nanoseconds(server):
+    dom = browser.dump_dom(EXECUTABLE, rollout_url(server, MERGED_ID), expect="<h2>Rewards</h2>")
+    table = dom[dom.index("<h2>Rewards</h2>") :]
+    table = table[: table.index("</table>")]
+    # the reward spans end 1 µs after T0, when call 0 started: "+0.00 ms · <local date and time>"
+    assert table.count("+0.00 ms · ") == 2 and "2023" in table  # T0 is 2023-11-14 22:13:20 UTC
+    assert ">1700000000000001000<" not in table and 'title="1700000000000001000 ns"' in table
