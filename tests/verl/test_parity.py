@@ -4,6 +4,7 @@ metric, the new weights), rollout-mean invariance, and checkpoints that resume e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -65,6 +66,29 @@ def test_one_update_equals_the_torch_backend(pair):
     assert got["policy_version"] == want["policy_version"] == 2 and verl.step == torch_backend.step == 2
     moved = max(float((new_torch[n] - initial_weights[n]).abs().max()) for n in new_torch)
     assert moved > 0.5 * LR
+
+
+def test_agreement_and_missing_logprobs_equal_the_torch_backend(pair):
+    """Lag-0, stale and keep-switch tokens, some without an engine logprob (re-scored at lag 0,
+    excluded when stale): the verl workers measure and train exactly as the torch backend does."""
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    torch_backend = make_torch()
+    batch = parity_batch()
+    trained = batch.loss_mask.bool()
+    versions = torch.where(trained, 1, -1)
+    versions[::3] = torch.where(trained[::3], 0, -1)  # every third sample is stale
+    known = torch.ones_like(trained)
+    known[:, ::4] = False  # a quarter of the columns lost their logprobs
+    switched = torch.zeros_like(trained)
+    switched[1::3, 6:] = trained[1::3, 6:]  # sampled after a keep switch
+    batch = dataclasses.replace(batch, policy_versions=versions, logprob_known=known, after_switch=switched)
+    want = torch_backend.train_step(batch, policy_version=1)
+    got = verl.train_step(batch, policy_version=1)
+    assert want["agreement/logprobs_missing_rescored"] > 0 and want["agreement/logprobs_missing_excluded"] > 0
+    assert want["agreement/lag0/tokens"] > 0 and want["agreement/stale/tokens"] > 0
+    assert want["agreement/keep_kv/tokens"] > 0
+    _assert_same_update(verl, got, torch_backend, want)
 
 
 def _assert_same_update(verl, got, torch_backend, want) -> dict[str, torch.Tensor]:

@@ -40,11 +40,14 @@ from agl_trainer.algorithms import (
     token_logprobs,
     truncated_importance_weights,
 )
+from agl_trainer.backends.agreement import agreement_stats, resolve_logprobs
 from agl_trainer.backends.hf_model import head_sees_only
 from agl_trainer.backends.schedule import LRLambda
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
-SHIFTED_FIELDS = ("weights", "advantages", "engine_logprobs", "versions", "old_logprobs")
+SHIFTED_FIELDS = (
+    "weights", "advantages", "engine_logprobs", "versions", "old_logprobs", "known", "switched", "before_logprobs"
+)
 
 
 @dataclass(frozen=True)
@@ -317,18 +320,32 @@ class AglTrainingWorker(TrainingWorker):
         entropy = entropy.values()[keep] if entropy is not None else None
         if entropy is not None and algo.entropy_coef == 0:
             entropy = entropy.detach()
-        old = (
-            data["old_logprobs"].values()[keep].float()
-            if "old_logprobs" in data.keys()  # noqa: SIM118 - a TensorDict wants .keys() for membership
-            else log_prob.detach()
+        def kept(name: str) -> torch.Tensor | None:
+            return data[name].values()[keep] if name in data.keys() else None  # noqa: SIM118 - a TensorDict
+
+        versions = data["versions"].values()[keep]
+        old, engine, before = resolve_logprobs(  # backends/agreement.py: unknown engine logprobs re-scored
+            log_prob.detach(),
+            data["engine_logprobs"].values()[keep].float(),
+            kept("known").bool(),
+            old=None if kept("old_logprobs") is None else kept("old_logprobs").float(),
+            before=None if kept("before_logprobs") is None else kept("before_logprobs").float(),
+            bypass=algo.bypass_old_logprobs,
         )
+        agree_sums, agree_maxima = agreement_stats(
+            before, engine, kept("known"), versions, kept("switched"), self._current_version, algo.agreement_threshold
+        )
+        for key, value in agree_sums.items():
+            self._sums[key] += value
+        for key, value in agree_maxima.items():
+            self._maxima[key] = max(self._maxima[key], value)
         importance = None
         if not algo.bypass_old_logprobs and algo.importance_scope != "off":
             iw = truncated_importance_weights(
                 old,
-                data["engine_logprobs"].values()[keep].float(),
+                engine,
                 w,
-                data["versions"].values()[keep],
+                versions,
                 self._current_version,
                 cap=algo.importance_cap,
                 scope=algo.importance_scope,  # type: ignore[arg-type]
