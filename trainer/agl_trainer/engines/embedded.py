@@ -70,6 +70,9 @@ class EmbeddedEngineConfig:
     # kernels (the CPU is free meanwhile). Models a GPU's per-token latency where the tiny model's
     # CPU step would be too cheap to show what waiting for the longest generation costs. 0: off.
     device_step_ms: float = 0.0
+    # Fault injection, for tests of the canary (loop/canary.py): update_weights takes the new version
+    # but keeps the old weights, as an engine whose weight transfer silently failed would.
+    fault_skip_weight_load: bool = False
 
 
 class EmbeddedEngine:
@@ -170,7 +173,8 @@ class EmbeddedEngine:
             raise ValueError("update_weights: the WeightUpdate has neither state_dict nor directory")
         lock = self._scheduler.weights_lock if self._scheduler is not None else threading.RLock()
         with lock:
-            load_in_place(self.model, state)
+            if not self.config.fault_skip_weight_load:
+                load_in_place(self.model, state)
             self.policy_version = update.version
         return time.perf_counter() - started
 

@@ -9,6 +9,7 @@ and answers with a body (embedded_wire.py) or a stream (embedded_stream.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ import msgspec
 from agl_trainer.engines import embedded_stream as stream
 from agl_trainer.engines import embedded_wire as wire
 from agl_trainer.engines.embedded_batching import Sequence
+from agl_trainer.engines.embedded_prompt_logprobs import prompt_logprobs
 from agl_trainer.engines.embedded_requests import RequestReader
 from agl_trainer.engines.embedded_requests import sequences as sequences_of
 from agl_trainer.engines.embedded_wire import RequestError
@@ -254,6 +256,7 @@ class EngineRoutes:
         prompts = [reader.encode_prompt(p) for p in wire.prompts_of(req.prompt)]
         for prompt_ids in prompts:
             reader.check_prompt(prompt_ids)
+        scored = await self._prompt_logprobs(req, prompts)
         queue: asyncio.Queue = asyncio.Queue()
         sequences: list[Sequence] = []
         for prompt_ids in prompts:
@@ -280,11 +283,36 @@ class EngineRoutes:
                 )
             text = stream.visible_text(tokenizer, sequence)
             choices.append(wire.completion_choice(index, text, logprobs, sequence, req.return_token_ids))
+            if scored is not None:
+                choices[-1]["prompt_logprobs"] = scored[index // req.n]  # n choices per prompt, in order
         completion_tokens = sum(len(s.token_ids) for s in sequences)
         self._count_tokens(completion_tokens)
         return respond(
             wire.completion_response(request_id, created, model, choices, prompt_tokens, completion_tokens)
         )
+
+    async def _prompt_logprobs(self, req: wire.CompletionRequest, prompts: list[list[int]]) -> list[Any] | None:
+        """Each prompt's logprobs when asked (`prompt_logprobs`: how many top tokens besides the prompt's)."""
+        k = req.prompt_logprobs
+        if k is None:
+            return None
+        if not 0 <= k <= wire.MAX_LOGPROBS:
+            raise RequestError(
+                f"prompt_logprobs must be between 0 and {wire.MAX_LOGPROBS}, got {k}.", param="prompt_logprobs"
+            )
+        if req.stream:
+            raise RequestError(
+                "prompt_logprobs with stream is not supported by the embedded engine; ask without stream",
+                param="prompt_logprobs",
+            )
+        engine, reader = self.engine, self.reader
+        lock = engine.scheduler.weights_lock if engine.scheduler is not None else contextlib.nullcontext()
+        return [
+            await asyncio.to_thread(
+                prompt_logprobs, engine.model, reader.tokenizer, lock, ids, k, req.return_tokens_as_token_ids
+            )
+            for ids in prompts
+        ]
 
     async def _completions_stream(
         self,
