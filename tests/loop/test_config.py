@@ -92,3 +92,31 @@ def test_reading_a_config_and_the_cli_load_no_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_traces_ls_builds_no_config_and_train_help_still_lists_the_keys(tmp_path) -> None:
+    """`agl traces ls` (any command but `agl train --help`) does not import the config module or
+    walk its keys: the train subcommand's epilog is built only when its help is shown."""
+    import subprocess
+    import sys
+
+    from agl_trainer.store import RolloutStore
+
+    RolloutStore(tmp_path / "rollouts.db").close()
+    code = (
+        "import sys\n"
+        "from agl_trainer.cli import main\n"
+        f"code = main(['traces', 'ls', '--store', {str(tmp_path / 'rollouts.db')!r}])\n"
+        "print(code, [m for m in ('agl_trainer.config', 'agl_trainer.loop') if m in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "0 []"
+    helped = subprocess.run(
+        [sys.executable, "-c", "from agl_trainer.cli import main; main(['train', '--help'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert helped.returncode == 0 and "config keys (default):" in helped.stdout
+    assert "loop.val_sampled" in helped.stdout and "backend.lr (0.001)" in helped.stdout

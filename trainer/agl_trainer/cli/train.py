@@ -34,9 +34,18 @@ def register(subparsers: Any) -> None:
         description="Start the receiver, engine, sidecar and runners (on loopback unless the config's "
         "sidecar.* / receiver.* addresses say otherwise; or attach to your sidecars) and train the harness on "
         "the tasks, as CONFIG says. With --from-store: train on rollouts collected earlier, no harness, no engine.",
-        epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # The config keys' list imports agl_trainer.config (msgspec, numpy through assembly): built only
+    # when this help is shown, so `agl traces ls` and every other command do not pay for it.
+    format_help = parser.format_help
+
+    def format_help_with_keys() -> str:
+        if parser.epilog is None:
+            parser.epilog = _epilog()
+        return format_help()
+
+    parser.format_help = format_help_with_keys  # type: ignore[method-assign]
     parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
@@ -210,13 +219,14 @@ def train(config: Any, *, resume: bool = False, quiet: bool = False) -> int:
 
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError
+    from agl_trainer.loop.canary import CanaryStop
     from agl_trainer.loop.session import Session
     from agl_trainer.runners.base import HarnessNotFound
     from agl_trainer.loop.sidecar_client import SidecarError
 
     try:
         result = asyncio.run(Session(config, resume=resume, quiet=quiet).run())
-    except (ConfigError, HarnessNotFound, SidecarError) as error:
+    except (ConfigError, HarnessNotFound, SidecarError, CanaryStop) as error:
         raise CLIError(str(error)) from None
     except asyncio.CancelledError:
         print("agl: stopped", file=sys.stderr)
