@@ -57,7 +57,9 @@ STATUS_SUCCEEDED: Final = "succeeded"
 STATUS_FAILED: Final = "failed"
 
 # --- Model call spans (made by the sidecar) ---------------------------------------------------
-CALL_SEQ: Final = "agl.call.seq"  # int: order of the call inside its rollout, from 0
+# int: a call's identity and order in its rollout (unique, increasing in arrival order; the sidecar's is
+# a clock reading, docs/spans.md "Call numbers"). On a reward: the call's position (0 = first) or its seq.
+CALL_SEQ: Final = "agl.call.seq"
 CALL_API: Final = "agl.call.api"  # which front protocol the harness spoke, see API_*
 CALL_END_REASON: Final = "agl.call.end_reason"  # see END_*
 CALL_HELD_MS: Final = "agl.call.held_ms"  # double: time held while training paused the sidecar

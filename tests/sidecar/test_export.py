@@ -40,7 +40,7 @@ def test_endpoint_down_then_up_loses_no_span(fake, make_sidecar, tmp_path):
         assert sink.spans == [] and list((tmp_path / "s").rglob("*.otlp.gz"))
         sink.fail_with = None  # the endpoint comes back
         spans = sink.wait_for(lambda spans: len(spans) >= 30, timeout=20)
-        assert sorted(s.attributes[semconv.CALL_SEQ] for s in spans) == list(range(30))
+        assert len({s.attributes[semconv.CALL_SEQ] for s in spans}) == 30
         wait_until(lambda: counters.spool_files == 0, "the spool replayed")
         assert counters.spans_failed == 0 and counters.spans_replayed == 30
         assert not list((tmp_path / "s").rglob("*.otlp.gz"))

@@ -40,6 +40,6 @@ def test_litellm_upstream_chat_unary_and_stream(fake, make_sidecar, otlp_sink):
         assert attrs[semconv.ROLLOUT_ID] == "hosted" and attrs[semconv.CALL_UPSTREAM] == "litellm:openai/tiny"
         assert attrs[semconv.GEN_AI_PROVIDER_NAME] == "openai"
         assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == [direct["choices"][0]["finish_reason"]]
-    assert sorted(s.attributes[semconv.CALL_SEQ] for s in spans) == [0, 1]
+    assert len({s.attributes[semconv.CALL_SEQ] for s in spans}) == 2
     models = client.models.list()
     assert [m.id for m in models.data] == ["openai/tiny"]

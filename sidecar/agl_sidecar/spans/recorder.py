@@ -8,7 +8,9 @@ wait on the engine, or once the last call has settled), so the time a span costs
 proxy waits on the engine, not before the next call. Jobs run in order (a rollout's spans leave in
 the order its calls and rewards ended).
 
-It also numbers the calls of each rollout (agl.call.seq, arrival order, per process) and sends a
+It also numbers the calls of each rollout (agl.call.seq: increasing in arrival order, unique without
+shared state so a restarted sidecar or a second one serving the rollout numbers on; see
+call_seq.py) and sends a
 prompt that extends the rollout's previous call (prompt + choice-0 completion) as a reference plus
 the new suffix, so the bytes exported grow with a rollout's tokens rather than with their square.
 """
@@ -34,6 +36,7 @@ from agl_sidecar.spans import otlp
 from agl_sidecar.proxy import wire
 from agl_sidecar.proxy.attribution import Identity, RolloutTraces, TraceParent
 from agl_sidecar.proxy.switches import SwitchLog, version_runs
+from agl_sidecar.spans.call_seq import CallSeqs
 from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.spans.foreground import Foreground
 from agl_sidecar.spans.lru import BytesLRU
@@ -115,22 +118,24 @@ def _sequence_size(rollout_id: str, item: tuple[int, otlp.IntArray]) -> int:
 
 
 class _Rollouts:
-    """Per rollout: the next call seq and when its first call arrived (bounded LRU)."""
+    """Per rollout: the last call seq and when its first call arrived (bounded LRU: a rollout that
+    falls out numbers on from the clock, call_seq.py)."""
 
-    def __init__(self, max_rollouts: int = 200_000) -> None:
+    def __init__(self, max_rollouts: int = 200_000, seqs: CallSeqs | None = None) -> None:
         self.max_rollouts = max_rollouts
+        self.seqs = seqs or CallSeqs()
         self._items: OrderedDict[str, list[int]] = OrderedDict()
 
     def next_seq(self, rollout_id: str) -> int:
+        now = time.time_ns()
         item = self._items.get(rollout_id)
         if item is None:
-            item = self._items[rollout_id] = [0, time.time_ns()]
+            item = self._items[rollout_id] = [-1, now]
             if len(self._items) > self.max_rollouts:
                 self._items.popitem(last=False)
         else:
             self._items.move_to_end(rollout_id)
-        seq = item[0]
-        item[0] += 1
+        seq = item[0] = self.seqs.next(item[0], now)
         return seq
 
     def first_seen_ns(self, rollout_id: str) -> int | None:

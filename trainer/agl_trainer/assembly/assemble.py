@@ -342,10 +342,16 @@ def _place_call_rewards(
     placements: dict[int, CallPlacement],
     problems: dict[str, int],
 ) -> None:
+    # A reward's agl.call.seq names its call by seq, or by position in the rollout (0 = the first
+    # call: what a harness counting its calls knows; seqs are clock readings, sidecar/spans/call_seq.py).
+    ordered = sorted(placements)
     per_call: dict[int, float] = {}
     for reward in data.rewards:  # the last one per call wins
         if reward.name == config.reward_name and reward.call_seq is not None:
-            per_call[reward.call_seq] = reward.value
+            seq = reward.call_seq
+            if seq not in placements and seq < len(ordered):
+                seq = ordered[seq]
+            per_call[seq] = reward.value
     for seq, value in sorted(per_call.items()):
         placement = placements.get(seq)
         if placement is None or placement.sample is None:
