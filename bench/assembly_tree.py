@@ -4,8 +4,8 @@
 
 A rollout of 200 calls (4 threads interleaved, as a main thread and sub-agents make them, each
 prompt extending its thread's last sequence by a tool result), contexts growing to tens of
-thousands of tokens. Prints the time to find every call's parent with assembly's index (probe
-tokens, then exact comparison of the survivors: assembly/tree.py) and with the obvious way, comparing each prompt with every earlier call's full
+thousands of tokens. Prints the time to find every call's parent with assembly's index (a radix
+tree of the full sequences: assembly/tree.py) and with the obvious way, comparing each prompt with every earlier call's full
 sequence, measured in the same run (the ratio), and the whole `assemble_rollout` time. Then the
 same for naming each break's closest earlier call, with sub-agents sharing a long system prompt.
 """
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 from agl_trainer.assembly import AssemblyConfig, assemble_rollout
-from agl_trainer.assembly.tree import PrefixIndex, prefix_hashes
+from agl_trainer.assembly.tree import PrefixIndex
 from agl_trainer.store.records import CallRow, RolloutData, RolloutInfo, RewardRow
 
 
@@ -102,7 +102,7 @@ def shared_roots(calls: int, shared: int) -> RolloutData:
 def closest_indexed(calls: Calls) -> list[int | None]:
     index, found = PrefixIndex(), []
     for seq, prompt, full in calls:
-        near = index.closest(prompt, prefix_hashes(prompt)) if len(index) else None
+        near = index.closest(prompt) if len(index) else None
         found.append(None if near is None else near[2])
         index.add(seq, full, int(prompt.size))
     return found
@@ -147,7 +147,7 @@ def main() -> None:
     samples = len(assemble_rollout(data, AssemblyConfig()).result.samples)  # type: ignore[union-attr]
     longest = max(int(c.prompt_ids.size) for c in data.calls)
     print(f"{calls} calls in 4 interleaved threads, prompts up to {longest} tokens, {tokens} tokens in all")
-    print(f"  parents by the probe index:   {indexed * 1e3:8.1f} ms")
+    print(f"  parents by the radix tree:    {indexed * 1e3:8.1f} ms")
     print(f"  parents by comparing all:     {naive * 1e3:8.1f} ms   (reference)")
     print(f"  ratio (reference / index):    {naive / indexed:8.1f}x")
     print(f"  assemble_rollout, whole:      {whole * 1e3:8.1f} ms -> {samples} samples")
@@ -157,7 +157,7 @@ def main() -> None:
     indexed = best_of(parents_indexed, line_calls, repeats)
     linear = best_of(parents_linear, line_calls, repeats)
     print(f"{calls} calls in one thread (the old rule's case), {line.calls[-1].prompt_ids.size} tokens at the end")
-    print(f"  parents by the probe index:          {indexed * 1e3:8.1f} ms")
+    print(f"  parents by the radix tree:           {indexed * 1e3:8.1f} ms")
     print(f"  the previous call only (old rule):   {linear * 1e3:8.1f} ms   (reference)")
     print(f"  ratio (reference / index):           {linear / indexed:8.2f}x")
     roots = shared_roots(calls, shared=10_000)
@@ -166,7 +166,7 @@ def main() -> None:
     indexed = best_of(closest_indexed, root_calls, repeats)
     naive = best_of(closest_naive, root_calls, repeats)
     print(f"{calls} sub-agents sharing a 10000-token system prompt (every call a break to classify)")
-    print(f"  closest earlier call by prefix hash: {indexed * 1e3:8.1f} ms")
+    print(f"  closest earlier call by radix tree: {indexed * 1e3:8.1f} ms")
     print(f"  closest by scanning every sequence:  {naive * 1e3:8.1f} ms   (reference)")
     print(f"  ratio (reference / index):           {naive / indexed:8.1f}x")
 

@@ -26,7 +26,7 @@ from agl import semconv
 
 from agl_trainer.assembly.config import DROP, KEEP, AssemblyConfig
 from agl_trainer.assembly.merge import MergeFailure, classify
-from agl_trainer.assembly.tree import PrefixIndex, prefix_hashes
+from agl_trainer.assembly.tree import PrefixIndex
 from agl_trainer.assembly.versions import after_switch, token_versions
 from agl_trainer.batch import RolloutResult, Sample
 from agl_trainer.store.records import CallRow, RolloutData, RolloutKey
@@ -127,13 +127,36 @@ def _count(counter: dict[str, int], key: str, n: int = 1) -> None:
     counter[key] = counter.get(key, 0) + n
 
 
+class _Tape:
+    """A growable token buffer. A call whose prompt extends, by reference, the whole sequence at
+    the tape's end is appended to it, and its prompt and full sequence are views: a thread of
+    calls costs its new tokens, not every call's whole context again (quadratic in calls)."""
+
+    def __init__(self, parts: list[np.ndarray]) -> None:
+        size = sum(int(p.size) for p in parts)
+        self.buffer = np.empty(max(64, size), np.result_type(*parts))
+        self.size = 0
+        self.append(parts)
+
+    def append(self, parts: list[np.ndarray]) -> None:
+        size = self.size + sum(int(p.size) for p in parts)
+        dtype = np.result_type(self.buffer, *parts)  # a wider part widens the tape (never wraps)
+        if size > self.buffer.size or dtype != self.buffer.dtype:  # views of the old buffer stay valid
+            grown = np.empty(max(size, 2 * self.buffer.size), dtype)
+            grown[: self.size] = self.buffer[: self.size]
+            self.buffer = grown
+        for part in parts:
+            self.buffer[self.size : self.size + part.size] = part
+            self.size += int(part.size)
+
+
 def _rebuild_prompts(
     calls: list[CallRow], problems: dict[str, int], placements: dict[int, CallPlacement]
 ) -> dict[int, tuple[CallRow, np.ndarray, np.ndarray]]:
     """Unique calls by seq with their full prompts and full sequences (prompt + completion);
     prompts sent by reference are rebuilt exactly."""
     usable: dict[int, tuple[CallRow, np.ndarray, np.ndarray]] = {}
-    full: dict[int, np.ndarray] = {}  # seq -> prompt + completion, for references
+    full: dict[int, tuple[_Tape, int]] = {}  # seq -> its full sequence: tape[:length], for references
     for call in calls:  # sorted by (call_seq, end_ns, span_id): the first of duplicates wins
         if call.call_seq in placements:
             _count(problems, DUPLICATE_CALL_SEQ)
@@ -144,6 +167,7 @@ def _rebuild_prompts(
         placements[call.call_seq] = placement
         problem = None
         prompt = call.prompt_ids
+        base: tuple[_Tape, int] | None = None
         if call.tokens_source == semconv.TOKENS_ABSENT or prompt is None or call.completion_ids is None:
             problem = TOKENS_ABSENT
         elif call.prompt_ref_seq is not None:
@@ -151,20 +175,29 @@ def _rebuild_prompts(
             base = full.get(call.prompt_ref_seq)
             if base is None:
                 problem = MISSING_REFERENCE
-            elif call.prompt_ref_length is None or call.prompt_ref_length > base.size:
+            elif call.prompt_ref_length is None or not 0 <= call.prompt_ref_length <= base[1]:
                 problem = BAD_REFERENCE_LENGTH
-            else:
-                prompt = np.concatenate([base[: call.prompt_ref_length], prompt])
-        if problem is None and call.prompt_length is not None and call.prompt_length != prompt.size:
+        reused = (call.prompt_ref_length or 0) if base is not None else 0
+        size = None if prompt is None else int(prompt.size) + reused
+        if problem is None and call.prompt_length is not None and call.prompt_length != size:
             problem = PROMPT_LENGTH_MISMATCH
         if problem is not None:
             placement.problem = problem
             _count(problems, problem)
             continue
+        assert prompt is not None and call.completion_ids is not None and size is not None
         if call.choices > 1:
             _count(problems, EXTRA_CHOICES, call.choices - 1)
-        full[call.call_seq] = np.concatenate([prompt, call.completion_ids])
-        usable[call.call_seq] = (call, prompt, full[call.call_seq])
+        if base is not None and base[1] == call.prompt_ref_length == base[0].size:  # extends the tape's end
+            tape = base[0]
+            tape.append([prompt, call.completion_ids])
+        elif base is not None:
+            tape = _Tape([base[0].buffer[: call.prompt_ref_length], prompt, call.completion_ids])
+        else:
+            tape = _Tape([prompt, call.completion_ids])
+        length = size + int(call.completion_ids.size)
+        full[call.call_seq] = (tape, length)
+        usable[call.call_seq] = (call, tape.buffer[:size], tape.buffer[:length])
     return usable
 
 
@@ -214,7 +247,9 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
         completion = call.completion_ids
         assert completion is not None
         logprobs, versions = _logprobs(call, problems), token_versions(call)
-        parent = index.parent(prompt)
+        # a prompt sent by reference is known to start with that call's first tokens: walk from there
+        known = None if call.prompt_ref_seq is None else (call.prompt_ref_seq, call.prompt_ref_length or 0)
+        parent = index.parent(prompt, known)
         placement.parent = parent
         if parent is not None and parent not in continued:
             sample = sample_of.pop(parent)
@@ -225,7 +260,7 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
             placement.merged = True
         else:
             placement.start = START_BRANCH if parent is not None else START_NO_PREFIX if len(index) else START_FIRST
-            closest = index.closest(prompt, prefix_hashes(prompt)) if len(index) else None
+            closest = index.closest(prompt, known if parent is None else (parent, int(prompt.size)))
             if closest is not None:
                 near, sequence, common = closest
                 # A branch is a failed merge only when the prompt went past the nearest call's
@@ -239,7 +274,7 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
         sample_of[seq] = placement.sample = sample
         placement.completion_end = current.size
         placement.completion_start = placement.completion_end - int(completion.size)
-        index.add(seq, full, int(prompt.size))
+        index.add(seq, full, int(prompt.size), None if parent is None else (parent, int(prompt.size)))
 
     samples, kept_index = _finish_samples(built, info, config, truncations)
     for placement in placements.values():

@@ -1,141 +1,194 @@
-"""Which earlier call a call's prompt extends: an index of full sequences (prompt + completion).
+"""Which earlier call a call's prompt extends, and which it is closest to: a radix tree of the
+full sequences (prompt + completion) of a rollout's earlier calls.
 
 A call's parent is the earlier call whose full sequence its prompt starts with exactly, the
-longest such one. Comparing every prompt with every earlier sequence is quadratic in tokens. The
-index keeps, per earlier call, its length and a few probe tokens (its last ones, its middle, its
-first): one vectorized pass over those rules out, for a prompt, every sequence it cannot extend;
-the survivors are confirmed token by token, longest first, and the first confirmed is the parent.
-A prompt usually survives only against its own thread's calls, and the longest is its parent.
+longest such one (the earliest of equal ones). A call that starts a new sample names the earlier
+call sharing the longest common prefix with its prompt (the latest of equal ones).
 
-Naming a break (a prompt that extends nothing) compares prefixes by polynomial hash, computed for
-a call only when some break needs it.
+The tree's edges are views of the calls' own token arrays (no copy); a sequence's end is a mark on
+the edge where it ends, so a thread whose every call extends the last one is a single edge that
+grows. Walking a prompt down the tree compares each of its tokens at most once, and a walk can
+start where a known prefix of the prompt ends (a prompt sent by reference, or its parent for the
+full sequence): a rollout costs about its new tokens, not its calls times its context, which is
+what kept a 20,000-call rollout from assembling at all (`operations` counts the work, for tests).
 """
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
-# Polynomial hash mod 2^64 (uint64 arithmetic wraps; the base is odd). Not collision-proof against
-# crafted input, and it need not be: it only names the closest call for a break's diagnosis.
-_BASE = np.uint64(0x9E3779B97F4A7C15)
-_powers = np.ones(1, np.uint64)
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    if n == 0 or np.array_equal(a[:n], b[:n]):  # the common case (a thread's next call) allocates nothing
+        return n
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
 
 
-def _powers_for(n: int) -> np.ndarray:
-    global _powers
-    if _powers.size < n:
-        size = max(n, 2 * _powers.size)
-        steps = np.full(size, _BASE, np.uint64)
-        steps[0] = np.uint64(1)
-        with np.errstate(over="ignore"):
-            _powers = np.cumprod(steps, dtype=np.uint64)
-    return _powers[:n]
+class _Node:
+    """A segment of tokens at depths [start, start + tokens.size), with the sequences that end in
+    (start, start + size] (the root: depth 0) as (depth, index) ascending, its children by first
+    token, and the latest index ending in it or below."""
+
+    __slots__ = ("start", "tokens", "ends", "children", "latest", "up")
+
+    def __init__(self, start: int, tokens: np.ndarray, up: _Node | None) -> None:
+        self.start = start
+        self.tokens = tokens
+        self.ends: list[tuple[int, int]] = []
+        self.children: dict[int, _Node] = {}
+        self.latest = -1
+        self.up = up
+
+    @property
+    def end(self) -> int:
+        return self.start + int(self.tokens.size)
 
 
-def prefix_hashes(tokens: np.ndarray) -> np.ndarray:
-    """uint64[n + 1]: element i is the hash of tokens[:i]."""
-    with np.errstate(over="ignore"):
-        x = tokens.astype(np.uint64)
-        x += np.uint64(1)
-        x *= _powers_for(tokens.size)
-        out = np.empty(tokens.size + 1, np.uint64)
-        out[0] = 0
-        np.cumsum(x, dtype=np.uint64, out=out[1:])
-    return out
-
-
-_PROBES = 6
-
-
-def _probe_positions(n: int) -> list[int]:
-    """Where a sequence of `n` > 0 tokens keeps its probe tokens: its last three, its middle, a
-    third of the way in, its first (clipped into it)."""
-    return [max(0, p) for p in (n - 1, n - 2, n - 3, n // 2, n // 3, 0)]
+_NONE = np.zeros(0, np.int64)
 
 
 class PrefixIndex:
     """Full sequences of earlier calls, found by the prompts that extend them."""
 
     def __init__(self) -> None:
+        self._root = _Node(0, _NONE, None)
         self._seqs: list[int] = []  # ascending
+        self._index: dict[int, int] = {}  # seq -> position in _seqs
         self._full: list[np.ndarray] = []
+        self._where: list[_Node] = []  # the node where each sequence ends
         self._prompt_size: dict[int, int] = {}
-        self._lengths = np.zeros(16, np.int64)
-        self._positions = np.zeros((16, _PROBES), np.int64)
-        self._probes = np.zeros((16, _PROBES), np.int64)
-        self._hashes: dict[int, np.ndarray] = {}  # prefix hashes, computed when a break needs them
+        # The latest sequence's node and index, not yet recorded in its ancestors' `latest`: a
+        # thread that grows one leaf pays for the walk up to the root once, not once per call.
+        self._head: tuple[_Node, int] | None = None
+        self.operations = 0  # tokens compared + nodes visited (the work, counted for tests)
 
     def __len__(self) -> int:
         return len(self._seqs)
 
-    def add(self, seq: int, full: np.ndarray, prompt_size: int) -> None:
-        """Add call `seq` (seqs come in ascending order)."""
-        i = len(self._seqs)
-        if i == self._lengths.size:
-            self._lengths = np.concatenate([self._lengths, np.zeros(i, np.int64)])
-            self._positions = np.concatenate([self._positions, np.zeros((i, _PROBES), np.int64)])
-            self._probes = np.concatenate([self._probes, np.zeros((i, _PROBES), np.int64)])
-        self._lengths[i] = full.size
-        if full.size:
-            positions = _probe_positions(int(full.size))
-            self._positions[i] = positions
-            self._probes[i] = full[positions]
-        self._seqs.append(seq)
-        self._full.append(full)
-        self._prompt_size[seq] = prompt_size
-
     def prompt_size(self, seq: int) -> int:
         return self._prompt_size[seq]
 
-    def parent(self, prompt: np.ndarray) -> int | None:
+    # --- walking ---------------------------------------------------------------------------------
+    def _start(self, known: tuple[int, int] | None) -> tuple[_Node, int]:
+        """Where a walk may start: (node, depth) at the end of a prefix known to match, given as
+        (an earlier call's seq, how many of its tokens); else the root."""
+        if known is None or known[0] not in self._index:
+            return self._root, 0
+        i = self._index[known[0]]
+        depth = min(known[1], int(self._full[i].size))
+        node = self._where[i]
+        while node.up is not None and node.start >= depth:
+            node = node.up
+            self.operations += 1
+        return (node, depth) if node.up is not None else (self._root, 0)
+
+    def _walk(self, tokens: np.ndarray, node: _Node, depth: int) -> tuple[_Node, int]:
+        """Follow `tokens` from (node, depth) as far as they match: (node, depth) where they stop."""
+        n = int(tokens.size)
+        while True:
+            end = node.end
+            if depth < end:
+                stop = min(end, n)
+                self.operations += stop - depth + 1
+                depth += common_prefix(node.tokens[depth - node.start : stop - node.start], tokens[depth:stop])
+                if depth < end:
+                    return node, depth
+            if depth >= n:
+                return node, depth
+            child = node.children.get(int(tokens[depth]))
+            if child is None:
+                return node, depth
+            node = child
+            self.operations += 1
+
+    # --- queries ---------------------------------------------------------------------------------
+    def parent(self, prompt: np.ndarray, known: tuple[int, int] | None = None) -> int | None:
         """The earlier call whose full sequence `prompt` extends exactly, the longest such one (the
-        earliest of equal ones)."""
-        m = len(self._seqs)
-        if m == 0:
+        earliest of equal ones). `known`: (seq, n) when prompt[:n] is known to equal that call's
+        first n tokens (the walk starts there)."""
+        if not self._seqs:
             return None
-        lengths = self._lengths[:m]
-        if prompt.size:
-            # a sequence longer than the prompt reads clipped probes and is refused by `fits`
-            seen = prompt[np.minimum(self._positions[:m], prompt.size - 1)]
-            fits = (lengths <= prompt.size) & ((seen == self._probes[:m]).all(axis=1) | (lengths == 0))
-        else:
-            fits = lengths == 0
-        survivors = np.flatnonzero(fits)
-        for i in survivors[np.lexsort((survivors, -lengths[survivors]))]:
-            full = self._full[i]
-            if np.array_equal(full, prompt[: full.size]):
-                return self._seqs[i]
+        node, depth = self._walk(prompt, *self._start(known))
+        current: _Node | None = node
+        while current is not None:  # the deepest end at or above where the walk stopped
+            ends = current.ends
+            k = bisect.bisect_right(ends, (depth, len(self._seqs))) - 1
+            self.operations += 1
+            if k >= 0:
+                deepest = ends[k][0]
+                return self._seqs[ends[bisect.bisect_left(ends, (deepest, -1))][1]]
+            current = current.up
         return None
 
-    def closest(self, prompt: np.ndarray, hashes: np.ndarray) -> tuple[int, np.ndarray, int] | None:
+    def closest(self, prompt: np.ndarray, known: tuple[int, int] | None = None) -> tuple[int, np.ndarray, int] | None:
         """The earlier call whose full sequence shares the longest common prefix with `prompt`
         (the latest of equal ones), with that sequence and the prefix's length; None when the
-        index is empty. `hashes` = prefix_hashes of at least `prompt`. Prefixes are compared by
-        hash: a candidate that cannot beat the best so far costs one comparison, one that can a
-        binary search (merge.classify then measures the chosen one exactly)."""
-        best_common, best = -1, -1
-        for i in range(len(self._seqs) - 1, -1, -1):  # latest first: later wins only when strictly closer
-            theirs = self.hashes(i)
-            n = min(theirs.size - 1, prompt.size)
-            low = best_common + 1
-            if low > n or theirs[low] != hashes[low]:
-                continue
-            high = n
-            while low < high:
-                mid = (low + high + 1) // 2
-                if theirs[mid] == hashes[mid]:
-                    low = mid
-                else:
-                    high = mid - 1
-            best_common, best = low, i
-            if low == prompt.size:
-                break
-        if best < 0:
+        index is empty. `known` as for `parent`."""
+        if not self._seqs:
             return None
-        return self._seqs[best], self._full[best], best_common
+        self._settle()
+        node, depth = self._walk(prompt, *self._start(known))
+        # every sequence through this point shares exactly `depth` tokens with the prompt
+        tail = node.ends[bisect.bisect_left(node.ends, (depth, -1)) :]
+        best = max((i for _, i in tail), default=-1)
+        for child in node.children.values():
+            if child.start >= depth:
+                best = max(best, child.latest)
+        self.operations += len(tail) + len(node.children)
+        return self._seqs[best], self._full[best], depth
 
-    def hashes(self, i: int) -> np.ndarray:
-        found = self._hashes.get(i)
-        if found is None:
-            found = self._hashes[i] = prefix_hashes(self._full[i])
-        return found
+    # --- adding ----------------------------------------------------------------------------------
+    def add(self, seq: int, full: np.ndarray, prompt_size: int, known: tuple[int, int] | None = None) -> None:
+        """Add call `seq` (seqs come in ascending order); `known` as for `parent`."""
+        i = len(self._seqs)
+        node, depth = self._walk(full, *self._start(known))
+        if depth < full.size:
+            if depth < node.end:
+                self._settle()
+                self._split(node, depth)
+            if not node.children and node.up is not None:  # a leaf: the thread grows in place
+                node.tokens = full[node.start :]
+            else:
+                child = _Node(depth, full[depth:], node)
+                node.children[int(full[depth])] = child
+                node = child
+        bisect.insort(node.ends, (int(full.size), i))  # a thread's next call: at the end
+        self._seqs.append(seq)
+        self._index[seq] = i
+        self._full.append(full)
+        self._where.append(node)
+        self._prompt_size[seq] = prompt_size
+        if self._head is not None and self._head[0] is not node:
+            self._settle()
+        self._head = (node, i)
+
+    def _settle(self) -> None:
+        """Record the latest sequence in its node's ancestors (up to one already holding it)."""
+        if self._head is None:
+            return
+        node: _Node | None
+        node, i = self._head
+        self._head = None
+        while node is not None and node.latest != i:
+            node.latest = i
+            node = node.up
+            self.operations += 1
+
+    def _split(self, node: _Node, depth: int) -> None:
+        """Cut `node` at `depth` (inside it): the part after becomes its only child."""
+        cut = depth - node.start
+        tail = _Node(depth, node.tokens[cut:], node)
+        tail.children, node.children = node.children, {int(node.tokens[cut]): tail}
+        for child in tail.children.values():
+            child.up = tail
+        k = bisect.bisect_right(node.ends, (depth, len(self._seqs)))
+        tail.ends, node.ends = node.ends[k:], node.ends[:k]
+        for _, i in tail.ends:
+            self._where[i] = tail
+        tail.latest = max([i for _, i in tail.ends] + [c.latest for c in tail.children.values()], default=-1)
+        node.tokens = node.tokens[:cut]
+        self.operations += len(tail.ends) + len(tail.children)
