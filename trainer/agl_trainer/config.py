@@ -308,6 +308,25 @@ class LoopConfig(_Section):
     ] = 0
 
 
+class CanarySection(_Section):
+    """Probe sequences scored by the engine and the trainer after every weight sync (loop/canary.py)."""
+
+    enabled: Annotated[bool, _doc("run the canary at start and after every weight sync")] = True
+    action: Annotated[
+        Literal["warn", "stop"], _doc("a disagreement: warn (log it, metrics agreement/canary/*) or stop the run")
+    ] = "warn"
+    tolerance: Annotated[
+        float, _doc("mean |engine - trainer| logprob per probe kind, in nats, that still agrees", gt=0)
+    ] = 0.05
+    probes: Annotated[int, _doc("fixed probe sequences scored by prompt logprobs", ge=1, le=64)] = 4
+    tokens: Annotated[int, _doc("tokens per probe sequence", ge=4, le=4096)] = 32
+    generate: Annotated[int, _doc("tokens the cached-prefix and fresh probes generate", ge=1, le=256)] = 8
+
+
+class DiagnosticsSection(_Section):
+    canary: CanarySection = msgspec.field(default_factory=CanarySection)
+
+
 class ViewerSection(_Section):
     """The trace viewer a running `agl train` serves over its store (agl traces serve's pages)."""
 
@@ -336,6 +355,7 @@ class Config(_Section):
     receiver: ReceiverSection = msgspec.field(default_factory=ReceiverSection)
     offline: OfflineConfig = msgspec.field(default_factory=OfflineConfig)
     viewer: ViewerSection = msgspec.field(default_factory=ViewerSection)
+    diagnostics: DiagnosticsSection = msgspec.field(default_factory=DiagnosticsSection)
     assembly: AssemblyConfig = msgspec.field(default_factory=AssemblyConfig)
 
 

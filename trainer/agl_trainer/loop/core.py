@@ -31,6 +31,7 @@ from typing import Any
 from agl_trainer.batch import RolloutResult, TrainingBatch
 from agl_trainer.config import LoopConfig
 from agl_trainer.engines.base import InferenceEngine, WeightUpdate
+from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl
@@ -59,10 +60,11 @@ class StepTimes:
     syncing: float = 0.0
     checkpoint: float = 0.0
     idle: float = 0.0
+    canary: float = 0.0
 
     def metrics(self) -> dict[str, float]:
         busy = max(0.0, self.generating - self.idle) + self.draining
-        wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint
+        wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint + self.canary
         return {
             "time/generating_s": self.generating,
             "time/draining_s": self.draining,
@@ -116,8 +118,10 @@ class TrainingLoop:
         pad_token_id: int = 0,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         validator: Validator | None = None,
+        canary: Canary | None = None,
     ) -> None:
         self.config = config
+        self.canary = canary
         self.validator = validator
         self.validation: list[dict[str, float]] = []
         self.schedule = schedule
@@ -157,6 +161,7 @@ class TrainingLoop:
         sampler = asyncio.create_task(self._sample_idle())
         try:
             await self.sidecar.resume(policy_version=self.version)
+            self._act_on(await self._check_canary())  # the engine agrees with the trainer from the start
             await self._validate_if_due()
             while self.state.step < self.config.max_steps:
                 self._times = StepTimes()
@@ -395,7 +400,27 @@ class TrainingLoop:
         new_version = await self._sync_weights()
         self._advance(batch, keys, results, new_version)
         await self._resume(new_version, step)
+        canary = await self._check_canary()
+        if canary is not None:
+            step.metrics.update(canary.metrics())
         self._report(batch, results, step)
+        self._act_on(canary)
+
+    async def _check_canary(self) -> CanaryResult | None:
+        """The probes scored by the engine and the trainer, both at the current version (loop/canary.py)."""
+        if self.canary is None:
+            return None
+        result = await asyncio.to_thread(self.canary.check, self.version)
+        self._times.canary = result.seconds
+        return result
+
+    def _act_on(self, result: CanaryResult | None) -> None:
+        if result is None or result.verdict == "agree":
+            return
+        where = f"agl canary at policy version {result.version} [{result.verdict}]: {result.message}"
+        if result.verdict != "error" and self.canary is not None and self.canary.settings.action == "stop":
+            raise CanaryStop(where + " (diagnostics.canary.action: stop)")
+        self.progress.log(where)
 
     async def _pause_and_drain(self, step: _StepNotes) -> None:
         """Pause the sidecar (new calls held) and wait for in-flight calls and their spans; with

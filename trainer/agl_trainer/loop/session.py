@@ -249,11 +249,37 @@ class Session:
             pad_token_id=tokenizer_pad,
             on_step=self.on_step,
             validator=build_validator(config, runner, data, run_id),
+            canary=self._canary(config, engine, backend, model_path),
         )
         for group in recovered:
             self.loop.adopt(group)
         (out / RUN_FILE).write_text(json.dumps({"run_id": run_id}))  # from now on, --resume continues it
         return self.loop
+
+    def _canary(self, config: Config, engine: Any, backend: Any, model_path: str) -> Any:
+        """The canary on the engine's first server (diagnostics.canary), closed with the session."""
+        settings = config.diagnostics.canary
+        if not settings.enabled or not engine.urls:
+            return None
+        from transformers import AutoTokenizer
+
+        from agl_trainer.loop.canary import Canary, CanarySettings
+
+        canary = Canary(
+            CanarySettings(
+                action=settings.action,
+                tolerance=settings.tolerance,
+                probes=settings.probes,
+                tokens=settings.tokens,
+                generate=settings.generate,
+                seed=config.seed,
+            ),
+            engine_url=engine.urls[0],
+            vocab_size=len(AutoTokenizer.from_pretrained(model_path)),
+            backend=backend,
+        )
+        self._stack.callback(canary.close)
+        return canary
 
     def _run_id(self, out: Path) -> str:
         path = out / RUN_FILE

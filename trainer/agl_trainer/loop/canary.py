@@ -1,0 +1,241 @@
+"""The canary: after every weight sync, a few fixed probe sequences scored by the engine and by the
+trainer, so a silent engine/trainer disagreement is named the step it happens.
+
+Probes (token IDs drawn once from the run's seed):
+- fixed: `probes` sequences scored by the engine's prompt logprobs (vLLM's `prompt_logprobs` on
+  /v1/completions) and by the trainer under the new weights; the trainer's scores are kept, so the
+  next sync also compares the engine with the weights before it.
+- cached: one prefix the engine generated from at the previous check (its KV is in a prefix cache,
+  if the engine keeps one), generated from again (greedy, with logprobs), the trainer scoring the
+  generated tokens. Prompt logprobs do not read vLLM's prefix cache; generation does.
+- fresh: a prefix never sent before, generated from the same way.
+
+A disagreement above `tolerance` (mean |delta| in nats) gets a verdict:
+- weights_not_loaded: the engine matches the previous weights, not the new ones;
+- stale_cache: the cached probe disagrees while the fresh one and the fixed probes agree;
+- numerics: a small drift spread over every token (a dtype mismatch);
+- mismatch: none of these patterns.
+`action: warn` logs the verdict with its fix; `stop` ends the run with it (CanaryStop).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
+
+log = logging.getLogger("agl.canary")
+
+VERDICTS = ("agree", "numerics", "stale_cache", "weights_not_loaded", "mismatch", "error")
+NUMERICS_MAX = 1.0  # a drift, not a break: no token off by more than this many nats
+NUMERICS_SPREAD = 0.2  # ...and the median token is off by at least this share of the mean
+
+
+class CanaryStop(RuntimeError):
+    """The canary found a disagreement and diagnostics.canary.action is stop; the message names it."""
+
+
+@dataclass(frozen=True)
+class CanarySettings:
+    action: str = "warn"  # warn | stop
+    tolerance: float = 0.05  # mean |engine - trainer| in nats, per probe kind
+    probes: int = 4
+    tokens: int = 32  # tokens per probe
+    generate: int = 8  # tokens the cached and fresh probes generate
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    version: int
+    verdict: str
+    message: str
+    fixed: float  # mean |delta| of the fixed probes, new weights
+    previous: float | None  # ...against the weights before the sync
+    cached: float | None
+    fresh: float | None
+    max_delta: float
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "agreement/canary/mean_abs_delta": self.fixed,
+            "agreement/canary/max_abs_delta": self.max_delta,
+            "agreement/canary/ok": float(self.verdict == "agree"),
+            "agreement/canary/verdict": float(VERDICTS.index(self.verdict)),
+            "time/canary_s": self.seconds,
+        }
+        for name, value in (("previous", self.previous), ("cached", self.cached), ("fresh", self.fresh)):
+            if value is not None:
+                out[f"agreement/canary/{name}_mean_abs_delta"] = value
+        return out
+
+
+class Canary:
+    """Scores the probes on `engine_url` (an OpenAI-compatible server with vLLM's wire format) and
+    with `backend.compute_logprobs`. Blocking: the loop runs it in a thread."""
+
+    def __init__(self, settings: CanarySettings, *, engine_url: str, vocab_size: int, backend: Any) -> None:
+        self.settings = settings
+        self.url = engine_url.rstrip("/")
+        self.backend = backend
+        rng = random.Random(f"agl-canary-{settings.seed}")
+        low = min(2, vocab_size - 1)  # the lowest ids are special tokens in most tokenizers
+        self._draw = lambda r: [r.randrange(low, vocab_size) for _ in range(settings.tokens)]
+        self.fixed = [self._draw(rng) for _ in range(settings.probes)]
+        self.cached_prefix = self._draw(rng)
+        self.vocab_size = vocab_size
+        self.previous: list[torch.Tensor] | None = None  # the trainer's scores of the fixed probes, last check
+        self._model: str | None = None
+        self._client: Any = None
+
+    # ------------------------------------------------------------------------------------- check
+    def check(self, version: int) -> CanaryResult:
+        """Score every probe now (the engine and the trainer both at `version`) and judge."""
+        started = time.perf_counter()
+        try:
+            engine_fixed = self._engine_prompt_logprobs(self.fixed)
+            cached_ids, cached_engine = self._engine_generate(self.cached_prefix)
+            fresh_prefix = self._draw(random.Random(f"agl-canary-{self.settings.seed}-fresh-{version}"))
+            fresh_ids, fresh_engine = self._engine_generate(fresh_prefix)
+        except Exception as error:  # an engine that cannot score is reported, never a crash of the run
+            return self._result(version, "error", f"the engine could not score the probes: {error}", started)
+        trainer = self._trainer_scores(
+            [(probe, 1) for probe in self.fixed] + [(cached_ids, len(self.cached_prefix)), (fresh_ids, len(fresh_prefix))]
+        )
+        trainer_fixed, trainer_cached, trainer_fresh = trainer[: len(self.fixed)], trainer[-2], trainer[-1]
+        fixed = torch.cat([(e - t).abs() for e, t in zip(engine_fixed, trainer_fixed, strict=True)])
+        previous = None
+        if self.previous is not None:
+            previous = torch.cat([(e - t).abs() for e, t in zip(engine_fixed, self.previous, strict=True)])
+        self.previous = trainer_fixed
+        cached = (cached_engine - trainer_cached).abs()
+        fresh = (fresh_engine - trainer_fresh).abs()
+        verdict, message = judge(fixed, previous, cached, fresh, self.settings.tolerance)
+        every = torch.cat([fixed, cached, fresh])
+        return CanaryResult(
+            version=version,
+            verdict=verdict,
+            message=message,
+            fixed=float(fixed.mean()),
+            previous=None if previous is None else float(previous.mean()),
+            cached=float(cached.mean()) if cached.numel() else None,
+            fresh=float(fresh.mean()) if fresh.numel() else None,
+            max_delta=float(every.max()) if every.numel() else 0.0,
+            seconds=time.perf_counter() - started,
+        )
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _result(self, version: int, verdict: str, message: str, started: float) -> CanaryResult:
+        return CanaryResult(version, verdict, message, 0.0, None, None, None, 0.0, time.perf_counter() - started)
+
+    # ------------------------------------------------------------------------------------ engine
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.Client(timeout=120.0)
+        if self._model is None:
+            models = self._client.get(f"{self.url}/v1/models")
+            models.raise_for_status()
+            self._model = str(models.json()["data"][0]["id"])
+        answer = self._client.post(f"{self.url}/v1/completions", json={"model": self._model, **body})
+        if answer.status_code != 200:
+            raise RuntimeError(f"/v1/completions answered {answer.status_code}: {answer.text[:300]}")
+        return answer.json()
+
+    def _engine_prompt_logprobs(self, probes: list[list[int]]) -> list[torch.Tensor]:
+        """Each probe's logprob of tokens 1.. under the engine's weights (vLLM's prompt_logprobs)."""
+        body = {"prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+        choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
+        out = []
+        for probe, choice in zip(probes, choices, strict=True):
+            scored = choice.get("prompt_logprobs")
+            if not scored or len(scored) != len(probe):
+                raise RuntimeError("the answer holds no prompt_logprobs for every prompt token")
+            out.append(torch.tensor([float(scored[i][str(probe[i])]["logprob"]) for i in range(1, len(probe))]))
+        return out
+
+    def _engine_generate(self, prefix: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Greedy tokens after `prefix` and their engine logprobs (computed over a cached prefix's KV)."""
+        body = {
+            "prompt": prefix,
+            "max_tokens": self.settings.generate,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        }
+        choice = self._post(body)["choices"][0]
+        tokens = [int(t) for t in choice["token_ids"]]
+        logprobs = torch.tensor([float(v) for v in choice["logprobs"]["token_logprobs"]])
+        if len(tokens) != len(logprobs):
+            raise RuntimeError("the answer's token_ids and logprobs differ in length")
+        return prefix + tokens, logprobs
+
+    # ----------------------------------------------------------------------------------- trainer
+    def _trainer_scores(self, sequences: list[tuple[list[int], int]]) -> list[torch.Tensor]:
+        """The trainer's logprob of each sequence's tokens from `start` on, under its current weights."""
+        rollouts = []
+        for index, (ids, start) in enumerate(sequences):
+            mask = [0] * start + [1] * (len(ids) - start)
+            sample = Sample(f"canary-{index}", "canary", ids, mask, [0.0] * len(ids), [-1] * len(ids))
+            rollouts.append(RolloutResult(f"canary-{index}", "canary", 0.0, [sample]))
+        batch = TrainingBatch.from_rollouts(rollouts)
+        scores = self.backend.compute_logprobs(batch)
+        return [scores[row, start : len(ids)].float() for row, (ids, start) in enumerate(sequences)]
+
+
+def judge(
+    fixed: torch.Tensor,
+    previous: torch.Tensor | None,
+    cached: torch.Tensor,
+    fresh: torch.Tensor,
+    tolerance: float,
+) -> tuple[str, str]:
+    """The verdict on per-token |delta|s, and its message with the fix."""
+
+    def mean(x: torch.Tensor | None) -> float:
+        return float(x.mean()) if x is not None and x.numel() else 0.0
+
+    m_fixed, m_cached, m_fresh = mean(fixed), mean(cached), mean(fresh)
+    if max(m_fixed, m_cached, m_fresh) <= tolerance:
+        return "agree", f"engine and trainer agree (mean |delta| {m_fixed:.2g} <= tolerance {tolerance:g})"
+    if previous is not None and mean(previous) <= tolerance < m_fixed:
+        return "weights_not_loaded", (
+            f"the weights did not land: the engine's logprobs of the probes match the previous weights "
+            f"(mean |delta| {mean(previous):.2g}), not the new ones ({m_fixed:.2g}). Fix: check the engine's "
+            "weight update (its log; for vLLM the worker extension and engine.options), and that the "
+            "engine serves the model being trained"
+        )
+    if m_cached > tolerance and m_fresh <= tolerance and m_fixed <= tolerance:
+        return "stale_cache", (
+            f"stale prefix cache: a probe whose prefix the engine cached before the update disagrees "
+            f"(mean |delta| {m_cached:.2g}) while a fresh probe agrees ({m_fresh:.2g}): the engine reuses KV "
+            "computed by the old weights. Fix: reset the engine's prefix cache after each weight update "
+            "(vLLM: POST /reset_prefix_cache, which agl's vLLM engine sends), or start vLLM with "
+            "--no-enable-prefix-caching"
+        )
+    every = torch.cat([fixed, cached, fresh])
+    if float(every.max()) <= NUMERICS_MAX and float(every.median()) >= NUMERICS_SPREAD * float(every.mean()):
+        return "numerics", (
+            f"every probe drifts a little (mean |delta| {float(every.mean()):.2g}, max "
+            f"{float(every.max()):.2g}): the engine and the trainer compute in different precision. Fix: run "
+            "both in the same dtype (the engine's dtype, backend.options param_dtype / compute_dtype), or set "
+            "diagnostics.canary.tolerance above this drift if it is expected (bfloat16 against float32)"
+        )
+    return "mismatch", (
+        f"the engine and the trainer disagree (mean |delta| {m_fixed:.2g}, max {float(every.max()):.2g}) in no "
+        "pattern the canary knows. Fix: check that the engine serves the trained model (same checkpoint, "
+        "tokenizer and architecture) and that its weight updates complete"
+    )
