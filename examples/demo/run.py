@@ -8,15 +8,18 @@ engine; spans -> receiver -> store -> RL) and report the reward before and after
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from examples.demo.prepare import prepare_demo_model
-from examples.demo.task import make_tasks, write_tasks
+from examples.demo.task import make_task, make_tasks, write_tasks
 
 DEMO_CONFIG = Path("examples/demo/config.yaml")  # its paths are relative to the repository root
+SAMPLED_KEY = "val/sampled/reward"  # the held-out gain the demo reports (loop/validation.py)
 
 
 def run_demo(
@@ -48,7 +51,7 @@ def run_demo(
         f" ({prepared.warm_start_seconds:.1f} s)"
     )
     tasks = write_tasks(out / "tasks.jsonl", n_tasks, seed)
-    val_tasks = write_val_tasks(out / "val_tasks.jsonl", n_val_tasks, seed)
+    val_tasks = write_val_tasks(out / "val_tasks.jsonl", n_val_tasks, seed, exclude=make_tasks(n_tasks, seed))
     overrides = [
         f"--tasks={tasks}",
         f"--val_tasks={val_tasks}",
@@ -72,6 +75,7 @@ def run_demo(
     before = sum(rewards[:window]) / window if rewards else float("nan")
     after = sum(rewards[-window:]) / window if rewards else float("nan")
     validation = [row["val/reward"] for row in result.summary.validation if "val/reward" in row]
+    sampled = [row for row in result.summary.validation if SAMPLED_KEY in row]
     summary = {
         "reward_random": prepared.reward_init,
         "reward_warm_start": prepared.reward_warm,
@@ -83,13 +87,24 @@ def run_demo(
         "val_reward_first": validation[0] if validation else float("nan"),
         "val_reward_last": validation[-1] if validation else float("nan"),
         "val_rounds": len(validation),
+        "val_sampled_first": sampled[0][SAMPLED_KEY] if sampled else float("nan"),
+        "val_sampled_last": sampled[-1][SAMPLED_KEY] if sampled else float("nan"),
     }
+    gain = ""
+    if sampled:
+        first, last, k = sampled[0][SAMPLED_KEY], sampled[-1][SAMPLED_KEY], sampled[-1]["val/sampled/k"]
+        gain = (
+            f"agl demo: held-out gain: {SAMPLED_KEY} (mean@{k:.0f} at the training temperature, "
+            f"{n_val_tasks} held-out tasks) {first:.3f} before RL -> {last:.3f} at step "
+            f"{sampled[-1]['step']:.0f} ({last - first:+.3f})\n"
+        )
     print(
         f"agl demo: reward {before:.3f} (first {window} RL steps, after warm start) -> {after:.3f} "
         f"(last {window} of {result.summary.steps} steps, {seconds:.0f} s of RL)\n"
+        + gain
         + (
-            f"agl demo: held-out validation (greedy) {validation[0]:.3f} before RL -> {validation[-1]:.3f} "
-            f"at the end ({len(validation)} rounds)\n"
+            f"agl demo: val/reward (greedy, the same held-out tasks) {validation[0]:.3f} before RL -> "
+            f"{validation[-1]:.3f} at the end ({len(validation)} rounds)\n"
             if validation
             else ""
         )
@@ -98,12 +113,22 @@ def run_demo(
     return summary
 
 
-def write_val_tasks(path: Path, n: int, seed: int) -> Path:
-    """Held-out tasks: another seed's tables, ids `val-NNNNN` (never the training tasks' ids)."""
+def write_val_tasks(path: Path, n: int, seed: int, *, exclude: Sequence[dict[str, Any]] = ()) -> Path:
+    """Held-out tasks: another seed's tables, ids `val-NNNNN` (never the training tasks' ids), none
+    equal to a task in `exclude` (the same key and table: the same episode to the model)."""
     import json
 
-    tasks = make_tasks(n, seed + 10_000)
-    for index, task in enumerate(tasks):
-        task["task_id"] = f"val-{index:05d}"
+    seen = {_content(task) for task in exclude}
+    rng = random.Random(seed + 10_000)
+    tasks: list[dict[str, Any]] = []
+    while len(tasks) < n:
+        task = make_task(rng, len(tasks))
+        if _content(task) not in seen:
+            task["task_id"] = f"val-{len(tasks):05d}"
+            tasks.append(task)
     path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
     return path
+
+
+def _content(task: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return task["key"], tuple(sorted(task["table"].items()))

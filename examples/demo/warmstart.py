@@ -101,7 +101,10 @@ def supervised_warm_start(
     seconds = time.perf_counter() - started
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    from agl_trainer.models.hf_progress import quiet_progress
+
+    with quiet_progress():  # the warm start's own bar above says what happened
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return WarmStartResult(path=out, seconds=seconds, losses=losses)
 

@@ -99,3 +99,26 @@ def test_token_ids_match_the_chat_template(prepared) -> None:
             "<|im_end|>",
         ]
     assert len(tokenizer) <= 26  # the vocabulary the experiment in ENVIRONMENT.md used
+
+
+def test_val_tasks_are_held_out_from_the_training_tasks(tmp_path) -> None:
+    import json
+
+    from examples.demo.run import write_val_tasks
+    from examples.demo.task import make_tasks
+
+    train = make_tasks(256, 0)
+    path = write_val_tasks(tmp_path / "val.jsonl", 32, 0, exclude=train)
+    val = [json.loads(line) for line in path.read_text().splitlines()]
+
+    def content(task):
+        return task["key"], tuple(sorted(task["table"].items()))
+
+    assert len(val) == 32 and [t["task_id"] for t in val] == [f"val-{i:05d}" for i in range(32)]
+    assert not {content(t) for t in val} & {content(t) for t in train}
+    # a candidate equal to a training task is skipped, not written: exclude the first one given
+    first = val[0]
+    again = write_val_tasks(tmp_path / "val2.jsonl", 32, 0, exclude=[*train, {**first, "task_id": "demo-x"}])
+    rewritten = [json.loads(line) for line in again.read_text().splitlines()]
+    assert len(rewritten) == 32 and content(first) not in {content(t) for t in rewritten}
+    assert content(rewritten[0]) == content(val[1])

@@ -204,7 +204,10 @@ def save_model(
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     model = build_model(len(tokenizer), spec, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    model.save_pretrained(path)
+    from agl_trainer.models.hf_progress import quiet_progress
+
+    with quiet_progress():  # a tiny model's one shard needs no progress bar
+        model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     (path / "agl_tiny_model.json").write_text(
         json.dumps({"spec": asdict(spec), **(manifest or {})}, indent=1)
