@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a machine with a GPU runs first (under 10 minutes on one H200, offline: no hub access):
+# What a machine with a GPU runs first (offline: no hub access; its parts' time limits cap it at 10 minutes; not yet run on a GPU):
 #   1. every `gpu` test (pytest -m gpu): bf16 steps, vLLM collocated sleep/wake/sync, GPU weight transfer
 #   2. a bf16 training step on a ~0.5B model (Qwen2-0.5B architecture, random weights, built here)
 #      with the torch backend and the verl backend: tokens/s and MFU (peak 989 TFLOP/s, H200 bf16 dense)
