@@ -57,7 +57,12 @@ def parser() -> argparse.ArgumentParser:
     add("--config", metavar="FILE", help="YAML file with any of these settings (keys use underscores)")
     add("--admin-token", metavar="TOKEN",
         help="bearer token for /agl/v1/* (pause, resume, state); without it only loopback clients may call them")
-    add("--api-key", metavar="KEY", help="if set, harnesses must send 'Authorization: Bearer KEY' (keys are never logged)")
+    add("--api-key", metavar="KEY",
+        help="if set, harnesses must send 'Authorization: Bearer KEY' (keys are never logged); required off "
+             "loopback unless --no-api-key (per-rollout keys, rollout_api_keys in --config, also count)")
+    add("--no-api-key", action="store_true", default=None,
+        help="allow listening off loopback without an API key (anyone who reaches the port can use the "
+             "engine and write training data): only on a private network")
     add("--max-hold-s", type=float, metavar="S",
         help="a call held by a pause longer than this gets 503 with Retry-After (default 600)")
     add("--spool-dir", metavar="DIR",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     admin_token: str | None = None
     api_key: str | None = None
     rollout_api_keys: dict[str, str] = {}
+    # Off loopback without an API key anyone who reaches the port uses the engine and writes training
+    # data: refused unless this says the network is private (as `agl receive --no-token`).
+    no_api_key: bool = False
     max_hold_s: float = 600.0
     spool_dir: str = msgspec.field(default_factory=default_spool_dir)
     spool_max_bytes: int = 8 * 1024**3
@@ -146,6 +150,16 @@ def _explain(exc: msgspec.ValidationError) -> str:
     return f"setting {key!r}: {where[0].rstrip(' -')}"
 
 
+def _loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host in ("", "localhost"):  # no host: the sidecar listens on 127.0.0.1
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
 def validate(config: SidecarConfig) -> None:
     if not config.upstream:
         raise ConfigError("no upstream: pass --upstream URL (a vLLM server, e.g. http://127.0.0.1:8000) "
@@ -157,6 +171,13 @@ def validate(config: SidecarConfig) -> None:
     host, _, port = config.listen.rpartition(":")
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"setting 'listen': {config.listen!r} must be HOST:PORT, e.g. 127.0.0.1:8400")
+    if not (config.api_key or config.rollout_api_keys or config.no_api_key or _loopback(host)):
+        raise ConfigError(
+            f"setting 'listen': {config.listen} is not loopback and no API key is set: anyone who reaches the "
+            "port could use the engine through the sidecar and write training data (fix: pass --api-key KEY "
+            "or set AGL_SIDECAR_API_KEY, and give harnesses 'Authorization: Bearer KEY'; or pass --no-api-key "
+            "on a private network)"
+        )
     if config.otlp_endpoint is not None and not config.otlp_endpoint.startswith(("http://", "https://")):
         raise ConfigError(
             f"setting 'otlp_endpoint': {config.otlp_endpoint!r} must be a URL such as http://127.0.0.1:4318"

@@ -114,12 +114,13 @@ class Sidecar:
         return given if given is None or _latin1(given) else None
 
     def harness_authorized(self, request: web.Request) -> bool:
-        if not self.config.api_key:
+        """With --api-key or per-rollout keys set, a harness sends one of them (either is enough)."""
+        if not self.config.api_key and not self.config.rollout_api_keys:
             return True
         key = bearer_token(request.headers)
         if key is None:
             return False
-        if same_secret(key, self.config.api_key):
+        if self.config.api_key and same_secret(key, self.config.api_key):
             return True
         return key in self.config.rollout_api_keys
 

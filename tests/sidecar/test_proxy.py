@@ -166,16 +166,17 @@ def test_prompt_by_reference_round_trip(fake, make_sidecar, otlp_sink):
 
 def test_attribution_header_baggage_api_key_and_traceparent(fake, make_sidecar, otlp_sink):
     sidecar = make_sidecar(
-        upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint, rollout_api_keys={"key-for-r9": "r9"}
+        upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint, rollout_api_keys={"key-for-r9": "r9"}, api_key="harness-key"
     )
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4}
     url = sidecar.url + "/v1/chat/completions"
     parent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
-    httpx.post(url, json=body, headers={"x-agl-rollout-id": "r-header", "x-agl-task-id": "t1", "traceparent": parent})
-    httpx.post(url, json=body, headers={"baggage": "agl.rollout.id=r-bag,agl.attempt=3,agl.rollout.mode=val"})
+    key = {"Authorization": "Bearer harness-key"}
+    httpx.post(url, json=body, headers={"x-agl-rollout-id": "r-header", "x-agl-task-id": "t1", "traceparent": parent, **key})
+    httpx.post(url, json=body, headers={"baggage": "agl.rollout.id=r-bag,agl.attempt=3,agl.rollout.mode=val", **key})
     httpx.post(url, json=body, headers={"Authorization": "Bearer key-for-r9"})
     # The path prefix wins over the header.
-    httpx.post(sidecar.url + "/rollouts/r-path/v1/chat/completions", json=body, headers={"x-agl-rollout-id": "nope"})
+    httpx.post(sidecar.url + "/rollouts/r-path/v1/chat/completions", json=body, headers={"x-agl-rollout-id": "nope", **key})
     spans = otlp_sink.wait_for(lambda spans: len(spans) >= 4)
     by_rollout = {s.attributes.get(semconv.ROLLOUT_ID): s for s in spans}
     assert set(by_rollout) == {"r-header", "r-bag", "r9", "r-path"}

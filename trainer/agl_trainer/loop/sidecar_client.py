@@ -31,6 +31,8 @@ import httpx
 import msgspec
 from agl import semconv
 
+from agl_trainer.loop.topology import is_loopback
+
 
 class SidecarError(RuntimeError):
     """The sidecar could not be started, or refused an admin request."""
@@ -227,6 +229,8 @@ class SidecarProcess:
         # that starts with "-" cannot be mistaken for a flag.
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
+        if self.api_key is None and not is_loopback(self.listen_host.strip("[]")):
+            argv.append("--no-api-key")  # sidecar.auth: false off loopback, the config's explicit choice
         return argv + self.extra_args
 
     def start(self) -> None:
