@@ -499,7 +499,7 @@ class VLLMEngine:
             except WeightTransferError as error:
                 raise VLLMError(str(error)) from error
             for server in servers:
-                self._post(server, "/reset_prefix_cache")
+                self._reset_prefix_cache(server)
                 self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
         finally:
             if mode != "none":
@@ -548,6 +548,11 @@ class VLLMEngine:
         restarted.append(server.url)
         return time.perf_counter() - started, 0.0, []
 
+    def _reset_prefix_cache(self, server: Server) -> None:
+        """The prefix cache holds the old weights' KV: dropped after every weight update."""
+        if not self.config.fault_skip_prefix_cache_reset:
+            self._post(server, "/reset_prefix_cache")
+
     def _sync_server(self, server: Server, directory: Path, version: int) -> tuple[float, float, list[dict]]:
         started = time.perf_counter()
         mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
@@ -559,7 +564,7 @@ class VLLMEngine:
             )
             results = [r for r in reply.get("results") or [] if isinstance(r, dict)]
             load_seconds = max((float(r.get("total_s", 0.0)) for r in results), default=0.0)
-            self._post(server, "/reset_prefix_cache")
+            self._reset_prefix_cache(server)
             self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
         finally:
             if mode != "none":

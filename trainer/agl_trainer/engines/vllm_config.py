@@ -69,6 +69,9 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # replica on a GPU, nccl for several, in_place on the CPU. The loop sets it from
     # backend.verl.weight_sync.
     weight_sync: Literal["auto", "in_place", "nccl", "cuda_ipc"] = "in_place"
+    # Fault injection, for the canary's test (loop/canary.py): a weight update that leaves vLLM's
+    # prefix cache as it was, so cached prefixes keep the old weights' KV. Never in a real run.
+    fault_skip_prefix_cache_reset: bool = False
 
     def __post_init__(self) -> None:
         if not self.urls and not self.model:

@@ -86,7 +86,7 @@ class Canary:
         self.url = engine_url.rstrip("/")
         self.backend = backend
         rng = random.Random(f"agl-canary-{settings.seed}")
-        low = min(2, vocab_size - 1)  # the lowest ids are special tokens in most tokenizers
+        low = min(3, vocab_size - 1)  # the lowest ids are special tokens in most tokenizers
         self._draw = lambda r: [r.randrange(low, vocab_size) for _ in range(settings.tokens)]
         self.fixed = [self._draw(rng) for _ in range(settings.probes)]
         self.cached_prefix = self._draw(rng)
