@@ -166,6 +166,7 @@ ENV_ROLLOUT_LOG: Final = "AGL_ROLLOUT_LOG"  # a retried attempt: the log file of
 # Secrets a process reads from its environment rather than its command line (visible in `ps`).
 ENV_SIDECAR_ADMIN_TOKEN: Final = "AGL_SIDECAR_ADMIN_TOKEN"
 ENV_RECEIVER_TOKEN: Final = "AGL_RECEIVER_TOKEN"
+ENV_VIEWER_TOKEN: Final = "AGL_VIEWER_TOKEN"  # the trace viewer's token (agl traces serve, the train viewer)
 ENV_SIDECAR_API_KEY: Final = "AGL_SIDECAR_API_KEY"  # the key harnesses must send (the sidecar's --api-key)
 ENV_SIDECAR_OTLP_HEADERS: Final = "AGL_SIDECAR_OTLP_HEADERS"  # k=v,k=v the sidecar adds to its OTLP export
 

@@ -52,6 +52,8 @@ def test_serve_errors_are_messages(tmp_path, capsys):
     assert main(["traces", "serve", "--store", str(tmp_path / "s.db"), "--listen", "localhost"]) == 2
     assert "listen address must be HOST:PORT" in capsys.readouterr().err
     assert main(["traces", "serve", "--store", str(tmp_path / "s.db"), "--listen", "256.1.1.1:1"]) == 2
+    assert "off loopback, without a token" in capsys.readouterr().err
+    assert main(["traces", "serve", "--store", str(tmp_path / "s.db"), "--listen", "256.1.1.1:1", "--no-token"]) == 2
     assert "cannot listen on 256.1.1.1:1" in capsys.readouterr().err
     assert main(["traces", "serve", "--store", str(tmp_path / "s.db"), "--model", str(tmp_path / "no-model")]) == 2
     assert "--model: cannot load a tokenizer from" in capsys.readouterr().err

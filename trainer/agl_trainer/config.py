@@ -336,6 +336,11 @@ class ViewerSection(_Section):
         _doc("HOST:PORT for the viewer (port 0: any free port; a busy port falls back to a free one)",
              pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^:\s]*):[0-9]{1,5}$"),
     ] = "127.0.0.1:8500"
+    token_env: Annotated[
+        str,
+        _doc("environment variable holding the viewer's token; off loopback the viewer needs one (clients send"
+             " 'Authorization: Bearer <token>' or open /?token=<token> once) and is not served without it"),
+    ] = "AGL_VIEWER_TOKEN"
 
 
 class Config(_Section):

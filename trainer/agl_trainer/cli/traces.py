@@ -7,10 +7,15 @@ Ids, task ids and reasons come from harnesses and senders: they are printed thro
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
+from agl import semconv
+
 from agl_trainer.cli import CLIError
+
+VIEWER_TOKEN_ENV = semconv.ENV_VIEWER_TOKEN
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,6 +79,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " (default: the store's folder)"
     )
     serve.add_argument("--reward-name", default=None, help="the reward trained on (default: reward)")
+    serve.add_argument(
+        "--token",
+        default=None,
+        help="require this token (clients send 'Authorization: Bearer <token>'; a browser opens /?token=<token>"
+        " once); default: the variable named by --token-env. Needed off loopback",
+    )
+    serve.add_argument(
+        "--token-env",
+        default=VIEWER_TOKEN_ENV,
+        help=f"environment variable holding the token when --token is not given (default {VIEWER_TOKEN_ENV})",
+    )
+    serve.add_argument(
+        "--no-token",
+        action="store_true",
+        help="allow listening off loopback without a token (anyone who reaches the port reads the store)",
+    )
     serve.set_defaults(run=run_serve)
 
     parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
@@ -247,21 +268,34 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from agl_trainer.viewer import ListenError, Viewer, ViewerServer, parse_listen
+    from agl_trainer.viewer.access import AccessError, check_listen
     from agl_trainer.viewer.queries import ViewerError
 
+    token = args.token or os.environ.get(args.token_env) or None
     try:
-        parse_listen(args.listen)
-        viewer = Viewer(Path(args.store), model=args.model, run_dir=args.run_dir, reward_name=args.reward_name)
-    except (ListenError, ViewerError) as error:
-        raise CLIError(f"{error} (fix: --store names a rollout store, --listen is HOST:PORT)") from None
+        host, _ = parse_listen(args.listen)
+        check_listen(
+            host, token, args.no_token, f"export {args.token_env}=<a secret> (or --token), or --no-token on a private network"
+        )
+    except AccessError as error:
+        raise CLIError(f"--listen {args.listen}: {error}") from None
+    except ListenError as error:
+        raise CLIError(f"{error} (fix: --listen is HOST:PORT)") from None
+    try:
+        viewer = Viewer(
+            Path(args.store), model=args.model, run_dir=args.run_dir, reward_name=args.reward_name, token=token
+        )
+    except ViewerError as error:
+        raise CLIError(f"{error} (fix: --store names a rollout store)") from None
     if args.model and not viewer.decoder().decodes:  # load it now: a wrong path is said before serving
         viewer.close()
         raise CLIError(f"--model: {viewer.tokenizer_error} (fix: a model or tokenizer directory)")
     try:
-        server = ViewerServer(viewer, args.listen).start()
+        server = ViewerServer(viewer, args.listen, allow_no_token=args.no_token).start()
     except OSError as error:
         raise CLIError(f"cannot listen on {args.listen}: {error.strerror or error} (fix: --listen HOST:PORT)") from None
-    print(f"agl traces: serving {args.store} at {server.url} (Ctrl-C stops)", flush=True)
+    guarded = " (token required)" if token else ""
+    print(f"agl traces: serving {args.store} at {server.url}{guarded} (Ctrl-C stops)", flush=True)
     import threading
 
     try:

@@ -177,7 +177,7 @@ class Session:
         if config.viewer.enabled:  # the trace viewer over this run's store (agl traces serve's pages)
             from agl_trainer.viewer.training import start_for_training
 
-            viewer = start_for_training(store_path, config.viewer.listen, model_path, out)
+            viewer = start_for_training(store_path, config.viewer.listen, model_path, out, config.viewer.token_env)
             if viewer is not None:
                 self._stack.callback(viewer.stop)
         from agl_trainer.loop.dataplane import StoreDataPlane

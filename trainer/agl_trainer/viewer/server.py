@@ -27,7 +27,7 @@ from aiohttp import web
 from agl_trainer.assembly import AssemblyConfig
 from agl_trainer.receiver.client_errors import quiet_client_errors
 from agl_trainer.store.records import RolloutKey
-from agl_trainer.viewer import detail, queries
+from agl_trainer.viewer import access, detail, queries
 from agl_trainer.viewer.indexer import Indexer
 from agl_trainer.viewer.tokens import TokenDecoder, TokenizerError, load_tokenizer
 
@@ -41,7 +41,6 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
 ENTROPY_KEYS = ("actor/entropy", "entropy", "policy/entropy")
 MAX_PARAM = 4096
 
@@ -73,18 +72,6 @@ def parse_listen(value: str) -> tuple[str, int]:
         raise ListenError(f"listen address must be HOST:PORT (e.g. 127.0.0.1:8500), got {value!r}")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port_text)
-
-
-def _host_name(host: str) -> str:
-    """'127.0.0.1:8500' -> '127.0.0.1', '[::1]:8500' -> '::1', 'localhost' -> 'localhost'."""
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0]
-
-
-def _is_loopback(name: str) -> bool:
-    name = name.lower()
-    return name in LOOPBACK_NAMES or name.startswith("127.")
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -123,8 +110,10 @@ class Viewer:
         reward_name: str | None = None,
         index: bool = True,
         index_duty: float = 1.0,
+        token: str | None = None,
     ) -> None:
         self.store_path = Path(store_path)
+        self.token = token or None  # off loopback: required of every request (access.py)
         self.database = queries.Database(self.store_path)
         self.model = model
         self.run_dir = run_dir if run_dir is not None else self.store_path.parent
@@ -163,7 +152,7 @@ class Viewer:
 
     # --- the application ------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._host_check])
+        app = web.Application(middlewares=[self._errors, self._access])
         app.router.add_get("/", self._index)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/api/overview", self._api(self.overview))
@@ -187,11 +176,29 @@ class Viewer:
             return _json({"error": "internal error (see the server's log)"}, 500)
 
     @web.middleware
-    async def _host_check(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+    async def _access(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         """On a loopback address, only requests naming a loopback host: a web page elsewhere cannot
-        read the store by pointing its own domain name at 127.0.0.1 (DNS rebinding)."""
-        if self.loopback_only and not _is_loopback(_host_name(request.host or "")):
+        read the store by pointing its own domain name at 127.0.0.1 (DNS rebinding). With a token,
+        only requests that carry it (access.py)."""
+        if self.loopback_only and not access.is_loopback_host_header(request.headers.get("Host", "")):
             raise queries.ViewerError("this viewer answers only requests for a loopback host name", 403)
+        if self.token is None:
+            return await handler(request)
+        offered = request.query.get(access.QUERY)
+        if offered is not None:  # a browser's first visit: keep the token in a cookie, not the URL
+            if not access.token_matches(offered, self.token):
+                raise queries.ViewerError("wrong viewer token", 401)
+            rest = [(k, v) for k, v in request.query.items() if k != access.QUERY]
+            response = web.Response(status=303, headers={**HEADERS, "Location": str(request.rel_url.with_query(rest))})
+            response.set_cookie(access.COOKIE, self.token, httponly=True, samesite="Strict", path="/")
+            return response
+        given = access.bearer(request.headers.get("Authorization")) or request.cookies.get(access.COOKIE)
+        if not access.token_matches(given, self.token):
+            return _json(
+                {"error": "this viewer needs its token: send 'Authorization: Bearer <token>', or open the page once"
+                 " as /?token=<token> (the browser keeps it in a cookie)"},
+                401,
+            )  # fmt: skip
         return await handler(request)
 
     def _api(self, function: Callable[[dict[str, str]], Any]) -> Callable:
@@ -296,10 +303,18 @@ class Viewer:
 class ViewerServer:
     """A `Viewer` served from a background thread: `start()` binds and returns; `url`; `stop()`."""
 
-    def __init__(self, viewer: Viewer, listen: str = "127.0.0.1:8500") -> None:
+    def __init__(
+        self,
+        viewer: Viewer,
+        listen: str = "127.0.0.1:8500",
+        *,
+        allow_no_token: bool = False,
+        token_hint: str = "set a token (agl traces serve --token-env)",
+    ) -> None:
         self.viewer = viewer
         self.host, self.port = parse_listen(listen)
-        viewer.loopback_only = _is_loopback(self.host)
+        access.check_listen(self.host, viewer.token, allow_no_token, token_hint)
+        viewer.loopback_only = access.is_loopback_address(self.host)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
