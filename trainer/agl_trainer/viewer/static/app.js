@@ -245,7 +245,9 @@ function chart(curve, source) {
       if (!values.length) continue;
       drawn.push(key);
       const path = values.map((p, i) => (i ? "L" : "M") + sx(p.step).toFixed(1) + "," + sy(p[key]).toFixed(1)).join(" ");
-      root.append(svg("path", { d: path, fill: "none", stroke: colors[key], "stroke-width": 2, "stroke-dasharray": key.startsWith("val_") ? "5 3" : null }));
+      const line = { d: path, fill: "none", stroke: colors[key], "stroke-width": 2 };
+      if (key.startsWith("val_")) line["stroke-dasharray"] = "5 3";  // held-out: dashed
+      root.append(svg("path", line));
       for (const p of values) {
         const dot = svg("circle", { cx: sx(p.step), cy: sy(p[key]), r: 2.5, fill: colors[key] });
         dot.append(svg("title", {}, `step ${p.step}: ${names[key]} ${fmt.num(p[key], 4)}`));
