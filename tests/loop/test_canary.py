@@ -46,7 +46,31 @@ def test_normal_run_agrees_token_by_token(tmp_path: Path, model_dir: Path) -> No
         assert row["agreement/canary/mean_abs_delta"] < 1e-4
         assert row["agreement/canary/previous_mean_abs_delta"] > 1e-3  # the update moved the probes
     written = [r for r in metrics_rows(config) if "agreement/lag0/mean_abs_delta" in r]
-    assert len(written) == 2  # and the metrics reach metrics.jsonl
+    assert len(written) == 2  # and the metrics reach metrics.jsonl, Prometheus and TensorBoard
+    prom = (Path(config.output_dir) / "metrics.prom").read_text()
+    assert "agl_train_agreement_lag0_mean_abs_delta " in prom and "agl_train_agreement_canary_ok 1.0" in prom
+    assert any((Path(config.output_dir) / "tensorboard").iterdir())
+
+    # the trace viewer: per token the trainer's logprob and |delta|, per sample a summary
+    from agl_trainer.assembly import AssemblyConfig
+    from agl_trainer.store import RolloutStore
+    from agl_trainer.viewer import detail, queries
+    from agl_trainer.viewer.tokens import TokenDecoder
+
+    out = Path(config.output_dir)
+    with RolloutStore(out / "rollouts.db") as store:
+        key = next(i.key for i in store.find("") if i.trained_step is not None)
+    database = queries.Database(out / "rollouts.db")
+    try:
+        view = detail.rollout(database, key, AssemblyConfig(), TokenDecoder(), out)
+    finally:
+        database.close()
+    sample = view["samples"][0]
+    summary = sample["agreement"]
+    assert summary["lag0_tokens"] == sample["trained_tokens"] and summary["lag0_mean_abs_delta"] < 1e-4
+    trained = [i for i, role in enumerate(sample["roles"]) if role == "c"]
+    assert all(sample["abs_delta"][i] is not None and sample["abs_delta"][i] < 1e-3 for i in trained)
+    assert all(sample["abs_delta"][i] is None for i in range(len(sample["ids"])) if i not in trained)
 
 
 @pytest.mark.slow

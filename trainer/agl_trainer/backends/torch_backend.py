@@ -114,6 +114,7 @@ class TorchBackend:
         )
         self.step = 0  # optimizer steps taken
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient
+        self.last_logprobs: torch.Tensor | None = None  # of the last train_step's batch, [N, L]
 
     # ----------------------------------------------------------------------------------- training
     def train_step(self, batch: TrainingBatch, policy_version: int) -> dict[str, float]:
@@ -134,6 +135,7 @@ class TorchBackend:
         else:
             old_log_prob = None  # one update: the old policy is the current one, read from the same forward
         tokens = _TokenInputs.of(batch, plan, old_log_prob, before, policy_version)
+        self.last_logprobs = tokens.record  # pre-update logprobs of the trained tokens (NaN elsewhere)
 
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
@@ -184,6 +186,8 @@ class TorchBackend:
             before=select(tokens.before),
             bypass=algo.bypass_old_logprobs,
         )
+        flat = micro.source[keep.rows, keep.positions + 1]  # the kept tokens' places in the batch
+        tokens.record.view(-1)[flat.cpu()] = before.detach().float().cpu()
         agree_sums, agree_maxima = agreement_stats(
             before, engine, select(tokens.known), versions, select(tokens.switched),
             tokens.version, algo.agreement_threshold,
@@ -396,13 +400,15 @@ class _TokenInputs:
     old: torch.Tensor | None  # PPO's old log-probs, when computed before the update
     before: torch.Tensor | None  # the pre-update log-probs, when neither `old` nor the forward gives them
     version: int  # the policy version being trained
+    record: torch.Tensor  # [N, L] written: the trainer's pre-update logprobs of the trained tokens
 
     @classmethod
     def of(
         cls, batch: TrainingBatch, plan: StepPlan, old: torch.Tensor | None, before: torch.Tensor | None, version: int
     ) -> _TokenInputs:
         engine = batch.engine_logprobs.float()
-        return cls(batch, engine, plan.missing.known.float(), plan.switched.float(), old, before, version)
+        record = torch.full(batch.loss_mask.shape, float("nan"))
+        return cls(batch, engine, plan.missing.known.float(), plan.switched.float(), old, before, version, record)
 
 
 def _config_summary(config: TorchBackendConfig) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from agl_trainer.batch import RolloutResult, TrainingBatch
 from agl_trainer.config import LoopConfig
 from agl_trainer.engines.base import InferenceEngine, WeightUpdate
+from agl_trainer.loop.agreement_log import AgreementLog
 from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
@@ -119,9 +120,11 @@ class TrainingLoop:
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         validator: Validator | None = None,
         canary: Canary | None = None,
+        agreement_log: AgreementLog | None = None,
     ) -> None:
         self.config = config
         self.canary = canary
+        self.agreement_log = agreement_log
         self.validator = validator
         self.validation: list[dict[str, float]] = []
         self.schedule = schedule
@@ -479,6 +482,9 @@ class TrainingLoop:
             return
         training_batch = TrainingBatch.from_rollouts(results, self.pad_token_id)
         train_metrics = await asyncio.to_thread(self.backend.train_step, training_batch, self.version)
+        logprobs = getattr(self.backend, "last_logprobs", None)  # the torch backend's, for the viewer
+        if self.agreement_log is not None and logprobs is not None:
+            self.agreement_log.write(self.state.step + 1, self.version, results, logprobs)
         step.metrics.update({k: float(v) for k, v in train_metrics.items() if _number(v)})
         step.metrics.update(_batch_metrics(training_batch, self.version))
 

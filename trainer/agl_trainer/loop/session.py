@@ -250,11 +250,20 @@ class Session:
             on_step=self.on_step,
             validator=build_validator(config, runner, data, run_id),
             canary=self._canary(config, engine, backend, model_path),
+            agreement_log=self._agreement_log(out),
         )
         for group in recovered:
             self.loop.adopt(group)
         (out / RUN_FILE).write_text(json.dumps({"run_id": run_id}))  # from now on, --resume continues it
         return self.loop
+
+    def _agreement_log(self, out: Path) -> Any:
+        """Per token, the trainer's logprobs of what it trained, for the viewer (loop/agreement_log.py)."""
+        from agl_trainer.loop.agreement_log import AgreementLog
+
+        log = AgreementLog(out)
+        self._stack.callback(log.close)
+        return log
 
     def _canary(self, config: Config, engine: Any, backend: Any, model_path: str) -> Any:
         """The canary on the engine's first server (diagnostics.canary), closed with the session."""

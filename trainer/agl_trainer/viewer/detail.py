@@ -18,7 +18,7 @@ import msgspec
 
 from agl_trainer.assembly import AssemblyConfig, assemble_rollout
 from agl_trainer.store.records import RolloutKey
-from agl_trainer.viewer import queries
+from agl_trainer.viewer import agreement, queries
 from agl_trainer.viewer.tokens import TokenDecoder
 
 PROMPT, COMPLETION, CONTEXT, MASKED = "p", "c", "t", "m"  # token roles (see app.js ROLES)
@@ -77,6 +77,9 @@ def rollout(
             }
         )
     info = _builtins(data.info)
+    samples = _samples(assembly, decoder)
+    if assembly.result is not None:  # per-token engine/trainer agreement (viewer/agreement.py)
+        agreement.attach(samples, assembly.result.samples, run_dir, key)
     return {
         "info": info,
         "attempts": others,
@@ -89,7 +92,7 @@ def rollout(
         "placements": [_builtins(p) for p in assembly.placements],
         "merge_failures": [_builtins(f) for f in assembly.merge_failures],
         "rewards": _rewards(data.rewards, calls),
-        "samples": _samples(assembly, decoder),
+        "samples": samples,
         "decoded": decoder.decodes,
         "log": _log(run_dir, key),
     }

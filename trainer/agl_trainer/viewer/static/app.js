@@ -468,9 +468,16 @@ function sampleView(sample, placements, breaks, decoded) {
     let tip = `#${i} · token ${sample.ids[i]} · ${ROLES[role]}`;
     if (version >= 0) tip += ` · policy v${version}`;
     if (role === "c" && lp !== null) tip += ` · logprob ${lp}`;
+    if (role === "c" && lp === null) tip += " · engine logprob missing (re-scored or not trained)";
+    const delta = sample.abs_delta ? sample.abs_delta[i] : null;
+    if (delta !== null && delta !== undefined) tip += ` · trainer ${sample.trainer_logprobs[i]} · |Δ| ${delta}`;
     if (rewards.has(i)) tip += ` · per-call reward ${rewards.get(i)}`;
     const token = document.createElement("span");
     token.className = "tok r-" + role;
+    if (delta !== null && delta !== undefined) {  // hovering the tokens colours them by |Δ| (0.5 nats: full)
+      token.classList.add("agr");
+      token.style.setProperty("--d", Math.min(1, delta / 0.5).toFixed(3));
+    }
     token.title = tip;
     token.textContent = visible(sample.text[i], true);
     fragment.append(token);
@@ -484,7 +491,21 @@ function sampleView(sample, placements, breaks, decoded) {
       ` before call ${failure.call_seq}: its prompt does not extend call ${failure.previous_call_seq}'s sequence` +
       ` (first difference at token ${failure.position}; classified by ${visible(failure.classified_by)}). ` + visible(failure.detail)) : null,
     el("h3", {}, `Sample ${sample.index}: calls ${sample.call_seqs.join(", ")} · ${n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
+    agreementLine(sample),
     body);
+}
+
+function agreementLine(sample) {
+  // engine vs trainer logprob of the trained tokens (the trainer's under the weights that trained them)
+  const a = sample.agreement;
+  const parts = [];
+  const fmt = (x) => x.toExponential(1);
+  if (a && a.lag0_tokens) parts.push(`lag 0: mean |Δ| ${fmt(a.lag0_mean_abs_delta)}, max ${fmt(a.lag0_max_abs_delta)} over ${a.lag0_tokens} tokens`);
+  if (a && a.stale_tokens) parts.push(`stale: mean |Δ| ${fmt(a.stale_mean_abs_delta)} over ${a.stale_tokens} tokens`);
+  if (sample.logprob_missing) parts.push(`${sample.logprob_missing} tokens without an engine logprob`);
+  if (!parts.length) return null;
+  return el("p", { class: "agreement" }, (a ? `Engine vs trainer (step ${a.step}, v${a.trained_version}): ` : "") +
+    parts.join(" · ") + (a ? " · hover the tokens to colour them by |Δ|" : ""));
 }
 
 window.addEventListener("hashchange", route);
