@@ -52,6 +52,11 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     export_interval_s: float = 0.25
     health_interval_s: float = 5.0
     upstream_timeout_s: float | None = None
+    # A connection that has not sent a whole request head this long after it opened (or after its last
+    # answer: the keep-alive idle time too) is closed; a body not whole this long after its head is a
+    # 408. A slow or stalled client cannot hold descriptors until harness calls fail.
+    header_timeout_s: float = 60.0
+    body_timeout_s: float = 120.0
     prompt_ref_memory_bytes: int = 256 * 1024 * 1024
     # Encoded slices of token arrays the engine sent before (conversations resend their past); 0: off
     token_cache_bytes: int = 64 * 1024 * 1024
@@ -186,7 +191,8 @@ def validate(config: SidecarConfig) -> None:
         raise ConfigError(f"setting 'otlp_compression': {config.otlp_compression!r} must be gzip, none or auto")
     if config.otlp_protocol not in ("http/protobuf", "grpc"):
         raise ConfigError(f"setting 'otlp_protocol': {config.otlp_protocol!r} must be 'http/protobuf' or 'grpc'")
-    for key in ("max_hold_s", "export_interval_s", "health_interval_s", "upstream_timeout_s"):
+    for key in ("max_hold_s", "export_interval_s", "health_interval_s", "upstream_timeout_s", "header_timeout_s",
+                "body_timeout_s"):
         value = getattr(config, key)
         # `not 0 < value <= MAX`: NaN and inf (YAML .nan, .inf) fail it too
         if value is not None and not 0 < value <= MAX_SECONDS:

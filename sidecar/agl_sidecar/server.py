@@ -53,7 +53,11 @@ async def start_site(config: SidecarConfig) -> tuple[web.AppRunner, Sidecar, str
     app = build_app(config)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the
     # upstream request (the engine stops generating for nobody).
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    # keepalive_timeout: aiohttp closes a connection still waiting for a whole request head this long
+    # after it opened or last answered (its default, an hour, let half-sent requests hold descriptors).
+    runner = web.AppRunner(
+        app, access_log=None, handler_cancellation=True, keepalive_timeout=config.header_timeout_s
+    )
     await runner.setup()
     host, port = config.host_port
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)

@@ -99,9 +99,9 @@ class Proxy:
         sidecar = self.sidecar
         if body is None:
             try:
-                body = await read_body(request, sidecar.config.max_body_bytes)
-            except inputs.TooLarge as exc:
-                return front.error(413, exc.message, "invalid_request_error")
+                body = await read_body(request, sidecar.config.max_body_bytes, sidecar.config.body_timeout_s)
+            except inputs.BodyRefused as exc:
+                return front.error(exc.status, exc.message, "invalid_request_error")
         try:
             parsed = decode_request(kind, body)
             identity = sidecar.identity(request)

@@ -31,13 +31,36 @@ class BadInput(Exception):
         self.param = param
 
 
-class TooLarge(Exception):
-    """A request body over the configured limit (--max-body-bytes)."""
+class BodyRefused(Exception):
+    """A request body the sidecar will not read to the end; `status` is the HTTP answer."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body is over the sidecar's limit of {limit} bytes (--max-body-bytes)")
-        self.message = str(self)
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class TooLarge(BodyRefused):
+    """A request body over the configured limit (--max-body-bytes), decompressed if it was sent compressed."""
+
+    status = 413
+
+    def __init__(self, limit: int, encoding: str | None = None) -> None:
+        decompressed = f", decompressed (Content-Encoding: {encoding})," if encoding else ""
+        super().__init__(f"request body{decompressed} is over the sidecar's limit of {limit} bytes (--max-body-bytes)")
         self.limit = limit
+
+
+class BodyTimeout(BodyRefused):
+    """A request body that did not arrive whole within body_timeout_s (a stalled or slow-loris client)."""
+
+    status = 408
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"request body did not arrive within {timeout_s:g} s (body_timeout_s, AGL_SIDECAR_BODY_TIMEOUT_S)"
+        )
 
 
 def count(text: str | None, param: str) -> int | None:

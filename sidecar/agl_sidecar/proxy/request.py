@@ -3,6 +3,7 @@ bytes with `return_token_ids` / logprobs appended when the harness did not ask f
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -100,16 +101,32 @@ def upstream_body(
     extra = b",".join(b'"' + key.encode() + b'":' + msgspec.json.encode(value) for key, value in add.items())
     return head + (b"" if head.endswith(b"{") else b",") + extra + b"}"
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:
     """The request body, or inputs.TooLarge past `limit` bytes: a declared length over it is refused
-    before a byte is read, an undeclared one (chunked) as soon as it passes it."""
+    before a byte is read, an undeclared one (chunked) as soon as it passes it, and a compressed one
+    as soon as its inflated bytes pass it (aiohttp inflates in 64 KiB steps as it is read; its own
+    read() raises the step to the whole limit, and kept several limits' worth per request).
+    inputs.BodyTimeout when the body is not whole within `timeout_s` (the connection is then closed)."""
     declared = request.content_length
+    encoding = request.headers.get("Content-Encoding")
     if declared is not None and declared > limit:
         raise inputs.TooLarge(limit)
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise inputs.TooLarge(limit) from None
+        async with asyncio.timeout(timeout_s):
+            if not encoding or encoding.strip().lower() == "identity":
+                try:
+                    return await request.read()
+                except web.HTTPRequestEntityTooLarge:
+                    raise inputs.TooLarge(limit) from None
+            body = bytearray()
+            while chunk := await request.content.readany():
+                body += chunk
+                if len(body) > limit:
+                    raise inputs.TooLarge(limit, encoding.strip())
+            return bytes(body)
+    except TimeoutError:
+        request.protocol.close()  # answer, then close: the rest of the body is not waited for
+        raise inputs.BodyTimeout(timeout_s or 0) from None
 
 
 def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Identity:

@@ -25,6 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 KEEP_SWITCHES = 256  # a call frozen across more switches than this resolves the older ones as unknown
+# Engine progress entries kept over the whole log (about 200 bytes each): past it the oldest switches
+# lose theirs (their boundaries fall back to the stream's marks, else unknown), so memory is bounded
+# however many requests each switch froze. One resume may carry at most MAX_PROGRESS (routes/admin.py).
+MAX_LOG_PROGRESS = 262_144
+MAX_PROGRESS = 65_536
+MAX_PROGRESS_ID_CHARS = 256  # an engine request id (vLLM's: about 50)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,7 @@ class SwitchLog:
 
     def __init__(self, keep: int = KEEP_SWITCHES, unresolved: int = 0) -> None:
         self._switches: deque[Switch] = deque(maxlen=keep)
+        self._progress_entries = 0  # over the switches kept
         self.serial = 0
         self.version = -1
         self.unresolved = unresolved  # boundaries neither the engine nor the stream could place
@@ -49,7 +56,16 @@ class SwitchLog:
             raise ValueError(f"a switch to version {version} after one to {self.version}: versions only rise in a log")
         self.serial += 1
         switch = Switch(self.serial, version, dict(progress) if progress is not None else None)
+        if len(self._switches) == self._switches.maxlen:
+            self._progress_entries -= len(self._switches[0].progress or ())
         self._switches.append(switch)
+        self._progress_entries += len(switch.progress or ())
+        for i, old in enumerate(self._switches):
+            if self._progress_entries <= MAX_LOG_PROGRESS or old is switch:
+                break
+            if old.progress:  # an empty report (froze nothing) costs nothing and stays exact
+                self._progress_entries -= len(old.progress)
+                self._switches[i] = Switch(old.serial, old.version, None)
         self.version = version
         return switch
 

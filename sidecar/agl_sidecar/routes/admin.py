@@ -13,6 +13,7 @@ from aiohttp import web
 from agl_sidecar.proxy import inputs
 from agl_sidecar.proxy.request import read_body
 from agl_sidecar.proxy.routing import validate_upstream
+from agl_sidecar.proxy.switches import MAX_PROGRESS, MAX_PROGRESS_ID_CHARS
 from agl_sidecar.routes.common import decode_body, json_reply, sidecar_of
 from agl_sidecar.sidecar import Sidecar, same_secret
 
@@ -70,9 +71,10 @@ def _is_loopback(remote: str | None) -> bool:
 async def _read(request: web.Request, sidecar: Sidecar, schema: type[Body], what: str, example: str) -> Body | web.Response:
     """The admin body as `schema`, or the refusal to answer (413, a 400 with the expected shape)."""
     try:
-        body: Body = decode_body(await read_body(request, sidecar.config.max_body_bytes), schema, what)
-    except inputs.TooLarge as exc:
-        return json_reply(413, {"error": exc.message})
+        raw = await read_body(request, sidecar.config.max_body_bytes, sidecar.config.body_timeout_s)
+        body: Body = decode_body(raw, schema, what)
+    except inputs.BodyRefused as exc:
+        return json_reply(exc.status, {"error": exc.message})
     except ValueError as exc:
         return json_reply(400, {"error": f"{exc}; expected {example}"})
     return body
@@ -131,6 +133,14 @@ async def resume(request: web.Request) -> web.Response:
             f"resume: a switch continues the frozen calls under a newer version, and policy_version "
             f"{body.policy_version} is below the version in force ({sidecar.gate.policy_version}); to start a "
             'new run at a lower version, pause with {"drain": true} and resume without "switch"'
+        )})
+    progress = body.engine_progress
+    if progress is not None and (
+        len(progress) > MAX_PROGRESS or any(len(key) > MAX_PROGRESS_ID_CHARS for key in progress)
+    ):
+        return json_reply(400, {"error": (
+            f"resume: engine_progress holds at most {MAX_PROGRESS} engine request ids of at most "
+            f"{MAX_PROGRESS_ID_CHARS} characters each (got {len(progress)})"
         )})
     if body.engine_progress is not None and not body.switch:
         return json_reply(400, {"error": 'resume: engine_progress belongs to a switch; add "switch": true'})

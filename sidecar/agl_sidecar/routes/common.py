@@ -26,9 +26,9 @@ def openai_error(status: int, message: str, error_type: str = "invalid_request_e
     return web.Response(status=status, body=wire.error_body(message, error_type, param, status), content_type=JSON)
 
 
-def bad_input(exc: inputs.BadInput | inputs.TooLarge) -> web.Response:
-    if isinstance(exc, inputs.TooLarge):
-        return openai_error(413, exc.message)
+def bad_input(exc: inputs.BadInput | inputs.BodyRefused) -> web.Response:
+    if isinstance(exc, inputs.BodyRefused):
+        return openai_error(exc.status, exc.message, "timeout" if exc.status == 408 else "invalid_request_error")
     return openai_error(400, exc.message, param=exc.param)
 
 

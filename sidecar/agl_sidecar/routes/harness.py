@@ -39,9 +39,9 @@ async def _read(request: web.Request, schema: type[Body], what: str, example: st
     if not sidecar.harness_authorized(request):
         return unauthorized()
     try:
-        raw = await read_body(request, sidecar.config.max_body_bytes)
+        raw = await read_body(request, sidecar.config.max_body_bytes, sidecar.config.body_timeout_s)
         body: Body = decode_body(raw, schema, what)
-    except inputs.TooLarge as exc:
+    except inputs.BodyRefused as exc:
         return bad_input(exc)
     except BodyError as exc:
         return openai_error(400, f"{exc}; expected {example}", param=exc.param)

@@ -72,9 +72,9 @@ def translated(path: str) -> Any:
         except (ImportError, AttributeError) as exc:
             return openai_error(501, f"/v1{path} is not available in this sidecar: {exc}", "not_implemented")
         try:
-            raw = await read_body(request, sidecar.config.max_body_bytes)
-        except inputs.TooLarge as exc:
-            return json_reply(413, adapter.error_body(413, exc.message, "invalid_request_error"))
+            raw = await read_body(request, sidecar.config.max_body_bytes, sidecar.config.body_timeout_s)
+        except inputs.BodyRefused as exc:
+            return json_reply(exc.status, adapter.error_body(exc.status, exc.message, "invalid_request_error"))
         try:
             original = msgspec.json.decode(raw)
             if not isinstance(original, dict):
