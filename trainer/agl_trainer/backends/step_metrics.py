@@ -63,6 +63,8 @@ def step_metrics(
         "perf/optimizer_steps": float(len(grad_norms)),
     }
     out.update(agreement_metrics(sums, maxima))
+    if "agreement_s" in sums:  # what measuring agreement cost this step (backends/agreement.py)
+        out["perf/agreement_s"] = sums["agreement_s"]
     out.update(plan.missing.counts)
     if "ref_kl" in sums:
         out["actor/ref_kl"] = sums["ref_kl"] / tokens

@@ -186,6 +186,7 @@ class TorchBackend:
             before=select(tokens.before),
             bypass=algo.bypass_old_logprobs,
         )
+        measuring = time.perf_counter()
         flat = micro.source[keep.rows, keep.positions + 1]  # the kept tokens' places in the batch
         tokens.record.view(-1)[flat.cpu()] = before.detach().float().cpu()
         agree_sums, agree_maxima = agreement_stats(
@@ -193,7 +194,7 @@ class TorchBackend:
             tokens.version, algo.agreement_threshold,
         )
         importance = None
-        extra: dict[str, float] = {**agree_sums, **agree_maxima}
+        extra: dict[str, float] = {**agree_sums, **agree_maxima, "agreement_s": time.perf_counter() - measuring}
         if not algo.bypass_old_logprobs and algo.importance_scope != "off":
             iw = truncated_importance_weights(
                 old,
