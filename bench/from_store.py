@@ -43,7 +43,8 @@ def run(path: Path, incremental: bool, steps: int, first_new: int) -> tuple[floa
             started = time.perf_counter()
             infos = reader.refresh(600.0, time.time())
             selection = select(infos, reader.min_versions, group_size=8, min_group_size=2, max_policy_lag=-1,
-                               max_age_s=0, now=time.time(), newest=reader.newest)  # fmt: skip
+                               max_age_s=0, now=time.time(), current=reader.newest,
+                               max_versions=reader.max_versions)  # fmt: skip
             batch = [key for group in selection.groups for key in group][:BATCH]
             reader.forget(batch)
             times.append(time.perf_counter() - started)

@@ -33,11 +33,12 @@ def test_selection_groups_by_task_and_applies_the_policies() -> None:
         info("e1", "E"), info("e2", "E"),
     ]  # fmt: skip
     versions = {RolloutKey(r.rollout_id): 5 for r in infos} | {RolloutKey("e1"): 2}
-    chosen = select(infos, versions, group_size=2, min_group_size=2, max_policy_lag=2, max_age_s=60, now=150.0)
+    chosen = select(infos, versions, group_size=2, min_group_size=2, max_policy_lag=2, max_age_s=60, now=150.0, current=5)
     assert chosen.groups == [[RolloutKey("a1"), RolloutKey("a2")]]
     assert chosen.dropped == {"failed": [RolloutKey("c1")], "too_old": [RolloutKey("d1")], "stale": [RolloutKey("e1")]}
     assert chosen.waiting == 4  # a3, b1, b2, e2
-    unbounded = select(infos, versions, group_size=8, min_group_size=1, max_policy_lag=-1, max_age_s=0, now=150.0)
+    unbounded = select(infos, versions, group_size=8, min_group_size=1, max_policy_lag=-1, max_age_s=0, now=150.0,
+                       current=5)  # fmt: skip
     assert [len(g) for g in unbounded.groups] == [3, 1, 1, 2] and unbounded.dropped == {"failed": [RolloutKey("c1")]}
 
 
@@ -157,7 +158,11 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
     assert not (tmp_path / "again" / "trained.jsonl").exists()
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert all(row["importance/stale_token_frac"] == 1.0 for row in rows)  # every token off-policy, corrected
+    # Step 1 trains the weights that sampled every token (version 0: on-policy); every later step's
+    # weights are newer than every token (off-policy, importance-corrected), by as many steps.
+    assert rows[0]["importance/stale_token_frac"] == 0.0 and rows[0]["staleness/max"] == 0.0
+    assert all(row["importance/stale_token_frac"] == 1.0 for row in rows[1:])
+    assert [row["staleness/max"] for row in rows] == [float(step) for step in range(len(rows))]
     final = Path((run / "checkpoints" / "latest").read_text().strip())
     after = held_out_reward(run / "checkpoints" / final / "backend" / "model", seed)
     # On-policy validation (sampled, 64 held-out tasks x 16) of the trained weights against the served
@@ -196,10 +201,11 @@ def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_sc
             now = store.clock()
             ours, reference = cursor.refresh(600.0, now), full.refresh(600.0, now)
             assert [(i.key, i.calls, i.rewards) for i in ours] == [(i.key, i.calls, i.rewards) for i in reference]
-            assert (cursor.min_versions, cursor.newest) == (full.min_versions, full.newest)
-            policy = dict(group_size=4, min_group_size=2, max_policy_lag=0, max_age_s=0, now=now)
-            assert select(ours, cursor.min_versions, newest=cursor.newest, **policy) == select(
-                reference, full.min_versions, **policy
+            assert (cursor.min_versions, cursor.max_versions) == (full.min_versions, full.max_versions)
+            assert cursor.newest == full.newest
+            policy = dict(group_size=4, min_group_size=2, max_policy_lag=0, max_age_s=0, now=now, current=1)
+            assert select(ours, cursor.min_versions, max_versions=cursor.max_versions, **policy) == select(
+                reference, full.min_versions, max_versions=full.max_versions, **policy
             )
             return [i.key for i in ours]
 
@@ -244,3 +250,57 @@ def test_rollouts_added_between_runs_are_trained_once_across_a_resume(tmp_path: 
     trained = [tuple(r) for entry in ledger for r in entry["rollouts"]]
     assert sorted(trained) == sorted((f"r-{i}", 0) for i in range(24))  # each once, the added ones too
     assert [entry["step"] for entry in ledger] == list(range(1, 7))
+
+
+# --- a hostile store: one bad rollout never costs the others ----------------------------------------
+
+
+def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: Path, capsys, monkeypatch) -> None:
+    # Before: a call with version 2**63-1 made every good rollout stale under max_policy_lag 1, and
+    # the drops were written to the store; an out-of-vocabulary token id or a non-finite reward was a
+    # traceback at step 1, on every rerun (SQLite keeps no NaN: an infinite one). staleness/* was always 1 (measured against the newest
+    # version in the store plus one, not the weights being trained).
+    import numpy as np
+    from agl_trainer.cli import main
+    from agl_trainer.store import RolloutStore
+    from examples.demo.model import build_demo_model
+    from tests.support.rollouts import call, end, reward, write_rollouts
+
+    model = build_demo_model(tmp_path / "tiny", seed=0)
+    path, run = tmp_path / "t.db", tmp_path / "run"
+    with RolloutStore(path) as store:
+        future = call("future", "task-0", version=2**63 - 1)
+        oov = call("oov", "task-1")
+        oov.completion_ids = np.array([9, 10**9, 11], np.int64)
+        store.write_batches([
+            [future, reward("future", "task-0"), end("future", "task-0")],
+            [oov, reward("oov", "task-1"), end("oov", "task-1")],
+            [call("inf", "task-1"), reward("inf", "task-1", float("inf")), end("inf", "task-1")],
+        ])  # fmt: skip
+        write_rollouts(store, [f"r-{i}" for i in range(8)], tasks=2)  # version 0: model.path's weights
+    common = ["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
+              f"--output_dir={run}", "--loop.batch_rollouts=8", "--loop.group_size=2", "--loop.checkpoint_every=1",
+              "--loop.completion_grace_s=0", "--offline.max_policy_lag=1", "--offline.min_group_size=1",
+              "--loop.max_steps=100"]  # fmt: skip
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert "1 rollouts skipped" in out and "offline.policy_version" in out
+    ledger = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    trained = sorted(tuple(r) for entry in ledger for r in entry["rollouts"])
+    # step 1 draws the bad two beside six good ones and trains the six (lag 0); step 2 the last two (lag 1)
+    assert trained == sorted((f"r-{i}", 0) for i in range(8))
+    with RolloutStore(path) as store:
+        reasons = {i.rollout_id: i.dropped_reason for i in store.rollouts()}
+    assert reasons["oov"] == "token_out_of_vocab" and reasons["inf"] == "invalid_reward"
+    assert reasons["future"] is None  # skipped, not recorded: a later run with a later policy may take it
+    assert all(reasons[f"r-{i}"] is None for i in range(8))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lag = [(row["staleness/max"], row["policy_version"]) for row in rows if "staleness/max" in row]
+    assert lag[:2] == [(0.0, 1.0), (1.0, 2.0)]  # measured against the weights trained, not the store's newest
+    # agl traces ls shows why
+    monkeypatch.setenv("COLUMNS", "250")  # a wide table: no reason folded over two lines
+    assert main(["traces", "ls", "--store", str(path), "--all"]) == 0
+    listing = capsys.readouterr().out
+    assert "token_out_of_vocab" in listing and "invalid_reward" in listing
+    # a rerun over the same store: no traceback, nothing left to train
+    assert main([*(a.replace(str(run), str(tmp_path / "again")) for a in common)]) == 0

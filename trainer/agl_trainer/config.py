@@ -253,9 +253,15 @@ class OfflineConfig(_Section):
 
     max_policy_lag: Annotated[
         int,
-        _doc("drop rollouts whose tokens are more than this many policy versions older than the newest "
-             "in the store (-1: no bound)", ge=-1),
+        _doc("drop rollouts whose tokens are more than this many policy versions older than the weights "
+             "being trained (policy_version plus the steps taken; -1: no bound)", ge=-1),
     ] = -1
+    policy_version: Annotated[
+        int,
+        _doc("the policy version the store's calls give model.path's weights (what the engine serving them "
+             "reported); the weights trained are this plus the steps taken. Staleness and max_policy_lag "
+             "are measured against them; rollouts with a newer version are skipped", ge=0),
+    ] = 0
     max_age_s: Annotated[
         float, _doc("drop rollouts completed longer ago than this many seconds (0: no bound)", ge=0)
     ] = 0.0

@@ -8,13 +8,18 @@ without running any harness or engine:
              offline.quiet_s
     select   complete, untrained rollouts of mode train with a reward, oldest first; drop (and record
              why) those that failed, are older than offline.max_age_s, or whose calls lag more than
-             offline.max_policy_lag versions behind the newest in the store
+             offline.max_policy_lag versions behind the weights being trained (this run's policy
+             version: offline.policy_version, the version the store gives model.path's weights, plus
+             the steps taken); skip, unrecorded, those whose calls say a newer version (a later run
+             may reach it)
     group    by task id (the GRPO group), groups of loop.group_size at most, offline.min_group_size
              at least (a task with fewer waits for more data)
-    train    loop.batch_rollouts a step. Every token was sampled by the policy that served it, not by
-             the weights being trained, so each counts as stale: truncated importance weights
-             min(exp(old - engine), backend.algorithm.importance_cap) against the recorded engine
-             logprobs
+    check    a rollout the model cannot take (a non-finite reward, a token outside the vocabulary) is
+             set aside with its reason, recorded (offline_checks.py); the rest of the step trains
+    train    loop.batch_rollouts a step. A token sampled by an older version than the weights being
+             trained is stale: truncated importance weights min(exp(old - engine),
+             backend.algorithm.importance_cap) against the recorded engine logprobs; staleness/* is
+             measured against this run's version
     record   at each checkpoint the step's rollouts are marked trained in the store (and in
              OUTPUT_DIR/trained.jsonl), so a second run, or --resume, continues where this one
              stopped and never trains a rollout twice
@@ -37,6 +42,7 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
+from agl_trainer.loop.offline_checks import split, vocab_size_of
 from agl_trainer.loop.store_cursor import StoreCursor
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
@@ -48,6 +54,7 @@ class OfflineSummary:
     trained: int
     dropped: dict[str, int] = field(default_factory=dict)
     waiting: int = 0  # ready rollouts left for a later run (a group too small, no reward yet)
+    ahead: int = 0  # skipped: their calls say a newer policy version than the weights trained
     history: list[dict[str, float]] = field(default_factory=list)
     output_dir: Path | None = None
     checkpoint: Path | None = None
@@ -58,6 +65,7 @@ class Selection:
     groups: list[list[RolloutKey]]
     dropped: dict[str, list[RolloutKey]]
     waiting: int
+    ahead: list[RolloutKey] = field(default_factory=list)  # newer than `current`: not recorded
 
 
 def select(
@@ -69,13 +77,15 @@ def select(
     max_policy_lag: int,
     max_age_s: float,
     now: float,
-    newest: int | None = None,
+    current: int,
+    max_versions: dict[RolloutKey, int] | None = None,
 ) -> Selection:
     """Which ready rollouts to train (as groups, oldest first), which to drop and why, how many wait.
-    `newest`: the newest of min_versions when the caller keeps it (else computed here)."""
+    `current`: the policy version of the weights being trained; a rollout's lag is current minus its
+    oldest call's version (min_versions). One whose newest call (max_versions) is ahead of current
+    is skipped, not recorded: one hostile version number never makes the others stale."""
     dropped: dict[str, list[RolloutKey]] = defaultdict(list)
-    if newest is None:
-        newest = max(min_versions.values(), default=0)
+    ahead: list[RolloutKey] = []
     by_task: dict[str, list[RolloutKey]] = defaultdict(list)
     waiting = 0
     ok = (None, Cause.OK.value)
@@ -85,7 +95,9 @@ def select(
             dropped["failed"].append(key)
         elif max_age_s > 0 and (info.completed_at or info.last_span_at) < now - max_age_s:
             dropped["too_old"].append(key)
-        elif max_policy_lag >= 0 and newest - min_versions.get(key, newest) > max_policy_lag:
+        elif (max_versions or {}).get(key, min_versions.get(key, current)) > current:
+            ahead.append(key)
+        elif max_policy_lag >= 0 and current - min_versions.get(key, current) > max_policy_lag:
             dropped["stale"].append(key)
         elif info.rewards == 0 or info.calls == 0:
             waiting += 1  # a reward (or the calls) may still arrive
@@ -99,7 +111,7 @@ def select(
                 groups.append(chunk)
             else:
                 waiting += len(chunk)
-    return Selection(groups, dict(dropped), waiting)
+    return Selection(groups, dict(dropped), waiting, ahead)
 
 
 class OfflineTrainer:
@@ -157,14 +169,20 @@ class OfflineTrainer:
         started = time.monotonic()
         loop = config.loop
         reader = StoreCursor(store, self.store_path)  # a step reads only what changed since the last
+        vocab = vocab_size_of(backend, str(config.model.path))
         while state.step < loop.max_steps:
             if loop.max_train_s and time.monotonic() - started > loop.max_train_s:
                 break
-            batch, waiting = self._next_batch(reader, data, summary)
+            batch, waiting = self._next_batch(reader, data, summary, self._version(state))
             summary.waiting = waiting
             if not batch:
                 break
-            row = self._train(batch, data, backend, pad, state)
+            results, aside, row = self._assemble(batch, data, summary, vocab, self._version(state))
+            batch = [key for key in batch if key not in aside]
+            if not results:  # nothing trainable drawn (set aside, or no samples): draw again
+                pending += batch
+                continue
+            row.update(self._train(results, backend, pad, state))
             state.step += 1
             state.policy_version += 1
             pending += batch
@@ -182,10 +200,19 @@ class OfflineTrainer:
             summary.checkpoint = self._checkpoint(checkpoints, state, backend, store, pending)
         elif latest is not None and summary.checkpoint is None:
             summary.checkpoint = latest
+        if summary.ahead:
+            self._say(
+                f"agl: {summary.ahead} rollouts skipped: their calls say a policy version newer than the weights"
+                f" trained ({self._version(state)}); if model.path is a later version, set offline.policy_version"
+            )
         return summary
 
+    def _version(self, state: LoopState) -> int:
+        """The policy version of the weights being trained: model.path's version in the store, plus our steps."""
+        return self.config.offline.policy_version + state.policy_version
+
     def _next_batch(
-        self, reader: StoreCursor, data: Any, summary: OfflineSummary
+        self, reader: StoreCursor, data: Any, summary: OfflineSummary, current: int
     ) -> tuple[list[RolloutKey], int]:
         """The next step's rollouts and how many wait; the reader reads only what changed (store_cursor.py)."""
         config = self.config
@@ -198,12 +225,12 @@ class OfflineTrainer:
             max_policy_lag=config.offline.max_policy_lag,
             max_age_s=config.offline.max_age_s,
             now=time.time(),
-            newest=reader.newest,
+            current=current,
+            max_versions=reader.max_versions,
         )
-        for reason, keys in selection.dropped.items():
-            data.mark_dropped(keys, reason)  # recorded: the next run does not look at them again
-            reader.forget(keys)
-            summary.dropped[reason] = summary.dropped.get(reason, 0) + len(keys)
+        self._set_aside(selection.dropped, reader, data, summary)
+        reader.forget(selection.ahead)  # not recorded: a later run, further on, may train them
+        summary.ahead += len(selection.ahead)
         batch: list[RolloutKey] = []
         for group in selection.groups:
             if len(batch) + len(group) > config.loop.batch_rollouts and batch:
@@ -212,23 +239,40 @@ class OfflineTrainer:
         reader.forget(batch)
         return batch, selection.waiting
 
-    def _train(self, keys: list[RolloutKey], data: Any, backend: Any, pad: int, state: LoopState) -> dict[str, float]:
+    def _set_aside(
+        self, dropped: dict[str, list[RolloutKey]], reader: StoreCursor | None, data: Any, summary: OfflineSummary
+    ) -> None:
+        for reason, keys in dropped.items():
+            data.mark_dropped(keys, reason)  # recorded: the next run does not look at them again
+            if reader is not None:
+                reader.forget(keys)
+            summary.dropped[reason] = summary.dropped.get(reason, 0) + len(keys)
+
+    def _assemble(
+        self, keys: list[RolloutKey], data: Any, summary: OfflineSummary, vocab: int | None, current: int
+    ) -> tuple[list[Any], set[RolloutKey], dict[str, float]]:
+        """The step's rollouts as samples, less those the model cannot take (set aside, recorded)."""
+        assembled = data.assemble(keys)
+        results, bad = split([r for r in assembled.results if r.samples], vocab, current)
+        self._set_aside(bad, None, data, summary)
+        if bad:
+            self._say("agl: set aside (recorded): " + ", ".join(f"{len(v)} {k}" for k, v in sorted(bad.items())))
+        row: dict[str, float] = {f"assembly/{k}": v for k, v in assembled.report.items()}
+        row["rollouts/set_aside"] = float(sum(len(v) for v in bad.values()))
+        return results, {key for keys in bad.values() for key in keys}, row
+
+    def _train(self, results: list[Any], backend: Any, pad: int, state: LoopState) -> dict[str, float]:
         from agl_trainer.batch import TrainingBatch
         from agl_trainer.loop.core import _batch_metrics, _reward_metrics
 
         started = time.monotonic()
-        assembled = data.assemble(keys)
-        results = [r for r in assembled.results if r.samples]
-        row: dict[str, float] = {f"assembly/{k}": v for k, v in assembled.report.items()}
-        row["rollouts/trained"] = float(len(results))
-        if results:
-            batch = TrainingBatch.from_rollouts(results, pad)
-            trained = batch.policy_versions[batch.loss_mask > 0]
-            # Newer than every recorded version: each token is importance-corrected against the engine's logprobs.
-            version = int(trained.max()) + 1 if trained.numel() else state.policy_version
-            row.update({k: float(v) for k, v in backend.train_step(batch, version).items() if _is_number(v)})
-            row.update(_batch_metrics(batch, version))
-            row.update(_reward_metrics([r.reward for r in results]))
+        row: dict[str, float] = {"rollouts/trained": float(len(results))}
+        batch = TrainingBatch.from_rollouts(results, pad)
+        # The weights being trained: a token sampled by an older version is stale and importance-corrected.
+        version = self._version(state)
+        row.update({k: float(v) for k, v in backend.train_step(batch, version).items() if _is_number(v)})
+        row.update(_batch_metrics(batch, version))
+        row.update(_reward_metrics([r.reward for r in results]))
         row["time/step_s"] = time.monotonic() - started
         row["policy_version"] = float(state.policy_version + 1)
         return row

@@ -49,7 +49,8 @@ class StoreCursor:
         self.store = store
         self.store_path = store_path
         self.min_versions: dict[RolloutKey, int] = {}  # each rollout's oldest call version
-        self.newest = 0  # the newest of those (select's reference for max_policy_lag)
+        self.max_versions: dict[RolloutKey, int] = {}  # and its newest (ahead of the trained weights: skipped)
+        self.newest = 0  # the newest of the oldest versions (reported; select measures against the run's)
         self.rows_read = 0  # rollout rows the last refresh read (the tests and the bench look here)
         self._row = 0
         self._call_row = 0
@@ -120,6 +121,7 @@ class StoreCursor:
         lowered = False  # a rollout's oldest version went down: the newest among them may have too
         for row, rollout_id, attempt, version in rows:
             key, version = RolloutKey(rollout_id, attempt), int(version)
+            self.max_versions[key] = max(version, self.max_versions.get(key, version))
             old = self.min_versions.get(key)
             if old is None:
                 self.min_versions[key] = version
@@ -139,6 +141,7 @@ class FullScan:
         self.store = store
         self.store_path = store_path
         self.min_versions: dict[RolloutKey, int] = {}
+        self.max_versions: dict[RolloutKey, int] = {}
         self.newest = 0
         self.rows_read = 0
         self._gone: set[RolloutKey] = set()
@@ -149,6 +152,7 @@ class FullScan:
         ready = self.store.ready_rollouts(semconv.MODE_TRAIN)
         self.rows_read = len(every) + len(ready)
         self.min_versions = call_versions(self.store_path)
+        self.max_versions = call_versions(self.store_path, newest=True)
         self.newest = max(self.min_versions.values(), default=0)
         return [i for i in ready if i.key not in self._gone]
 
@@ -156,13 +160,13 @@ class FullScan:
         self._gone.update(keys)
 
 
-def call_versions(store_path: Path) -> dict[RolloutKey, int]:
-    """The oldest policy version among each rollout's calls (read-only: the receiver may be writing)."""
+def call_versions(store_path: Path, newest: bool = False) -> dict[RolloutKey, int]:
+    """The oldest (or newest) policy version among each rollout's calls (read-only: the receiver may be writing)."""
     db = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=30)
     try:
         rows = db.execute(
-            "SELECT rollout_id, attempt, MIN(policy_version) FROM calls WHERE policy_version IS NOT NULL"
-            " GROUP BY rollout_id, attempt"
+            f"SELECT rollout_id, attempt, {'MAX' if newest else 'MIN'}(policy_version) FROM calls"
+            " WHERE policy_version IS NOT NULL GROUP BY rollout_id, attempt"
         ).fetchall()
     finally:
         db.close()
