@@ -69,8 +69,11 @@ class Sidecar:
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, sock_connect=10)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+        # Accept-Encoding: identity: the answers are read (token IDs) and passed on as they came, so an
+        # engine (or a proxy before it) must not compress them; aiohttp would ask for gzip, deflate.
         self._session = aiohttp.ClientSession(
-            timeout=timeout, connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            timeout=timeout, connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            headers={"Accept-Encoding": "identity"},
         )
         await self.exporter.start()
         self.recorder.start()

@@ -151,6 +151,22 @@ async def test_the_builder_waits_for_active_calls_but_not_forever():
     await recorder.close()
 
 
+async def test_the_span_being_built_is_counted_until_it_is_handed_on():
+    """A monitor waiting for nothing pending reads spans_building: the job the builder holds (taken
+    from the queue, put off for an active call or between slices) is still pending."""
+    foreground = Foreground()
+    exporter = _Exporter()
+    recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
+    recorder.start()
+    foreground.enter()
+    recorder.finish(_call("r1", list(range(30_000)), [1]))
+    await wait_until_async(lambda: foreground.background_waiting, "the builder holding the span", timeout=5)
+    assert exporter.spans == [] and recorder.backlog == 1
+    foreground.leave()
+    assert await recorder.drain(5) and len(exporter.spans) == 1 and recorder.backlog == 0
+    await recorder.close()
+
+
 def _after_one_call(settle_s: float) -> tuple[Foreground, _Exporter, SpanRecorder]:
     """A running builder and one call answered (nothing else in flight), its span queued."""
     foreground = Foreground(settle_s=settle_s)

@@ -197,7 +197,8 @@ class SpanRecorder:
 
     @property
     def backlog(self) -> int:
-        return len(self._backlog)
+        """Spans queued or being built (the job the builder holds is pending until handed on)."""
+        return len(self._backlog) + (self._current is not None)
 
     # --- the builder task ----------------------------------------------------------------------
     def start(self) -> None:
