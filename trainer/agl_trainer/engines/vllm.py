@@ -493,7 +493,7 @@ class VLLMEngine:
         try:
             if mode != "none":
                 for server in servers:
-                    self._post(server, "/pause", params={"mode": mode})
+                    self._post(server, "/pause", params=self._pause_params(mode))
             try:
                 self._transfer.send([s.url for s in servers], state_dict, version)  # type: ignore[arg-type]
             except WeightTransferError as error:
@@ -548,6 +548,12 @@ class VLLMEngine:
         restarted.append(server.url)
         return time.perf_counter() - started, 0.0, []
 
+    def _pause_params(self, mode: str) -> dict[str, str]:
+        # vLLM's /pause empties the prefix cache unless told not to; the fault keeps it
+        if self.config.fault_skip_prefix_cache_reset:
+            return {"mode": mode, "clear_cache": "false"}
+        return {"mode": mode}
+
     def _reset_prefix_cache(self, server: Server) -> None:
         """The prefix cache holds the old weights' KV: dropped after every weight update."""
         if not self.config.fault_skip_prefix_cache_reset:
@@ -557,7 +563,7 @@ class VLLMEngine:
         started = time.perf_counter()
         mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
         if mode != "none":
-            self._post(server, "/pause", params={"mode": mode})
+            self._post(server, "/pause", params=self._pause_params(mode))
         try:
             reply = self._post(
                 server, "/collective_rpc", json={"method": LOAD_METHOD, "args": [str(directory)]}
