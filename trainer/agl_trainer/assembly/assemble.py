@@ -18,6 +18,7 @@ A call whose response never reached the harness is not trained and is no one's p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -30,6 +31,8 @@ from agl_trainer.assembly.tree import PrefixIndex
 from agl_trainer.assembly.versions import after_switch, token_versions
 from agl_trainer.batch import RolloutResult, Sample
 from agl_trainer.store.records import CallRow, RolloutData, RolloutKey
+
+CHECK_EVERY = 256  # calls between two `check()`s
 
 # Per-call problems (the call is not trained on; the rollout goes on).
 MISSING_REFERENCE = "missing_reference"
@@ -223,7 +226,11 @@ def _logprobs(call: CallRow, problems: dict[str, int]) -> np.ndarray:
     return call.logprobs.astype(np.float32, copy=False)
 
 
-def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any = None) -> RolloutAssembly:
+def assemble_rollout(
+    data: RolloutData, config: AssemblyConfig, tokenizer: Any = None, check: Callable[[], None] | None = None
+) -> RolloutAssembly:
+    """`check`, when given, is called every CHECK_EVERY calls and may raise to stop (the viewer's
+    request budget)."""
     info = data.info
     problems: dict[str, int] = {}
     truncations: dict[str, int] = {}
@@ -236,7 +243,9 @@ def assemble_rollout(data: RolloutData, config: AssemblyConfig, tokenizer: Any =
     index = PrefixIndex()
     sample_of: dict[int, int] = {}  # call seq -> the sample that ends with it
     continued: set[int] = set()  # calls whose sample a child already continues
-    for seq in sorted(usable):
+    for done, seq in enumerate(sorted(usable)):
+        if check is not None and done % CHECK_EVERY == 0:
+            check()
         call, prompt, full = usable[seq]
         placement = placements[seq]
         problem = _trainable(call, config)

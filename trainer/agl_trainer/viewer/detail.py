@@ -11,18 +11,23 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from agl_trainer.assembly import AssemblyConfig, assemble_rollout
+from agl_trainer.batch import Sample
 from agl_trainer.store.records import RolloutKey
 from agl_trainer.viewer import agreement, queries
 from agl_trainer.viewer.tokens import TokenDecoder
 
 PROMPT, COMPLETION, CONTEXT, MASKED = "p", "c", "t", "m"  # token roles (see app.js ROLES)
 LOG_TAIL_BYTES = 64 * 1024
+MAX_FAILURES = 1_000  # merge breaks listed on one page (the total is in `page`)
 
 
 def _builtins(value: Any) -> Any:
@@ -33,27 +38,60 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
+@dataclass(frozen=True)
+class Page:
+    """What one rollout page renders: a window of calls, of samples, and of each sample's tokens (a
+    20,000-call rollout is millions of tokens: one response of all of them stalls server and browser)."""
+
+    calls_offset: int = 0
+    calls_limit: int = 500
+    samples_offset: int = 0
+    samples_limit: int = 20
+    tokens_offset: int = 0
+    tokens_limit: int = 20_000
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> Page:
+        values: dict[str, int] = {}
+        for name, high in (("calls_offset", 2**31), ("calls_limit", 5_000), ("samples_offset", 2**31),
+                           ("samples_limit", 200), ("tokens_offset", 2**31), ("tokens_limit", 200_000)):  # fmt: skip
+            if name in params:
+                values[name] = queries._int(name, params[name], 0 if name.endswith("offset") else 1, high)
+        return cls(**values)
+
+
+def _never() -> None:
+    return None
+
+
 def rollout(
     database: queries.Database,
     key: RolloutKey,
     config: AssemblyConfig,
     decoder: TokenDecoder,
     run_dir: Path | None,
+    page: Page = Page(),  # noqa: B008 (frozen)
+    check: Callable[[], None] = _never,
 ) -> dict[str, Any]:
+    """The rollout's JSON, `page` of it; `check()` raises to stop (the request's budget is spent or
+    its client left: viewer/work.py)."""
     with database.lock:
         loaded = queries.load(database.db, key)
         others = queries.attempts(database.db, key.rollout_id)
     if loaded is None:
         raise queries.ViewerError(f"no rollout {key.rollout_id!r} attempt {key.attempt}", 404)
+    check()
     data, rows = loaded
-    assembly = assemble_rollout(data, config, decoder.tokenizer)
+    assembly = assemble_rollout(data, config, decoder.tokenizer, check=check)
+    check()
     placements = {p.call_seq: p for p in assembly.placements}
     per_call: dict[int, float] = {}
     for reward in data.rewards:
         if reward.name == config.reward_name and reward.call_seq is not None:
             per_call[reward.call_seq] = reward.value
     calls = []
-    for call, row in zip(data.calls, rows, strict=True):
+    window = slice(page.calls_offset, page.calls_offset + page.calls_limit)
+    for call, row in zip(data.calls[window], rows[window], strict=True):
         placement = placements.get(call.call_seq)
         calls.append(
             {
@@ -77,9 +115,14 @@ def rollout(
             }
         )
     info = _builtins(data.info)
-    samples = _samples(assembly, decoder)
-    if assembly.result is not None:  # per-token engine/trainer agreement (viewer/agreement.py)
-        agreement.attach(samples, assembly.result.samples, run_dir, key)
+    samples, kept = _samples(assembly, page, check)
+    if kept:  # per-token engine/trainer agreement (viewer/agreement.py), on whole samples
+        agreement.attach(samples, kept, run_dir, key)
+    for view, sample in zip(samples, kept, strict=True):
+        check()
+        _window(view, sample, page, decoder)
+    total_samples = 0 if assembly.result is None else len(assembly.result.samples)
+    failures = assembly.merge_failures
     return {
         "info": info,
         "attempts": others,
@@ -89,54 +132,81 @@ def rollout(
         "truncations": assembly.truncations,
         "samples_dropped": assembly.samples_dropped,
         "calls": calls,
-        "placements": [_builtins(p) for p in assembly.placements],
-        "merge_failures": [_builtins(f) for f in assembly.merge_failures],
-        "rewards": _rewards(data.rewards, calls),
+        "placements": [_builtins(p) for p in assembly.placements[window]],
+        "merge_failures": [_builtins(f) for f in failures[: MAX_FAILURES]],
+        "rewards": _rewards(data.rewards, rows),
         "samples": samples,
         "decoded": decoder.decodes,
         "log": _log(run_dir, key),
+        "page": {
+            **asdict(page),
+            "calls_total": len(data.calls),
+            "samples_total": total_samples,
+            "merge_failures_total": len(failures),
+        },
     }
 
 
-def _samples(assembly: Any, decoder: TokenDecoder) -> list[dict[str, Any]]:
+def _samples(assembly: Any, page: Page, check: Callable[[], None]) -> tuple[list[dict[str, Any]], list[Sample]]:
+    """The page's samples (views of whole samples; _window cuts them) and the samples themselves."""
     if assembly.result is None:
-        return []
-    out = []
-    for index, sample in enumerate(assembly.result.samples):
+        return [], []
+    chosen = range(page.samples_offset, min(len(assembly.result.samples), page.samples_offset + page.samples_limit))
+    mine: dict[int, list[Any]] = {index: [] for index in chosen}
+    for p in assembly.placements:  # one pass (was one per sample: quadratic in a many-sample rollout)
+        if p.sample in mine:
+            mine[p.sample].append(p)
+    views, kept = [], []
+    for index in chosen:
+        check()
+        sample = assembly.result.samples[index]
         n = len(sample.token_ids)
-        mine = [p for p in assembly.placements if p.sample == index]
-        roles = [MASKED] * n
-        first = min((p.completion_start for p in mine), default=n)
-        for position in range(min(first, n)):
-            roles[position] = PROMPT
-        for p in mine:
-            for position in range(p.context_start if p.merged else p.completion_start, min(p.completion_start, n)):
-                roles[position] = CONTEXT
-        for position, mask in enumerate(sample.loss_mask):
-            if mask:
-                roles[position] = COMPLETION
-        out.append(
+        roles = bytearray(MASKED.encode() * n)
+        first = min((p.completion_start for p in mine[index]), default=n)
+        roles[: min(first, n)] = PROMPT.encode() * min(first, n)
+        for p in mine[index]:
+            begin, end = (p.context_start if p.merged else p.completion_start), min(p.completion_start, n)
+            if end > begin:
+                roles[begin:end] = CONTEXT.encode() * (end - begin)
+        codes = np.frombuffer(roles, np.uint8)
+        codes[np.asarray(sample.loss_mask, bool)] = ord(COMPLETION)
+        logprobs = np.round(np.asarray(sample.engine_logprobs, np.float64), 4)
+        views.append(
             {
                 "index": index,
                 "call_seqs": sample.call_seqs,
-                "ids": sample.token_ids,
-                "text": decoder.texts(sample.token_ids),
-                "roles": "".join(roles),
-                "versions": sample.policy_versions,
-                "logprobs": [round(v, 4) if math.isfinite(v) else None for v in sample.engine_logprobs],
-                "boundaries": [
-                    {"position": p.context_start, "call_seq": p.call_seq} for p in mine if p.merged
-                ]
-                + [{"position": p.completion_start, "call_seq": p.call_seq, "completion": True} for p in mine],
+                "roles": roles.decode(),
+                "logprobs": [v if math.isfinite(v) else None for v in logprobs.tolist()],
+                "boundaries": [{"position": p.context_start, "call_seq": p.call_seq} for p in mine[index] if p.merged]
+                + [{"position": p.completion_start, "call_seq": p.call_seq, "completion": True} for p in mine[index]],
                 "token_rewards": None
                 if sample.token_rewards is None
                 else [[i, r] for i, r in enumerate(sample.token_rewards) if r],
                 "trained_tokens": int(sum(sample.loss_mask)),
             }
         )
-    return out
+        kept.append(sample)
+    return views, kept
 
 
+PER_TOKEN = ("roles", "logprobs", "trainer_logprobs", "abs_delta")
+
+
+def _window(view: dict[str, Any], sample: Sample, page: Page, decoder: TokenDecoder) -> None:
+    """Cut a sample's view to the page's tokens: `offset` and `length` (the whole sample's) say
+    where; positions in `boundaries` and `token_rewards` become positions within the window."""
+    n = len(sample.token_ids)
+    begin = min(page.tokens_offset, n)
+    end = min(n, begin + page.tokens_limit)
+    ids = sample.token_ids[begin:end]
+    view.update(offset=begin, length=n, ids=ids, text=decoder.texts(ids), versions=sample.policy_versions[begin:end])
+    for name in PER_TOKEN:
+        if isinstance(view.get(name), (list, str)):
+            view[name] = view[name][begin:end]
+    view["boundaries"] = [{**b, "position": b["position"] - begin} for b in view["boundaries"]
+                          if begin <= b["position"] < end or (b["position"] == end == n)]  # fmt: skip
+    if view["token_rewards"] is not None:
+        view["token_rewards"] = [[i - begin, r] for i, r in view["token_rewards"] if begin <= i < end]
 def _log(run_dir: Path | None, key: RolloutKey) -> dict[str, Any] | None:
     """The harness's log, when the run's rollouts/ folder holds one for this rollout. The name is
     matched against the folder's listing: a rollout id is never used to build a path."""
@@ -159,7 +229,7 @@ def _log(run_dir: Path | None, key: RolloutKey) -> dict[str, Any] | None:
     return None
 
 
-def _rewards(rewards: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _rewards(rewards: Any, calls: list[Any]) -> list[dict[str, Any]]:
     """Each reward span with its end time as people read it: seconds since the epoch (`end_s`, the
     page shows the local time) and nanoseconds after the rollout's first call started (`after_ns`)."""
     starts = [c["start_ns"] for c in calls if isinstance(c.get("start_ns"), int)]

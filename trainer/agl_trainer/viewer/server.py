@@ -4,7 +4,10 @@ Routes (all GET; the API answers JSON, errors as {"error": ...} with a 4xx statu
     /                     the single page (static/index.html), /static/<file> its JS and CSS
     /api/overview         store counts, indexing progress, reward and entropy curves
     /api/rollouts         the rollouts table: filters, sort, limit/offset (queries.Filters)
-    /api/rollout?id=&attempt=   one rollout (detail.rollout)
+    /api/rollout?id=&attempt=   one rollout (detail.rollout), a page of it: calls_offset/calls_limit,
+                          samples_offset/samples_limit, tokens_offset/tokens_limit (detail.Page)
+API work runs in a bounded pool with a time budget per request (work.py): 503 when busy, 504 over
+budget, and a request whose client left is stopped.
     /api/step?step=       one training step (detail.step)
 Everything reads the store through a read-only connection; pages are plain HTML/CSS/JS shipped in
 the package (no build step, no CDN), served with a CSP that allows only this origin's scripts.
@@ -27,7 +30,7 @@ from aiohttp import web
 from agl_trainer.assembly import AssemblyConfig
 from agl_trainer.receiver.client_errors import quiet_client_errors
 from agl_trainer.store.records import RolloutKey
-from agl_trainer.viewer import access, detail, queries
+from agl_trainer.viewer import access, detail, queries, work
 from agl_trainer.viewer.indexer import Indexer
 from agl_trainer.viewer.tokens import TokenDecoder, TokenizerError, load_tokenizer
 
@@ -111,6 +114,9 @@ class Viewer:
         index: bool = True,
         index_duty: float = 1.0,
         token: str | None = None,
+        workers: int = 2,
+        max_pending: int = 16,
+        budget_s: float = 30.0,
     ) -> None:
         self.store_path = Path(store_path)
         self.token = token or None  # off loopback: required of every request (access.py)
@@ -122,6 +128,7 @@ class Viewer:
         self._decoder_error: str | None = None
         self._decoder_lock = threading.Lock()
         self.indexer = Indexer(self.database, self.config, duty=index_duty) if index else None
+        self.pool = work.Pool(workers, max_pending, budget_s)  # API work: bounded, budgeted, cancellable
         self.loopback_only = False  # set by ViewerServer when it listens on a loopback address
 
     def decoder(self) -> TokenDecoder:
@@ -148,6 +155,7 @@ class Viewer:
     def close(self) -> None:
         if self.indexer is not None:
             self.indexer.stop()
+        self.pool.close()
         self.database.close()
 
     # --- the application ------------------------------------------------------------------------
@@ -201,7 +209,7 @@ class Viewer:
             )  # fmt: skip
         return await handler(request)
 
-    def _api(self, function: Callable[[dict[str, str]], Any]) -> Callable:
+    def _api(self, function: Callable[[dict[str, str], work.Ticket], Any]) -> Callable:
         async def handler(request: web.Request) -> web.Response:
             params: dict[str, str] = {}
             for name, value in request.query.items():
@@ -212,7 +220,17 @@ class Viewer:
                 if "\x00" in value:
                     raise queries.ViewerError(f"parameter {name[:40]!r} holds a NUL character")
                 params[name] = value
-            return _json(_clean(await asyncio.to_thread(function, params)))
+            try:
+                result = await self.pool.run(request, lambda ticket: function(params, ticket))
+            except work.Busy as error:
+                return _json({"error": str(error)}, 503)
+            except TimeoutError:
+                return _json(
+                    {"error": f"this request took longer than the viewer's budget of {self.pool.budget_s:g} s and"
+                     " was stopped (ask for a smaller page: calls_limit, samples_limit, tokens_limit)"},
+                    504,
+                )  # fmt: skip
+            return _json(_clean(result))
 
         return handler
 
@@ -230,7 +248,7 @@ class Viewer:
         return web.Response(body=body, content_type=STATIC[name], charset="utf-8", headers=HEADERS)
 
     # --- the API ----------------------------------------------------------------------------------
-    def overview(self, params: dict[str, str]) -> dict[str, Any]:
+    def overview(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         with self.database.lock:
             counts = queries.overview(self.database.db)
             steps = queries.steps(self.database.db)
@@ -255,7 +273,7 @@ class Viewer:
             "indexing": None if self.indexer is None else self.indexer.progress(),
         }
 
-    def rollouts(self, params: dict[str, str]) -> dict[str, Any]:
+    def rollouts(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         filters = queries.Filters(params)
         order, limit, offset = queries.parse_page(params)
         values = {**filters.values, "reward_name": self.config.reward_name}  # SQLite ignores unused names
@@ -276,7 +294,7 @@ class Viewer:
             "indexing": None if self.indexer is None else self.indexer.progress(),
         }
 
-    def rollout(self, params: dict[str, str]) -> dict[str, Any]:
+    def rollout(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         rollout_id = params.get("id")
         if not rollout_id:
             raise queries.ViewerError("give the rollout's id: /api/rollout?id=ROLLOUT_ID[&attempt=N]")
@@ -290,10 +308,16 @@ class Viewer:
                 raise queries.ViewerError(f"no rollout {rollout_id!r}", 404)
             attempt = found[-1]
         return detail.rollout(
-            self.database, RolloutKey(rollout_id, attempt), self.config, self.decoder(), self.run_dir
+            self.database,
+            RolloutKey(rollout_id, attempt),
+            self.config,
+            self.decoder(),
+            self.run_dir,
+            detail.Page.parse(params),
+            ticket.check if ticket is not None else detail._never,
         )
 
-    def step(self, params: dict[str, str]) -> dict[str, Any]:
+    def step(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         raw = params.get("step")
         if not raw:
             raise queries.ViewerError("give the step: /api/step?step=N")

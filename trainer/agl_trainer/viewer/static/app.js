@@ -332,14 +332,47 @@ async function rolloutPage(params) {
       "late spans", String(info.late_spans)),
     rewardsTable(r.rewards),
     el("h2", {}, "Timeline"), timeline(r.calls),
+    pager(r.page, params),
     el("h2", {}, "Calls"), callsTable(r.calls, breaks),
     el("h2", {}, "Call tree"), callTree(r.placements, breaks),
     r.merge_failures.length ? [el("h2", {}, "Merge breaks"), breaksTable(r.merge_failures)] : null,
     el("h2", {}, "Samples ", el("span", { class: "muted" }, r.decoded ? "(decoded with the model's tokenizer)" : "(token ids: start the viewer with --model to decode)")),
     legend(),
-    r.samples.length ? r.samples.map((s) => sampleView(s, r.placements, breaks, r.decoded)) : el("p", { class: "muted" }, "No trainable sample (" + visible(r.dropped || "nothing assembled") + ")."),
+    r.samples.length ? r.samples.map((s) => sampleView(s, r.placements, breaks, r.decoded, params)) : el("p", { class: "muted" }, "No trainable sample (" + visible(r.dropped || "nothing assembled") + ")."),
     r.log ? [el("h2", {}, "Harness log ", el("span", { class: "muted" }, visible(r.log.name) + (r.log.truncated ? " (last 64 KiB)" : ""))), el("pre", { class: "log" }, visible(r.log.tail, true))] : null,
   );
+}
+
+// A big rollout comes a page at a time (the API's calls_*, samples_*, tokens_* windows).
+function pageLink(params, changes, label) {
+  return el("a", { href: "#/rollout?" + new URLSearchParams({ ...params, ...changes }).toString() }, label);
+}
+
+function windowLinks(params, what, offset, limit, total) {
+  const links = [];
+  if (offset > 0) links.push(pageLink(params, { [what + "_offset"]: Math.max(0, offset - limit) }, "◂ previous"), " ");
+  if (offset + limit < total) links.push(pageLink(params, { [what + "_offset"]: offset + limit }, "next ▸"));
+  return links;
+}
+
+function pager(page, params) {
+  if (!page) return null;
+  const parts = [];
+  for (const [what, total] of [["calls", page.calls_total], ["samples", page.samples_total]]) {
+    const offset = page[what + "_offset"], limit = page[what + "_limit"];
+    if (offset === 0 && total <= limit) continue;
+    parts.push(el("span", {}, `${what} ${Math.min(offset + 1, total)}–${Math.min(offset + limit, total)} of ${total} `,
+      ...windowLinks(params, what, offset, limit, total), " · "));
+  }
+  if (page.merge_failures_total > 1000) parts.push(el("span", {}, `the first 1000 of ${page.merge_failures_total} merge breaks`));
+  return parts.length ? el("p", { class: "pager" }, "Showing ", ...parts) : null;
+}
+
+function tokenPager(sample, params) {
+  if (sample.length === undefined || sample.length <= sample.ids.length) return null;
+  const limit = Number(params.tokens_limit || 20000);
+  return el("p", { class: "pager" }, `tokens ${sample.offset + 1}–${sample.offset + sample.ids.length} of ${sample.length} `,
+    ...windowLinks(params, "tokens", sample.offset, limit, sample.length));
 }
 
 function rewardsTable(rewards) {
@@ -449,7 +482,7 @@ function legend() {
     el("span", { class: "boundary" }, "call N"), " hover a token for its policy version and logprob");
 }
 
-function sampleView(sample, placements, breaks, decoded) {
+function sampleView(sample, placements, breaks, decoded, params) {
   const markers = new Map();
   for (const b of sample.boundaries) {
     const label = b.completion ? "call " + b.call_seq + " ▸" : "context before call " + b.call_seq;
@@ -465,7 +498,7 @@ function sampleView(sample, placements, breaks, decoded) {
     const role = sample.roles[i];
     const version = sample.versions[i];
     const lp = sample.logprobs[i];
-    let tip = `#${i} · token ${sample.ids[i]} · ${ROLES[role]}`;
+    let tip = `#${i + (sample.offset || 0)} · token ${sample.ids[i]} · ${ROLES[role]}`;
     if (version >= 0) tip += ` · policy v${version}`;
     if (role === "c" && lp !== null) tip += ` · logprob ${lp}`;
     if (role === "c" && lp === null) tip += " · engine logprob missing (re-scored or not trained)";
@@ -490,7 +523,8 @@ function sampleView(sample, placements, breaks, decoded) {
     failure ? el("div", { class: "mergebreak" }, el("b", {}, "merge break (" + visible(failure.kind) + ")"),
       ` before call ${failure.call_seq}: its prompt does not extend call ${failure.previous_call_seq}'s sequence` +
       ` (first difference at token ${failure.position}; classified by ${visible(failure.classified_by)}). ` + visible(failure.detail)) : null,
-    el("h3", {}, `Sample ${sample.index}: calls ${sample.call_seqs.join(", ")} · ${n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
+    el("h3", {}, `Sample ${sample.index}: calls ${sample.call_seqs.join(", ")} · ${sample.length ?? n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
+    tokenPager(sample, params),
     agreementLine(sample),
     body);
 }
