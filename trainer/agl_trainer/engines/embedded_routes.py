@@ -307,12 +307,9 @@ class EngineRoutes:
             )
         engine, reader = self.engine, self.reader
         lock = engine.scheduler.weights_lock if engine.scheduler is not None else contextlib.nullcontext()
-        return [
-            await asyncio.to_thread(
-                prompt_logprobs, engine.model, reader.tokenizer, lock, ids, k, req.return_tokens_as_token_ids
-            )
-            for ids in prompts
-        ]
+        return await asyncio.to_thread(
+            prompt_logprobs, engine.model, reader.tokenizer, lock, prompts, k, req.return_tokens_as_token_ids
+        )
 
     async def _completions_stream(
         self,

@@ -47,7 +47,7 @@ class CanarySettings:
     tolerance: float = 0.05  # mean |engine - trainer| in nats, per probe kind
     probes: int = 4
     tokens: int = 32  # tokens per probe
-    generate: int = 8  # tokens the cached and fresh probes generate
+    generate: int = 2  # tokens the cached and fresh probes generate (the first reads the prefix's KV)
     seed: int = 0
 
 
@@ -101,9 +101,10 @@ class Canary:
         started = time.perf_counter()
         try:
             engine_fixed = self._engine_prompt_logprobs(self.fixed)
-            cached_ids, cached_engine = self._engine_generate(self.cached_prefix)
             fresh_prefix = self._draw(random.Random(f"agl-canary-{self.settings.seed}-fresh-{version}"))
-            fresh_ids, fresh_engine = self._engine_generate(fresh_prefix)
+            (cached_ids, cached_engine), (fresh_ids, fresh_engine) = self._engine_generate(
+                [self.cached_prefix, fresh_prefix]
+            )
         except Exception as error:  # an engine that cannot score is reported, never a crash of the run
             return self._result(version, "error", f"the engine could not score the probes: {error}", started)
         trainer = self._trainer_scores(
@@ -166,22 +167,26 @@ class Canary:
             out.append(torch.tensor([float(scored[i][str(probe[i])]["logprob"]) for i in range(1, len(probe))]))
         return out
 
-    def _engine_generate(self, prefix: list[int]) -> tuple[list[int], torch.Tensor]:
-        """Greedy tokens after `prefix` and their engine logprobs (computed over a cached prefix's KV)."""
+    def _engine_generate(self, prefixes: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
+        """Greedy tokens after each prefix and their engine logprobs (computed over a cached prefix's
+        KV where the engine has one), in one request."""
         body = {
-            "prompt": prefix,
+            "prompt": prefixes,
             "max_tokens": self.settings.generate,
             "temperature": 0.0,
             "logprobs": 0,
             "return_token_ids": True,
             "ignore_eos": True,
         }
-        choice = self._post(body)["choices"][0]
-        tokens = [int(t) for t in choice["token_ids"]]
-        logprobs = torch.tensor([float(v) for v in choice["logprobs"]["token_logprobs"]])
-        if len(tokens) != len(logprobs):
-            raise RuntimeError("the answer's token_ids and logprobs differ in length")
-        return prefix + tokens, logprobs
+        choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
+        out = []
+        for prefix, choice in zip(prefixes, choices, strict=True):
+            tokens = [int(t) for t in choice["token_ids"]]
+            logprobs = torch.tensor([float(v) for v in choice["logprobs"]["token_logprobs"]])
+            if len(tokens) != len(logprobs):
+                raise RuntimeError("the answer's token_ids and logprobs differ in length")
+            out.append((prefix + tokens, logprobs))
+        return out
 
     # ----------------------------------------------------------------------------------- trainer
     def _trainer_scores(self, sequences: list[tuple[list[int], int]]) -> list[torch.Tensor]:

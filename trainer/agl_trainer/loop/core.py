@@ -402,8 +402,13 @@ class TrainingLoop:
         self._times.training = time.monotonic() - started
         new_version = await self._sync_weights()
         self._advance(batch, keys, results, new_version)
+        keep = self.config.switch == "keep"
+        # the canary right after the new weights: on an idle engine before the resume; after a keep
+        # pause the frozen engine generates nothing until the resume (its probes then share the engine)
+        canary = None if keep else await self._check_canary()
         await self._resume(new_version, step)
-        canary = await self._check_canary()
+        if keep:
+            canary = await self._check_canary()
         if canary is not None:
             step.metrics.update(canary.metrics())
         self._report(batch, results, step)
