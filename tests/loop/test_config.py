@@ -95,8 +95,9 @@ def test_reading_a_config_and_the_cli_load_no_torch() -> None:
 
 
 def test_traces_ls_builds_no_config_and_train_help_still_lists_the_keys(tmp_path) -> None:
-    """`agl traces ls` (any command but `agl train --help`) does not import the config module or
-    walk its keys: the train subcommand's epilog is built only when its help is shown."""
+    """`agl traces ls` imports neither the config (the train subcommand's epilog of config keys is
+    built only when its help is shown) nor assembly nor numpy (the store reads token arrays with
+    numpy only when it decodes them): a listing pays for none of them."""
     import subprocess
     import sys
 
@@ -107,7 +108,7 @@ def test_traces_ls_builds_no_config_and_train_help_still_lists_the_keys(tmp_path
         "import sys\n"
         "from agl_trainer.cli import main\n"
         f"code = main(['traces', 'ls', '--store', {str(tmp_path / 'rollouts.db')!r}])\n"
-        "print(code, [m for m in ('agl_trainer.config', 'agl_trainer.loop') if m in sys.modules])\n"
+        "print(code, [m for m in ('agl_trainer.config', 'agl_trainer.assembly', 'numpy') if m in sys.modules])\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -9,7 +9,6 @@ or a bidi override must not drive the terminal, and one holding `[red]` must not
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.console import Console, Group
@@ -26,35 +25,13 @@ from agl_trainer.assembly.assemble import (
     CallPlacement,
     RolloutAssembly,
 )
+from agl_trainer.printable import plain, printable  # noqa: F401 (also imported from here)
 from agl_trainer.store.records import RolloutData
 
 STYLE_PROMPT = "dim"
 STYLE_CONTEXT = "yellow"  # masked: tool results and template text between merged calls
 STYLE_TRAINED = "bold green"
 STYLE_BOUNDARY = "bold magenta"
-
-# C0 and C1 controls, DEL, line and paragraph separators, and the bidi controls that reorder text.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def printable(text: object, keep_newlines: bool = False) -> str:
-    """`text` with every control character shown as an escape (ESC as \\x1b); newlines and tabs
-    kept when `keep_newlines` (multi-line errors, decoded token text)."""
-    value = str(text)
-    if keep_newlines:
-        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in "\n\t" else _escape(m), value)
-    return _UNPRINTABLE.sub(_escape, value)
-
-
-def plain(text: object, style: str = "", keep_newlines: bool = False) -> Text:
-    """Outside text for a rich table or panel: escaped, and never read as markup."""
-    return Text(printable(text, keep_newlines), style=style)
-
 
 def _token_text(token: int, tokenizer: Any) -> str:
     if tokenizer is None:

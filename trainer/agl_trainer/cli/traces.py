@@ -1,7 +1,7 @@
 """`agl traces`: import, list and inspect what a rollout store holds.
 
 Ids, task ids and reasons come from harnesses and senders: they are printed through
-`inspect_view.printable` (control characters as visible escapes) and never as rich markup.
+`agl_trainer.printable.printable` (control characters as visible escapes) and never as rich markup.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def run_import(args: argparse.Namespace) -> int:
         f"imported {args.file}: {result.lines} lines, {result.spans} spans, {result.stored} stored,"
         f" {result.duplicates} already there, {result.foreign} not agl's"
     )
-    from agl_trainer.assembly.inspect_view import printable
+    from agl_trainer.printable import printable
 
     for reason, count in sorted(result.violations.items()):
         print(f"  {count} span(s) break the span contract: {printable(reason)}")
@@ -160,7 +160,7 @@ def run_ls(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from agl_trainer.assembly.inspect_view import plain, printable
+    from agl_trainer.printable import plain, printable
 
     if args.limit < 1:
         raise CLIError(f"--limit must be 1 or more, got {args.limit} (or --all for every rollout)")

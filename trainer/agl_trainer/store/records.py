@@ -9,9 +9,12 @@ The receiver builds records (receiver/contract.py); the store never imports the 
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import msgspec
-import numpy as np
+
+if TYPE_CHECKING:  # arrays only in annotations: `agl traces ls` reads records without numpy
+    import numpy as np
 
 
 class Cause(str, enum.Enum):

@@ -20,9 +20,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-import numpy as np
 from agl import semconv
 
 from agl_trainer.store.records import (
@@ -44,6 +43,9 @@ from agl_trainer.store.records import (
 )
 from agl_trainer.store.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
+if TYPE_CHECKING:  # numpy is imported where token arrays are read or written: listing needs none
+    import numpy as np
+
 log = logging.getLogger("agl.store")
 
 DURABILITY = {"full": "FULL", "normal": "NORMAL"}
@@ -64,10 +66,14 @@ class StoreError(Exception):
 
 
 def _blob(array: np.ndarray | None, dtype: str) -> bytes | None:
+    import numpy as np
+
     return None if array is None else np.ascontiguousarray(array, dtype=dtype).tobytes()
 
 
 def _array(blob: bytes | None, dtype: str) -> np.ndarray | None:
+    import numpy as np
+
     return None if blob is None else np.frombuffer(blob, dtype=dtype)
 
 
