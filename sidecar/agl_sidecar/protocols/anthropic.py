@@ -1,7 +1,7 @@
 """Anthropic Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`) over a chat engine.
 
-Requests are checked against msgspec Structs (so a malformed body gets an Anthropic-format 400 that
-names the field), then translated to chat completions by litellm (content blocks, images, tool use
+Requests are checked against msgspec Structs (anthropic_request.py: a body the API refuses gets its
+400, naming the field, in Anthropic's format), then translated to chat completions by litellm (content blocks, images, tool use
 and results, thinking, tool_choice, stop sequences), with the fix-up in `_to_chat`.
 
 Responses are built here, from the engine's chat response, because litellm's way back is wrong or
@@ -20,57 +20,22 @@ slow for a vLLM engine (bench/protocols_overhead.py measures it):
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Any
 
-import msgspec
 from agl import semconv
 
 from agl_sidecar.protocols._litellm import anthropic_adapter
 from agl_sidecar.protocols._sse import sse_event
+from agl_sidecar.protocols.anthropic_request import CountTokensRequest, MessagesRequest, check_messages
 from agl_sidecar.protocols.base import ProtocolError
 
-# --- The request, as far as the sidecar must understand it (unknown fields pass through) ---------
+# --- The request: checked as the API checks it (anthropic_request.py) ---------------------------
 
 
-class _Block(msgspec.Struct):
-    type: str
-
-
-class _Message(msgspec.Struct):
-    role: Literal["user", "assistant"]
-    content: str | list[_Block]
-
-
-class _Tool(msgspec.Struct):
-    name: str
-
-
-class _CountTokensRequest(msgspec.Struct):
-    model: Annotated[str, msgspec.Meta(min_length=1)]
-    messages: Annotated[list[_Message], msgspec.Meta(min_length=1)]
-    system: str | list[_Block] | None = None
-    tools: list[_Tool] | None = None
-    tool_choice: dict[str, Any] | None = None
-
-
-class _MessagesRequest(_CountTokensRequest):
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 0  # required: checked in _validate
-    stream: bool = False
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-
-
-def _validate(body: Any, request_type: type[msgspec.Struct]) -> None:
+def _validate(body: Any, request_type: type[CountTokensRequest]) -> None:
     if not isinstance(body, dict):
         raise ProtocolError(400, "request body must be a JSON object")
-    try:
-        msgspec.convert(body, request_type)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(400, f"invalid request: {exc}") from None
-    if request_type is _MessagesRequest and "max_tokens" not in body:
-        raise ProtocolError(400, "max_tokens: Field required")
+    check_messages(body, request_type)
 
 
 def _to_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +51,10 @@ def _to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 # Anthropic-only request fields litellm passes through untranslated; an OpenAI-compatible engine
 # has no use for them (vLLM logs every ignored field).
-_ANTHROPIC_ONLY = ("thinking", "context_management", "container", "mcp_servers", "service_tier", "betas")
+_ANTHROPIC_ONLY = (
+    "thinking", "context_management", "container", "mcp_servers", "service_tier", "betas", "cache_control",
+    "output_config", "speed", "user_profile_id", "workspace_id", "diagnostics", "inference_geo",
+)  # fmt: skip
 
 
 def _for_engine(chat: dict[str, Any], thinking: Any) -> dict[str, Any]:
@@ -345,7 +313,7 @@ class MessagesAdapter:
         anthropic_adapter()
 
     def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        _validate(body, _MessagesRequest)
+        _validate(body, MessagesRequest)
         chat = _to_chat(body)
         if body.get("stream"):
             chat["stream"] = True
@@ -361,7 +329,7 @@ class MessagesAdapter:
     def stream_translator(self, body: dict[str, Any]) -> _MessagesStream:
         return _MessagesStream(body)
 
-    def error_body(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+    def error_body(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         return anthropic_error(status, message, error_type)
 
 
@@ -372,7 +340,7 @@ class CountTokensAdapter(MessagesAdapter):
     tokenize_only = True
 
     def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        _validate(body, _CountTokensRequest)
+        _validate(body, CountTokensRequest)
         chat = _to_chat(body)
         request = {"model": chat["model"], "messages": chat["messages"], "add_generation_prompt": True}
         if chat.get("tools"):

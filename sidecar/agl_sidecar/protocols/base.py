@@ -16,11 +16,14 @@ from typing import Any, Protocol
 class ProtocolError(Exception):
     """A request the adapter cannot translate: answered with `status` in the protocol's error format."""
 
-    def __init__(self, status: int, message: str, error_type: str = "invalid_request_error") -> None:
+    def __init__(
+        self, status: int, message: str, error_type: str = "invalid_request_error", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type
+        self.param = param  # the field at fault (OpenAI's error `param`), when there is one
 
 
 class StreamTranslator(Protocol):
@@ -62,6 +65,6 @@ class ProtocolAdapter(Protocol):
         """A translator for one streamed call of the original request `body`."""
         ...
 
-    def error_body(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+    def error_body(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """An error in the protocol's own format (the sidecar sends it with `status`)."""
         ...

@@ -1,6 +1,7 @@
 """The OpenAI Responses API (`POST /v1/responses`) over a chat engine.
 
-Requests are checked against msgspec Structs, then their input items, tools and options are
+Requests are checked against msgspec Structs (responses_request.py: what the API refuses gets its
+400 with the field in `param`), then their input items, tools and options are
 translated to chat completions by litellm's Responses bridge (fix-ups in `_to_chat`). Responses
 and streams are built here: litellm's transform_chat_completion_response_to_responses_api_response
 costs about 0.7 ms a call and sets `usage.*_tokens_details` to null, which the openai SDK's
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from agl import semconv
@@ -26,6 +27,7 @@ from agl_sidecar.spans.lru import BytesLRU
 from agl_sidecar.protocols._litellm import responses_config
 from agl_sidecar.protocols._sse import sse_event
 from agl_sidecar.protocols.base import ProtocolError
+from agl_sidecar.protocols.responses_request import check_responses
 
 # Chat request keys the engine understands; litellm's bridge adds its own (custom_llm_provider,
 # extra_headers, metadata, reasoning_summary, ...), which must not reach vLLM.
@@ -33,19 +35,6 @@ _ENGINE_KEYS = (
     "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p",
     "max_tokens", "user", "response_format", "reasoning_effort", "stream", "stream_options",
 )  # fmt: skip
-
-
-class _ResponsesRequest(msgspec.Struct):
-    model: Annotated[str, msgspec.Meta(min_length=1)]
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    previous_response_id: str | None = None
-    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    tools: list[dict[str, Any]] | None = None
-    stream: bool = False
-    store: bool = True
 
 
 class ConversationStore:
@@ -161,10 +150,7 @@ class ResponsesAdapter:
     def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ProtocolError(400, "request body must be a JSON object")
-        try:
-            msgspec.convert(body, _ResponsesRequest)
-        except msgspec.ValidationError as exc:
-            raise ProtocolError(400, f"invalid request: {exc}") from None
+        check_responses(body)
         history: list[dict[str, Any]] = []
         previous = body.get("previous_response_id")
         if previous is not None:
@@ -278,8 +264,8 @@ class ResponsesAdapter:
     def stream_translator(self, body: dict[str, Any]) -> _ResponsesStream:
         return _ResponsesStream(self, body)
 
-    def error_body(self, status: int, message: str, error_type: str) -> dict[str, Any]:
-        return openai_error(status, message, error_type if error_type.islower() else "")
+    def error_body(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+        return openai_error(status, message, error_type if error_type.islower() else "", param)
 
 
 class _ResponsesStream:

@@ -105,9 +105,19 @@ def resolve(
             identity.attempt = inputs.count(attempt, semconv.HEADER_ATTEMPT)
         elif baggage.get(semconv.BAGGAGE_ATTEMPT):
             identity.attempt = inputs.count(baggage[semconv.BAGGAGE_ATTEMPT], "baggage " + semconv.BAGGAGE_ATTEMPT)
-    mode = headers.get(semconv.HEADER_MODE) or baggage.get(semconv.BAGGAGE_MODE)
-    identity.mode = mode if mode in semconv.MODES else None
+    # A mode the sidecar does not know is refused as in the URL path (ignoring it would sample a
+    # validation rollout with the training overrides, or the other way round).
+    if headers.get(semconv.HEADER_MODE):
+        identity.mode = _mode(headers[semconv.HEADER_MODE], semconv.HEADER_MODE)
+    elif baggage.get(semconv.BAGGAGE_MODE):
+        identity.mode = _mode(baggage[semconv.BAGGAGE_MODE], "baggage " + semconv.BAGGAGE_MODE)
     return identity
+
+
+def _mode(value: str, param: str) -> str:
+    if value not in semconv.MODES:
+        raise inputs.BadInput(f"{param} {inputs.shown_text(value)} is not one of {list(semconv.MODES)}", param)
+    return value
 
 
 class RolloutTraces:

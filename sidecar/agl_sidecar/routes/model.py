@@ -85,14 +85,14 @@ def translated(path: str) -> Any:
         except RecursionError:
             return json_reply(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
         except ProtocolError as exc:
-            return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+            return _protocol_error(adapter, exc)
         if not sidecar.harness_authorized(request):
             return json_reply(401, adapter.error_body(401, "missing or wrong API key", "authentication_error"))
         try:
             chat_request = adapter.to_chat_request(original)
             sidecar.identity(request)  # ids a span cannot carry: refused here, in this protocol's shape
         except ProtocolError as exc:
-            return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+            return _protocol_error(adapter, exc)
         except inputs.BadInput as exc:
             return json_reply(400, adapter.error_body(400, exc.message, "invalid_request_error"))
         except RecursionError:
@@ -104,9 +104,17 @@ def translated(path: str) -> Any:
         try:
             return await sidecar.proxy.handle(request, CHAT, front, chat_bytes)
         except ProtocolError as exc:
-            return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+            return _protocol_error(adapter, exc)
 
     return handler
+
+
+def _protocol_error(adapter: Any, exc: ProtocolError) -> web.Response:
+    """`exc` in the adapter's error shape; the field at fault goes only to adapters that take it (an
+    adapter registered before `param` existed has the four-argument error_body)."""
+    if exc.param is None:
+        return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+    return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type, exc.param))
 
 
 async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, original: dict[str, Any], chat_bytes: bytes) -> web.Response:
@@ -132,6 +140,6 @@ async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, origin
             raise msgspec.ValidationError(f"expected a JSON object, got {type(answer).__name__}")
         return json_reply(200, adapter.from_chat_response(answer, original))
     except ProtocolError as exc:
-        return json_reply(exc.status, adapter.error_body(exc.status, exc.message, exc.error_type))
+        return _protocol_error(adapter, exc)
     except (msgspec.MsgspecError, RecursionError) as exc:
         return json_reply(502, adapter.error_body(502, f"upstream /tokenize answered an unreadable body: {exc}", "api_error"))

@@ -1,0 +1,124 @@
+"""Bodies the real APIs refuse are refused at the sidecar's door, in the API's error shape with the
+field named, and never reach the engine: a harness is trained on what it sent, not on a rewrite
+(issue 26: an unknown content block deleted its message, a tool_use without id became a call with
+id "", an unknown input item was dropped, a tool without a name was sent as "")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agl_sidecar.config import SidecarConfig
+from agl_sidecar.server import BackgroundSidecar
+from tests.support.fake_vllm import FakeVLLM
+
+TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+MESSAGES = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+CALLED = [
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
+]
+RESPONSES = {"model": "tiny", "input": "hi"}
+FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+
+
+def _with_block(block: dict[str, Any]) -> dict[str, Any]:
+    return {**MESSAGES, "messages": [{"role": "user", "content": [block]}]}
+
+
+def _called(block: dict[str, Any]) -> dict[str, Any]:
+    return {**MESSAGES, "messages": [CALLED[0], {"role": "assistant", "content": [block]}]}
+
+
+ANTHROPIC = [
+    (_with_block({"type": "video", "url": "x"}), "messages[0].content[0].type"),
+    (_called({"type": "tool_use", "name": "get_weather", "input": {}}), "messages[1].content[0].id"),
+    (_called({"type": "tool_use", "id": "toolu_1", "input": {}}), "messages[1].content[0].name"),
+    (_called({"type": "tool_use", "id": "", "name": "get_weather", "input": {}}), "messages[1].content[0].id"),
+    ({**MESSAGES, "messages": [*CALLED, {"role": "user", "content": [{"type": "tool_result", "content": "9C"}]}]},
+     "messages[2].content[0].tool_use_id"),
+    (_with_block({"type": "text", "text": "hi", "colour": "red"}), "messages[0].content[0].colour"),
+    ({**MESSAGES, "temperature": 1.5}, "temperature"),
+    ({**MESSAGES, "top_p": 1.2}, "top_p"),
+    ({**MESSAGES, "top_k": -1}, "top_k"),
+    ({**MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({**MESSAGES, "tools": [{"input_schema": TOOL["input_schema"]}]}, "tools[0].name"),
+    ({**MESSAGES, "tools": [{"name": "get_weather"}]}, "tools[0].input_schema"),
+    ({**MESSAGES, "tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ({**MESSAGES, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+    ({**MESSAGES, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({**MESSAGES, "messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
+]  # fmt: skip
+
+OPENAI = [
+    ({**RESPONSES, "input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
+    ({**RESPONSES, "input": [{"type": "function_call_output", "output": "9C"}]}, "input[0].call_id"),
+    ({**RESPONSES, "input": [{"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input[0].name"),
+    ({**RESPONSES, "input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
+    ({**RESPONSES, "input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+    ({**RESPONSES, "input": [{"role": "user", "content": "hi", "mood": "x"}]}, "input[0].mood"),
+    ({**RESPONSES, "tools": [{"type": "function", "parameters": {}}]}, "tools[0].name"),
+    ({**RESPONSES, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({**RESPONSES, "temperature": 2.5}, "temperature"),
+    ({**RESPONSES, "top_p": -0.1}, "top_p"),
+    ({**RESPONSES, "max_tokens": 5}, "max_tokens"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeVLLM, str]]:
+    spool = Path(tmp_path_factory.mktemp("spool"))
+    with FakeVLLM() as fake:
+        config = SidecarConfig(upstream=[fake.base_url], listen="127.0.0.1:0", spool_dir=str(spool))
+        with BackgroundSidecar(config) as sidecar:
+            yield fake, sidecar.url
+
+
+@pytest.mark.parametrize(("body", "field"), ANTHROPIC, ids=[f for _, f in ANTHROPIC])
+def test_anthropic_refusals_name_the_field(served: tuple[FakeVLLM, str], body: dict, field: str) -> None:
+    fake, url = served
+    before = len(fake.requests)
+    answer = httpx.post(f"{url}/v1/messages", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert f"$.{field}".replace("$.[", "$[") in error["error"]["message"]
+    assert len(fake.requests) == before  # nothing reached the engine
+
+
+@pytest.mark.parametrize(("body", "field"), OPENAI, ids=[f for _, f in OPENAI])
+def test_responses_refusals_name_the_field(served: tuple[FakeVLLM, str], body: dict, field: str) -> None:
+    fake, url = served
+    before = len(fake.requests)
+    answer = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == field
+    assert len(fake.requests) == before
+
+
+def test_well_formed_bodies_still_pass(served: tuple[FakeVLLM, str]) -> None:
+    _, url = served
+    tools = {**MESSAGES, "tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}, "temperature": 1}
+    assert httpx.post(f"{url}/v1/messages", json=tools, timeout=30).status_code == 200
+    items = {**RESPONSES, "tools": [FUNCTION], "temperature": 2, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "9C"},
+    ]}  # fmt: skip
+    assert httpx.post(f"{url}/v1/responses", json=items, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize(("header", "value"), [("x-agl-mode", "training"), ("baggage", "agl.rollout.mode=warmup")])
+def test_a_mode_the_sidecar_does_not_know_is_a_400_wherever_it_is_sent(served, header, value) -> None:
+    fake, url = served
+    before = len(fake.requests)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    answer = httpx.post(f"{url}/rollouts/m/v1/chat/completions", json=body, headers={header: value}, timeout=30)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] in (header, "baggage agl.rollout.mode")
+    assert len(fake.requests) == before
