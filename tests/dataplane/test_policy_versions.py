@@ -35,6 +35,9 @@ def test_tokens_get_the_version_that_sampled_them(store) -> None:
     [sample] = detail.result.samples
     trained = [v for v, m in zip(sample.policy_versions, sample.loss_mask, strict=True) if m]
     assert trained == [3, 3, 3, 3, 4, 4, 4, 4]
+    # the tokens v4 sampled inside the call that v3 began (over v3's KV) are marked; call 1's are not
+    after = [a for a, m in zip(sample.after_switch, sample.loss_mask, strict=True) if m]
+    assert after == [0, 0, 0, 0, 1, 1, 0, 0]
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,9 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
                     starts = call.policy_versions[0::2]
                     assert starts[0] == 0 and np.all(np.diff(starts) > 0) and starts[-1] < versions.size
     assert 1 <= crossed <= frozen  # calls generated across a switch carry their boundary
+    # their tokens after the switch are measured apart (agreement/keep_kv), the rest agree at lag 0
+    assert sum(m.get("agreement/keep_kv/tokens", 0) for m in steps) >= 1
+    assert all(m["agreement/lag0/mean_abs_delta"] < 1e-4 for m in steps if "agreement/lag0/tokens" in m)
 
 
 def test_keep_needs_the_collocated_async_loop(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811

@@ -7,8 +7,9 @@ the version being trained (lag 0): its old-logprob pass before the update is exa
 - lag0: tokens sampled by the current version, not after a keep switch. A gap here is an error
   (weights that did not land, a stale prefix cache, a dtype mismatch).
 - stale: tokens of older versions (lag >= 1); the gap is staleness, what importance weights correct.
-- keep_kv: lag-0 tokens sampled after a drain-free switch (loop.switch: keep, switch_kv: keep) over
-  the old weights' KV of their prefix: expected to differ, never a failure.
+- keep_kv: tokens sampled after a drain-free switch in their call (loop.switch: keep; with
+  switch_kv: keep over the old weights' KV of their prefix), whatever their lag: expected to differ,
+  never a failure.
 
 A token whose engine logprob is unknown (missing, NaN) is never weighed with a placeholder: at lag 0
 it is re-scored (the trainer's pre-update logprob stands in for the engine's, so its importance
@@ -89,10 +90,11 @@ def agreement_stats(
     versions = versions.to(trainer.device)
     known, switched = known.to(trainer.device).bool(), switched.to(trainer.device).bool()
     lag0 = versions == current_version
+    versioned = known & (versions >= 0)
     buckets = {
-        "lag0": known & lag0 & ~switched,
-        "stale": known & (versions >= 0) & (versions < current_version),
-        "keep_kv": known & lag0 & switched,
+        "lag0": versioned & lag0 & ~switched,
+        "stale": versioned & (versions < current_version) & ~switched,
+        "keep_kv": versioned & switched,
     }
     delta = (trainer - engine).abs()
     k3 = kl_k3(engine, trainer)  # samples come from the engine: KL(engine || trainer)
