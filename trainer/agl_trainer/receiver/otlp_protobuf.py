@@ -65,7 +65,7 @@ def _fields(buf: bytes, pos: int, end: int):
 
 def _text(buf: bytes, span: tuple[int, int]) -> str:
     try:
-        return buf[span[0] : span[1]].decode()
+        return str(memoryview(buf)[span[0] : span[1]], "utf-8")  # no copy of the bytes first
     except UnicodeDecodeError as error:
         raise DecodeError(f"invalid UTF-8 in a string at byte {span[0]}: {error.reason}") from None
 
@@ -92,7 +92,7 @@ def _any_value(buf: bytes, start: int, end: int, depth: int = 0) -> Any:
         elif field == 6 and wire == 2:
             value = _kvlist(buf, *item, depth + 1)
         elif field == 7 and wire == 2:
-            value = buf[item[0] : item[1]]
+            value = bytes(buf[item[0] : item[1]])
     return value
 
 
@@ -280,11 +280,11 @@ def _span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
                     pending.append((attributes, attribute, value))
                 attributes[attribute] = value
             elif field == 1:
-                trace_id = buf[pos:stop]
+                trace_id = bytes(buf[pos:stop])
             elif field == 2:
-                span_id = buf[pos:stop]
+                span_id = bytes(buf[pos:stop])
             elif field == 4:
-                parent = buf[pos:stop]
+                parent = bytes(buf[pos:stop])
             elif field == 5:
                 name = _text(buf, (pos, stop))
             elif field == 15:
@@ -345,7 +345,7 @@ def _broken_span(buf: bytes, start: int, end: int, error: Exception) -> RawSpan:
     with contextlib.suppress(DecodeError):
         for field, wire, item in _fields(buf, start, end):
             if field == 1 and wire == 2:
-                trace_id = buf[item[0] : item[1]]
+                trace_id = bytes(buf[item[0] : item[1]])
             elif field == 2 and wire == 2:
-                span_id = buf[item[0] : item[1]]
+                span_id = bytes(buf[item[0] : item[1]])
     return RawSpan(trace_id, span_id, b"", "", 0, 0, 0, 0, "", {}, problem=f"undecodable: {error}")

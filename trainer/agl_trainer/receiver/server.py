@@ -23,6 +23,7 @@ from typing import Self
 
 import msgspec
 
+from agl_trainer.receiver.deadlines import ByteBudget, DeadlineSite, HeaderDeadline
 from agl_trainer.receiver.payload import (
     JSON,
     DecodedBatch,
@@ -42,6 +43,8 @@ log = logging.getLogger("agl.receiver")
 TRACES_PATH = "/v1/traces"
 GRPC_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 MiB = 1 << 20
+LINGER_S = 1.0
+BODIES_AT_ONCE = 4  # request bodies of the largest size held at once (smaller ones: more)
 
 
 class ReceiverConfig(msgspec.Struct, kw_only=True):
@@ -53,10 +56,12 @@ class ReceiverConfig(msgspec.Struct, kw_only=True):
     max_request_bytes: int = 64 * MiB  # as sent (compressed)
     max_decompressed_bytes: int = 256 * MiB
     durability: str = "full"  # see RolloutStore
+    header_timeout_s: float = 30.0  # a connection without a whole request head by then is closed
+    body_timeout_s: float = 120.0  # a body not all arrived by then (after its head) is a 408
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_decompressed_bytes"):
-            if getattr(self, name) <= 0:
+        for name in ("max_request_bytes", "max_decompressed_bytes", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"ReceiverConfig.{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"ReceiverConfig.port must be 0..65535, got {self.port}")
@@ -184,7 +189,9 @@ class Receiver:
     async def _start_http(self) -> None:
         from aiohttp import web
 
-        app = web.Application(client_max_size=self.config.max_request_bytes)
+        self._bodies = ByteBudget(BODIES_AT_ONCE * self.config.max_request_bytes)
+        self._deadline = HeaderDeadline(self.config.header_timeout_s, lambda: self._counter.refused("header_timeout"))
+        app = web.Application(client_max_size=self.config.max_request_bytes, middlewares=[self._deadline.middleware()])
         app.router.add_post(TRACES_PATH, self._http_export)
         app.router.add_get("/stats", self._http_stats)
         app.router.add_get("/metrics", self._http_metrics)
@@ -192,15 +199,27 @@ class Receiver:
         from agl_trainer.receiver.client_errors import quiet_client_errors
 
         quiet_client_errors()  # a sender's malformed HTTP is its 400, not a traceback in our log
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False)
+        # lingering_time: after an answer that ends a connection (408, 413) aiohttp reads what the
+        # sender still sends, 10 s by default: a sender that sends nothing held it that long.
+        self._runner = web.AppRunner(
+            app, handle_signals=False, access_log=None, auto_decompress=False, lingering_time=LINGER_S
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        site = DeadlineSite(self._runner, self.config.host, self.config.port, self._deadline)
         await site.start()
         host, port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
 
     async def _http_export(self, request):
+        held: list[int] = []  # body bytes reserved from the budget, given back once answered
+        try:
+            return await self._export(request, held)
+        finally:
+            if held:
+                self._bodies.give(held[0])
+
+    async def _export(self, request, held: list[int]):
         from aiohttp import web
 
         media = media_type(request.headers.get("content-type"))
@@ -217,11 +236,14 @@ class Receiver:
                 raise RequestRefused(
                     413, "too_large", f"body over the limit of {self.config.max_request_bytes} bytes"
                 )
+            reserved = min(request.content_length or self.config.max_request_bytes, self.config.max_request_bytes)
+            await self._bodies.take(reserved)  # bodies held at once are bounded (deadlines.ByteBudget)
+            held.append(reserved)
             try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
+                body = await asyncio.wait_for(self._read_body(request), self.config.body_timeout_s)
+            except TimeoutError:
                 raise RequestRefused(
-                    413, "too_large", f"body over the limit of {self.config.max_request_bytes} bytes"
+                    408, "body_timeout", f"the body did not all arrive within {self.config.body_timeout_s:g} s"
                 ) from None
             except ConnectionError:
                 # The sender went away mid-body (a sidecar stopping while it exports): nothing was
@@ -242,14 +264,37 @@ class Receiver:
         except RequestRefused as refused:
             self._counter.refused(f"{refused.status}_{refused.kind}")
             headers = {"retry-after": "1"} if refused.status == 503 else None
-            return web.json_response(
+            response = web.json_response(
                 {"code": _GRPC_CODES[refused.status], "message": refused.message},
                 status=refused.status,
                 headers=headers,
             )
+            if refused.status in (408, 413):  # the rest of the body is not read: the connection ends here
+                response.force_close()
+            return response
         self._account(batch, result)
         rejected = sum(result.violations.values())
         return web.Response(body=_export_response(media, rejected, result), content_type=media or JSON)
+
+    async def _read_body(self, request) -> bytearray:
+        """The body into one buffer of its announced size (aiohttp's read() holds it twice)."""
+        limit = self.config.max_request_bytes
+        size = request.content_length
+        buffer = bytearray(size if size is not None and size <= limit else 0)
+        filled = 0
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            end = filled + len(chunk)
+            if end > limit:
+                raise RequestRefused(413, "too_large", f"body over the limit of {limit} bytes")
+            if end > len(buffer):
+                buffer.extend(bytes(min(limit, max(end, 2 * len(buffer))) - len(buffer)))
+            buffer[filled:end] = chunk
+            filled = end
+        del buffer[filled:]
+        return buffer
 
     async def _http_stats(self, request):
         from aiohttp import web
@@ -322,7 +367,7 @@ def _header_bytes(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
 
 
-_GRPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}  # google.rpc.Code for the JSON error body
+_GRPC_CODES = {400: 3, 401: 16, 408: 4, 413: 8, 415: 3, 503: 14}  # google.rpc.Code for the JSON error body
 
 
 def _export_response(media: str, rejected: int, result: WriteResult) -> bytes:
