@@ -44,7 +44,8 @@ def test_normal_run_agrees_token_by_token(tmp_path: Path, model_dir: Path) -> No
         assert row["agreement/lag0/mean_abs_delta"] < 1e-4  # fp32 engine, fp32 trainer
         assert row["agreement/canary/verdict"] == VERDICTS.index("agree")
         assert row["agreement/canary/mean_abs_delta"] < 1e-4
-        assert row["agreement/canary/previous_mean_abs_delta"] > 1e-3  # the update moved the probes
+    # an update that moved the weights moved the probes, and the engine followed
+    assert any(row["agreement/canary/previous_mean_abs_delta"] > 1e-3 for row in result.summary.history)
     written = [r for r in metrics_rows(config) if "agreement/lag0/mean_abs_delta" in r]
     assert len(written) == 2  # and the metrics reach metrics.jsonl, Prometheus and TensorBoard
     prom = (Path(config.output_dir) / "metrics.prom").read_text()
@@ -76,11 +77,13 @@ def test_normal_run_agrees_token_by_token(tmp_path: Path, model_dir: Path) -> No
 @pytest.mark.slow
 def test_weights_that_do_not_land_stop_the_run(tmp_path: Path, model_dir: Path) -> None:
     config = canary_config(
-        tmp_path, model_dir, "--engine.options.fault_skip_weight_load=true", "--diagnostics.canary.action=stop"
+        tmp_path, model_dir, "--engine.options.fault_skip_weight_load=true", "--diagnostics.canary.action=stop",
+        max_steps=5,
     )
     with pytest.raises(CanaryStop, match="weights did not land") as stopped:
         run_session(config)
-    assert "policy version 1" in str(stopped.value) and "Fix:" in str(stopped.value)
+    # at the first update that moved the weights (a step whose advantages are all 0 moves none)
+    assert "[weights_not_loaded]" in str(stopped.value) and "Fix:" in str(stopped.value)
     rows = [r for r in metrics_rows(config) if "agreement/canary/verdict" in r]
     assert rows and rows[-1]["agreement/canary/verdict"] == VERDICTS.index("weights_not_loaded")
     assert rows[-1]["agreement/canary/previous_mean_abs_delta"] < 1e-4  # the engine still has the old weights

@@ -85,12 +85,10 @@ class Canary:
         self.settings = settings
         self.url = engine_url.rstrip("/")
         self.backend = backend
+        self._ids = range(min(3, vocab_size - 1), vocab_size)  # the lowest ids are special in most tokenizers
         rng = random.Random(f"agl-canary-{settings.seed}")
-        low = min(3, vocab_size - 1)  # the lowest ids are special tokens in most tokenizers
-        self._draw = lambda r: [r.randrange(low, vocab_size) for _ in range(settings.tokens)]
         self.fixed = [self._draw(rng) for _ in range(settings.probes)]
         self.cached_prefix = self._draw(rng)
-        self.vocab_size = vocab_size
         self.previous: list[torch.Tensor] | None = None  # the trainer's scores of the fixed probes, last check
         self._model: str | None = None
         self._client: Any = None
@@ -131,6 +129,9 @@ class Canary:
             max_delta=float(every.max()) if every.numel() else 0.0,
             seconds=time.perf_counter() - started,
         )
+
+    def _draw(self, rng: random.Random) -> list[int]:
+        return [rng.choice(self._ids) for _ in range(self.settings.tokens)]
 
     def close(self) -> None:
         if self._client is not None:
