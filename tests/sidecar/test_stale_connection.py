@@ -67,7 +67,7 @@ class DroppingEngine:
                     + f"content-length: {len(payload)}\r\n\r\n".encode()
                     + payload
                 )
-                self.answered += 1
+                self.answered += head.startswith(b"POST")  # the calls, not the health probes
                 first = False
 
     def close(self) -> None:
