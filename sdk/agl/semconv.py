@@ -127,6 +127,21 @@ REWARD_VALUE: Final = "agl.reward.value"  # double
 REWARD_NAME: Final = "agl.reward.name"  # str; the trainer trains on DEFAULT_REWARD_NAME by default
 DEFAULT_REWARD_NAME: Final = "reward"
 
+# --- OpenTelemetry GenAI evaluation results, read as rewards (docs/spans.md "Rewards") ----------
+# A span named gen_ai.evaluation.result (the GenAI semconv's event, as instrumentations that emit it
+# as a zero-length span do) carrying agl.rollout.id is a reward: its name is gen_ai.evaluation.name,
+# its value gen_ai.evaluation.score.value, else the label mapped by EVALUATION_LABELS.
+SPAN_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"
+EVALUATION_NAME: Final = "gen_ai.evaluation.name"  # str, required
+EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"  # double
+EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"  # str
+EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"  # str (not stored)
+# A result with a label and no score: these labels (case-insensitive) are the rewards 1.0 and 0.0.
+EVALUATION_LABELS: Final = {
+    "pass": 1.0, "passed": 1.0, "correct": 1.0, "true": 1.0, "yes": 1.0,
+    "fail": 0.0, "failed": 0.0, "incorrect": 0.0, "false": 0.0, "no": 0.0,
+}  # fmt: skip
+
 # --- Value ranges (docs/spans.md) -------------------------------------------------------------
 INT64_MIN: Final = -(1 << 63)  # every int attribute is a signed 64-bit integer
 INT64_MAX: Final = (1 << 63) - 1  # identity counters (attempt, call.seq, policy.version) are 0..INT64_MAX

@@ -59,6 +59,10 @@ def classify(span: RawSpan) -> Record | None:
         prefix = "rollout"
     elif span.name == semconv.SPAN_REWARD:
         build, prefix = _reward, "reward"
+    elif span.name == semconv.SPAN_EVALUATION_RESULT:
+        if semconv.ROLLOUT_ID not in span.attributes:
+            return None  # an evaluation of something agl did not run (no rollout to give it to)
+        build, prefix = _evaluation, "reward"
     elif _is_call(span):
         build, prefix = _call, "call"
     else:
@@ -335,8 +339,28 @@ def _rollout(span: RawSpan) -> RolloutSpan:
 
 
 def _reward(span: RawSpan) -> RewardSpan:
+    name = _str(span.attributes, semconv.REWARD_NAME) or semconv.DEFAULT_REWARD_NAME
+    return _reward_record(span, span.attributes.get(semconv.REWARD_VALUE), name)
+
+
+def _evaluation(span: RawSpan) -> RewardSpan:
+    """A gen_ai.evaluation.result span as a reward named by gen_ai.evaluation.name: its score, else
+    its label as semconv.EVALUATION_LABELS maps it (another label without a score is refused)."""
     attributes = span.attributes
-    value = attributes.get(semconv.REWARD_VALUE)
+    name = _str(attributes, semconv.EVALUATION_NAME, required=True)
+    value = attributes.get(semconv.EVALUATION_SCORE_VALUE)
+    if value is None:
+        label = _str(attributes, semconv.EVALUATION_SCORE_LABEL)
+        if label is None:
+            raise ContractError("missing_reward_value")
+        value = semconv.EVALUATION_LABELS.get(label.strip().lower())
+        if value is None:
+            raise ContractError("evaluation_label_unknown")
+    return _reward_record(span, value, name)  # type: ignore[arg-type]
+
+
+def _reward_record(span: RawSpan, value: Any, name: str) -> RewardSpan:
+    attributes = span.attributes
     if value is None:
         raise ContractError("missing_reward_value")
     if type(value) is BadValue:
@@ -351,7 +375,7 @@ def _reward(span: RawSpan) -> RewardSpan:
         rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
         attempt=_int(attributes, semconv.ATTEMPT),
         task_id=_str(attributes, semconv.TASK_ID),
-        name=_str(attributes, semconv.REWARD_NAME) or semconv.DEFAULT_REWARD_NAME,
+        name=name,
         value=float(value),
         call_seq=_int(attributes, semconv.CALL_SEQ),
         end_ns=_time(span.end_ns),

@@ -1,0 +1,142 @@
+"""Rewards as the OpenTelemetry GenAI conventions say them: a `gen_ai.evaluation.result` span with
+agl.rollout.id is a reward of its rollout (docs/spans.md), through a real collector (rotel-agent)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from agl import semconv
+from agl_trainer.receiver.contract import classify
+from agl_trainer.receiver.raw_span import RawSpan
+from agl_trainer.store import RolloutStore
+from agl_trainer.store.records import RewardSpan, Violation
+
+from tests.dataplane.otlp import call_span, request, reward_span, rollout_span, span
+from tests.dataplane.processes import AGL, URL_LINE
+from tests.dataplane.test_collector import ROTEL
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+
+def evaluation(rollout_id: str | None, **attributes: object) -> RawSpan:
+    attrs = dict(attributes)
+    if rollout_id is not None:
+        attrs[semconv.ROLLOUT_ID] = rollout_id
+    return RawSpan(os.urandom(16), os.urandom(8), b"", semconv.SPAN_EVALUATION_RESULT, 1, 1, 2, 0, "", attrs)
+
+
+def test_evaluation_result_is_a_reward_named_by_the_evaluation() -> None:
+    record = classify(evaluation("r1", **{semconv.EVALUATION_NAME: "reward", semconv.EVALUATION_SCORE_VALUE: 0.75}))
+    assert isinstance(record, RewardSpan)
+    assert (record.rollout_id, record.name, record.value) == ("r1", "reward", 0.75)
+    labelled = classify(evaluation("r1", **{semconv.EVALUATION_NAME: "tests", semconv.EVALUATION_SCORE_LABEL: "Fail"}))
+    assert isinstance(labelled, RewardSpan) and (labelled.name, labelled.value) == ("tests", 0.0)
+    # the score wins over the label when both are there
+    both = classify(
+        evaluation("r1", **{semconv.EVALUATION_NAME: "q", semconv.EVALUATION_SCORE_VALUE: 3.0,
+                            semconv.EVALUATION_SCORE_LABEL: "fail"})
+    )  # fmt: skip
+    assert isinstance(both, RewardSpan) and both.value == 3.0
+
+
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        ({semconv.EVALUATION_SCORE_VALUE: 1.0}, "reward.missing_gen_ai_evaluation_name"),
+        ({semconv.EVALUATION_NAME: "reward"}, "reward.missing_reward_value"),
+        ({semconv.EVALUATION_NAME: "reward", semconv.EVALUATION_SCORE_LABEL: "meh"}, "reward.evaluation_label_unknown"),
+        ({semconv.EVALUATION_NAME: "reward", semconv.EVALUATION_SCORE_VALUE: float("nan")}, "reward.reward_value_not_finite"),
+        ({semconv.EVALUATION_NAME: "reward", semconv.EVALUATION_SCORE_VALUE: "1"}, "reward.reward_value_not_number"),
+    ],
+)
+def test_bad_evaluation_results_are_violations_named(attributes: dict[str, object], reason: str) -> None:
+    record = classify(evaluation("r1", **attributes))
+    assert isinstance(record, Violation) and record.reason == reason
+
+
+def test_an_evaluation_of_no_rollout_is_foreign() -> None:
+    assert classify(evaluation(None, **{semconv.EVALUATION_NAME: "reward", semconv.EVALUATION_SCORE_VALUE: 1.0})) is None
+
+
+def test_evaluation_result_through_rotel_lands_on_its_rollout(tmp_path: Path) -> None:
+    store_path = tmp_path / "rollouts.db"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", AGL, "receive", "--store", str(store_path), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    collector = None
+    try:
+        http_url = URL_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
+        http_port = free_port()
+        log = open(tmp_path / "rotel.log", "wb")  # noqa: SIM115 (the child writes it)
+        collector = subprocess.Popen(
+            [str(ROTEL), "start", "--otlp-http-endpoint", f"127.0.0.1:{http_port}", "--otlp-grpc-endpoint",
+             f"127.0.0.1:{free_port()}", "--exporter", "otlp", "--otlp-exporter-endpoint", http_url,
+             "--otlp-exporter-protocol", "http", "--batch-timeout", "50ms"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+
+        def collector_up() -> bool:
+            assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
+            try:
+                socket.create_connection(("127.0.0.1", http_port), 0.2).close()
+                return True
+            except OSError:
+                return False
+
+        wait_until(collector_up, "rotel-agent to listen", timeout=60.0)
+        start = 1_700_000_000_000_000_000
+        spans = [
+            call_span("graded", 0, [1, 2, 3], [4, 5]),
+            # an agl.reward of 0.2, then an evaluation result for the same name that ended later: it wins
+            reward_span("graded", 0.2, end_ns=start + 10),
+            span(
+                semconv.SPAN_EVALUATION_RESULT,
+                {semconv.ROLLOUT_ID: "graded", semconv.ATTEMPT: 0, semconv.EVALUATION_NAME: "reward",
+                 semconv.EVALUATION_SCORE_VALUE: 0.9, semconv.EVALUATION_EXPLANATION: "tests pass"},
+                start_ns=start, end_ns=start + 20,
+            ),
+            span(
+                semconv.SPAN_EVALUATION_RESULT,
+                {semconv.ROLLOUT_ID: "graded", semconv.EVALUATION_NAME: "style", semconv.EVALUATION_SCORE_LABEL: "pass"},
+            ),
+            rollout_span("graded"),
+        ]  # fmt: skip
+        reply = httpx.post(
+            f"http://127.0.0.1:{http_port}/v1/traces",
+            content=gzip.compress(request(spans).SerializeToString()),
+            timeout=30,
+            headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+        )
+        assert reply.status_code == 200
+
+        def stored() -> bool:
+            with RolloutStore(store_path) as store:
+                return len(store.span_ids()) == 5
+
+        wait_until(stored, "the collector's export to be stored", timeout=60.0)
+        with RolloutStore(store_path, grace_s=0.0) as store:
+            data = store.load("graded")
+            assert data.final_reward("reward") == 0.9
+            assert data.final_reward("style") == 1.0
+            assert [r.rollout_id for r in store.ready_rollouts()] == ["graded"]
+    finally:
+        if collector is not None:
+            collector.terminate()
+            collector.wait(10)
+        receiver.send_signal(signal.SIGTERM)
+        receiver.communicate(timeout=30)
