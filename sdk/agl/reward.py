@@ -31,7 +31,8 @@ def emit_reward(
     call_seq: int | None = None,
     attributes: Mapping[str, Any] | None = None,
 ) -> None:
-    """Record a reward for a rollout (and, with `call_seq`, for one of its model calls).
+    """Record a reward for a rollout (and, with `call_seq`, for one of its model calls: its position
+    in the rollout, 0 = the first call, or its agl.call.seq).
 
     `value` is a finite number, or a dict of named finite numbers (one span each, named by key).
     The rollout is `rollout_id`, else the active `agl.rollout`, else the W3C baggage, else

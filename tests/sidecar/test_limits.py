@@ -39,6 +39,7 @@ def _bomb(inflated: int) -> bytes:
     return b"".join(parts)
 
 
+@pytest.mark.slow
 def test_gzip_bodies_are_inflated_only_up_to_the_limit(fake, tmp_path):
     limit = 8 * MIB
     bomb = _bomb(256 * MIB)  # about 250 KB on the wire
@@ -104,7 +105,6 @@ def _fd_limit(limit: int):
     return apply
 
 
-@pytest.mark.slow
 def test_slow_clients_are_dropped_and_harness_calls_go_through(fake, tmp_path):
     """Half-sent requests under a 96-descriptor limit: 120 connections that never finish their
     headers, and one that stops half-way through its body. Once the timeouts drop them, a harness
