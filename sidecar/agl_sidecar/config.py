@@ -62,6 +62,8 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     token_cache_bytes: int = 64 * 1024 * 1024
     sampling: dict[str, dict[str, Any]] = {}
     default_mode: str | None = None
+    # Set: every attributed call gets the engine seed proxy.request.call_seed derives from it (agl eval)
+    sampling_seed: int | None = None
     capture_messages: bool = False
     inject_token_ids: bool = True
     upstream_api_key: str | None = None

@@ -202,6 +202,21 @@ def test_sampling_overrides_per_mode(fake, make_sidecar, otlp_sink):
     assert [spans["v"].get(key) for key in asked] == [0.2, None, 4]
 
 
+def test_sampling_seed_gives_each_call_a_seed_from_its_rollout_and_bytes(fake, make_sidecar):
+    """sampling_seed (agl eval): the same rollout and body get the same seed, in any sidecar; another
+    rollout (another attempt of the task) or another base seed gets another; no rollout: no seed."""
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4}
+    seeds = []
+    for base in (7, 7, 8):
+        sidecar = make_sidecar(upstream=[fake.base_url], sampling_seed=base)
+        for rollout in ("a", "b"):
+            httpx.post(sidecar.url + f"/rollouts/{rollout}/v1/chat/completions", json=body)
+        httpx.post(sidecar.url + "/v1/chat/completions", json=body)
+    seeds = [request.get("seed") for request in fake.requests]
+    assert seeds[0:3] == seeds[3:6] and seeds[2] is None
+    assert len({seeds[0], seeds[1], seeds[6], seeds[7]}) == 4 and all(isinstance(s, int) for s in seeds[6:8])
+
+
 def test_disconnect_mid_stream_cancels_upstream_and_records_partial_tokens(make_sidecar, otlp_sink):
     with FakeVLLM(token_latency_s=0.05) as slow:
         sidecar = make_sidecar(upstream=[slow.base_url], otlp_endpoint=otlp_sink.endpoint)

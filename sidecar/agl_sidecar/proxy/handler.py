@@ -28,6 +28,7 @@ from agl_sidecar.proxy.request import (
     UPSTREAM_PATHS,
     BadRequest,
     Flags,
+    call_seed,
     decode_request,
     read_body,
     upstream_body,
@@ -109,6 +110,8 @@ class Proxy:
             return front.error(400, exc.message, "invalid_request_error", exc.param)
         mode = identity.mode or sidecar.config.default_mode
         overrides = sidecar.config.sampling.get(mode, {}) if mode else {}
+        if sidecar.config.sampling_seed is not None and identity.rollout_id:  # reproducible sampling
+            overrides = {**overrides, "seed": call_seed(sidecar.config.sampling_seed, identity, body)}
         call = CallRecord(
             api=front.api,
             operation=OPERATIONS[kind],

@@ -70,6 +70,19 @@ class Flags:
         return not (self.token_ids and self.logprobs)
 
 
+def call_seed(base: int, identity: Any, body: bytes) -> int:
+    """The engine seed of one call when the sidecar's sampling_seed is set: a hash of that seed, the
+    rollout, its attempt and the request's bytes. A harness that sends the same calls gets the same
+    seeds in every run whatever the calls' order or timing; k attempts of a task (other rollout ids)
+    sample differently. In [0, 2^31) so every engine takes it."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(f"{base}\0{identity.rollout_id}\0{identity.attempt}\0".encode())
+    digest.update(body)
+    return int.from_bytes(digest.digest(), "big") % (2**31)
+
+
 def upstream_body(
     body: bytes, kind: str, request: wire.Request, inject: bool, overrides: dict[str, Any]
 ) -> bytes:
