@@ -158,7 +158,7 @@ class Canary:
 
     def _engine_prompt_logprobs(self, probes: list[list[int]]) -> list[torch.Tensor]:
         """Each probe's logprob of tokens 1.. under the engine's weights (vLLM's prompt_logprobs)."""
-        body = {"prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+        body = {"prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
         choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
         out = []
         for probe, choice in zip(probes, choices, strict=True):
