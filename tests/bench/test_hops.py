@@ -1,100 +1,100 @@
-"""The normalization bench's task (bench/_hops.py) and how bench/normalization.py turns its
-rollouts into training input for each aggregation."""
+"""bench/normalization.py on the hops example: how it turns rollouts into training input for each
+aggregation, its confidence intervals, and a smoke run of `--quick`."""
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from bench._hops import MAX_HOPS, Hop, Rollout, expected_hops, make_chain_tasks, rows, score
-from bench.normalization import MODES, results_for
-from examples.demo import task as demo
+from bench.normalization import MODES, comparisons, Curves, paired_interval, results_for
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory):
-    from transformers import AutoTokenizer
+@dataclass
+class Played:
+    """What results_for reads of a played rollout (examples/hops/play.Rollout)."""
 
-    from examples.demo.episodes import DemoTokens
-    from examples.demo.model import build_demo_model
+    task: dict
+    reward: float
+    rows: list[tuple[list[int], list[int]]]
 
-    return DemoTokens(AutoTokenizer.from_pretrained(build_demo_model(tmp_path_factory.mktemp("m") / "tiny", seed=0)))
-
-
-def test_chains_point_onward_and_end_on_a_value() -> None:
-    tasks = make_chain_tasks(200, seed=3)
-    assert tasks == make_chain_tasks(200, seed=3) and tasks != make_chain_tasks(200, seed=4)
-    assert {t["hops"] for t in tasks} == set(range(1, MAX_HOPS + 1))
-    for task in tasks:
-        hops = expected_hops(task)
-        assert len(hops) == task["hops"] and hops[0][0][1] == task["key"]
-        answers = [answer[0] for _, answer in hops]
-        assert all(a in demo.KEYS for a in answers[:-1]) and answers[-1] in demo.VALUES
-        assert [call[1] for call, _ in hops[1:]] == answers[:-1]  # each hop looks up the previous answer
+    def samples(self) -> list[tuple[list[int], list[int]]]:
+        return self.rows
 
 
-def right_hop(tokens, key: str, answer: str) -> Hop:
-    v = tokens.vocab
-    p1 = tokens.prompt1({"key": key})
-    c1 = [v["call"], v[key], tokens.end]
-    p2 = tokens.prompt2({}, p1, c1, answer)
-    c2 = [v[answer], tokens.end]
-    return Hop(p1, c1, p2, c2, tokens.generated_words(c1), tokens.generated_words(c2))
+def rows(n: int) -> list[tuple[list[int], list[int]]]:
+    return [([5, 6, 7 + k, 8], [0, 0, 1, 1]) for k in range(n)]
 
 
-def test_one_sample_per_hop_with_exactly_the_generated_tokens_trained(tokens) -> None:
-    task = next(t for t in make_chain_tasks(50, seed=1) if t["hops"] == 3)
-    hops = [right_hop(tokens, call[1], answer[0]) for call, answer in expected_hops(task)]
-    assert score(task, hops) == 1.0
-    assert score(task, hops[:1]) == pytest.approx(1 / 3)  # stopped after one of three hops
-    samples = rows(Rollout(task, hops))
-    assert len(samples) == 3  # a fresh context per hop breaks the merge: one sample each
-    for (ids, mask), hop in zip(samples, hops):
-        assert ids == [*hop.prompt2, *hop.call2]
-        trained = [t for t, m in zip(ids, mask) if m]
-        assert trained == [*hop.call1, *hop.call2]  # both calls of the hop, nothing else
-
-
-def test_a_hop_whose_calls_do_not_merge_makes_two_rows(tokens) -> None:
-    hop = right_hop(tokens, "k1", "v2")
-    hop.prompt2 = hop.prompt2[:3] + hop.prompt2[4:]  # a harness that rewrote the history
-    assert len(rows(Rollout({"hops": 1}, [hop]))) == 2
-
-
-def test_sample_level_weighs_a_rollout_by_its_samples_rollout_level_does_not(tokens) -> None:
+def test_sample_level_weighs_a_rollout_by_its_samples_rollout_level_does_not() -> None:
     from agl_trainer.algorithms import token_weights
     from agl_trainer.batch import TrainingBatch
 
-    task = {"id": "t", "key": "k1", "hops": 3}
-    long = Rollout(task, [right_hop(tokens, "k1", "k2"), right_hop(tokens, "k2", "k3"), right_hop(tokens, "k3", "v1")])
-    short = Rollout(task, [right_hop(tokens, "k1", "v5")])
-    long.reward, short.reward = 1.0, 0.0
+    task = {"id": "t"}
+    many, one = (
+        Played(task, 0.0, rows(12)),
+        Played(task, 1.0, rows(1)),
+    )  # a failing rollout retried and compacted
     share = {}
     for mode, (agg, per_rollout) in MODES.items():
-        results = results_for(mode, [long, short], 0, tokens)
-        assert len(results) == (2 if per_rollout else 4)
-        assert {r.reward for r in results if r.rollout_id.split("/")[0] == "r0"} == {1.0}
-        batch = TrainingBatch.from_rollouts(results, pad_token_id=tokens.end)
+        results = results_for(mode, [many, one], 0)
+        assert len(results) == (2 if per_rollout else 13)
+        assert {r.reward for r in results if r.rollout_id.split("/")[0] == "r0"} == {0.0}
+        batch = TrainingBatch.from_rollouts(results, pad_token_id=2)
         weights = token_weights(batch.loss_mask, batch.rollout_index, agg)
         owner = torch.tensor([int(results[i].rollout_id.split("/")[0][1:]) for i in batch.rollout_index])
         share[mode] = float(weights[owner == 0].sum() / weights.sum())
     assert share["rollout"] == pytest.approx(0.5)  # every rollout weighs the same
-    assert share["sample"] == pytest.approx(0.75)  # 3 of the 4 rows
-    assert share["token"] == pytest.approx(0.75)  # 3 of the 4 hops' tokens (every hop has 5)
+    assert share["sample"] == pytest.approx(12 / 13)  # 12 of the 13 rows
+    assert share["token"] == pytest.approx(12 / 13)  # 12 of the 13 rows' tokens (2 each)
+
+
+def test_paired_interval_is_a_t_interval_over_seeds() -> None:
+    mean, low, high = paired_interval([0.1, 0.2, 0.3])
+    half = 4.303 * 0.1 / math.sqrt(3)  # t(0.975, 2 degrees of freedom) * sd / sqrt(n)
+    assert (mean, low, high) == pytest.approx((0.2, 0.2 - half, 0.2 + half))
+    mean, low, high = paired_interval([0.05])
+    assert mean == 0.05 and math.isnan(low) and math.isnan(high)
+
+
+def test_comparisons_pair_each_mode_with_rollout_on_the_same_seed() -> None:
+    def curves(mode: str, seed: int, final: float, drift: float) -> Curves:
+        return Curves(mode, seed, entropy=[1.0] * 3 + [1.0 + drift] * 3, val=[(0, 0.1), (10, final)],
+                      val_sampled=[(0, 0.1), (10, final / 2)])  # fmt: skip
+
+    runs = [curves("rollout", 0, 0.5, -0.2), curves("rollout", 1, 0.7, -0.4), curves("sample", 1, 0.6, 0.0),
+            curves("sample", 0, 0.5, 0.0)]  # fmt: skip
+    rows = {(row["mode"], row["metric"]): row for row in comparisons(runs)}
+    greedy = rows[("sample", "val_greedy")]
+    # finals are the mean of the last two rounds: seed 0 (0.3 vs 0.3), seed 1 (0.35 vs 0.4)
+    assert greedy["difference"] == pytest.approx(-0.025) and greedy["seeds"] == 2
+    assert greedy["rollout"] == pytest.approx(0.35) and greedy["low"] < -0.025 < greedy["high"]
+    assert rows[("sample", "entropy_drift")]["difference"] == pytest.approx(0.3)
+    assert ("token", "val_greedy") not in rows
 
 
 @pytest.mark.slow
-def test_quick_bench_prints_the_table_and_writes_the_curves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_bench_prints_the_comparisons_and_writes_the_curves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from bench.normalization import main
 
     assert main(["--quick", "--steps", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for mode in MODES:
         assert f"\n{mode:8} {MODES[mode][0]}" in out
+    for mode in ("sample", "token"):
+        for metric in ("val_greedy", "val_sampled", "entropy_drift"):
+            assert f"\n{mode} - rollout, {metric}: " in out
     data = json.loads((tmp_path / "normalization.json").read_text())
     assert [row["mode"] for row in data["table"]] == list(MODES)
-    assert all(len(run["entropy"]) == 2 and run["val"][0][0] == 0 for run in data["runs"])
+    assert all(
+        len(run["entropy"]) == 2 and run["val"][0][0] == 0 and run["val_sampled"][0][0] == 0
+        for run in data["runs"]
+    )
+    assert all(1 <= s <= 16 for run in data["runs"] for s in run["samples"])
     assert (tmp_path / "normalization.png").read_bytes()[:4] == b"\x89PNG"
