@@ -68,6 +68,8 @@ async def start_sidecars(
     receiver_url: str,
     out: Path,
     stack: contextlib.AsyncExitStack,
+    *,
+    seed: int | None = None,
 ) -> Sidecars:
     """Attach to the configured sidecars (pointing them at the engine), or start one that exports to
     sidecar.otlp_endpoint (a collector), else to the receiver's URL (advertised: it may be a collector too)."""
@@ -94,7 +96,7 @@ async def start_sidecars(
         executable=config.sidecar.executable,
         admin_token=topology.admin_token,
         log_path=out / "sidecar.log",
-        config_path=sidecar_config_file(config, out / "sidecar.yaml"),
+        config_path=sidecar_config_file(config, out / "sidecar.yaml", seed=seed),
         extra_args=["--max-hold-s", str(config.sidecar.max_hold_s)],
         startup_timeout_s=config.sidecar.startup_timeout_s,
         pid_file=out / "sidecar.pid",

@@ -80,8 +80,8 @@ def build_engine(config: Config, model_path: str) -> Any:
         raise vllm_error(error) from None
 
 
-def sidecar_config_file(config: Config, path: Path) -> Path:
-    """The sidecar's YAML: sampling overrides per rollout mode."""
+def sidecar_config_file(config: Config, path: Path, *, seed: int | None = None) -> Path:
+    """The sidecar's YAML: sampling overrides per rollout mode; `seed` seeds every call (agl eval)."""
     import yaml
 
     sampling = {}
@@ -93,9 +93,10 @@ def sidecar_config_file(config: Config, path: Path) -> Path:
         sampling[mode] = entry
     # A call whose URL names no mode is a training call: sampling.train applies to it (val rollouts'
     # URLs carry /modes/val, see Endpoint.base_url).
-    path.write_text(
-        yaml.safe_dump({"sampling": sampling, "default_mode": "train", "spool_dir": str(path.parent / "spool")})
-    )
+    settings: dict[str, Any] = {"sampling": sampling, "default_mode": "train", "spool_dir": str(path.parent / "spool")}
+    if seed is not None:
+        settings["sampling_seed"] = seed
+    path.write_text(yaml.safe_dump(settings))
     return path
 
 
@@ -165,52 +166,19 @@ class Session:
             state = checkpoints.load(latest)
             await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
 
-        from agl_trainer.loop.servers import start_receiver, start_sidecars
-        from agl_trainer.store import RolloutStore
+        from agl_trainer.loop.serving import start_serving
 
-        store_path = out / "rollouts.db"
-        receiver, receiver_url, receiver_local_url = start_receiver(topology, store_path)
-        self._stack.callback(receiver.stop)
-        timeout = config.harness.timeout_s * (config.harness.retries + 1) + 60
-        store = RolloutStore(store_path, grace_s=config.loop.completion_grace_s, rollout_timeout_s=timeout)
-        self._stack.callback(store.close)
-        if config.viewer.enabled:  # the trace viewer over this run's store (agl traces serve's pages)
-            from agl_trainer.viewer.training import start_for_training
+        async def load_checkpointed(engine: Any) -> None:
+            if latest is not None:
+                from agl_trainer.engines.base import WeightUpdate
 
-            viewer = start_for_training(store_path, config.viewer.listen, model_path, out, config.viewer.token_env)
-            if viewer is not None:
-                self._stack.callback(viewer.stop)
-        from agl_trainer.loop.dataplane import StoreDataPlane
+                weights = backend.state_dict_for_engine()
+                await asyncio.to_thread(engine.update_weights, WeightUpdate(state.policy_version, state_dict=weights))
 
-        data = StoreDataPlane(store, config.assembly)
-
-        engine = build_engine(config, model_path)
-        await asyncio.to_thread(engine.start)
-        self._stack.callback(engine.stop)
-        if latest is not None:
-            from agl_trainer.engines.base import WeightUpdate
-
-            weights = backend.state_dict_for_engine()
-            await asyncio.to_thread(engine.update_weights, WeightUpdate(state.policy_version, state_dict=weights))
-
-        # The sidecar this run starts (sidecar.listen / advertise_url), or the ones you run (sidecar.attach).
-        sidecars = await start_sidecars(topology, config, engine.urls, receiver_url, out, self._stack)
-        admin = sidecars.admin
-        endpoint = sidecars.endpoint(receiver_url, dict(config.harness.env))
-        addresses.write_harness_env(out, endpoint.sidecar_url, topology, receiver_url)
-
-        def on_exit(outcome: RolloutOutcome) -> None:
-            from agl_trainer.store import RolloutKey
-
-            spec = outcome.spec
-            data.harness_exited(RolloutKey(spec.rollout_id, spec.attempt), outcome.exit_code, outcome.cause.value)
-
-        async def reward_sink(spec: RolloutSpec, value: float) -> None:
-            await admin.emit_reward(spec.rollout_id, value)
-
-        runner = build_runner(config, endpoint, out, on_exit, reward_sink)
-        await runner.start()
-        self._stack.push_async_callback(runner.stop)
+        serving = await start_serving(
+            config, out, self._stack, model_path, topology=topology, after_engine=load_checkpointed
+        )
+        data, engine, admin, runner = serving.data, serving.engine, serving.admin, serving.runner
 
         journal_path = out / "groups.jsonl"
         schedule = TaskSchedule(tasks, config.loop.group_size, config.seed, run_id)
