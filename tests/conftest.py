@@ -19,3 +19,13 @@ from tests.support.otlp_sink import OTLPSink  # noqa: E402
 def otlp_sink() -> Iterator[OTLPSink]:
     with OTLPSink() as sink:
         yield sink
+
+
+def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
+    config.addinivalue_line("markers", "missing_on_ci(reason): needs what CI lacks; fails under CI=true (support/required.py)")
+
+
+def pytest_runtest_setup(item) -> None:  # type: ignore[no-untyped-def]
+    mark = item.get_closest_marker("missing_on_ci")
+    if mark is not None:
+        pytest.fail(f"{mark.args[0]} (CI=true: a test that needs it fails instead of skipping)", pytrace=False)

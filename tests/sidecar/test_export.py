@@ -16,6 +16,7 @@ from agl import semconv
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
 from tests.support.otlp_sink import OTLPSink
+from tests.support.required import requires
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -77,7 +78,7 @@ def test_big_spans_are_batched_below_the_byte_limit(make_sidecar, otlp_sink):
         assert otlp_sink.requests == 6  # one span per request: two would exceed 64 KiB
 
 
-@pytest.mark.skipif(not ROTEL.exists(), reason="rotel-agent binary not installed (pip install rotel)")
+@requires(ROTEL.exists(), "rotel-agent binary not installed (pip install rotel)")  # under CI=true: fails if missing
 def test_spans_reach_a_real_collector(fake, make_sidecar, otlp_sink, tmp_path):
     http_port, grpc_port = free_port(), free_port()  # rotel takes fixed ports
     command = [

@@ -142,3 +142,21 @@ def test_more_requests_than_admitted_are_a_503_at_once(small: Path, monkeypatch:
         for thread in threads:
             thread.join(timeout=60)
         assert results == [200, 200] and get(server, "/api/overview")[0] == 200
+
+
+@pytest.mark.slow
+def test_the_page_of_a_big_rollout_says_what_it_shows_and_links_the_rest(tmp_path: Path) -> None:
+    from tests.support.required import on_ci
+    from tests.viewer import browser
+
+    executable, why = browser.chromium()
+    if executable is None:  # under CI=true a missing browser fails (support/required.py)
+        pytest.fail(why) if on_ci() else pytest.skip(why)
+    path = tmp_path / "big.db"
+    write_big_rollout(path, 600)
+    with ViewerServer(Viewer(path, index=False), "127.0.0.1:0") as server:
+        dom = browser.dump_dom(executable, f"{server.url}#/rollout?id={BIG}&tokens_limit=1000", expect="Sample 0")
+    total = 48 + 4 + 599 * 28
+    assert "calls 1–500 of 600" in dom and f"tokens 1–1000 of {total}" in dom
+    assert f'href="#/rollout?id={BIG}&amp;tokens_limit=1000&amp;calls_offset=500"' in dom
+    assert f'href="#/rollout?id={BIG}&amp;tokens_limit=1000&amp;tokens_offset=1000"' in dom

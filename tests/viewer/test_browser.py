@@ -9,11 +9,12 @@ import urllib.parse
 
 import pytest
 
+from tests.support.required import requires
 from tests.viewer import browser
 from tests.viewer.stores import BROKEN_ID, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM
 
 EXECUTABLE, WHY = browser.chromium()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(EXECUTABLE is None, reason=WHY)]
+pytestmark = [pytest.mark.slow, requires(EXECUTABLE is not None, WHY)]  # under CI=true: fails if missing
 
 
 def rollout_url(server, rollout_id: str) -> str:

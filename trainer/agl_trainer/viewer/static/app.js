@@ -332,7 +332,7 @@ async function rolloutPage(params) {
       "late spans", String(info.late_spans)),
     rewardsTable(r.rewards),
     el("h2", {}, "Timeline"), timeline(r.calls),
-    pager(r.page, params),
+    rolloutPager(r.page, params),
     el("h2", {}, "Calls"), callsTable(r.calls, breaks),
     el("h2", {}, "Call tree"), callTree(r.placements, breaks),
     r.merge_failures.length ? [el("h2", {}, "Merge breaks"), breaksTable(r.merge_failures)] : null,
@@ -355,7 +355,7 @@ function windowLinks(params, what, offset, limit, total) {
   return links;
 }
 
-function pager(page, params) {
+function rolloutPager(page, params) {
   if (!page) return null;
   const parts = [];
   for (const [what, total] of [["calls", page.calls_total], ["samples", page.samples_total]]) {
