@@ -97,7 +97,8 @@ def agreement_stats(
         "keep_kv": versioned & switched,
     }
     delta = (trainer - engine).abs()
-    k3 = kl_k3(engine, trainer)  # samples come from the engine: KL(engine || trainer)
+    k3 = kl_k3(engine.double(), trainer.double())  # samples from the engine: KL(engine || trainer); float64:
+    # exp(r) - r - 1 of a float32 r near 0 rounds below 0
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
     for name, where in buckets.items():
