@@ -349,6 +349,38 @@ class ViewerSection(_Section):
     ] = "AGL_VIEWER_TOKEN"
 
 
+class EvalSection(_Section):
+    """`agl eval CONFIG`: k attempts a task through the same harness, sidecar and runner as training."""
+
+    tasks: Annotated[
+        str | None, _doc("the tasks to evaluate (JSONL like tasks; default: val_tasks, else tasks)")
+    ] = None
+    k: Annotated[int, _doc("attempts per task (pass@k, mean@k)", ge=1, le=1024)] = 4
+    mode: Annotated[
+        Literal["train", "val"],
+        _doc("the sampling the attempts get: train (sampling.train) or val (sampling.val, greedy by default)"),
+    ] = "train"
+    max_turns: Annotated[
+        int, _doc("the harness's turn budget, handed to it as AGL_MAX_TURNS and kept in the receipt (0: none)", ge=0)
+    ] = 0
+    context_tokens: Annotated[
+        int,
+        _doc("the context budget in tokens, handed to the harness as AGL_CONTEXT_TOKENS and kept in the receipt "
+             "(0: none)", ge=0),
+    ] = 0
+    pass_reward: Annotated[float, _doc("a reward at or above this passes (pass@k)")] = 1.0
+    model_url: Annotated[
+        str | None,
+        _doc("evaluate a model served elsewhere: an OpenAI-compatible base URL (http://host:8000/v1), "
+             "instead of model.path in the embedded or vLLM engine"),
+    ] = None
+    output_dir: Annotated[str, _doc("where results.json, receipt.json and rollouts.db go (must be new)")] = "runs/eval"
+    budget_mismatch: Annotated[
+        Literal["refuse", "warn"],
+        _doc("agl eval --compare of two receipts whose budgets or sampling differ: refuse (exit 1) or warn"),
+    ] = "refuse"
+
+
 class Config(_Section):
     tasks: Annotated[str | None, _doc("tasks, one JSON object a line (an `id` field names the task)")] = None
     val_tasks: Annotated[
@@ -368,6 +400,7 @@ class Config(_Section):
     viewer: ViewerSection = msgspec.field(default_factory=ViewerSection)
     diagnostics: DiagnosticsSection = msgspec.field(default_factory=DiagnosticsSection)
     assembly: AssemblyConfig = msgspec.field(default_factory=AssemblyConfig)
+    eval: EvalSection = msgspec.field(default_factory=EvalSection)
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -109,25 +109,8 @@ class Validator:
         started = time.monotonic()
         specs = self.specs(step)
         self.rounds += 1
-        tasks = [asyncio.create_task(self.runner.run(spec), name=spec.rollout_id) for spec in specs]
-        try:
-            while not all(task.done() for task in tasks):
-                check()
-                await asyncio.sleep(POLL_S)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        outcomes = [_outcome(task, spec) for task, spec in zip(tasks, specs)]
-        keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes if o.ok]
-        complete = await self._wait_complete(keys, check)
-        by_id: dict[str, float] = {}
-        if complete:
-            assembled = await asyncio.to_thread(self.data.assemble, sorted(complete, key=lambda k: k.rollout_id))
-            by_id = {result.rollout_id: result.reward for result in assembled.results}
-        all_keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes]
-        self.data.mark_dropped(all_keys, VAL_DROP_REASON)
+        outcomes, by_id = await collect(specs, self.runner, self.data, self.no_data_timeout_s, check)
+        self.data.mark_dropped([RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes], VAL_DROP_REASON)
         self.last_step = step
         greedy = [spec for spec in specs if spec.mode == semconv.MODE_VAL]
         rewards = [by_id[spec.rollout_id] for spec in greedy if spec.rollout_id in by_id]
@@ -143,16 +126,49 @@ class Validator:
         metrics["val/policy_version"] = float(version)
         return metrics
 
-    async def _wait_complete(self, keys: list[RolloutKey], check: Callable[[], None]) -> set[RolloutKey]:
-        deadline = time.monotonic() + self.no_data_timeout_s
-        complete: set[RolloutKey] = set()
-        while keys and time.monotonic() < deadline:
-            complete = self.data.complete(keys)
-            if len(complete) == len(keys):
-                break
+
+async def collect(
+    specs: list[RolloutSpec],
+    runner: Any,
+    data: Any,
+    no_data_timeout_s: float,
+    check: Callable[[], None] = lambda: None,
+) -> tuple[list[RolloutOutcome], dict[str, float]]:
+    """Run `specs` through `runner` (its concurrency bounds them), wait for their data in the store,
+    and return each outcome and the reward of every rollout with data, by rollout id (validation
+    rounds and `agl eval` both). `check` raises to abandon: the harnesses are cancelled, it propagates."""
+    tasks = [asyncio.create_task(runner.run(spec), name=spec.rollout_id) for spec in specs]
+    try:
+        while not all(task.done() for task in tasks):
             check()
             await asyncio.sleep(POLL_S)
-        return complete
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    outcomes = [_outcome(task, spec) for task, spec in zip(tasks, specs)]
+    keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes if o.ok]
+    complete = await _wait_complete(data, keys, no_data_timeout_s, check)
+    by_id: dict[str, float] = {}
+    if complete:
+        assembled = await asyncio.to_thread(data.assemble, sorted(complete, key=lambda k: k.rollout_id))
+        by_id = {result.rollout_id: result.reward for result in assembled.results}
+    return outcomes, by_id
+
+
+async def _wait_complete(
+    data: Any, keys: list[RolloutKey], no_data_timeout_s: float, check: Callable[[], None]
+) -> set[RolloutKey]:
+    deadline = time.monotonic() + no_data_timeout_s
+    complete: set[RolloutKey] = set()
+    while keys and time.monotonic() < deadline:
+        complete = data.complete(keys)
+        if len(complete) == len(keys):
+            break
+        check()
+        await asyncio.sleep(POLL_S)
+    return complete
 
 
 def _outcome(task: asyncio.Task[RolloutOutcome], spec: RolloutSpec) -> RolloutOutcome:

@@ -1,0 +1,252 @@
+"""A result's receipt: everything its score depends on, in receipt.json next to the results.
+
+    model     path, a sha256 over its weight, config and tokenizer files (every regular file at the
+              top of the directory, by name then bytes), or the served URL and the name asked for
+    harness   the command (or module:function) and its version: `git describe --always --dirty`
+              of the directory holding the program (the function's module) when that is a git
+              checkout, and always a sha256 over the command line plus the bytes of every file
+              the command names that exists (the function's module file)
+    budget    k, turns (AGL_MAX_TURNS), context tokens (AGL_CONTEXT_TOKENS), tokens per call
+              (sampling max_tokens), harness timeout and retries
+    sampling  the mode, temperature, top_p and seed the attempts were sampled with
+    tasks     the task file and its sha256;  agl: its version and the resolved config
+    started_at / ended_at (UTC, ISO 8601);  machine: host, CPU, GPU, python, torch, platform
+
+Two results are comparable when their `budget` and `sampling` agree (BUDGET_KEYS, SAMPLING_KEYS;
+the seed may differ). Validation rounds in training write the same receipt (kind "validation").
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "agl.receipt/1"
+RECEIPT_FILE = "receipt.json"
+RESULTS_FILE = "results.json"
+BUDGET_KEYS = ("k", "max_turns", "context_tokens", "max_tokens_per_call", "timeout_s", "retries")
+SAMPLING_KEYS = ("mode", "temperature", "top_p")
+ENV_MAX_TURNS = "AGL_MAX_TURNS"
+ENV_CONTEXT_TOKENS = "AGL_CONTEXT_TOKENS"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_hash(path: Path) -> tuple[str, int]:
+    """sha256 over the directory's top-level regular files (name, then bytes), and how many."""
+    if path.is_file():
+        return sha256_file(path), 1
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    for file in files:
+        digest.update(file.name.encode() + b"\0" + bytes.fromhex(sha256_file(file)))
+    return digest.hexdigest(), len(files)
+
+
+def model_section(config: Any, model_path: str | None, served_url: str | None) -> dict[str, Any]:
+    if served_url is not None:
+        return {"url": served_url, "name": config.model.name, "sha256": None}
+    path = Path(str(model_path))
+    digest, count = model_hash(path)
+    return {"path": str(path.resolve()), "name": config.model.name, "sha256": digest, "files": count}
+
+
+def _git_describe(directory: Path) -> str | None:
+    if shutil.which("git") is None or not directory.is_dir():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(directory), "describe", "--always", "--dirty", "--tags"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def harness_section(config: Any) -> dict[str, Any]:
+    from agl_trainer.config import harness_argv
+
+    harness = config.harness
+    cwd = Path(harness.cwd or ".")
+    digest = hashlib.sha256()
+    files: list[Path] = []
+    if harness.function is not None:
+        command: Any = harness.function
+        digest.update(command.encode())
+        import importlib.util
+
+        module = harness.function.split(":", 1)[0]
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        origin = Path(spec.origin) if spec is not None and spec.origin else cwd / (module.replace(".", "/") + ".py")
+        if origin.is_file():  # runner workers import from the harness's cwd, this process may not
+            files.append(origin)
+    else:
+        argv = harness_argv(harness.command) if harness.command else []
+        command = argv
+        digest.update("\0".join(argv).encode())
+        for index, item in enumerate(argv):
+            candidate = Path(item) if Path(item).is_absolute() else cwd / item
+            if index == 0 and "/" not in item and shutil.which(item):
+                candidate = Path(str(shutil.which(item)))
+            if candidate.is_file():
+                files.append(candidate)
+    for file in files:
+        digest.update(b"\0" + bytes.fromhex(sha256_file(file)))
+    describe = _git_describe(files[0].parent) if files else _git_describe(cwd)
+    return {
+        "command": command,
+        "grader": harness.grader,
+        "runner": harness.runner,
+        "image": harness.image,
+        "version": {"git_describe": describe, "sha256": digest.hexdigest(), "files": [str(f) for f in files]},
+    }
+
+
+def machine_section() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    machine: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": None,
+        "gpu": None,
+    }
+    try:
+        import torch
+
+        machine["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            machine["gpu"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return machine
+
+
+def agl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        described = _git_describe(Path(__file__).resolve().parent)
+        return f"{version('agl')}" + (f" ({described})" if described else "")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def resolved_config(config: Any) -> Any:
+    """Every key with its value, defaults included (the config's own encoding omits defaults)."""
+    import msgspec
+
+    if isinstance(config, msgspec.Struct):
+        return {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
+    return msgspec.to_builtins(config)
+
+
+def build_receipt(
+    config: Any,
+    *,
+    kind: str,
+    model_path: str | None,
+    served_url: str | None,
+    tasks_path: str,
+    k: int,
+    mode: str,
+    seed: int | None,
+    started_at: str,
+    ended_at: str,
+    results: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    sampling = config.sampling.for_mode(mode)
+    receipt = {
+        "schema": SCHEMA,
+        "kind": kind,
+        "model": model_section(config, model_path, served_url),
+        "harness": harness_section(config),
+        "budget": {
+            "k": k,
+            "max_turns": config.eval.max_turns,
+            "context_tokens": config.eval.context_tokens,
+            "max_tokens_per_call": sampling.max_tokens,
+            "timeout_s": config.harness.timeout_s,
+            "retries": config.harness.retries,
+        },
+        "sampling": {"mode": mode, "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed},
+        "tasks": {"path": str(Path(tasks_path).resolve()), "sha256": sha256_file(Path(tasks_path))},
+        "agl": {"version": agl_version(), "config": resolved_config(config)},
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "machine": machine_section(),
+        "results": {"file": RESULTS_FILE, "summary": results.get("summary", {})},
+    }
+    receipt.update(extra or {})
+    return receipt
+
+
+def write_result(directory: Path, results: dict[str, Any], receipt: dict[str, Any], stem: str = "") -> Path:
+    """results.json and receipt.json (or STEM.results.json / STEM.receipt.json) in `directory`;
+    the receipt holds the results file's sha256. Returns the receipt's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = f"{stem}." if stem else ""
+    results_path = directory / f"{prefix}{RESULTS_FILE}"
+    results_path.write_text(json.dumps(results, indent=1) + "\n")
+    receipt["results"]["file"] = results_path.name
+    receipt["results"]["sha256"] = sha256_file(results_path)
+    receipt_path = directory / f"{prefix}{RECEIPT_FILE}"
+    tmp = receipt_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(receipt, indent=1, default=str) + "\n")
+    os.replace(tmp, receipt_path)
+    return receipt_path
+
+
+def read_result(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(receipt, results) from a receipt file or a directory holding receipt.json; ValueError names
+    what is wrong."""
+    receipt_path = path / RECEIPT_FILE if path.is_dir() else path
+    if not receipt_path.is_file():
+        raise ValueError(f"{path}: no receipt (expected {receipt_path}: an agl eval output directory or its receipt)")
+    try:
+        receipt = json.loads(receipt_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{receipt_path}: not a readable JSON receipt ({error})") from None
+    if not isinstance(receipt, dict) or receipt.get("schema") != SCHEMA:
+        raise ValueError(f"{receipt_path}: not an agl receipt (schema {SCHEMA} expected)")
+    results_path = receipt_path.parent / str(receipt.get("results", {}).get("file", RESULTS_FILE))
+    try:
+        results = json.loads(results_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{results_path}: the receipt's results cannot be read ({error})") from None
+    expected = receipt["results"].get("sha256")
+    if expected and sha256_file(results_path) != expected:
+        raise ValueError(f"{results_path}: changed since its receipt was written (sha256 differs)")
+    return receipt, results
