@@ -124,6 +124,36 @@ def test_missing_stale_logprobs_leave_the_loss(model_dir):
     assert metrics["agreement/stale/tokens"] == float((base.loss_mask.bool() & ~missing).sum())
 
 
+@pytest.mark.parametrize("options", [{"num_mini_batches": 2}, {"ppo_epochs": 2}])
+def test_agreement_uses_the_weights_before_the_update(model_dir, options):
+    """With several optimizer steps a step, later mini-batches (and epochs) see moved weights: lag-0
+    agreement still compares against the pre-update pass, once per token."""
+    backend = TorchBackend(training_config(model_dir, lr=1e-1, algorithm=AlgorithmConfig(), **options))
+    batch = exact(backend, batch_at(0))
+    metrics = backend.train_step(batch, 0)
+    assert metrics["perf/optimizer_steps"] == 2
+    assert metrics["agreement/lag0/tokens"] == float(batch.loss_mask.sum())  # each token once
+    assert metrics["agreement/lag0/mean_abs_delta"] < 1e-4
+
+
+def test_bypass_mode_rescores_missing_logprobs_before_the_update(model_dir):
+    """bypass_old_logprobs uses the engine's logprobs as PPO's old ones: a missing one is the
+    trainer's pre-update logprob, also when the step takes several optimizer steps."""
+    faithful = exact(backend_for(model_dir), batch_at(0))
+    missing = faithful.loss_mask.bool().clone()
+    missing[:, :5] = False
+    unknown = dataclasses.replace(faithful, logprob_known=~missing)
+
+    def weights(batch: TrainingBatch) -> torch.Tensor:
+        algo = AlgorithmConfig(bypass_old_logprobs=True)
+        backend = TorchBackend(training_config(model_dir, lr=1e-2, algorithm=algo, num_mini_batches=2))
+        metrics = backend.train_step(batch, 0)
+        assert metrics["agreement/lag0/mean_abs_delta"] < 1e-4
+        return torch.cat([p.detach().flatten() for p in backend.model.parameters()])
+
+    assert torch.allclose(weights(unknown), weights(faithful), atol=1e-6)
+
+
 def test_threshold_is_validated():
     with pytest.raises(AlgorithmConfigError, match="agreement_threshold"):
         AlgorithmConfig(agreement_threshold=0)
