@@ -1,6 +1,7 @@
 """Chained lookups by a main agent that delegates each hop to a sub-agent: tree-shaped rollouts of
 1 to 16 samples (sub-agents, retries, compactions) that a tiny model learns by RL on a CPU.
 
+README.md    what the example is and how to run it
 task.py      the task and the agent program (one definition for the harness and the in-process player)
 harness.py   the harness: the `openai` SDK through the sidecar, one trace span per agent thread
 model.py     the hops model (the demo's tiny model with the word `main`)
