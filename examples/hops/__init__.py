@@ -1,5 +1,5 @@
 """Chained lookups by a main agent that delegates each hop to a sub-agent: tree-shaped rollouts of
-1 to 16 samples (sub-agents, retries, compactions) that a tiny model learns by RL on a CPU.
+1 to 27 samples (sub-agents, retries, compactions) that a tiny model learns by RL on a CPU.
 
 README.md    what the example is and how to run it
 task.py      the task and the agent program (one definition for the harness and the in-process player)

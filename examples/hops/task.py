@@ -17,8 +17,9 @@ control flow:
 The main context is compacted (replaced by `system: main  user: <the latest result>`) once it
 holds COMPACT_AFTER tool results, and after an answer it cannot use (anything but `call <key>` or
 a value): a compacted context extends no earlier prompt, so it is a new sample of the rollout.
-Each sub-agent is a sample too (its two calls merge). A rollout thus makes 1 to 16 samples, and
-failing rollouts make more of them (retries, compactions), as real agents do.
+Each sub-agent is a sample too (its two calls merge; a retry whose first call repeats an earlier
+one's makes a branch, two samples). A rollout makes 1 to 27 samples (median 5 at the warm start),
+and failing rollouts make the most (retries, compactions), as real agents do.
 
 Reward: the fraction of the L + 1 steps done right, in order: each hop's sub-agent returning the
 chain's next element (failed hops skipped), then the final answer (1.0 = solved). Plain Python: no torch, no openai.
@@ -37,7 +38,7 @@ from examples.demo import task as demo
 MAX_HOPS = 4
 SUB_ATTEMPTS = 3  # sub-agents per hop: the first and up to two retries
 MAX_DELEGATIONS = MAX_HOPS + 2  # hops a main agent may ask for (a wrong key can loop)
-MAX_SUB_AGENTS = 12  # with at most 1 + MAX_COMPACTIONS main contexts: at most 16 samples a rollout
+MAX_SUB_AGENTS = 12  # a rollout has at most 1 + MAX_COMPACTIONS main contexts and 12 sub-agents
 MAX_COMPACTIONS = 3
 COMPACT_AFTER = 2  # tool results in the main context before it is compacted
 MAIN_MAX_TOKENS = 3
