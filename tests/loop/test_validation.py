@@ -106,6 +106,19 @@ def test_val_rounds_are_greedy_never_trained_and_reported(
     assert all("val/reward" not in row for row in result.summary.history)
     assert [v["step"] for v in result.summary.validation] == [0.0, 2.0, 3.0]
 
+    # Each pass of each round wrote agl eval's receipt and results (eval/rounds.py), agreeing with val/*.
+    from agl_trainer.eval.receipt import read_result
+
+    receipts = sorted(p.name for p in (tmp_path / "run" / "receipts").glob("*.receipt.json"))
+    assert receipts == [f"val-step{s:06d}-{p}.receipt.json" for s in (0, 2, 3) for p in ("greedy", "sampled")]
+    receipt, results = read_result(tmp_path / "run" / "receipts" / "val-step000002-sampled.receipt.json")
+    assert receipt["kind"] == "validation" and receipt["step"] == 2
+    assert receipt["sampling"] == {"mode": "train", "temperature": 0.7, "top_p": 0.9, "seed": None}
+    assert receipt["budget"]["k"] == 2 and receipt["model"]["base_sha256"] and receipt["machine"]["python"]
+    assert results["summary"]["mean@2"] == pytest.approx(val_rows[1]["val/sampled/reward"])
+    greedy, greedy_results = read_result(tmp_path / "run" / "receipts" / "val-step000003-greedy.receipt.json")
+    assert greedy["sampling"]["temperature"] == 0.0 and greedy_results["summary"]["mean@2"] == pytest.approx(0.5)
+
     # The engine saw greedy sampling for every mode-val call, sampling.train for every sampled val
     # call and every train call, whatever the harness asked for (1.3): the mode travelled in the URL.
     val_calls = [(t, p) for m, t, p in seen if m == VAL_MAX_TOKENS]

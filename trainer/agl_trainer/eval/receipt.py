@@ -185,13 +185,14 @@ def build_receipt(
     started_at: str,
     ended_at: str,
     results: dict[str, Any],
+    model: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     sampling = config.sampling.for_mode(mode)
     receipt = {
         "schema": SCHEMA,
         "kind": kind,
-        "model": model_section(config, model_path, served_url),
+        "model": model if model is not None else model_section(config, model_path, served_url),
         "harness": harness_section(config),
         "budget": {
             "k": k,

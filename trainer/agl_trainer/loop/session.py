@@ -216,7 +216,7 @@ class Session:
             progress=progress,
             pad_token_id=tokenizer_pad,
             on_step=self.on_step,
-            validator=build_validator(config, runner, data, run_id),
+            validator=build_validator(config, runner, data, run_id, out),
             canary=self._canary(config, engine, backend, model_path),
             agreement_log=self._agreement_log(out),
         )
@@ -304,11 +304,15 @@ def build_runner(
     )
 
 
-def build_validator(config: Config, runner: Any, data: Any, run_id: str) -> Any:
-    """The validation rounds of loop.val_every on val_tasks (loop/validation.py); None when off."""
+def build_validator(config: Config, runner: Any, data: Any, run_id: str, out: Path | None = None) -> Any:
+    """The validation rounds of loop.val_every on val_tasks (loop/validation.py); None when off.
+    With `out`, each round writes its receipts to OUTPUT_DIR/receipts (eval/rounds.py)."""
     if config.loop.val_every <= 0 or config.val_tasks is None:
         return None
+    import functools
+
     from agl_trainer.config import read_val_tasks
+    from agl_trainer.eval.rounds import write_round_receipts
     from agl_trainer.loop.validation import Validator
 
     return Validator(
@@ -320,6 +324,7 @@ def build_validator(config: Config, runner: Any, data: Any, run_id: str) -> Any:
         repeats=config.loop.val_repeats,
         sampled=config.loop.val_sampled,
         no_data_timeout_s=60.0 + config.loop.completion_grace_s,
+        on_round=functools.partial(write_round_receipts, config, out) if out is not None else None,
     )
 
 

@@ -18,6 +18,9 @@ Neither pass's rollouts enter a training batch (the loop trains only the groups 
 and both are marked in the store as dropped with the reason `validation`, so no later pass
 (e.g. `agl train --from-store`) trains them.
 
+Receipts: each pass of a round writes OUTPUT_DIR/receipts/val-stepNNNNNN-{greedy,sampled}.{results,
+receipt}.json, the same receipt as `agl eval` (eval/rounds.py).
+
 Metrics, one row per round at the step it measured (metrics.jsonl, TensorBoard, metrics.prom):
   val/reward       mean reward of the mode-val rollouts that produced data (greedy by default)
   val/reward_std   their standard deviation
@@ -32,6 +35,7 @@ Metrics, one row per round at the step it measured (metrics.jsonl, TensorBoard, 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import math
 import secrets
 import time
@@ -72,6 +76,7 @@ class Validator:
         repeats: int = 1,
         sampled: int = 0,
         no_data_timeout_s: float = 60.0,
+        on_round: Callable[..., Any] | None = None,
     ) -> None:
         if repeats < 1 or sampled < 0:
             raise ValueError(f"Validator: repeats must be >= 1 and sampled >= 0, got {repeats} and {sampled}")
@@ -83,6 +88,8 @@ class Validator:
         self.repeats = repeats
         self.sampled = sampled
         self.no_data_timeout_s = no_data_timeout_s
+        # on_round(step=, version=, specs=, rewards=, started_at=, ended_at=): the round's receipts (eval/rounds.py)
+        self.on_round = on_round
         self.last_step: int | None = None  # the step the latest round measured
         self.rounds = 0
         # Ids stay unique when a resumed run (same run id) validates a step the crashed one did.
@@ -107,9 +114,16 @@ class Validator:
         """One round at `step`; returns its val/* metrics. `check` raises to abandon the round
         (a stop request): the round's harnesses are cancelled and the exception propagates."""
         started = time.monotonic()
+        started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         specs = self.specs(step)
         self.rounds += 1
         outcomes, by_id = await collect(specs, self.runner, self.data, self.no_data_timeout_s, check)
+        if self.on_round is not None:
+            ended_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+            await asyncio.to_thread(
+                self.on_round, step=step, version=version, specs=specs, rewards=by_id, started_at=started_at,
+                ended_at=ended_at,
+            )  # fmt: skip
         self.data.mark_dropped([RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes], VAL_DROP_REASON)
         self.last_step = step
         greedy = [spec for spec in specs if spec.mode == semconv.MODE_VAL]
