@@ -9,6 +9,14 @@ SQLite query of the same rows and against `agl traces ls` (its default 50) on th
 the rendered rollouts page in headless Chromium (`--dump-dom`) against the same browser loading a
 static page; and the 200-call rollout page (API and rendered, tokens decoded) against `agl traces
 inspect` of the same rollout. --quick: 3,000 rollouts.
+
+    python bench/viewer.py --big
+
+One rollout of 4,000 and one of 20,000 calls (a thread whose every prompt extends the last call by
+reference, 28 new tokens a call): the rollout API's time to first byte (its first page) and
+`assemble_rollout` alone, against the same with assembly as it was before it became near-linear
+(bench/_assembly_before.py, measured in the same run; at 20,000 calls only an estimate of its
+memory is printed: it holds every call's whole context again, quadratic in calls).
 """
 
 from __future__ import annotations
@@ -169,11 +177,67 @@ def chromium_time(executable: str, url: str, expect: str, repeats: int) -> float
     return statistics.median(times)
 
 
+def big_rollout_store(path: Path, calls: int) -> int:
+    """A store holding one rollout of `calls` calls, prompts by reference; returns its tokens."""
+    rng = np.random.default_rng(0)
+    records: list = []
+    length = 0
+    for seq in range(calls):
+        suffix = rng.integers(5, 300, 24 if seq else 48).astype(np.int32)
+        completion = rng.integers(5, 300, 4).astype(np.int32)
+        ref = None if seq == 0 else (seq - 1, length)
+        records.append(_call(BIG_ID, seq, suffix, completion, "task-big", "train", 1_700_000_000_000_000_000 + seq, ref=ref))
+        length += suffix.size + completion.size
+    records.append(RewardSpan(span_id=os.urandom(8), name="reward", value=1.0, call_seq=None, end_ns=0,
+                              trace_id=os.urandom(16), rollout_id=BIG_ID, attempt=0, task_id="task-big"))  # fmt: skip
+    records.append(RolloutSpan(trace_id=os.urandom(16), span_id=os.urandom(8), rollout_id=BIG_ID, attempt=0,
+                               task_id="task-big", mode="train", status="succeeded", start_ns=0, end_ns=1, error=None))  # fmt: skip
+    store = RolloutStore(path, durability="normal", grace_s=0.0)
+    store.write_batches([records])
+    store.refresh_completion()
+    store.close()
+    return length
+
+
+def big_rollouts(repeats: int) -> None:
+    import _assembly_before
+    from agl_trainer.assembly import AssemblyConfig, assemble_rollout
+    from agl_trainer.viewer import Viewer, ViewerServer
+
+    print("one big rollout (a thread of calls, prompts by reference), the rollout API's first page:")
+    with tempfile.TemporaryDirectory(prefix="agl-bench-viewer-big-") as folder:
+        for calls in (4_000, 20_000):
+            path = Path(folder) / f"big-{calls}.db"
+            tokens = big_rollout_store(path, calls)
+            with RolloutStore(path, grace_s=0.0) as store:
+                data = store.load(store.ready_rollouts()[0].key)
+            assembled = timed(lambda: assemble_rollout(data, AssemblyConfig()), repeats)  # noqa: B023
+            viewer = Viewer(path, index=False, budget_s=600)
+            with ViewerServer(viewer, "127.0.0.1:0") as server:
+                api = ttfb(server.url + "api/rollout?id=" + BIG_ID, repeats)
+                line = (f"  {calls:6,} calls, {tokens:9,} tokens: API {api:6.2f} s, assemble_rollout {assembled:6.2f} s")
+                if calls <= 4_000:
+                    with _assembly_before.patched():
+                        before_api = ttfb(server.url + "api/rollout?id=" + BIG_ID, 1)
+                        before = timed(lambda: assemble_rollout(data, AssemblyConfig()), 1)  # noqa: B023
+                    line += (f"; before: API {before_api:6.2f} s ({before_api / api:5.1f}x),"
+                             f" assemble_rollout {before:6.2f} s ({before / assembled:5.1f}x)")  # fmt: skip
+                else:
+                    held = sum(48 + 28 * i for i in range(calls)) * 2 * 4  # prompt + full sequence, int32, every call
+                    line += f"; before: not run (it would hold {held / 2**30:.0f} GiB of copied contexts)"
+                print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3,000 rollouts instead of 100,000")
     parser.add_argument("--rollouts", type=int, default=None)
+    parser.add_argument("--big", action="store_true", help="only the 4,000- and 20,000-call rollouts")
     args = parser.parse_args()
+    if args.big:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        big_rollouts(3)
+        return
     rollouts = args.rollouts or (3_000 if args.quick else 100_000)
     repeats = 3 if args.quick else 5
 

@@ -229,10 +229,10 @@ def _log(run_dir: Path | None, key: RolloutKey) -> dict[str, Any] | None:
     return None
 
 
-def _rewards(rewards: Any, calls: list[Any]) -> list[dict[str, Any]]:
+def _rewards(rewards: Any, calls: queries.CallRows) -> list[dict[str, Any]]:
     """Each reward span with its end time as people read it: seconds since the epoch (`end_s`, the
     page shows the local time) and nanoseconds after the rollout's first call started (`after_ns`)."""
-    starts = [c["start_ns"] for c in calls if isinstance(c.get("start_ns"), int)]
+    starts = [start for start in calls.column("start_ns") if isinstance(start, int)]
     first = min(starts) if starts else None
     return [
         {

@@ -263,9 +263,43 @@ def attempts(db: sqlite3.Connection, rollout_id: str) -> list[int]:
     return [row[0] for row in rows]
 
 
-def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, list[dict[str, Any]]] | None:
-    """The rollout as `RolloutStore.load` gives it, plus each call's row as a dict (timing,
-    status, and any column a newer store adds, e.g. the sidecar's attribution)."""
+class CallRows:
+    """Each call's row as a dict (timing, status, and any column a newer store adds, e.g. the
+    sidecar's attribution), made only for the rows asked for: a page of a 20,000-call rollout."""
+
+    def __init__(self, names: list[str], rows: list[tuple]) -> None:
+        self.names = names
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, window: slice) -> list[dict[str, Any]]:
+        return [self._row(dict(zip(self.names, values, strict=True))) for values in self.rows[window]]
+
+    @staticmethod
+    def _row(c: dict[str, Any]) -> dict[str, Any]:
+        extra = {k: v for k, v in c.items() if k not in _KNOWN_CALL_COLUMNS and not isinstance(v, bytes)}
+        return {
+            "call_seq": c["call_seq"],
+            "start_ns": c["start_ns"],
+            "end_ns": c["end_ns"],
+            "status_code": c["status_code"],
+            "received_at": c["received_at"],
+            "span_id": c["span_id"].hex() if isinstance(c["span_id"], bytes) else None,
+            "trace_id": c["trace_id"].hex() if isinstance(c["trace_id"], bytes) else None,
+            "extra": extra,
+        }
+
+    def column(self, name: str) -> list[Any]:
+        if name not in self.names:
+            return []
+        i = self.names.index(name)
+        return [values[i] for values in self.rows]
+
+
+def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, CallRows] | None:
+    """The rollout as `RolloutStore.load` gives it, plus its calls' rows (CallRows)."""
     row = rollout_row(db, key)
     if row is None:
         return None
@@ -274,8 +308,9 @@ def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, list[dic
         (key.rollout_id, key.attempt),
     )
     names = [d[0] for d in cursor.description]
-    raw_calls = [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
-    calls = [CallRow(**{name: _value(name, c[name]) for name in _CALL_FIELDS if name in c}) for c in raw_calls]
+    raw_calls = cursor.fetchall()
+    fields = [(name, names.index(name)) for name in _CALL_FIELDS if name in names]
+    calls = [CallRow(**{name: _value(name, values[i]) for name, i in fields}) for values in raw_calls]
     rewards = [
         RewardRow(*r)
         for r in db.execute(
@@ -303,22 +338,7 @@ def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, list[dic
         harness_exit_code=row["harness_exit_code"],
         late_spans=row["late_spans"],
     )
-    extras = []
-    for c in raw_calls:
-        extra = {k: v for k, v in c.items() if k not in _KNOWN_CALL_COLUMNS and not isinstance(v, bytes)}
-        extras.append(
-            {
-                "call_seq": c["call_seq"],
-                "start_ns": c["start_ns"],
-                "end_ns": c["end_ns"],
-                "status_code": c["status_code"],
-                "received_at": c["received_at"],
-                "span_id": c["span_id"].hex() if isinstance(c["span_id"], bytes) else None,
-                "trace_id": c["trace_id"].hex() if isinstance(c["trace_id"], bytes) else None,
-                "extra": extra,
-            }
-        )
-    return RolloutData(info=info, calls=calls, rewards=rewards), extras
+    return RolloutData(info=info, calls=calls, rewards=rewards), CallRows(names, raw_calls)
 
 
 def step_rollouts(db: sqlite3.Connection, step: int, reward_name: str) -> list[dict[str, Any]]:
