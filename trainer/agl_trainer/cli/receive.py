@@ -45,6 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body, as sent")
     parser.add_argument("--max-decompressed-mb", type=float, default=256.0, help="largest body after gzip")
     parser.add_argument(
+        "--header-timeout-s", type=float, default=30.0,
+        help="close a connection whose request head has not all arrived by then (a half-sent request)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--body-timeout-s", type=float, default=120.0,
+        help="answer 408 to a request whose body has not all arrived by then, after its head",
+    )  # fmt: skip
+    parser.add_argument(
         "--durability",
         choices=("full", "normal"),
         default="full",
@@ -80,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-request-mb", args.max_request_mb), ("--max-decompressed-mb", args.max_decompressed_mb)):
         if not (math.isfinite(value) and 0 < value <= 1 << 20):  # nan or inf would be a traceback below
             raise CLIError(f"{flag} {value}: expected a size in MB, > 0 and at most 1048576")
+    for flag, value in (("--header-timeout-s", args.header_timeout_s), ("--body-timeout-s", args.body_timeout_s)):
+        if not (math.isfinite(value) and 0 < value <= 86_400):
+            raise CLIError(f"{flag} {value}: expected seconds, > 0 and at most 86400")
     token = os.environ.get(args.token_env) or None
     if token is None and not args.no_token and not (_loopback(host) and (grpc_host == "" or _loopback(grpc_host))):
         raise CLIError(
@@ -97,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         max_request_bytes=int(args.max_request_mb * (1 << 20)),
         max_decompressed_bytes=int(args.max_decompressed_mb * (1 << 20)),
         durability=args.durability,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
     )
     try:
         receiver = Receiver(args.store, config).start()
