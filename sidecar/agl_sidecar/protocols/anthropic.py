@@ -64,9 +64,9 @@ def _for_engine(chat: dict[str, Any], thinking: Any) -> dict[str, Any]:
     # litellm turns `thinking` into `reasoning_effort` (gpt-oss reads it); open reasoning models
     # such as Qwen3 switch on the chat-template variable `enable_thinking` instead, which templates
     # without it ignore.
-    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive", "between_tools"):
         kwargs = chat.setdefault("chat_template_kwargs", {})
-        kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
+        kwargs.setdefault("enable_thinking", thinking["type"] != "disabled")  # adaptive: the model may think
     if "tools" in chat:
         chat["tools"] = _without_cache_control(chat["tools"])
     for message in chat["messages"]:

@@ -92,8 +92,9 @@ class ToolChoice(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ThinkingConfig(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["enabled", "disabled"]
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: Annotated[int, msgspec.Meta(ge=1024)] | None = None
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
