@@ -51,6 +51,7 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
     type: Literal["message"] = "message"
     id: str | None = None
     status: str | None = None
+    phase: str | None = None
 
 
 class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
@@ -60,6 +61,8 @@ class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
     arguments: str
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None
+    namespace: str | None = None
 
 
 class FunctionCallOutput(msgspec.Struct, forbid_unknown_fields=True):
@@ -68,6 +71,9 @@ class FunctionCallOutput(msgspec.Struct, forbid_unknown_fields=True):
     output: str | list[dict[str, Any]]
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None
+    name: str | None = None
+    namespace: str | None = None
 
 
 class Reasoning(msgspec.Struct, forbid_unknown_fields=True):
@@ -93,6 +99,9 @@ class FunctionTool(msgspec.Struct, forbid_unknown_fields=True):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
+    allowed_callers: list[str] | None = None
+    defer_loading: bool | None = None
+    output_schema: dict[str, Any] | None = None
 
 
 class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,6 +130,8 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     background: bool | None = None
+    prompt_cache_retention: str | None = None
+    context_management: Any = None
 
 
 def check_responses(body: dict[str, Any]) -> None:
