@@ -52,14 +52,16 @@ def check_eval_config(config: Config) -> None:
     url = config.eval.model_url
     if url is not None and not url.startswith(("http://", "https://")):
         raise ConfigError(f"config key eval.model_url: {url!r} is not an http(s) URL (fix: http://host:8000/v1)")
-    probe = config
-    if config.tasks is None or not Path(config.tasks).is_file():  # train tasks are not needed here
-        import msgspec
+    import msgspec
 
-        probe = msgspec.structs.replace(config, tasks=eval_tasks_path(config), val_tasks=None)
+    # check_config's training checks, minus what evaluation does not use (train tasks, validation)
+    probe = msgspec.structs.replace(
+        config,
+        tasks=config.tasks if config.tasks and Path(config.tasks).is_file() else eval_tasks_path(config),
+        val_tasks=None,
+        loop=msgspec.structs.replace(config.loop, val_every=0),
+    )
     if url is not None and (config.model.path is None or not Path(config.model.path).exists()):
-        import msgspec
-
         probe = msgspec.structs.replace(probe, model=msgspec.structs.replace(probe.model, path="."))
     check_config(probe, base=Path.cwd())
     out = Path(config.eval.output_dir)
