@@ -75,6 +75,11 @@ def parser() -> argparse.ArgumentParser:
     add("--max-body-bytes", type=int, metavar="N",
         help="largest request body accepted; larger ones get 413 (default 33554432, 32 MiB)")
     add("--health-interval-s", type=float, metavar="S", help="seconds between upstream /health probes (default 5)")
+    add("--header-timeout-s", type=float, metavar="S",
+        help="close a connection that has not sent a whole request head this long after opening or after its "
+             "last answer (also the keep-alive idle time; default 60)")
+    add("--body-timeout-s", type=float, metavar="S",
+        help="answer 408 and close when a request body is not whole this long after its head (default 120)")
     add("--default-mode", choices=["train", "val"],
         help="rollout mode for calls that do not say (x-agl-mode header or baggage); selects sampling overrides")
     add("--capture-messages", action="store_true", default=None,
