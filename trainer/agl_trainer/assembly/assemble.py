@@ -387,13 +387,15 @@ def _place_call_rewards(
     problems: dict[str, int],
 ) -> None:
     # A reward's agl.call.seq names its call by seq, or by position in the rollout (0 = the first
-    # call: what a harness counting its calls knows; seqs are clock readings, sidecar/spans/call_seq.py).
+    # call: what a harness counting its calls knows; seqs are clock readings, sidecar/spans/call_seq.py)
+    # where no seq can be mistaken for a position (a counted 1, 2 with call 0 lost is not positions).
     ordered = sorted(placements)
+    by_position = bool(ordered) and ordered[0] >= len(ordered)
     per_call: dict[int, float] = {}
     for reward in data.rewards:  # the last one per call wins
         if reward.name == config.reward_name and reward.call_seq is not None:
             seq = reward.call_seq
-            if seq not in placements and seq < len(ordered):
+            if by_position and seq < len(ordered):
                 seq = ordered[seq]
             per_call[seq] = reward.value
     for seq, value in sorted(per_call.items()):
