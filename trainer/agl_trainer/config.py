@@ -349,6 +349,44 @@ class ViewerSection(_Section):
     ] = "AGL_VIEWER_TOKEN"
 
 
+class WandbSection(_Section):
+    """Weights & Biases (metrics.trackers: [wandb]); pip install 'agl[trackers]'."""
+
+    project: Annotated[str, _doc("the W&B project")] = "agl"
+    entity: Annotated[str | None, _doc("the W&B entity (team or user; default: your default entity)")] = None
+    run_name: Annotated[str | None, _doc("the run's name (default: the output directory's name)")] = None
+    mode: Annotated[
+        Literal["online", "offline", "disabled"] | None,
+        _doc("online, offline (writes OUTPUT_DIR/wandb, `wandb sync` later) or disabled (default: WANDB_MODE, "
+             "else online)"),
+    ] = None
+    tags: Annotated[list[str], _doc("tags on the run")] = []
+
+
+class MlflowSection(_Section):
+    """MLflow (metrics.trackers: [mlflow]); pip install 'agl[trackers]' (mlflow-skinny)."""
+
+    tracking_uri: Annotated[
+        str | None,
+        _doc("the tracking server (http://host:5000) or a file store (file:/path/mlruns); default: "
+             "MLFLOW_TRACKING_URI, else file:OUTPUT_DIR/mlruns"),
+    ] = None
+    experiment: Annotated[str, _doc("the experiment's name (created when missing)")] = "agl"
+    run_name: Annotated[str | None, _doc("the run's name (default: the output directory's name)")] = None
+
+
+class MetricsSection(_Section):
+    """Where metrics go beside metrics.jsonl, metrics.prom and tensorboard/ (always written)."""
+
+    trackers: Annotated[
+        list[Literal["wandb", "mlflow"]],
+        _doc("experiment trackers that also get every metric and evaluation result: [wandb, mlflow]; a "
+             "tracker that cannot start stops the run before it starts, one that fails later warns once"),
+    ] = []
+    wandb: WandbSection = msgspec.field(default_factory=WandbSection)
+    mlflow: MlflowSection = msgspec.field(default_factory=MlflowSection)
+
+
 class EvalSection(_Section):
     """`agl eval CONFIG`: k attempts a task through the same harness, sidecar and runner as training."""
 
@@ -401,6 +439,7 @@ class Config(_Section):
     diagnostics: DiagnosticsSection = msgspec.field(default_factory=DiagnosticsSection)
     assembly: AssemblyConfig = msgspec.field(default_factory=AssemblyConfig)
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
+    metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
 
 
 # --- loading ---------------------------------------------------------------------------------

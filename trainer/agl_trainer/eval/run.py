@@ -85,13 +85,27 @@ async def run_eval(config: Config, *, quiet: bool = False) -> EvalResult:
     (out / "config.yaml").write_text(dump_config(config))
     tasks_path = eval_tasks_path(config)
     tasks = read_tasks(tasks_path)
-    served = config.eval.model_url
-    model_path = None if served else str(config.model.path)
-    k, mode = config.eval.k, config.eval.mode
+    from agl_trainer.metrics.trackers import start_trackers
+
+    trackers = start_trackers(config, out, kind="eval")  # one that cannot start fails before the engine
+    started_at, started = now_iso(), time.monotonic()
+    try:
+        return await _evaluate(config, out, tasks, tasks_path, trackers, started_at, started, quiet=quiet)
+    finally:
+        trackers.close()
+
+
+async def _evaluate(
+    config: Config, out: Path, tasks: list[dict[str, Any]], tasks_path: str, trackers: Any, started_at: str,
+    started: float, *, quiet: bool,
+) -> EvalResult:  # fmt: skip
     from agl_trainer.loop import topology as addresses
     from agl_trainer.loop.serving import start_serving
     from agl_trainer.loop.validation import collect
 
+    served = config.eval.model_url
+    model_path = None if served else str(config.model.path)
+    k, mode = config.eval.k, config.eval.mode
     topology = addresses.resolve(config)
     addresses.save_secrets(out, topology)
     budget_env = {}
@@ -99,7 +113,6 @@ async def run_eval(config: Config, *, quiet: bool = False) -> EvalResult:
         budget_env[ENV_MAX_TURNS] = str(config.eval.max_turns)
     if config.eval.context_tokens:
         budget_env[ENV_CONTEXT_TOKENS] = str(config.eval.context_tokens)
-    started_at, started = now_iso(), time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         serving = await start_serving(
             config, out, stack, model_path, topology=topology, served_url=served_upstream(served) if served else None,
@@ -142,6 +155,7 @@ async def run_eval(config: Config, *, quiet: bool = False) -> EvalResult:
         seed=config.seed, started_at=started_at, ended_at=ended_at, results=results,
     )  # fmt: skip
     receipt_path = write_result(out, results, receipt)
+    trackers.summary({f"eval/{key}": value for key, value in summary.items()}, [out / "results.json", receipt_path])
     return EvalResult(out, receipt_path, summary, rows, rollout_s, len(specs))
 
 

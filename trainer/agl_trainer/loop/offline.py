@@ -161,7 +161,9 @@ class OfflineTrainer:
         from agl_trainer.metrics import MetricsWriter
 
         data = StoreDataPlane(store, config.assembly)
-        metrics = MetricsWriter(out)
+        from agl_trainer.metrics.trackers import start_trackers
+
+        metrics = MetricsWriter(out, trackers=start_trackers(config, out, kind="train"))
         stack.callback(metrics.close)
         pad = _pad_token_id(str(config.model.path))
         summary = OfflineSummary(steps=0, trained=0, output_dir=out)

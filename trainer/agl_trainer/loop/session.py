@@ -151,6 +151,10 @@ class Session:
         addresses.save_secrets(out, topology)
         (out / "config.yaml").write_text(dump_config(config))
         tasks = read_tasks(config.tasks)  # type: ignore[arg-type]
+        from agl_trainer.metrics.trackers import start_trackers
+
+        trackers = start_trackers(config, out, kind="train")  # one that cannot start fails before the engine
+        self._stack.callback(trackers.close)
         random.seed(config.seed)
         model_path = str(config.model.path)
 
@@ -198,7 +202,7 @@ class Session:
         self._stack.callback(progress.close)
         from agl_trainer.metrics import MetricsWriter
 
-        metrics = MetricsWriter(out)
+        metrics = MetricsWriter(out, trackers=trackers)
         self._stack.callback(metrics.close)
         tokenizer_pad = _pad_token_id(model_path)
         self.loop = TrainingLoop(

@@ -5,6 +5,7 @@
 - tensorboard/: scalars for TensorBoard (`tensorboard --logdir OUTPUT_DIR/tensorboard`);
 - metrics.prom: Prometheus text format, rewritten atomically each step (point node_exporter's
   textfile collector at it, or serve it);
+- Weights & Biases and MLflow when metrics.trackers names them (metrics/trackers.py, optional);
 and `plot_run(output_dir)` draws reward.png (reward and entropy per step) from metrics.jsonl.
 """
 

@@ -14,7 +14,7 @@ PROMETHEUS_PREFIX = "agl_train_"
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: Path, *, tensorboard: bool = True) -> None:
+    def __init__(self, output_dir: Path, *, tensorboard: bool = True, trackers: Any = None) -> None:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.output_dir / "metrics.jsonl"
@@ -22,6 +22,7 @@ class MetricsWriter:
         self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self._tensorboard: Any = None
         self._latest: dict[str, float] = {}  # every metric's latest value, for metrics.prom
+        self.trackers = trackers  # metrics/trackers.py: W&B, MLflow (configured ones), or None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -40,6 +41,8 @@ class MetricsWriter:
                 if math.isfinite(value):
                     self._tensorboard.add_scalar(name, value, step)
             self._tensorboard.flush()
+        if self.trackers:
+            self.trackers.log(step, clean)  # a failing tracker warns once and is dropped, never raises
         # A validation row holds only val/*: metrics.prom keeps showing the training metrics too.
         self._latest.update(clean)
         self._write_prometheus(step, self._latest)
@@ -55,6 +58,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._jsonl.close()
+        if self.trackers is not None:
+            self.trackers.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
