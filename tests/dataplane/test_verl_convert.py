@@ -67,6 +67,8 @@ def assert_same(left: TrainingBatch, right: TrainingBatch) -> None:
         assert torch.equal(getattr(left, name), getattr(right, name)), name
     for name in ("engine_logprobs", "token_rewards", "rollout_rewards"):
         assert torch.allclose(getattr(left, name), getattr(right, name)), name
+    assert torch.equal(left.known_logprobs(), right.known_logprobs())
+    assert torch.equal(left.switched(), right.switched())
     assert left.rollout_ids == right.rollout_ids and left.task_ids == right.task_ids
 
 
@@ -104,6 +106,8 @@ def test_round_trip_through_verl_operations():
     from verl import DataProto
 
     original = batch()
+    original.logprob_known[0, 4] = False  # an unknown engine logprob and a token after a keep switch
+    original.after_switch[3, 2] = True  # survive the trip
     data = to_dataproto(original)
     assert_same(from_dataproto(data), original)
     rejoined = DataProto.concat(data.chunk(2))  # what verl does across data-parallel workers

@@ -7,6 +7,9 @@ verl splits each row into a left-padded prompt and a right-padded response:
         template text between merged calls are inside the response but 0, as in verl's multi-turn
         agent loop
     old_log_probs, rollout_log_probs [N, R]: the engine's logprobs (verl may recompute old_log_probs)
+    rollout_log_probs_known [N, R]: 0 where the engine gave no usable logprob (its 0.0 above is a
+        placeholder: agl's backends re-score such a token or leave it out, backends/agreement.py)
+    after_switch [N, R]: 1 where a token was sampled after a keep switch in its call
     token_level_scores, token_level_rewards [N, R]: the rollout's reward on the row's last trained
         token, plus per-call rewards where they were placed
     advantages, returns [N, R]: when given
@@ -78,6 +81,8 @@ def to_dataproto(
     response_mask = response_part(batch.loss_mask, 0.0, torch.float32)
     logprobs = response_part(batch.engine_logprobs, 0.0, torch.float32)
     versions = response_part(batch.policy_versions, -1, torch.long)
+    known = response_part(batch.known_logprobs(), 1, torch.float32)
+    switched = response_part(batch.switched(), 0, torch.float32)
     scores = response_part(batch.token_rewards, 0.0, torch.float32)
     trained_rows = response_mask.any(dim=1)
     last_trained = width_r - 1 - response_mask.flip(dims=[1]).argmax(dim=1)
@@ -98,6 +103,8 @@ def to_dataproto(
         "token_level_scores": scores,
         "token_level_rewards": scores.clone(),
         "policy_versions": versions,
+        "rollout_log_probs_known": known,
+        "after_switch": switched,
         "rollout_index": batch.rollout_index.clone(),
     }
     for name, value in (("advantages", advantages), ("returns", returns)):
@@ -154,6 +161,9 @@ def from_dataproto(data: DataProto, pad_token_id: int = 0) -> TrainingBatch:
     engine_logprobs = torch.zeros((n, width), dtype=torch.float32)
     policy_versions = torch.full((n, width), -1, dtype=torch.long)
     token_rewards = torch.zeros((n, width), dtype=torch.float32)
+    known = torch.ones((n, width), dtype=torch.bool)
+    switched = torch.zeros((n, width), dtype=torch.bool)
+    has_masks = "rollout_log_probs_known" in tensors.keys()  # older exports have none
     rollout_index = tensors["rollout_index"].long()
     rollout_rewards = torch.tensor(meta["agl_rollout_rewards"], dtype=torch.float32)
     scores = tensors["token_level_scores"].clone()
@@ -170,6 +180,9 @@ def from_dataproto(data: DataProto, pad_token_id: int = 0) -> TrainingBatch:
         engine_logprobs[row, p : p + r] = tensors["rollout_log_probs"][row, :r]
         policy_versions[row, p : p + r] = tensors["policy_versions"][row, :r]
         token_rewards[row, p : p + r] = scores[row, :r]
+        if has_masks:
+            known[row, p : p + r] = tensors["rollout_log_probs_known"][row, :r] > 0
+            switched[row, p : p + r] = tensors["after_switch"][row, :r] > 0
     return TrainingBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -183,4 +196,6 @@ def from_dataproto(data: DataProto, pad_token_id: int = 0) -> TrainingBatch:
         rollout_group_index=torch.tensor(meta["agl_rollout_group_index"], dtype=torch.long),
         rollout_ids=list(meta["agl_rollout_ids"]),
         task_ids=list(meta["agl_task_ids"]),
+        logprob_known=known,
+        after_switch=switched,
     )
