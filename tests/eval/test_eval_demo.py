@@ -16,6 +16,7 @@ from agl_trainer.cli import main
 from agl_trainer.eval.receipt import model_hash, read_result, sha256_file
 
 DEMO_CONFIG = "examples/demo/config.yaml"
+TRACKERS = ["--metrics.trackers=[wandb, mlflow]", "--metrics.wandb.mode=offline"]  # mlflow: file:OUTPUT_DIR/mlruns
 FAST = ["--viewer.enabled=false", "--diagnostics.canary.enabled=false", "--loop.completion_grace_s=0.2"]
 
 
@@ -35,7 +36,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     overrides = [
         f"--tasks={tasks}", f"--val_tasks={val}", f"--output_dir={root / 'run'}", f"--model.path={prepared.path}",
         "--loop.batch_rollouts=16", "--loop.concurrency=16", "--loop.max_steps=2", "--loop.max_train_s=0",
-        "--loop.checkpoint_every=1", "--loop.val_every=0", *FAST,
+        "--loop.checkpoint_every=1", "--loop.val_every=0", *FAST, *TRACKERS,
     ]  # fmt: skip
     result = asyncio.run(Session(load_config(DEMO_CONFIG, overrides), quiet=True).run())
     assert result.summary.steps == 2
@@ -99,8 +100,21 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     assert "mean@3" in table and "pass@3" in table and "val-00000" in table
 
     # A different turn budget (handed to the harness as AGL_MAX_TURNS) is in the receipt; --compare refuses it.
-    budget = evaluate(demo, "turns", demo["warm"], "--eval.max_turns=5")
-    assert read_result(budget)[0]["budget"]["max_turns"] == 5
+    budget = evaluate(demo, "turns", demo["warm"], "--eval.max_turns=5", *TRACKERS)
+    budget_receipt, budget_results = read_result(budget)
+    assert budget_receipt["budget"]["max_turns"] == 5
+    # Its results went to W&B (offline run) and MLflow (file store) too, as did the training's metrics.
+    from tests.loop.test_trackers import mlflow_runs
+    from tests.support.wandb_offline import read_run
+
+    (wandb_run,) = (budget / "wandb").glob("offline-run-*")
+    assert read_run(wandb_run)["summary"]["eval/mean@3"] == pytest.approx(budget_results["summary"]["mean@3"])
+    (eval_run,) = mlflow_runs(budget / "mlruns")
+    assert eval_run["eval/mean_3"] == [(0, pytest.approx(budget_results["summary"]["mean@3"]))]
+    (train_wandb,) = (demo["run"] / "wandb").glob("offline-run-*")
+    assert [row["_step"] for row in read_run(train_wandb)["history"] if "reward/mean" in row] == [1, 2]
+    (train_run,) = mlflow_runs(demo["run"] / "mlruns")
+    assert [step for step, _ in train_run["reward/mean"]] == [1, 2]
     assert main(["eval", "--compare", str(warm), str(budget)]) == 1
     assert "budget.max_turns: 0 vs 5" in capsys.readouterr().err
 

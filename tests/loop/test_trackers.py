@@ -27,17 +27,24 @@ def tracked_config(tmp_path: Path, *extra: str):  # noqa: ANN201
     )  # fmt: skip
 
 
-def mlflow_history(tmp_path: Path, name: str) -> dict[str, list[tuple[int, float]]]:
+def mlflow_runs(store: Path, experiment: str = "agl") -> list[dict[str, list[tuple[int, float]]]]:
+    """Each run of the experiment in the MLflow file store: every metric's (step, value) history."""
+    import os
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
-    experiment = client.get_experiment_by_name("exp")
-    (run,) = client.search_runs([experiment.experiment_id])
-    return {
-        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
-        for key in run.data.metrics
-        if key == name or name == "*"
-    }
+    client = MlflowClient(tracking_uri=store.as_uri())
+    found = client.get_experiment_by_name(experiment)
+    return [
+        {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)] for key in run.data.metrics}
+        for run in client.search_runs([found.experiment_id])
+    ]
+
+
+def mlflow_history(tmp_path: Path, name: str) -> dict[str, list[tuple[int, float]]]:
+    (run,) = mlflow_runs(tmp_path / "mlruns", "exp")
+    return {key: history for key, history in run.items() if key == name or name == "*"}
 
 
 def test_metrics_reach_wandb_offline_and_an_mlflow_file_store(tmp_path: Path) -> None:
