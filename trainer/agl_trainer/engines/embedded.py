@@ -21,7 +21,7 @@ the one streaming loop), embedded_wire.py (vLLM's wire format), embedded_batchin
 batching and sampling), embedded_weights.py (in-place state_dict loading).
 
 Supported request fields: model, messages / prompt, max_tokens (max_completion_tokens), n, seed,
-temperature, top_p, top_k, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,
+temperature, top_p, top_k, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, prompt_logprobs,
 return_token_ids, return_tokens_as_token_ids, skip_special_tokens, stream,
 stream_options.include_usage, logit_bias, tools, add_generation_prompt, continue_final_message,
 chat_template_kwargs. Tool calls are not parsed out of the text (the model's text is returned

@@ -324,6 +324,7 @@ class AglTrainingWorker(TrainingWorker):
             return data[name].values()[keep] if name in data.keys() else None  # noqa: SIM118 - a TensorDict
 
         versions = data["versions"].values()[keep]
+        measuring = time.perf_counter()
         old, engine, before = resolve_logprobs(  # backends/agreement.py: unknown engine logprobs re-scored
             log_prob.detach(),
             data["engine_logprobs"].values()[keep].float(),
@@ -339,6 +340,7 @@ class AglTrainingWorker(TrainingWorker):
             self._sums[key] += value
         for key, value in agree_maxima.items():
             self._maxima[key] = max(self._maxima[key], value)
+        self._sums["agreement_s"] += time.perf_counter() - measuring
         importance = None
         if not algo.bypass_old_logprobs and algo.importance_scope != "off":
             iw = truncated_importance_weights(
