@@ -44,6 +44,7 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     assert frozen >= 1  # calls were frozen mid-generation at some update
     counts = Counter(n for report in reports for n in report.values())
     boundaries: Counter[int] = Counter()
+    crossed_trained = 0  # calls across a switch in a rollout the run trained (the rest ended untrained)
     crossed = 0
     with store_of(config) as store:
         assert set(store.stats().by_cause) <= {"ok"}
@@ -57,6 +58,7 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
                 assert np.all(np.diff(versions) >= 0) and versions[-1] <= result.summary.policy_version
                 if call.policy_versions is not None:
                     crossed += 1
+                    crossed_trained += info.trained_step is not None
                     starts = call.policy_versions[0::2]
                     assert starts[0] == 0 and np.all(np.diff(starts) > 0) and starts[-1] < versions.size
                     boundaries.update(int(b) for b in starts[1:])  # where a later version took over
@@ -66,7 +68,8 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     # each boundary is exactly a token count the engine reported at a freeze
     assert not boundaries - counts, (boundaries, counts)
     # their tokens after the switch are measured apart (agreement/keep_kv), the rest agree at lag 0
-    assert sum(m.get("agreement/keep_kv/tokens", 0) for m in steps) >= 1
+    # (whether any such rollout was trained within the 3 steps depends on timing: checked either way)
+    assert (sum(m.get("agreement/keep_kv/tokens", 0) for m in steps) >= 1) == (crossed_trained >= 1)
     assert all(m["agreement/lag0/mean_abs_delta"] < 1e-4 for m in steps if "agreement/lag0/tokens" in m)
 
 
