@@ -1,12 +1,13 @@
 """Half-sent requests are not held forever: a connection whose request headers have not all arrived
-`header_timeout_s` after it opened (or after its previous answer, on a kept-alive connection) is
-closed, and a body still arriving `body_timeout_s` after its headers is answered 408 (server.py).
+`header_timeout_s` after it opened (or after the first bytes of its next request, on a kept-alive
+connection) is closed, and a body still arriving `body_timeout_s` after its headers is answered 408 (server.py).
 Before, 240 connections that sent half a request exhausted a 256-descriptor limit and every sender's
 export failed.
 
-`HeaderDeadline.wrap` wraps aiohttp's protocol factory: each connection gets a timer when it opens; the
-app's middleware (`started`) cancels it when a request's headers are parsed and arms it again when
-the answer is sent. `ByteBudget` bounds the request bodies held at once.
+`HeaderDeadline.wrap` wraps aiohttp's protocol factory: each connection gets a timer when it opens,
+and again when bytes arrive while no request of it is being handled; the app's middleware
+(`started`) cancels it once a request's head is parsed. An idle kept-alive connection is aiohttp's
+(its keepalive_timeout), not counted here. `ByteBudget` bounds the request bodies held at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class HeaderDeadline:
         self._timeout_s = timeout_s
         self._on_expire = on_expire
         self._timers: dict[Any, asyncio.TimerHandle] = {}  # transport -> its timer
+        self._busy: set[Any] = set()  # transports whose request is being handled (its body has its own deadline)
 
     def wrap(self, factory: Callable[[], Any]) -> Callable[[], Any]:
         """aiohttp's protocol factory, each connection it makes under the deadline."""
@@ -30,6 +32,11 @@ class HeaderDeadline:
 
     def _watch(self, protocol: Any) -> asyncio.Protocol:
         return _Watched(protocol, self)
+
+    def heard(self, transport: Any) -> None:
+        """Bytes arrived: the start of a request's head unless one is being handled."""
+        if transport not in self._busy and transport not in self._timers:
+            self.arm(transport)
 
     def arm(self, transport: Any) -> None:
         self.disarm(transport)
@@ -58,12 +65,14 @@ class HeaderDeadline:
         @web.middleware
         async def started(request: web.Request, handler: Callable) -> web.StreamResponse:
             transport = request.transport
-            if transport is not None:
-                self.disarm(transport)  # the headers are here: the body has its own deadline
-            response = await handler(request)
-            if transport is not None and not transport.is_closing() and response.keep_alive is not False:
-                self.arm(transport)  # the next request's head on a kept-alive connection
-            return response
+            if transport is None:
+                return await handler(request)
+            self.disarm(transport)  # the head is here: the body has its own deadline
+            self._busy.add(transport)
+            try:
+                return await handler(request)
+            finally:
+                self._busy.discard(transport)
 
         return started
 
@@ -87,6 +96,8 @@ class _Watched(asyncio.Protocol):
         self._inner.connection_lost(error)
 
     def data_received(self, data: bytes) -> None:
+        if self._transport is not None:
+            self._deadline.heard(self._transport)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
