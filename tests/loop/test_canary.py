@@ -110,3 +110,19 @@ def test_judge_names_each_pattern() -> None:
     assert judge(spike, spike, spike, spike, 1e-3)[0] == "mismatch"
     for verdict in ("weights_not_loaded", "stale_cache", "numerics", "mismatch"):
         assert verdict in VERDICTS
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("--diagnostics.canary.action=halt", "diagnostics.canary.action"),
+        ("--diagnostics.canary.tolerance=0", "diagnostics.canary.tolerance"),
+        ("--diagnostics.canary.probes=0", "diagnostics.canary.probes"),
+        ("--diagnostics.canary.tokens=2", "diagnostics.canary.tokens"),
+    ],
+)
+def test_bad_canary_settings_are_named(tmp_path: Path, override: str, named: str) -> None:
+    from agl_trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(None, [f"--tasks={write_tasks(tmp_path / 't.jsonl', TASKS)}", override])
