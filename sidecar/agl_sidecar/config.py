@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from agl import semconv
-from agl_sidecar.proxy.inputs import INT64_MAX, INT64_MIN
+from agl_sidecar.inputs import INT64_MAX, INT64_MIN
 from agl_sidecar.proxy.routing import validate_upstream
 
 ENV_PREFIX = "AGL_SIDECAR_"

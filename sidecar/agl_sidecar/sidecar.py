@@ -14,11 +14,12 @@ from agl import semconv
 from agl_sidecar import __version__
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.metrics import Metrics
-from agl_sidecar.proxy.attribution import Identity, bearer_token
+from agl_sidecar.calls.attribution import Identity, bearer_token
 from agl_sidecar.proxy.gate import Gate
 from agl_sidecar.proxy.handler import Proxy
 from agl_sidecar.proxy.request import identity_from
-from agl_sidecar.proxy.routing import Router, Upstream
+from agl_sidecar.proxy.parts import ProxyParts
+from agl_sidecar.proxy.routing import Router
 from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.spans.foreground import Foreground
 from agl_sidecar.spans.otlp import RequestFramer
@@ -57,7 +58,9 @@ class Sidecar:
             token_cache_bytes=config.token_cache_bytes,
             durable=config.durable_spans,
         )
-        self.proxy = Proxy(self)
+        self.proxy = Proxy(
+            ProxyParts(config, self.gate, self.router, self.recorder, self.metrics, self.foreground, lambda: self.session)
+        )
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
 
@@ -102,20 +105,6 @@ class Sidecar:
     def identity(self, request: web.Request) -> Identity:
         return identity_from(request, self.config.rollout_api_keys)
 
-    def upstream_authorization(self, request: web.Request, upstream: Upstream) -> str | None:
-        """The Authorization the engine gets: --upstream-api-key, else the credentials in the
-        upstream's URL (as Basic auth), else the harness's own header when the sidecar has no key."""
-        if self.config.upstream_api_key:
-            return f"Bearer {self.config.upstream_api_key}"
-        if upstream.authorization is not None:
-            return upstream.authorization
-        # A sidecar with its own API key does not pass the harness's key on.
-        if self.config.api_key or self.config.rollout_api_keys:
-            return None
-        given = request.headers.get("Authorization")
-        # A header that arrived with bytes outside latin-1 cannot be sent on as it came.
-        return given if given is None or _latin1(given) else None
-
     def harness_authorized(self, request: web.Request) -> bool:
         """With --api-key or per-rollout keys set, a harness sends one of them (either is enough)."""
         if not self.config.api_key and not self.config.rollout_api_keys:
@@ -156,14 +145,6 @@ def same_secret(given: str, expected: str) -> bool:
     """A constant-time comparison of a secret a client sent (any bytes: a header's undecodable
     bytes arrive as surrogates) with the configured one; compare_digest takes only ASCII str."""
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
-
-
-def _latin1(value: str) -> bool:
-    try:
-        value.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 SIDECAR_KEY: web.AppKey[Sidecar] = web.AppKey("sidecar")

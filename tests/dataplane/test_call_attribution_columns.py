@@ -12,10 +12,11 @@ import httpx
 import msgspec
 import pytest
 from agl import semconv
-from agl_sidecar.proxy.attribution import Identity
+from agl_sidecar.calls.attribution import Identity
 from agl_sidecar.spans import otlp
 from agl_sidecar.spans.exporter import ExportCounters
-from agl_sidecar.spans.recorder import CallRecord, SpanRecorder
+from agl_sidecar.calls.record import CallRecord
+from agl_sidecar.spans.recorder import SpanRecorder
 from agl_trainer.store import RolloutStore
 from agl_trainer.store.schema import SCHEMA_VERSION
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse

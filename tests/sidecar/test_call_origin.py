@@ -8,7 +8,7 @@ import asyncio
 import httpx
 
 from agl import semconv
-from agl_sidecar.proxy.attribution import Identity, RolloutTraces, TraceParent
+from agl_sidecar.calls.attribution import Identity, RolloutTraces, TraceParent
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 HARNESS_TRACE = "ab" * 16

@@ -242,9 +242,9 @@ def test_an_upstream_event_that_never_ends_breaks_the_stream_instead_of_growing_
 ):
     # Before: the unfinished event's buffer grew with every read, without bound (the sidecar killed
     # for memory, with every call in flight through it).
-    from agl_sidecar.proxy import handler
+    from agl_sidecar.proxy import sse
 
-    monkeypatch.setattr(handler, "MAX_EVENT_BYTES", 64 * 1024)
+    monkeypatch.setattr(sse, "MAX_EVENT_BYTES", 64 * 1024)
     server, scripted = engine
     endless = [_chunk("[5]", prompt="[1,2]"), b"data: {" + b" " * 40000] + [b" " * 40000] * 4
     scripted["reply"] = Reply(content_type=SSE, chunks=endless)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from agl import semconv
-from agl_sidecar.proxy.switches import MAX_LOG_PROGRESS, SwitchLog
+from agl_sidecar.calls.switches import MAX_LOG_PROGRESS, SwitchLog
 from tests.sidecar.sidecar_process import SidecarProcess
 from tests.support.waiting import wait_until
 

@@ -307,11 +307,11 @@ def test_disconnect_while_waiting_for_a_unary_answer_cancels_upstream(make_sidec
     ],
 )
 def test_stream_chunk_is_recorded_once_and_stripped_whatever_the_key_order(chunk):
-    from agl_sidecar.proxy.attribution import Identity
+    from agl_sidecar.calls.attribution import Identity
     from agl_sidecar.proxy.recording import StreamRecorder
     from agl_sidecar.proxy.request import CHAT, Flags
-    from agl_sidecar.spans.recorder import CallRecord
-    from agl_sidecar.proxy.wire import chat_request
+    from agl_sidecar.calls.record import CallRecord
+    from agl_sidecar.calls.wire import chat_request
 
     call = CallRecord(api="a", operation="chat", identity=Identity(), trace_parent=None, start_ns=0)
     flags = Flags(CHAT, chat_request.decode(b'{"messages":[]}'))
@@ -326,11 +326,11 @@ def test_stream_chunk_is_recorded_once_and_stripped_whatever_the_key_order(chunk
 
 
 def _record(body: bytes):
-    from agl_sidecar.proxy.attribution import Identity
+    from agl_sidecar.calls.attribution import Identity
     from agl_sidecar.proxy.recording import record_unary
     from agl_sidecar.proxy.request import CHAT, Flags
-    from agl_sidecar.spans.recorder import CallRecord
-    from agl_sidecar.proxy.wire import chat_request
+    from agl_sidecar.calls.record import CallRecord
+    from agl_sidecar.calls.wire import chat_request
 
     call = CallRecord(api="a", operation="chat", identity=Identity(), trace_parent=None, start_ns=0)
     out = record_unary(CHAT, body, Flags(CHAT, chat_request.decode(b'{"messages":[]}')), call, False)
@@ -339,7 +339,7 @@ def _record(body: bytes):
 
 
 def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole(monkeypatch):
-    from agl_sidecar.proxy import wire
+    from agl_sidecar.calls import wire
 
     engine = json.loads((VLLM_CAPTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes())
     engine["prompt_token_ids"] *= 300  # a long prompt, as vLLM writes it (compact JSON)
@@ -382,7 +382,7 @@ _CHOICE = (
     ],
 )
 def test_a_prompt_array_that_cannot_be_lifted_safely_is_decoded_whole(body, prompt):
-    from agl_sidecar.proxy import wire
+    from agl_sidecar.calls import wire
 
     assert len(body) >= wire.LIFT_MIN_BYTES
     sent, recorded, completions = _record(body)

@@ -12,10 +12,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from agl import semconv
 from agl_sidecar.spans import otlp, token_arrays
-from agl_sidecar.proxy.attribution import Identity
+from agl_sidecar.calls.attribution import Identity
 from agl_sidecar.spans.exporter import ExportCounters
 from agl_sidecar.spans.foreground import Foreground
-from agl_sidecar.spans.recorder import CallRecord, SpanRecorder
+from agl_sidecar.calls.record import CallRecord
+from agl_sidecar.spans.recorder import SpanRecorder
 from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
 from tests.support.otlp_sink import any_value
 from tests.support.waiting import wait_until_async

@@ -15,11 +15,11 @@ import msgspec
 import pytest
 
 from agl import semconv
-from agl_sidecar.proxy.attribution import Identity
+from agl_sidecar.calls.attribution import Identity
 from agl_sidecar.proxy.recording import StreamRecorder, record_unary
 from agl_sidecar.proxy.request import CHAT, COMPLETIONS, Flags
-from agl_sidecar.spans.recorder import CallRecord
-from agl_sidecar.proxy.wire import chat_request, completion_request
+from agl_sidecar.calls.record import CallRecord
+from agl_sidecar.calls.wire import chat_request, completion_request
 from tests.support.fake_vllm import FakeVLLM, Reply, capture, sse_events
 
 

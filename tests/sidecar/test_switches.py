@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl_sidecar.proxy.switches import SwitchLog, engine_progress, version_runs
+from agl_sidecar.calls.switches import SwitchLog, engine_progress, version_runs
 
 
 def test_the_engines_word_places_each_switch() -> None:

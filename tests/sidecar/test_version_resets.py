@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agl import semconv
 from agl_sidecar.proxy.gate import Gate
-from agl_sidecar.proxy.switches import version_runs
+from agl_sidecar.calls.switches import version_runs
 
 MESSAGES = [{"role": "user", "content": "go"}]
 

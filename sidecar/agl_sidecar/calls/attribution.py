@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from agl import semconv
-from agl_sidecar.proxy import inputs
+from agl_sidecar import inputs
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import Raw, Struct
 
-from agl_sidecar.proxy.inputs import Count, Int64, Positive
+from agl_sidecar.inputs import Count, Int64, Positive
 
 T = TypeVar("T")
 

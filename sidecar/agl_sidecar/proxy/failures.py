@@ -3,17 +3,13 @@ and the call handed to the span recorder. One place, so every path that ends a c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from agl import semconv
-from agl_sidecar.spans.recorder import CallRecord
-
-if TYPE_CHECKING:
-    from agl_sidecar.sidecar import Sidecar
+from agl_sidecar.calls.record import CallRecord
+from agl_sidecar.proxy.parts import ProxyParts
 
 
 def end_call(
-    sidecar: Sidecar,
+    parts: ProxyParts,
     call: CallRecord,
     end_reason: str,
     error_type: str,
@@ -24,13 +20,13 @@ def end_call(
     """Record the call as ended by `end_reason` and hand it to the recorder; `upstream_error` counts
     it in the upstream-errors metric."""
     if upstream_error:
-        sidecar.metrics.upstream_errors += 1
+        parts.metrics.upstream_errors += 1
     call.fail(end_reason, error_type, message)
-    sidecar.recorder.finish(call)
+    parts.recorder.finish(call)
 
 
-def client_gone(sidecar: Sidecar, call: CallRecord) -> None:
+def client_gone(parts: ProxyParts, call: CallRecord) -> None:
     """The harness went away: record the call as ended by it (once; a finished call is not changed,
     its span is built from it later)."""
     if not call.finished:
-        end_call(sidecar, call, semconv.END_CLIENT_DISCONNECTED, "client_disconnected")
+        end_call(parts, call, semconv.END_CLIENT_DISCONNECTED, "client_disconnected")

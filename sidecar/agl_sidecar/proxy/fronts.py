@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from agl_sidecar.proxy import wire
+from agl_sidecar.calls import wire
 from agl_sidecar.protocols.base import ProtocolAdapter, StreamTranslator
 
 JSON = "application/json"

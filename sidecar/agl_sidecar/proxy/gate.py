@@ -6,7 +6,7 @@ releases held calls in arrival order under the new policy version. A call held l
 
 A drain-free switch (loop.switch: keep) pauses without draining: the engine freezes the calls in
 flight, and `resume(version, switch=True, progress=...)` records where the new version starts in
-them (`switches`, see proxy/switches.py). A resume to a lower version than the one in force (a new
+them (`switches`, see calls/switches.py). A resume to a lower version than the one in force (a new
 run on an attached sidecar, a trainer resumed from an older checkpoint) starts a new switch log: the
 calls that enter under it see only the switches after it, and the calls in flight keep the log they
 entered with, so a span's versions only ever rise from its entry version.
@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-from agl_sidecar.proxy.switches import SwitchLog
+from agl_sidecar.calls.switches import SwitchLog
 
 
 class HeldTooLong(Exception):

@@ -16,11 +16,13 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar.proxy import inputs, wire
-from agl_sidecar.proxy.attribution import parse_traceparent
+from agl_sidecar import inputs
+from agl_sidecar.calls import wire
+from agl_sidecar.calls.attribution import parse_traceparent
 from agl_sidecar.proxy.failures import client_gone, end_call
 from agl_sidecar.proxy.gate import HeldTooLong
 from agl_sidecar.proxy.litellm_upstream import complete_via_litellm
+from agl_sidecar.proxy.parts import ProxyParts
 from agl_sidecar.proxy.recording import StreamRecorder, record_unary
 from agl_sidecar.proxy.request import (
     CHAT,
@@ -30,29 +32,23 @@ from agl_sidecar.proxy.request import (
     Flags,
     call_seed,
     decode_request,
+    identity_from,
     read_body,
+    upstream_authorization,
     upstream_body,
 )
+from agl_sidecar.proxy import sse
 from agl_sidecar.proxy.routing import NoUpstream, Upstream
+from agl_sidecar.proxy.sse import EventSplitter, EventTooLarge
 from agl_sidecar.spans import durable
-from agl_sidecar.spans.recorder import CallRecord
+from agl_sidecar.calls.record import CallRecord
 
 if TYPE_CHECKING:
-    from agl_sidecar.sidecar import Sidecar
     from agl_sidecar.proxy.fronts import AdapterFront, OpenAIFront
 
     Front = OpenAIFront | AdapterFront
 
 log = logging.getLogger("agl_sidecar.proxy")
-# One SSE event's bytes, at most. The largest real one is a stream's first chunk with the prompt's
-# IDs (about 1 MB for 128k tokens); an upstream that never ends an event would otherwise grow the
-# buffer until the sidecar, and every call in flight through it, is killed for memory.
-MAX_EVENT_BYTES = 64 * 1024 * 1024
-UTF8_BOM = b"\xef\xbb\xbf"
-
-
-class EventTooLarge(Exception):
-    pass
 
 
 class ResponseTooLarge(Exception):
@@ -75,43 +71,43 @@ async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
     return b"".join(parts)
 
 class Proxy:
-    def __init__(self, sidecar: Sidecar) -> None:
-        self.sidecar = sidecar
+    def __init__(self, parts: ProxyParts) -> None:
+        self.parts = parts
 
     # --- entry ---------------------------------------------------------------------------------
     async def handle(self, request: web.Request, kind: str, front: Front, body: bytes | None = None) -> web.StreamResponse:
-        sidecar = self.sidecar
+        parts = self.parts
         started = time.perf_counter()
         status = 500
-        sidecar.foreground.begin()  # span building waits while this call has work to do
+        parts.foreground.begin()  # span building waits while this call has work to do
         try:
             response = await self._handle(request, kind, front, body)
             status = response.status
             return response
         except asyncio.CancelledError:
             status = 499
-            sidecar.metrics.client_disconnects += 1
+            parts.metrics.client_disconnects += 1
             raise
         finally:
-            sidecar.foreground.end()
-            sidecar.metrics.observe(front.api, status, time.perf_counter() - started)
+            parts.foreground.end()
+            parts.metrics.observe(front.api, status, time.perf_counter() - started)
 
     async def _handle(self, request: web.Request, kind: str, front: Front, body: bytes | None) -> web.StreamResponse:
-        sidecar = self.sidecar
+        parts = self.parts
         if body is None:
             try:
-                body = await read_body(request, sidecar.config.max_body_bytes, sidecar.config.body_timeout_s)
+                body = await read_body(request, parts.config.max_body_bytes, parts.config.body_timeout_s)
             except inputs.BodyRefused as exc:
                 return front.error(exc.status, exc.message, "invalid_request_error")
         try:
             parsed = decode_request(kind, body)
-            identity = sidecar.identity(request)
+            identity = identity_from(request, parts.config.rollout_api_keys)
         except (BadRequest, inputs.BadInput) as exc:
             return front.error(400, exc.message, "invalid_request_error", exc.param)
-        mode = identity.mode or sidecar.config.default_mode
-        overrides = sidecar.config.sampling.get(mode, {}) if mode else {}
-        if sidecar.config.sampling_seed is not None and identity.rollout_id:  # reproducible sampling
-            overrides = {**overrides, "seed": call_seed(sidecar.config.sampling_seed, identity, body)}
+        mode = identity.mode or parts.config.default_mode
+        overrides = parts.config.sampling.get(mode, {}) if mode else {}
+        if parts.config.sampling_seed is not None and identity.rollout_id:  # reproducible sampling
+            overrides = {**overrides, "seed": call_seed(parts.config.sampling_seed, identity, body)}
         call = CallRecord(
             api=front.api,
             operation=OPERATIONS[kind],
@@ -125,43 +121,43 @@ class Proxy:
             max_tokens=overrides.get("max_tokens", parsed.max_tokens),
             n=overrides.get("n", parsed.n),  # the span says what the engine was asked for
         )
-        if sidecar.config.capture_messages and kind == CHAT:
+        if parts.config.capture_messages and kind == CHAT:
             call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]
-        call.seq = sidecar.recorder.next_seq(identity)
+        call.seq = parts.recorder.next_seq(identity)
         try:
-            entering = sidecar.gate.enter()
-            if sidecar.gate.paused:  # held: span building may use the time
-                call.policy_version, call.held_ms = await sidecar.foreground.waiting(entering)
+            entering = parts.gate.enter()
+            if parts.gate.paused:  # held: span building may use the time
+                call.policy_version, call.held_ms = await parts.foreground.waiting(entering)
             else:
                 call.policy_version, call.held_ms = await entering
         except HeldTooLong:
-            sidecar.metrics.held_timeouts += 1
-            call.policy_version = sidecar.gate.policy_version
+            parts.metrics.held_timeouts += 1
+            call.policy_version = parts.gate.policy_version
             message = "held longer than max_hold_s while training paused the sidecar"
-            end_call(sidecar, call, semconv.END_HELD_TIMEOUT, "held_timeout", message)
+            end_call(parts, call, semconv.END_HELD_TIMEOUT, "held_timeout", message)
             response = front.error(
                 503,
-                f"the model is being updated and this call waited over {sidecar.config.max_hold_s:g} s; retry shortly",
+                f"the model is being updated and this call waited over {parts.config.max_hold_s:g} s; retry shortly",
                 "service_unavailable",
             )
-            response.headers["Retry-After"] = str(max(1, int(sidecar.config.max_hold_s // 10) or 1))
+            response.headers["Retry-After"] = str(max(1, int(parts.config.max_hold_s // 10) or 1))
             return response
         except asyncio.CancelledError:
-            client_gone(sidecar, call)
+            client_gone(parts, call)
             raise
-        call.switches = sidecar.gate.switches  # a drain-free switch may land while it runs
+        call.switches = parts.gate.switches  # a drain-free switch may land while it runs
         try:
             return await self._dispatch(request, kind, front, body, parsed, call, overrides)
         except asyncio.CancelledError:  # the client went away while the engine worked
-            client_gone(sidecar, call)
+            client_gone(parts, call)
             raise
         except Exception as exc:  # a sidecar bug: answer clearly, keep the record
             log.exception("agl-sidecar: call failed inside the sidecar")
             if not call.finished:
-                end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500])
+                end_call(parts, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500])
             return front.error(500, f"agl-sidecar internal error: {type(exc).__name__}: {exc}", "internal_error")
         finally:
-            sidecar.gate.leave()
+            parts.gate.leave()
 
     async def _dispatch(
         self,
@@ -173,14 +169,14 @@ class Proxy:
         call: CallRecord,
         overrides: dict[str, Any],
     ) -> web.StreamResponse:
-        sidecar = self.sidecar
+        parts = self.parts
         try:
-            upstream = sidecar.router.pick(call.identity.rollout_id)
+            upstream = parts.router.pick(call.identity.rollout_id)
         except NoUpstream:
             return self._fail(call, front, 502, "no upstream is configured", "upstream_unreachable")
         if upstream.litellm_model is not None:
-            return await complete_via_litellm(sidecar, request, kind, front, body, parsed, call, upstream, overrides)
-        out_body = upstream_body(body, kind, parsed, sidecar.config.inject_token_ids, overrides)
+            return await complete_via_litellm(parts, request, kind, front, body, parsed, call, upstream, overrides)
+        out_body = upstream_body(body, kind, parsed, parts.config.inject_token_ids, overrides)
         tried: tuple[Upstream, ...] = ()
         # A pooled keep-alive connection the engine already closed (vLLM's default keep-alive is
         # 5 s) fails before any response arrives: resend once on a fresh connection.
@@ -188,20 +184,20 @@ class Proxy:
         while True:
             call.upstream = upstream.url
             headers = {"Content-Type": "application/json"}
-            auth = sidecar.upstream_authorization(request, upstream)
+            auth = upstream_authorization(parts.config, request, upstream)
             if auth:
                 headers["Authorization"] = auth
             upstream.in_flight += 1
             try:
-                upstream_response = await sidecar.foreground.waiting(
-                    sidecar.session.post(upstream.url + UPSTREAM_PATHS[kind], data=out_body, headers=headers)
+                upstream_response = await parts.foreground.waiting(
+                    parts.session().post(upstream.url + UPSTREAM_PATHS[kind], data=out_body, headers=headers)
                 )
             except aiohttp.ClientConnectorError as exc:
                 upstream.in_flight -= 1
-                sidecar.router.mark_down(upstream, f"connection failed: {exc}")
+                parts.router.mark_down(upstream, f"connection failed: {exc}")
                 tried += (upstream,)
                 try:
-                    upstream = sidecar.router.pick(call.identity.rollout_id, exclude=tried)
+                    upstream = parts.router.pick(call.identity.rollout_id, exclude=tried)
                 except NoUpstream:
                     return self._fail(
                         call, front, 502, f"upstream {upstream.url} is unreachable ({exc})", "upstream_unreachable"
@@ -223,12 +219,12 @@ class Proxy:
         try:
             if upstream_response.status != 200:
                 try:
-                    data = await read_bounded(upstream_response, self.sidecar.config.max_response_bytes)
+                    data = await read_bounded(upstream_response, self.parts.config.max_response_bytes)
                 except ResponseTooLarge:
                     data = b"(an error body over max_response_bytes)"
                 message = data[:500].decode(errors="replace")
                 end_call(
-                    sidecar, call, semconv.END_UPSTREAM_ERROR, str(upstream_response.status), message, upstream_error=True
+                    parts, call, semconv.END_UPSTREAM_ERROR, str(upstream_response.status), message, upstream_error=True
                 )
                 return front.upstream_error(
                     upstream_response.status, data, upstream_response.headers.get("Content-Type")
@@ -242,7 +238,7 @@ class Proxy:
             upstream_response.close()
 
     def _fail(self, call: CallRecord, front: Front, status: int, message: str, error_type: str) -> web.Response:
-        end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, error_type, message, upstream_error=True)
+        end_call(self.parts, call, semconv.END_UPSTREAM_ERROR, error_type, message, upstream_error=True)
         return front.error(status, message, error_type)
 
     # --- non-streaming -------------------------------------------------------------------------
@@ -255,11 +251,11 @@ class Proxy:
         flags: Flags,
         call: CallRecord,
     ) -> web.StreamResponse:
-        limit = self.sidecar.config.max_response_bytes
+        limit = self.parts.config.max_response_bytes
         try:
             data = await read_bounded(upstream_response, limit)  # the engine is done: a transfer, not a wait
         except asyncio.CancelledError:
-            client_gone(self.sidecar, call)
+            client_gone(self.parts, call)
             raise
         except aiohttp.ClientError as exc:
             return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
@@ -267,7 +263,7 @@ class Proxy:
             message = f"upstream {call.upstream} answered a body over {limit} bytes (sidecar max_response_bytes)"
             return self._fail(call, front, 502, message, "upstream_error")
         try:
-            out = record_unary(kind, data, flags, call, self.sidecar.config.capture_messages)
+            out = record_unary(kind, data, flags, call, self.parts.config.capture_messages)
         except (msgspec.MsgspecError, RecursionError):
             out = data  # not an OpenAI body: pass it on untouched, record no tokens
             call.tokens_absent = True
@@ -277,7 +273,7 @@ class Proxy:
             message = f"upstream {call.upstream} answered a body that is not a chat completion ({exc!r})"[:500]
             return self._fail(call, front, 502, message, "upstream_error")
         response = durable.unary_response(  # durable mode: the span is on disk before the body goes
-            self.sidecar.recorder.persister(call),
+            self.parts.recorder.persister(call),
             status=200,
             body=translated,
             headers={"Content-Type": upstream_response.headers.get("Content-Type", "application/json")},
@@ -286,13 +282,13 @@ class Proxy:
             await response.prepare(request)
             await response.write_eof()
         except ConnectionResetError:
-            self.sidecar.metrics.client_disconnects += 1
-            client_gone(self.sidecar, call)
+            self.parts.metrics.client_disconnects += 1
+            client_gone(self.parts, call)
             return response
         except asyncio.CancelledError:
-            client_gone(self.sidecar, call)
+            client_gone(self.parts, call)
             raise
-        self.sidecar.recorder.finish(call)
+        self.parts.recorder.finish(call)
         return response
 
     # --- streaming -----------------------------------------------------------------------------
@@ -307,54 +303,22 @@ class Proxy:
     ) -> web.StreamResponse:
         content_type = upstream_response.headers.get("Content-Type", "text/event-stream; charset=utf-8")
         response = durable.stream_response(  # durable mode: the last chunk waits for the span
-            self.sidecar.recorder.persister(call), status=200, headers={"Content-Type": content_type}
+            self.parts.recorder.persister(call), status=200, headers={"Content-Type": content_type}
         )
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()
-        # The start of an event not yet complete, as received: an event that spans reads (the first
-        # one carries the prompt's IDs, 200 KB for a 30k-char prompt) is searched and joined once,
-        # not once per read.
-        partial: list[bytes] = []
-        partial_bytes = 0
-        foreground = self.sidecar.foreground
-        carriage_return = False  # a read ended in CR: its LF may start the next read
-        first = True
+        splitter = EventSplitter()
+        foreground = self.parts.foreground
         try:
             await response.prepare(request)
             while data := await foreground.waiting(upstream_response.content.readany()):
-                if first:  # an event stream may open with a UTF-8 BOM, which SSE parsers drop
-                    first = False
-                    if data.startswith(UTF8_BOM):
-                        data = data[len(UTF8_BOM) :]
-                        if not data:
-                            continue
-                if carriage_return or b"\r" in data:  # SSE also ends lines with CRLF or CR
-                    data, carriage_return = _lf_lines(data, carriage_return)
-                    if not data:
-                        continue
-                if partial:
-                    if b"\n\n" not in data and not (partial[-1][-1:] == b"\n" and data[:1] == b"\n"):
-                        partial.append(data)
-                        partial_bytes += len(data)
-                        if partial_bytes > MAX_EVENT_BYTES:
-                            raise EventTooLarge
-                        continue
-                    partial.append(data)
-                    data = b"".join(partial)
-                    partial.clear()
-                events = data.split(b"\n\n")
-                rest = events.pop()
-                if rest:
-                    partial.append(rest)
-                    partial_bytes = len(rest)
-                    if partial_bytes > MAX_EVENT_BYTES:
-                        raise EventTooLarge
+                events = splitter.feed(data)
                 if not events:
                     continue
                 out = front.stream([recorder.event(event) for event in events if event])
                 if out:
                     await response.write(out)
-            rest = b"".join(partial).strip()
+            rest = splitter.rest()
             if rest:
                 await response.write(front.stream([recorder.event(rest)]))
             tail = front.end_stream()
@@ -362,16 +326,16 @@ class Proxy:
                 await response.write(tail)
             await response.write_eof()
         except ConnectionResetError:  # the client went away: closing the upstream stops the engine
-            self.sidecar.metrics.client_disconnects += 1
-            client_gone(self.sidecar, call)
+            self.parts.metrics.client_disconnects += 1
+            client_gone(self.parts, call)
             return response  # aiohttp finishes a response to a gone client quietly
         except asyncio.CancelledError:  # counted by handle()
-            client_gone(self.sidecar, call)
+            client_gone(self.parts, call)
             raise
         except (aiohttp.ClientError, TimeoutError, EventTooLarge) as exc:
             if isinstance(exc, EventTooLarge):
-                exc = aiohttp.ClientPayloadError(f"upstream sent an SSE event over {MAX_EVENT_BYTES} bytes")
-            end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", repr(exc), upstream_error=True)
+                exc = aiohttp.ClientPayloadError(f"upstream sent an SSE event over {sse.MAX_EVENT_BYTES} bytes")
+            end_call(self.parts, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", repr(exc), upstream_error=True)
             # The engine broke off: the harness must see a broken stream too, as it would talking
             # to the engine directly, never a clean end. Closing the connection without the chunked
             # terminator does that on every API (what was already sent is flushed first); aiohttp's
@@ -386,20 +350,9 @@ class Proxy:
                 raise
             log.exception("agl-sidecar: a stream failed inside the sidecar")
             if not call.finished:
-                end_call(self.sidecar, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500])
+                end_call(self.parts, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500])
             if request.transport is not None:
                 request.transport.close()
             return response
-        self.sidecar.recorder.finish(call)
+        self.parts.recorder.finish(call)
         return response
-
-
-def _lf_lines(data: bytes, carriage_return: bool) -> tuple[bytes, bool]:
-    """`data` with CRLF and CR line ends as LF, and whether it ended in a CR (held back: with the
-    LF that may begin the next read it is one line end, not two)."""
-    if carriage_return:
-        data = b"\r" + data
-    held = data.endswith(b"\r")
-    if held:
-        data = data[:-1]
-    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), held

@@ -12,12 +12,12 @@ from aiohttp import web
 
 from agl import semconv
 from agl_sidecar.proxy.failures import end_call
-from agl_sidecar.proxy.inputs import int64_or_none
+from agl_sidecar.inputs import int64_or_none
 from agl_sidecar.proxy.request import CHAT
-from agl_sidecar.spans.recorder import CallRecord
+from agl_sidecar.calls.record import CallRecord
 
 if TYPE_CHECKING:
-    from agl_sidecar.sidecar import Sidecar
+    from agl_sidecar.proxy.parts import ProxyParts
     from agl_sidecar.proxy.routing import Upstream
 
 # Fields only vLLM understands: litellm would forward or reject them.
@@ -46,7 +46,7 @@ def _record(call: CallRecord, response: dict[str, Any]) -> None:
 
 
 async def complete_via_litellm(
-    sidecar: Sidecar,
+    parts: ProxyParts,
     request: web.Request,
     kind: str,
     front: Any,
@@ -61,21 +61,21 @@ async def complete_via_litellm(
     model = upstream.litellm_model or ""
     call.provider = model.split("/", 1)[0] if "/" in model else "litellm"
     if kind != CHAT:
-        end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, "unsupported")
+        end_call(parts, call, semconv.END_UPSTREAM_ERROR, "unsupported")
         return front.error(400, "a litellm: upstream serves /v1/chat/completions only", "invalid_request_error")
     data = msgspec.json.decode(body)
     data.update(overrides)
     for key in _ENGINE_ONLY:
         data.pop(key, None)
     data["model"] = model
-    data.update(sidecar.config.litellm_params)
-    waiting = sidecar.foreground.waiting  # a hosted provider's latency is time for span building
+    data.update(parts.config.litellm_params)
+    waiting = parts.foreground.waiting  # a hosted provider's latency is time for span building
     litellm = await waiting(asyncio.get_running_loop().run_in_executor(None, _litellm))
     try:
         result = await waiting(litellm.acompletion(**data))
     except Exception as exc:  # litellm maps provider errors to exceptions carrying a status
         status = int(getattr(exc, "status_code", 502) or 502)
-        end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500], upstream_error=True)
+        end_call(parts, call, semconv.END_UPSTREAM_ERROR, type(exc).__name__, str(exc)[:500], upstream_error=True)
         return front.error(status if 400 <= status < 600 else 502, f"upstream {model}: {exc}", "upstream_error")
     if not data.get("stream"):
         response_dict = result.model_dump(exclude_none=False)
@@ -83,7 +83,7 @@ async def complete_via_litellm(
         out = web.Response(status=200, body=front.unary(msgspec.json.encode(response_dict)), content_type="application/json")
         await out.prepare(request)
         await out.write_eof()
-        sidecar.recorder.finish(call)
+        parts.recorder.finish(call)
         return out
     stream = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8"})
     front.start_stream()
@@ -96,13 +96,13 @@ async def complete_via_litellm(
         await stream.write(front.stream([b"data: [DONE]"]) + front.end_stream())
         await stream.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):
-        end_call(sidecar, call, semconv.END_CLIENT_DISCONNECTED, "client_disconnected")
+        end_call(parts, call, semconv.END_CLIENT_DISCONNECTED, "client_disconnected")
         raise
     except Exception as exc:  # the provider broke off mid-stream: a broken stream for the harness too
         message = f"{type(exc).__name__}: {exc}"[:500]
-        end_call(sidecar, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", message, upstream_error=True)
+        end_call(parts, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", message, upstream_error=True)
         if request.transport is not None:
             request.transport.close()
         return stream
-    sidecar.recorder.finish(call)
+    parts.recorder.finish(call)
     return stream

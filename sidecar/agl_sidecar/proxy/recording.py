@@ -9,10 +9,11 @@ from typing import Any
 import msgspec
 
 from agl import semconv
-from agl_sidecar.proxy import inputs, wire
+from agl_sidecar import inputs
+from agl_sidecar.calls import wire
 from agl_sidecar.proxy.request import CHAT, Flags
-from agl_sidecar.proxy.switches import SwitchLog
-from agl_sidecar.spans.recorder import CallRecord
+from agl_sidecar.calls.switches import SwitchLog
+from agl_sidecar.calls.record import CallRecord
 
 K_TOKEN_IDS = b'"token_ids":'
 K_PROMPT_TOKEN_IDS = b'"prompt_token_ids":'

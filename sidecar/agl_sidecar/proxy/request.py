@@ -10,8 +10,11 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar.proxy import inputs, wire
-from agl_sidecar.proxy.attribution import Identity, resolve
+from agl_sidecar import inputs
+from agl_sidecar.calls import wire
+from agl_sidecar.calls.attribution import Identity, resolve
+from agl_sidecar.config import SidecarConfig
+from agl_sidecar.proxy.routing import Upstream
 
 CHAT = "chat"
 COMPLETIONS = "completions"
@@ -153,3 +156,26 @@ def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Ide
             )
         identity.mode = path_mode
     return identity
+
+
+def upstream_authorization(config: SidecarConfig, request: web.Request, upstream: Upstream) -> str | None:
+    """The Authorization the engine gets: --upstream-api-key, else the credentials in the
+    upstream's URL (as Basic auth), else the harness's own header when the sidecar has no key."""
+    if config.upstream_api_key:
+        return f"Bearer {config.upstream_api_key}"
+    if upstream.authorization is not None:
+        return upstream.authorization
+    # A sidecar with its own API key does not pass the harness's key on.
+    if config.api_key or config.rollout_api_keys:
+        return None
+    given = request.headers.get("Authorization")
+    # A header that arrived with bytes outside latin-1 cannot be sent on as it came.
+    return given if given is None or _latin1(given) else None
+
+
+def _latin1(value: str) -> bool:
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -10,10 +10,10 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from aiohttp import web
 
-from agl_sidecar.proxy import inputs
+from agl_sidecar import inputs
 from agl_sidecar.proxy.request import read_body
 from agl_sidecar.proxy.routing import validate_upstream
-from agl_sidecar.proxy.switches import MAX_PROGRESS, MAX_PROGRESS_ID_CHARS
+from agl_sidecar.calls.switches import MAX_PROGRESS, MAX_PROGRESS_ID_CHARS
 from agl_sidecar.routes.common import decode_body, json_reply, sidecar_of
 from agl_sidecar.sidecar import Sidecar, same_secret
 

@@ -8,7 +8,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from agl_sidecar.proxy import inputs, wire
+from agl_sidecar import inputs
+from agl_sidecar.calls import wire
 from agl_sidecar.proxy.fronts import JSON
 from agl_sidecar.proxy.request import DEEP_JSON
 from agl_sidecar.sidecar import SIDECAR_KEY, Sidecar

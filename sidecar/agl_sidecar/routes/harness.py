@@ -10,8 +10,8 @@ import msgspec
 from aiohttp import web
 
 from agl import semconv
-from agl_sidecar.proxy import inputs
-from agl_sidecar.proxy.attribution import parse_traceparent
+from agl_sidecar import inputs
+from agl_sidecar.calls.attribution import parse_traceparent
 from agl_sidecar.proxy.request import read_body
 from agl_sidecar.routes.common import BodyError, bad_input, decode_body, json_reply, openai_error, sidecar_of, unauthorized
 

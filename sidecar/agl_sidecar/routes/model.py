@@ -12,9 +12,9 @@ from aiohttp import web
 from agl import semconv
 from agl_sidecar.protocols.base import ProtocolError
 from agl_sidecar.protocols.registry import load_adapter
-from agl_sidecar.proxy import inputs
+from agl_sidecar import inputs
 from agl_sidecar.proxy.fronts import JSON, AdapterFront, OpenAIFront
-from agl_sidecar.proxy.request import CHAT, COMPLETIONS, DEEP_JSON, read_body
+from agl_sidecar.proxy.request import CHAT, COMPLETIONS, DEEP_JSON, read_body, upstream_authorization
 from agl_sidecar.proxy.routing import NoUpstream
 from agl_sidecar.routes.common import bad_input, json_reply, openai_error, sidecar_of, unauthorized
 from agl_sidecar.sidecar import Sidecar
@@ -49,7 +49,7 @@ async def models(request: web.Request) -> web.StreamResponse:
             200, {"object": "list", "data": [{"id": upstream.litellm_model, "object": "model", "owned_by": "litellm"}]}
         )
     headers = {}
-    auth = sidecar.upstream_authorization(request, upstream)
+    auth = upstream_authorization(sidecar.config, request, upstream)
     if auth:
         headers["Authorization"] = auth
     try:
@@ -123,7 +123,7 @@ async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, origin
     except NoUpstream:
         return json_reply(502, adapter.error_body(502, "no upstream is configured", "api_error"))
     headers = {"Content-Type": "application/json"}
-    auth = sidecar.upstream_authorization(request, upstream)
+    auth = upstream_authorization(sidecar.config, request, upstream)
     if auth:
         headers["Authorization"] = auth
     try:

@@ -25,17 +25,16 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from msgspec import Raw
 
 from agl import semconv
 from agl_sidecar.spans import otlp
-from agl_sidecar.proxy import wire
-from agl_sidecar.proxy.attribution import Identity, RolloutTraces, TraceParent
-from agl_sidecar.proxy.switches import SwitchLog, version_runs
+from agl_sidecar.calls import wire
+from agl_sidecar.calls.attribution import Identity, RolloutTraces, TraceParent
+from agl_sidecar.calls.record import CallRecord, Choice
+from agl_sidecar.calls.switches import version_runs
 from agl_sidecar.spans.call_seq import CallSeqs
 from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.spans.foreground import Foreground
@@ -48,69 +47,6 @@ log = logging.getLogger("agl_sidecar.spans")
 MIN_REFERENCE_TOKENS = 16
 # How long the builder defers to active calls before it takes a slice anyway.
 MAX_DEFER_S = 0.02
-
-
-@dataclass(slots=True)
-class Choice:
-    # Raw: the engine's JSON array as it arrived (a unary response), decoded by the span builder.
-    token_ids: list[int] | Raw = field(default_factory=list)
-    logprobs: list[float] | Raw = field(default_factory=list)
-    finish_reason: str | None = None
-
-
-@dataclass(slots=True)
-class CallRecord:
-    """What one model call observed, filled in by the proxy. Not to be changed once
-    `SpanRecorder.finish` has taken it: its span is built from it later."""
-
-    api: str
-    operation: str
-    identity: Identity
-    trace_parent: TraceParent | None
-    start_ns: int
-    model: str = ""
-    stream: bool = False
-    seq: int | None = None
-    provider: str = semconv.PROVIDER_VLLM
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    n: int | None = None
-    policy_version: int | None = None
-    held_ms: float = 0.0
-    upstream: str | None = None
-    response_id: str | None = None
-    response_model: str | None = None
-    prompt_ids: list[int] | Raw | None = None  # Raw: the engine's JSON array, decoded off the hot path
-    choices: dict[int, Choice] = field(default_factory=dict)
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    end_reason: str = semconv.END_COMPLETED
-    error_type: str | None = None
-    error_message: str = ""
-    input_messages: str | None = None
-    output_messages: str | None = None
-    tokens_absent: bool = False
-    # Drain-free switches (proxy/switches.py): the gate's log, set when the call enters, and for a
-    # stream the choice-0 tokens received when each switch (by serial) was first seen.
-    switches: SwitchLog | None = None
-    switch_marks: dict[int, int] | None = None
-    finished: bool = False  # handed to the recorder (a call is recorded once, whatever path ends it)
-    end_ns: int = 0
-    origin: str | None = None  # semconv.ORIGIN_*, set when the call is finished
-
-    def choice(self, index: int) -> Choice:
-        found = self.choices.get(index)
-        if found is None:
-            found = self.choices[index] = Choice()
-        return found
-
-    def fail(self, end_reason: str, error_type: str, message: str | None = None) -> None:
-        """Why the call did not complete (`message` left as it was when None)."""
-        self.end_reason = end_reason
-        self.error_type = error_type
-        if message is not None:
-            self.error_message = message
 
 
 def _sequence_size(rollout_id: str, item: tuple[int, otlp.IntArray]) -> int:

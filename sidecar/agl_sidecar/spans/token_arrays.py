@@ -15,7 +15,7 @@ from collections.abc import Generator
 from msgspec import Raw
 
 from agl_sidecar.spans import otlp
-from agl_sidecar.proxy import wire
+from agl_sidecar.calls import wire
 from agl_sidecar.spans.lru import BytesLRU
 
 SLICE_TOKENS = 2048  # ~0.15 ms to decode and encode
