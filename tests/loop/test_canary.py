@@ -104,6 +104,8 @@ def test_judge_names_each_pattern() -> None:
     drift = torch.linspace(0.01, 0.03, 20)
     assert judge(small, small, small, small, 1e-3)[0] == "agree"
     assert judge(big, small, big, big, 1e-3)[0] == "weights_not_loaded"
+    assert judge(big, drift, big, big, 1e-3)[0] == "weights_not_loaded"  # a bf16 engine that kept its weights
+    assert judge(drift, big, drift, drift, 1e-3)[0] == "numerics"  # a bf16 engine that loaded them
     assert judge(small, big, big, small, 1e-3)[0] == "stale_cache"
     assert judge(drift, drift, drift, drift, 1e-3)[0] == "numerics"
     spike = torch.cat([torch.zeros(19), torch.tensor([5.0])])

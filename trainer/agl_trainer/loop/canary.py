@@ -35,6 +35,7 @@ log = logging.getLogger("agl.canary")
 VERDICTS = ("agree", "numerics", "stale_cache", "weights_not_loaded", "mismatch", "error")
 NUMERICS_MAX = 1.0  # a drift, not a break: no token off by more than this many nats
 NUMERICS_SPREAD = 0.2  # ...and the median token is off by at least this share of the mean
+WEIGHTS_RATIO = 0.25  # the engine is this much nearer the previous weights than the new: not loaded
 
 
 class CanaryStop(RuntimeError):
@@ -217,7 +218,7 @@ def judge(
     m_fixed, m_cached, m_fresh = mean(fixed), mean(cached), mean(fresh)
     if max(m_fixed, m_cached, m_fresh) <= tolerance:
         return "agree", f"engine and trainer agree (mean |delta| {m_fixed:.2g} <= tolerance {tolerance:g})"
-    if previous is not None and mean(previous) <= tolerance < m_fixed:
+    if previous is not None and mean(previous) < WEIGHTS_RATIO * m_fixed:  # nearer the old weights
         return "weights_not_loaded", (
             f"the weights did not land: the engine's logprobs of the probes match the previous weights "
             f"(mean |delta| {mean(previous):.2g}), not the new ones ({m_fixed:.2g}). Fix: check the engine's "
