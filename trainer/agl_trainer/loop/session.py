@@ -240,7 +240,7 @@ class Session:
     def _canary(self, config: Config, engine: Any, backend: Any, model_path: str) -> Any:
         """The canary on the engine's first server (diagnostics.canary), closed with the session."""
         settings = config.diagnostics.canary
-        if not settings.enabled or not engine.urls:
+        if not settings.enabled or engine is None or not engine.urls:  # no engine of ours: nothing to probe
             return None
         from transformers import AutoTokenizer
 
