@@ -91,6 +91,15 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     assert main(["traces", "ls", "--store", str(warm / "rollouts.db"), "--all"]) == 0
     assert "eval-00005-2" in capsys.readouterr().out
 
+    # The same weights served elsewhere (an OpenAI-compatible URL): the same samples, the URL in the receipt.
+    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    with EmbeddedEngine(EmbeddedEngineConfig(model_path=str(demo["warm"]), served_model_name="tiny")) as engine:
+        url = f"{engine.urls[0]}/v1"
+        served = evaluate(demo, "served", demo["warm"], f"--model-url={url}")
+    assert rollout_rewards(served) == rewards
+    assert read_result(served)[0]["model"] == {"url": url, "name": "tiny", "sha256": None}
+
     # The trained checkpoint is other weights; the two compare side by side.
     trained_receipt, _ = read_result(trained)
     assert trained_receipt["model"]["sha256"] != receipt["model"]["sha256"]

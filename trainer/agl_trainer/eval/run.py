@@ -127,7 +127,9 @@ async def _evaluate(
             print(f"agl eval: {len(tasks)} tasks x {k} attempts ({mode} sampling) -> {out}", flush=True)
         no_data_timeout_s = 60.0 + config.loop.completion_grace_s
         launched = time.monotonic()
-        outcomes, by_id = await collect(specs, serving.runner, serving.data, no_data_timeout_s)
+        outcomes, by_id = await collect(
+            specs, serving.runner, serving.data, no_data_timeout_s, settle=lambda: spans_delivered(serving.admin)
+        )
         rollout_s = time.monotonic() - launched
         from agl_trainer.store import RolloutKey
 
@@ -157,6 +159,17 @@ async def _evaluate(
     receipt_path = write_result(out, results, receipt)
     trackers.summary({f"eval/{key}": value for key, value in summary.items()}, [out / "results.json", receipt_path])
     return EvalResult(out, receipt_path, summary, rows, rollout_s, len(specs))
+
+
+async def spans_delivered(admin: Any, timeout_s: float = 60.0) -> None:
+    """Until the sidecar(s) hold no call in flight and no span undelivered (the receiver acknowledges
+    a span once it is stored), or `timeout_s`: the attempts' data is then in the store."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = await admin.state()
+        if state.in_flight == 0 and state.spans_undelivered == 0:
+            return
+        await asyncio.sleep(0.05)
 
 
 def run_eval_sync(config: Config, *, quiet: bool = False) -> EvalResult:

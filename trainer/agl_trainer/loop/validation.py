@@ -39,7 +39,7 @@ import datetime
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +147,13 @@ async def collect(
     data: Any,
     no_data_timeout_s: float,
     check: Callable[[], None] = lambda: None,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[RolloutOutcome], dict[str, float]]:
     """Run `specs` through `runner` (its concurrency bounds them), wait for their data in the store,
     and return each outcome and the reward of every rollout with data, by rollout id (validation
-    rounds and `agl eval` both). `check` raises to abandon: the harnesses are cancelled, it propagates."""
+    rounds and `agl eval` both). `check` raises to abandon: the harnesses are cancelled, it propagates.
+    `settle` runs once every harness has ended, before the data is read (agl eval: the sidecar's spans
+    delivered, so a call span slower than loop.completion_grace_s is not left out)."""
     tasks = [asyncio.create_task(runner.run(spec), name=spec.rollout_id) for spec in specs]
     try:
         while not all(task.done() for task in tasks):
@@ -162,6 +165,8 @@ async def collect(
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     outcomes = [_outcome(task, spec) for task, spec in zip(tasks, specs)]
+    if settle is not None:
+        await settle()
     keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes if o.ok]
     complete = await _wait_complete(data, keys, no_data_timeout_s, check)
     by_id: dict[str, float] = {}
