@@ -5,7 +5,7 @@ receiver, store) from the same warm-started demo model at the same concurrency:
   - training: `loop.mode: sync` steps of BATCH rollouts (generation and training do not overlap,
     so the generation rate is rollouts / time/generating_s, the loop's own clock);
   - evaluation: `agl eval` of TASKS x K = BATCH attempts (rollouts / the attempts' wall time,
-    results.json's rollouts_per_s: launch to the last attempt's data in the store; start-up apart).
+    results.json's rollouts_per_s: launch to the last attempt's data in the store, as the loop's time/generating_s ends when its batch's data is; start-up and scoring apart).
 
     python bench/eval_throughput.py [--quick] [--steps N]
 

@@ -127,10 +127,12 @@ async def _evaluate(
             print(f"agl eval: {len(tasks)} tasks x {k} attempts ({mode} sampling) -> {out}", flush=True)
         no_data_timeout_s = 60.0 + config.loop.completion_grace_s
         launched = time.monotonic()
+        ready: list[float] = []
         outcomes, by_id = await collect(
-            specs, serving.runner, serving.data, no_data_timeout_s, settle=lambda: spans_delivered(serving.admin)
-        )
-        rollout_s = time.monotonic() - launched
+            specs, serving.runner, serving.data, no_data_timeout_s, settle=lambda: spans_delivered(serving.admin),
+            on_ready=lambda: ready.append(time.monotonic()),
+        )  # fmt: skip
+        rollout_s = (ready[0] if ready else time.monotonic()) - launched
         from agl_trainer.store import RolloutKey
 
         serving.data.mark_dropped([RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes], EVAL_DROP_REASON)
@@ -141,7 +143,7 @@ async def _evaluate(
         scores.setdefault(spec.task_id, TaskScore(spec.task_id, [])).rewards.append(by_id.get(spec.rollout_id))
     summary, rows = summarize(list(scores.values()), config.eval.pass_reward, k)
     summary["seconds"] = seconds  # start-up included
-    summary["rollout_seconds"] = rollout_s  # the attempts alone: launch to the last one's data
+    summary["rollout_seconds"] = rollout_s  # the attempts alone: launch to the last one's data stored
     summary["rollouts_per_s"] = len(specs) / rollout_s if rollout_s > 0 else 0.0
     results = {
         "summary": summary,

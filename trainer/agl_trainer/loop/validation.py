@@ -148,12 +148,14 @@ async def collect(
     no_data_timeout_s: float,
     check: Callable[[], None] = lambda: None,
     settle: Callable[[], Awaitable[None]] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> tuple[list[RolloutOutcome], dict[str, float]]:
     """Run `specs` through `runner` (its concurrency bounds them), wait for their data in the store,
     and return each outcome and the reward of every rollout with data, by rollout id (validation
     rounds and `agl eval` both). `check` raises to abandon: the harnesses are cancelled, it propagates.
     `settle` runs once every harness has ended, before the data is read (agl eval: the sidecar's spans
-    delivered, so a call span slower than loop.completion_grace_s is not left out)."""
+    delivered, so a call span slower than loop.completion_grace_s is not left out). `on_ready` is
+    called once the data is complete, before it is assembled (agl eval times the attempts with it)."""
     tasks = [asyncio.create_task(runner.run(spec), name=spec.rollout_id) for spec in specs]
     try:
         while not all(task.done() for task in tasks):
@@ -169,6 +171,8 @@ async def collect(
         await settle()
     keys = [RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes if o.ok]
     complete = await _wait_complete(data, keys, no_data_timeout_s, check)
+    if on_ready is not None:
+        on_ready()
     by_id: dict[str, float] = {}
     if complete:
         assembled = await asyncio.to_thread(data.assemble, sorted(complete, key=lambda k: k.rollout_id))
