@@ -143,7 +143,7 @@ def test_the_sidecar_scan_sees_names_strings_and_imports_but_not_docstrings() ->
 # --- nothing points outside the repository ----------------------------------------------------------
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini", ".json", ".jinja"}
 TEXT_NAMES = {"Makefile", "Dockerfile"}
-SKIPPED_DIRS = {"build", "dist", "node_modules", "__pycache__"}  # and hidden ones (.git, .venv)
+SKIPPED_DIRS = {"build", "dist", "node_modules", "__pycache__", "runs"}  # and hidden ones (.git, .venv); runs/: outputs
 CLIMB = re.compile(r"(?:\.\./)+[\w.-]+(?:/[\w.-]+)*")
 
 
