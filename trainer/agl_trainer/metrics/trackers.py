@@ -60,6 +60,8 @@ class WandbTracker(Tracker):
             job_type=kind,
             config=run_config,
             reinit="create_new",
+            # quiet: no run summary printed at the end; console off: agl's own output is not wrapped
+            settings=wandb.Settings(quiet=True, console="off"),
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
