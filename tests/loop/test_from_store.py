@@ -304,3 +304,20 @@ def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: P
     assert "token_out_of_vocab" in listing and "invalid_reward" in listing
     # a rerun over the same store: no traceback, nothing left to train
     assert main([*(a.replace(str(run), str(tmp_path / "again")) for a in common)]) == 0
+
+
+def test_set_aside_reasons_for_what_the_model_cannot_take() -> None:
+    from agl_trainer.batch import RolloutResult, Sample
+    from agl_trainer.loop.offline_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
+
+    def result(rid: str, reward: float = 1.0, ids: list[int] | None = None, versions: list[int] | None = None):
+        ids = ids or [1, 2, 3]
+        sample = Sample(rollout_id=rid, task_id="t", token_ids=ids, loss_mask=[0, 1, 1], engine_logprobs=[0.0] * 3,
+                        policy_versions=versions or [-1, 2, 2], call_seqs=[0])  # fmt: skip
+        return RolloutResult(rollout_id=rid, task_id="t", reward=reward, samples=[sample])
+
+    good, bad = split([result("ok"), result("inf", float("-inf")), result("oov", ids=[1, 2, 99]),
+                       result("neg", ids=[-1, 2, 3]), result("ahead", versions=[-1, 2, 3])], vocab_size=99, current=2)  # fmt: skip
+    assert [r.rollout_id for r in good] == ["ok"]
+    assert {k: [key.rollout_id for key in v] for k, v in bad.items()} == {
+        INVALID_REWARD: ["inf"], OUT_OF_VOCAB: ["oov", "neg"], VERSION_AHEAD: ["ahead"]}

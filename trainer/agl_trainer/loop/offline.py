@@ -42,7 +42,7 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
-from agl_trainer.loop.offline_checks import split, vocab_size_of
+from agl_trainer.loop.offline_checks import VERSION_AHEAD, split, vocab_size_of
 from agl_trainer.loop.store_cursor import StoreCursor
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
@@ -256,12 +256,14 @@ class OfflineTrainer:
         """The step's rollouts as samples, less those the model cannot take (set aside, recorded)."""
         assembled = data.assemble(keys)
         results, bad = split([r for r in assembled.results if r.samples], vocab, current)
+        ahead = bad.pop(VERSION_AHEAD, [])  # a token after a keep switch says a newer version: skipped, as select does
+        summary.ahead += len(ahead)
         self._set_aside(bad, None, data, summary)
         if bad:
             self._say("agl: set aside (recorded): " + ", ".join(f"{len(v)} {k}" for k, v in sorted(bad.items())))
         row: dict[str, float] = {f"assembly/{k}": v for k, v in assembled.report.items()}
         row["rollouts/set_aside"] = float(sum(len(v) for v in bad.values()))
-        return results, {key for keys in bad.values() for key in keys}, row
+        return results, {key for keys in [*bad.values(), ahead] for key in keys}, row
 
     def _train(self, results: list[Any], backend: Any, pad: int, state: LoopState) -> dict[str, float]:
         from agl_trainer.batch import TrainingBatch

@@ -1,11 +1,13 @@
 """What `agl train --from-store` refuses to train on: a rollout the store holds but the model cannot
 take. Each is set aside with its reason (recorded in the store as its dropped reason, counted,
-shown by `agl traces ls`) and the rest of the step trains; before, one such rollout was a traceback
+shown by `agl traces ls`; version_ahead only skipped) and the rest of the step trains; before, one such rollout was a traceback
 at the step that drew it, on every rerun.
 
     invalid_reward       its reward is NaN or infinite (the advantage of its whole group would be)
     token_out_of_vocab   a token id outside the model's vocabulary [0, vocab)
-    version_ahead        a token says a policy version newer than the weights being trained
+    version_ahead        a token says a policy version newer than the weights being trained (a
+                         call's tokens after a keep switch): offline.py skips it unrecorded, as
+                         `select` does a rollout whose calls say so
 """
 
 from __future__ import annotations
