@@ -9,8 +9,10 @@ receiver, store) from the same warm-started demo model at the same concurrency:
 
     python bench/eval_throughput.py [--quick] [--steps N]
 
-Prints both rates (rollouts/s) and eval / train. Expect about 1: evaluation adds nothing per
-rollout that the loop does not (a seed per call, computed in the sidecar).
+Prints both rates (rollouts/s) and eval / train, against all steps, the first step (a cold wave:
+runner workers import the harness, the engine's first batches, as in an eval's single wave) and the
+later, warm steps. Evaluation adds per call only a seed computed in the sidecar (the request
+re-encoded with it), and per run one wait for the sidecar's spans to be delivered.
 """
 
 from __future__ import annotations
@@ -43,9 +45,15 @@ def main() -> None:
         "--loop.group_size=8", f"--loop.max_steps={args.steps}", "--loop.max_train_s=0", "--loop.val_every=0",
         "--loop.checkpoint_every=1000",
     ])  # fmt: skip
-    rollouts = sum(row.get("rollouts/trained", 0.0) + row.get("rollouts/failed", 0.0) for row in history)
-    generating = sum(row["time/generating_s"] for row in history)
+    per_step = [
+        (row.get("rollouts/trained", 0.0) + row.get("rollouts/failed", 0.0), row["time/generating_s"]) for row in history
+    ]
+    rollouts = sum(n for n, _ in per_step)
+    generating = sum(s for _, s in per_step)
     train_rate = rollouts / generating
+    first_rate = per_step[0][0] / per_step[0][1]  # the first wave: runner workers and engine cold, as an eval's one wave
+    warm = per_step[1:] or per_step
+    warm_rate = sum(n for n, _ in warm) / sum(s for _, s in warm)
 
     from agl_trainer.config import load_config
     from agl_trainer.eval.run import run_eval_sync
@@ -62,7 +70,9 @@ def main() -> None:
         f"agl eval:            {result.rollouts} rollouts in {result.summary['rollout_seconds']:.2f} s = "
         f"{eval_rate:.2f} rollouts/s (start-up {result.summary['seconds'] - result.summary['rollout_seconds']:.1f} s apart)"
     )
-    print(f"eval / training generation rate: {eval_rate / train_rate:.2f}x")
+    print(f"  first step (cold, one wave like an eval): {first_rate:.2f} rollouts/s; later steps (warm): {warm_rate:.2f}")
+    print(f"eval / training generation rate: {eval_rate / train_rate:.2f}x (all steps), {eval_rate / first_rate:.2f}x "
+          f"(first step), {eval_rate / warm_rate:.2f}x (later steps)")
 
 
 if __name__ == "__main__":
