@@ -7,10 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 import agl
-from agl import Rollout
-
-# The sidecar ignores API keys unless configured to map them to rollouts; SDKs insist on one.
-PLACEHOLDER_API_KEY = "agl-placeholder-key"
+from agl import Rollout, semconv
+from agl.semconv import PLACEHOLDER_API_KEY
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,7 @@ def sidecar_endpoint(sidecar_url: str | None = None, rollout: Rollout | None = N
     """
     rollout = rollout or agl.current_rollout()
     if sidecar_url is None:
-        sidecar_url = os.environ.get("OPENAI_BASE_URL")
+        sidecar_url = os.environ.get(semconv.ENV_OPENAI_BASE_URL)
         if not sidecar_url:
             raise ValueError(
                 "agl_integrations: no sidecar URL; pass sidecar_url='http://HOST:PORT' or set OPENAI_BASE_URL "
@@ -46,5 +44,5 @@ def sidecar_endpoint(sidecar_url: str | None = None, rollout: Rollout | None = N
         if not base_url.endswith("/v1"):
             base_url += "/v1"
     headers = rollout.headers() if rollout is not None else {}
-    api_key = os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_API_KEY
+    api_key = os.environ.get(semconv.ENV_OPENAI_API_KEY) or PLACEHOLDER_API_KEY
     return SidecarEndpoint(base_url=base_url, headers=headers, api_key=api_key)

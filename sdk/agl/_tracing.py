@@ -137,10 +137,10 @@ def _traces_url(endpoint: str | None) -> str | None:
     source = "agl.init(endpoint=...)"
     as_is = False  # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is the full URL, used as is (its spec)
     if not endpoint:
-        for name in (semconv.ENV_OTLP_ENDPOINT, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        for name in (semconv.ENV_OTLP_ENDPOINT, semconv.ENV_OTEL_TRACES_ENDPOINT, semconv.ENV_OTEL_ENDPOINT):
             endpoint = os.environ.get(name)
             if endpoint:
-                source, as_is = f"environment variable {name}", name == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+                source, as_is = f"environment variable {name}", name == semconv.ENV_OTEL_TRACES_ENDPOINT
                 break
     if not endpoint:
         return None
@@ -174,7 +174,7 @@ def _env_headers() -> dict[str, str]:
     raw = os.environ.get(semconv.ENV_OTLP_HEADERS)
     decode = False
     if not raw:
-        raw, decode = os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", ""), True
+        raw, decode = os.environ.get(semconv.ENV_OTEL_HEADERS, ""), True
     pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
     if decode:
         from urllib.parse import unquote

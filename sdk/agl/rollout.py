@@ -15,7 +15,6 @@ import unicodedata
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
-from urllib.parse import quote
 
 from agl import semconv
 
@@ -79,12 +78,7 @@ class Rollout:
         base = sidecar_url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        # Percent-encoded: the sidecar decodes the path segment back to the id (an id holding `?`,
-        # `#` or `%2F` otherwise reached it cut short or decoded, and its calls went to another id).
-        prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{quote(self.rollout_id, safe='')}"
-        if self.attempt:
-            prefix += f"/attempts/{self.attempt}"
-        return f"{base}{prefix}/v1"
+        return base + semconv.rollout_path(self.rollout_id, self.attempt)
 
     def headers(self) -> dict[str, str]:
         """Headers that attribute a call to this rollout: x-agl-*, traceparent and baggage."""

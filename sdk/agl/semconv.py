@@ -8,6 +8,7 @@ semantic conventions; `agl.*` names are agl's own.
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import quote
 
 # --- Span names -------------------------------------------------------------------------------
 SPAN_ROLLOUT: Final = "agl.rollout"
@@ -161,6 +162,20 @@ MODE_PATH_PREFIX: Final = "/modes"  # after /rollouts/{id}[/attempts/{n}]: /mode
 REWARD_PATH: Final = "/reward"  # POST /rollouts/{id}[/attempts/{n}]/reward
 END_PATH: Final = "/end"  # POST /rollouts/{id}[/attempts/{n}]/end
 
+
+def rollout_path(rollout_id: str, attempt: int = 0, mode: str | None = None) -> str:
+    """The path prefix that attributes a harness's calls: `/rollouts/{id}[/attempts/{n}][/modes/{mode}]/v1`.
+
+    The id is percent-encoded whole (`/`, `?`, `#`, `%` and non-ASCII included) and the sidecar
+    decodes the segment back, so an id reaches it as it was whoever built the URL. Attempt 0 and
+    no mode leave their segments out."""
+    path = f"{ROLLOUT_PATH_PREFIX}/{quote(rollout_id, safe='')}"
+    if attempt:
+        path += f"{ATTEMPT_PATH_PREFIX}/{attempt}"
+    if mode is not None:
+        path += f"{MODE_PATH_PREFIX}/{quote(mode, safe='')}"
+    return path + "/v1"
+
 # --- Sidecar admin API (the trainer's calls) -------------------------------------------------------
 ADMIN_PAUSE_PATH: Final = "/agl/v1/pause"
 ADMIN_RESUME_PATH: Final = "/agl/v1/resume"
@@ -174,6 +189,10 @@ ENV_MODE: Final = "AGL_ROLLOUT_MODE"
 ENV_TASK: Final = "AGL_TASK"  # the task as JSON
 ENV_OTLP_ENDPOINT: Final = "AGL_OTLP_ENDPOINT"
 ENV_OTLP_HEADERS: Final = "AGL_OTLP_HEADERS"
+# OpenTelemetry's own names, read when agl's are unset (the traces endpoint is a full URL, used as is).
+ENV_OTEL_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_OTEL_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_OTEL_HEADERS: Final = "OTEL_EXPORTER_OTLP_HEADERS"
 ENV_SERVICE_NAME: Final = "AGL_SERVICE_NAME"
 ENV_EXIT_FLUSH_TIMEOUT: Final = "AGL_EXIT_FLUSH_TIMEOUT_S"
 ENV_TRACEPARENT: Final = "TRACEPARENT"  # W3C trace context handed to a child process
@@ -184,6 +203,13 @@ ENV_RECEIVER_TOKEN: Final = "AGL_RECEIVER_TOKEN"
 ENV_VIEWER_TOKEN: Final = "AGL_VIEWER_TOKEN"  # the trace viewer's token (agl traces serve, the train viewer)
 ENV_SIDECAR_API_KEY: Final = "AGL_SIDECAR_API_KEY"  # the key harnesses must send (the sidecar's --api-key)
 ENV_SIDECAR_OTLP_HEADERS: Final = "AGL_SIDECAR_OTLP_HEADERS"  # k=v,k=v the sidecar adds to its OTLP export
+# What a harness's model client reads: the sidecar's URL with the rollout's prefix, and a key.
+ENV_OPENAI_BASE_URL: Final = "OPENAI_BASE_URL"
+ENV_OPENAI_API_KEY: Final = "OPENAI_API_KEY"
+ENV_ANTHROPIC_BASE_URL: Final = "ANTHROPIC_BASE_URL"  # the same URL without /v1
+ENV_ANTHROPIC_API_KEY: Final = "ANTHROPIC_API_KEY"
+# The key a harness gets when the sidecar asks for none (clients that insist on one); the sidecar ignores it.
+PLACEHOLDER_API_KEY: Final = "agl-placeholder-key"
 
 # Scope name of every tracer agl creates.
 INSTRUMENTATION_SCOPE: Final = "agl"

@@ -76,7 +76,7 @@ def test_job_manifest_from_the_template_carries_the_rollout_environment() -> Non
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["envFrom"] == [{"secretRef": {"name": "tool-keys"}}]
     env = {item["name"]: item for item in container["env"]}
-    assert env["OPENAI_BASE_URL"]["value"] == f"{SIDECAR}/rollouts/Run_1/g0-3/attempts/1/v1"
+    assert env["OPENAI_BASE_URL"]["value"] == f"{SIDECAR}/rollouts/Run_1%2Fg0-3/attempts/1/v1"  # one path segment
     assert env["AGL_ROLLOUT_ID"]["value"] == "Run_1/g0-3" and env["AGL_ATTEMPT"]["value"] == "1"
     assert env["AGL_TASK_ID"]["value"] == "task-9" and env["AGL_ROLLOUT_MODE"]["value"] == "train"
     assert json.loads(env["AGL_TASK"]["value"]) == {"id": "task-9", "q": "2+2"}

@@ -78,7 +78,8 @@ from agl_trainer.engines.vllm_config import (
     vllm_config,
     workers_per_server,
 )
-from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, free_port, log_tail, terminate
+from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
+from agl_trainer.ports import free_port
 from agl_trainer.engines.vllm_transfer import (
     GpuWeightTransfer,
     WeightTransferError,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -24,13 +23,6 @@ class Server:
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, for a server that must be told its port (vLLM cannot report a port 0 bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:

@@ -25,9 +25,10 @@ its `requests`-based HTTP client, must be importable in this interpreter (the `g
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
+
+from agl_trainer.ports import free_port
 
 if TYPE_CHECKING:
     import torch
@@ -150,7 +151,7 @@ class GpuWeightTransfer:
             )
 
             info = NCCLTrainerInitInfo(
-                master_address=self.host, master_port=_free_port(self.host),
+                master_address=self.host, master_port=free_port(self.host),
                 world_size=1 + self.workers_per_server, rank=0,
             )  # fmt: skip
             engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=self._source)
@@ -176,9 +177,3 @@ class GpuWeightTransfer:
         for url in list(self._engines):
             self.forget(url)
         self._source = None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])

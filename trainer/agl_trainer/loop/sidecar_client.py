@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import msgspec
 from agl import semconv
 
 from agl_trainer.loop.topology import is_loopback
+from agl_trainer.ports import free_port
 
 
 class SidecarError(RuntimeError):
@@ -136,19 +136,6 @@ def _raise_for(response: httpx.Response, what: str) -> None:
         raise SidecarError(f"sidecar {what} failed: HTTP {response.status_code} {response.text[:500]}")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _free_port_on(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def default_executable() -> str:
     """`agl-sidecar` next to the running Python (the same venv), else on PATH."""
     candidate = Path(sys.executable).parent / "agl-sidecar"
@@ -236,7 +223,7 @@ class SidecarProcess:
     def start(self) -> None:
         if self.pid_file is not None:
             stop_orphan(self.pid_file)
-        self.port = self.listen_port or _free_port_on(self.listen_host)
+        self.port = self.listen_port or free_port(self.listen_host)
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")

@@ -16,7 +16,6 @@ import ipaddress
 import json
 import os
 import secrets
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,11 +271,3 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.replace(tmp, path)
-
-
-def free_port(host: str) -> int:
-    """A free TCP port on `host` (IPv4 or IPv6)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])

@@ -19,7 +19,6 @@ from agl_trainer.store.records import Cause  # the store's vocabulary for a roll
 
 # A harness exiting with this code (EX_TEMPFAIL) says "infrastructure failure, retry me".
 EXIT_INFRA_RETRY = 75
-PLACEHOLDER_API_KEY = "agl-placeholder-key"  # harnesses that insist on a key get one; the sidecar ignores it
 
 
 @dataclass(frozen=True)
@@ -85,23 +84,20 @@ class Endpoint:
 
     def base_url(self, spec: RolloutSpec) -> str:
         """The OpenAI base URL of a rollout: the sidecar with the rollout prefix."""
-        prefix = f"{semconv.ROLLOUT_PATH_PREFIX}/{spec.rollout_id}"
-        if spec.attempt:
-            prefix += f"/attempts/{spec.attempt}"
-        if spec.mode != semconv.MODE_TRAIN:
-            # The URL is all an unmodified harness passes on: it carries the mode, so the sidecar
-            # applies that mode's sampling (sampling.val: greedy) to every call of the rollout.
-            prefix += f"{semconv.MODE_PATH_PREFIX}/{spec.mode}"
-        return f"{self.sidecar_for(spec.rollout_id)[0].rstrip('/')}{prefix}/v1"
+        # The URL is all an unmodified harness passes on: it carries the mode, so the sidecar
+        # applies that mode's sampling (sampling.val: greedy) to every call of the rollout.
+        mode = spec.mode if spec.mode != semconv.MODE_TRAIN else None
+        path = semconv.rollout_path(spec.rollout_id, spec.attempt, mode)
+        return f"{self.sidecar_for(spec.rollout_id)[0].rstrip('/')}{path}"
 
     def environment(self, spec: RolloutSpec) -> dict[str, str]:
         """The variables a harness process gets (on top of the runner's own environment)."""
         base_url = self.base_url(spec)
         env = {
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": PLACEHOLDER_API_KEY,
-            "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
-            "ANTHROPIC_API_KEY": PLACEHOLDER_API_KEY,
+            semconv.ENV_OPENAI_BASE_URL: base_url,
+            semconv.ENV_OPENAI_API_KEY: semconv.PLACEHOLDER_API_KEY,
+            semconv.ENV_ANTHROPIC_BASE_URL: base_url.removesuffix("/v1"),
+            semconv.ENV_ANTHROPIC_API_KEY: semconv.PLACEHOLDER_API_KEY,
             semconv.ENV_ROLLOUT_ID: spec.rollout_id,
             semconv.ENV_TASK_ID: spec.task_id,
             semconv.ENV_ATTEMPT: str(spec.attempt),
@@ -110,7 +106,7 @@ class Endpoint:
         }
         key = self.sidecar_for(spec.rollout_id)[1]
         if key:
-            env["OPENAI_API_KEY"] = env["ANTHROPIC_API_KEY"] = key
+            env[semconv.ENV_OPENAI_API_KEY] = env[semconv.ENV_ANTHROPIC_API_KEY] = key
         if self.otlp_endpoint:
             env[semconv.ENV_OTLP_ENDPOINT] = self.otlp_endpoint
         env.update(self.extra_env)

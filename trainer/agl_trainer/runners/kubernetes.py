@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 from agl import semconv
 
 from agl_trainer.runners.base import (
-    PLACEHOLDER_API_KEY,
     Cause,
     Endpoint,
     ExitHook,
@@ -380,7 +379,7 @@ class KubernetesRunner:
         )  # fmt: skip
 
 
-SECRET_BEARING = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", semconv.ENV_OTLP_HEADERS, semconv.ENV_SIDECAR_ADMIN_TOKEN)
+SECRET_BEARING = (semconv.ENV_OPENAI_API_KEY, semconv.ENV_ANTHROPIC_API_KEY, semconv.ENV_OTLP_HEADERS, semconv.ENV_SIDECAR_ADMIN_TOKEN)
 
 
 def plain_secrets(endpoint: Endpoint, template: JobTemplate) -> list[str]:
@@ -388,7 +387,7 @@ def plain_secrets(endpoint: Endpoint, template: JobTemplate) -> list[str]:
     env = endpoint.environment(RolloutSpec("check", "task", {}))
     return [
         name for name in SECRET_BEARING
-        if env.get(name) not in (None, "", PLACEHOLDER_API_KEY) and name not in template.secret_env
+        if env.get(name) not in (None, "", semconv.PLACEHOLDER_API_KEY) and name not in template.secret_env
     ]  # fmt: skip
 
 
