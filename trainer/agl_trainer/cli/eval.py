@@ -21,6 +21,7 @@ Writes to eval.output_dir (a new directory):
                  call, timeout), the sampling (mode, temperature, top_p, seed), the task file's sha256,
                  agl's version and the resolved config, start and end (UTC), the machine
   rollouts.db    the traces: `agl traces serve --store OUTPUT_DIR/rollouts.db`
+With metrics.trackers ([wandb, mlflow]) the summary and both files also go to W&B and MLflow.
 An attempt that produced no data counts as reward 0. The same config and seed give the same results:
 the sidecar seeds every call from config.seed, the rollout and the request.
 
