@@ -94,6 +94,14 @@ def test_a_tracker_that_cannot_start_is_a_config_error(tmp_path: Path, monkeypat
         start_trackers(config, tmp_path, kind="train")
     with pytest.raises(ConfigError, match="metrics.trackers"):
         load_config(None, ["--metrics.trackers=[neptune]"], check_paths=False)
+    # `agl train --check` says so before anything starts (the package is looked for, not imported)
+    from agl_trainer.metrics.trackers import check_trackers
+
+    monkeypatch.undo()  # wandb importable again
+    check_trackers(tracked_config(tmp_path))  # both installed here
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "mlflow" else object())
+    with pytest.raises(ConfigError, match=r"metrics.trackers: mlflow is not installed"):
+        check_trackers(tracked_config(tmp_path))
 
 
 def test_trackers_are_not_imported_unless_configured() -> None:

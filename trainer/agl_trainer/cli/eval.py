@@ -137,8 +137,11 @@ def run(args: argparse.Namespace) -> int:
         from agl_trainer.eval.run import check_eval_config
         from agl_trainer.loop.topology import resolve
 
+        from agl_trainer.metrics.trackers import check_trackers
+
         check_eval_config(config)
         resolve(config)
+        check_trackers(config)
     except ConfigError as error:
         raise CLIError(str(error)) from None
     if args.check:

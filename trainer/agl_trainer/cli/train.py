@@ -139,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
             from agl_trainer.loop.topology import resolve
 
             resolve(config)
+        from agl_trainer.metrics.trackers import check_trackers
+
+        check_trackers(config)
     except ConfigError as error:
         raise CLIError(str(error)) from None
     if from_store is not None and not (getattr(args, "dry_run", False) or args.check):

@@ -90,6 +90,10 @@ class MlflowTracker(Tracker):
         uri = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or (out.resolve() / "mlruns").as_uri()
         if uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # see the module's docstring
+        # Metrics are logged from the training loop: a server gone must not hold a step for MLflow's
+        # default retries (7, with backoff: minutes). Two tries of 10 s, then the tracker is dropped.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
 
@@ -171,6 +175,21 @@ class Trackers:
 
 
 BUILDERS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+
+
+PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
+
+
+def check_trackers(config: Config) -> None:
+    """Each configured tracker's package is installed (found, not imported): for --check."""
+    import importlib.util
+
+    for name in config.metrics.trackers:
+        if importlib.util.find_spec(PACKAGES[name]) is None:
+            raise ConfigError(
+                f"config key metrics.trackers: {name} is not installed (fix: {INSTALL_HINT}, or remove {name} "
+                "from metrics.trackers)"
+            )
 
 
 def start_trackers(config: Config, out: Path, *, kind: str) -> Trackers:
