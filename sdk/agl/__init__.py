@@ -7,9 +7,8 @@ when a span is made, and never installs a global TracerProvider.
 
 from agl._tracing import flush, init
 from agl.reward import NoRolloutError, emit_reward
+from agl._version import __version__
 from agl.rollout import Rollout, current_rollout, rollout
-
-__version__ = "0.1.0"
 
 __all__ = [
     "NoRolloutError",

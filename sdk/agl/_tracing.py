@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agl import semconv
+from agl._version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -96,8 +97,6 @@ def _harness_provider() -> TracerProvider | None:
 def _build_tracer(
     endpoint: str | None, service_name: str | None, headers: Mapping[str, str] | None
 ) -> Tracer:
-    from agl import __version__
-
     harness = _harness_provider()
     if harness is not None:
         return harness.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from agl_trainer.engines import embedded_stream as stream
 from agl_trainer.engines import embedded_wire as wire
-from agl_trainer.engines.embedded_batching import Sequence
+from agl_trainer.engines.embedded_batching import BatchScheduler, Sequence
 from agl_trainer.engines.embedded_prompt_logprobs import prompt_logprobs
 from agl_trainer.engines.embedded_requests import RequestReader
 from agl_trainer.engines.embedded_requests import sequences as sequences_of
@@ -26,8 +27,6 @@ from agl_trainer.engines.embedded_wire import RequestError
 
 if TYPE_CHECKING:
     from aiohttp import web
-
-    from agl_trainer.engines.embedded import EmbeddedEngine
 
 _json = msgspec.json.Encoder()
 
@@ -38,10 +37,32 @@ def respond(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(body), status=status, content_type="application/json")
 
 
+class _ModelConfig(Protocol):
+    @property
+    def model_path(self) -> str | Path: ...
+
+
+class ServedEngine(Protocol):
+    """What the routes read of the engine they serve (embedded.EmbeddedEngine), named here so the
+    routes need not import the engine that mounts them."""
+
+    served_names: list[str]
+    policy_version: int
+    model: Any
+    max_model_len: int
+    created: int
+
+    @property
+    def config(self) -> _ModelConfig: ...
+
+    @property
+    def scheduler(self) -> BatchScheduler | None: ...
+
+
 class EngineRoutes:
     """The handlers, and the request counters /metrics reports."""
 
-    def __init__(self, engine: EmbeddedEngine, reader: RequestReader) -> None:
+    def __init__(self, engine: ServedEngine, reader: RequestReader) -> None:
         self.engine = engine
         self.reader = reader
         self.requests = 0
