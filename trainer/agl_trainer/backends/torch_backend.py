@@ -17,14 +17,8 @@ from typing import Any
 
 import torch
 
-from agl_trainer.algorithms import (
-    rl_objective,
-    token_entropy,
-    token_logprobs,
-    truncated_importance_weights,
-)
+from agl_trainer.algorithms import token_entropy, token_logprobs
 from agl_trainer.backends.agreement import PREFIX as AGREE
-from agl_trainer.backends.agreement import agreement_stats, resolve_logprobs
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import (
     atomic_directory,
@@ -41,6 +35,7 @@ from agl_trainer.backends.hf_model import (
     resolve_device,
     supports_packing,
 )
+from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches
 from agl_trainer.backends.schedule import LRLambda
 from agl_trainer.backends.step_metrics import step_metrics
@@ -172,67 +167,35 @@ class TorchBackend:
             return {}
         want_entropy_grad = algo.entropy_coef > 0
 
-        def select(per_token: torch.Tensor | None, fill: float = 0.0) -> torch.Tensor | None:
-            return None if per_token is None else keep.select(micro.gather(per_token, fill=fill)).to(self.device)
+        def select(per_token: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+            return keep.select(micro.gather(per_token, fill=fill)).to(self.device)
+
+        def select_some(per_token: torch.Tensor | None) -> torch.Tensor | None:
+            return None if per_token is None else select(per_token)
 
         log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
-        w = keep.select(w)
-        versions = select(tokens.batch.policy_versions, fill=-1)
-        old, engine, before = resolve_logprobs(
-            log_prob.detach(),
-            select(tokens.engine),
-            select(tokens.known).bool(),
-            old=select(tokens.old),
-            before=select(tokens.before),
-            bypass=algo.bypass_old_logprobs,
-        )
-        measuring = time.perf_counter()
-        flat = micro.source[keep.rows, keep.positions + 1]  # the kept tokens' places in the batch
-        tokens.record.view(-1)[flat.cpu()] = before.detach().float().cpu()
-        agree_sums, agree_maxima = agreement_stats(
-            before, engine, select(tokens.known), versions, select(tokens.switched),
-            tokens.version, algo.agreement_threshold,
-        )
-        importance = None
-        extra: dict[str, float] = {**agree_sums, **agree_maxima, "agreement_s": time.perf_counter() - measuring}
-        if not algo.bypass_old_logprobs and algo.importance_scope != "off":
-            iw = truncated_importance_weights(
-                old,
-                engine,
-                w.to(self.device),
-                versions,
-                tokens.version,
-                cap=algo.importance_cap,
-                scope=algo.importance_scope,  # type: ignore[arg-type]
-            )
-            importance = iw.weights
-            extra.update({
-                "is_applied": float(iw.applied.sum()),
-                "is_capped": float(iw.capped.sum()),
-                "is_weight_sum": float(torch.where(iw.applied, iw.weights, 0.0).sum()),
-                "is_weight_max": float(torch.where(iw.applied, iw.weights, 0.0).max())
-                if iw.applied.any()
-                else 0.0,
-            })
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref, _ = self._token_outputs(self.ref_model, micro, keep, with_entropy=False)
-        out = rl_objective(
-            algo,
-            log_prob=log_prob,
-            old_log_prob=old,
-            advantages=keep.select(micro.gather(advantages)).to(self.device),
-            weights=w.to(self.device),
-            importance_weights=importance,
-            ref_log_prob=ref,
-            entropy=entropy,
+        kept = KeptTokens(
+            weights=keep.select(w).to(self.device),
+            advantages=select(advantages),
+            engine_logprobs=select(tokens.engine),
+            known=select(tokens.known),
+            versions=select(tokens.batch.policy_versions, fill=-1),
+            switched=select(tokens.switched),
+            old_logprobs=select_some(tokens.old),
+            before_logprobs=select_some(tokens.before),
+            ref_logprobs=ref,
         )
+        out = micro_batch_loss(algo, log_prob, entropy, kept, tokens.version)
         out.loss.backward()
-        stats = {key: float(value) for key, value in out.sums.items()}
-        stats["loss"] = float(out.loss.detach())
-        stats.update(extra)
-        return stats
+        recording = time.perf_counter()
+        flat = micro.source[keep.rows, keep.positions + 1]  # the kept tokens' places in the batch
+        tokens.record.view(-1)[flat.cpu()] = out.before.detach().float().cpu()
+        out.sums["agreement_s"] += time.perf_counter() - recording
+        return {**out.sums, **out.maxima}
 
     def _optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -33,15 +33,9 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.distributed import initialize_global_process_group_ray
 from verl.workers.engine_workers import TrainingWorker
 
-from agl_trainer.algorithms import (
-    AlgorithmConfig,
-    rl_objective,
-    token_entropy,
-    token_logprobs,
-    truncated_importance_weights,
-)
-from agl_trainer.backends.agreement import agreement_stats, resolve_logprobs
+from agl_trainer.algorithms import AlgorithmConfig, token_entropy, token_logprobs
 from agl_trainer.backends.hf_model import head_sees_only
+from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.schedule import LRLambda
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
@@ -320,62 +314,26 @@ class AglTrainingWorker(TrainingWorker):
         entropy = entropy.values()[keep] if entropy is not None else None
         if entropy is not None and algo.entropy_coef == 0:
             entropy = entropy.detach()
-        def kept(name: str) -> torch.Tensor | None:
-            return data[name].values()[keep] if name in data.keys() else None  # noqa: SIM118 - a TensorDict
 
-        versions = data["versions"].values()[keep]
-        measuring = time.perf_counter()
-        old, engine, before = resolve_logprobs(  # backends/agreement.py: unknown engine logprobs re-scored
-            log_prob.detach(),
-            data["engine_logprobs"].values()[keep].float(),
-            kept("known").bool(),
-            old=None if kept("old_logprobs") is None else kept("old_logprobs").float(),
-            before=None if kept("before_logprobs") is None else kept("before_logprobs").float(),
-            bypass=algo.bypass_old_logprobs,
-        )
-        agree_sums, agree_maxima = agreement_stats(
-            before, engine, kept("known"), versions, kept("switched"), self._current_version, algo.agreement_threshold
-        )
-        for key, value in agree_sums.items():
-            self._sums[key] += value
-        for key, value in agree_maxima.items():
-            self._maxima[key] = max(self._maxima[key], value)
-        self._sums["agreement_s"] += time.perf_counter() - measuring
-        importance = None
-        if not algo.bypass_old_logprobs and algo.importance_scope != "off":
-            iw = truncated_importance_weights(
-                old,
-                engine,
-                w,
-                versions,
-                self._current_version,
-                cap=algo.importance_cap,
-                scope=algo.importance_scope,  # type: ignore[arg-type]
-            )
-            importance = iw.weights
-            self._sums["is_applied"] += float(iw.applied.sum())
-            self._sums["is_capped"] += float(iw.capped.sum())
-            self._sums["is_weight_sum"] += float(torch.where(iw.applied, iw.weights, 0.0).sum())
-            if iw.applied.any():
-                value = float(torch.where(iw.applied, iw.weights, 0.0).max())
-                self._maxima["is_weight_max"] = max(self._maxima["is_weight_max"], value)
-        ref = self._reference_logprobs(data)[keep].float() if self.ref_engine is not None else None
-        out = rl_objective(
-            algo,
-            log_prob=log_prob,
-            old_log_prob=old,
-            advantages=data["advantages"].values()[keep].float(),
+        def kept(name: str) -> torch.Tensor | None:  # a payload field the driver may leave out
+            return data[name].values()[keep].float() if name in data.keys() else None  # noqa: SIM118 - a TensorDict
+
+        tokens = KeptTokens(  # backends/microbatch_loss.py: the torch backend's loss, the same math
             weights=w,
-            importance_weights=importance,
-            ref_log_prob=ref,
-            entropy=entropy,
+            advantages=data["advantages"].values()[keep].float(),
+            engine_logprobs=data["engine_logprobs"].values()[keep].float(),
+            known=data["known"].values()[keep],
+            versions=data["versions"].values()[keep],
+            switched=data["switched"].values()[keep],
+            old_logprobs=kept("old_logprobs"),
+            before_logprobs=kept("before_logprobs"),
+            ref_logprobs=self._reference_logprobs(data)[keep].float() if self.ref_engine is not None else None,
         )
+        out = micro_batch_loss(algo, log_prob, entropy, tokens, self._current_version)
         for key, value in out.sums.items():
-            if key.endswith("_max"):
-                self._maxima[key] = max(self._maxima[key], float(value))
-            else:
-                self._sums[key] += float(value)
-        self._sums["loss"] += float(out.loss.detach())
+            self._sums[key] += value
+        for key, value in out.maxima.items():
+            self._maxima[key] = max(self._maxima[key], value)
         return out.loss * self.engine.get_data_parallel_size(), {}
 
     def _count_micro_batch(self, data) -> None:

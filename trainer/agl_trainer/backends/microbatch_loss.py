@@ -1,0 +1,101 @@
+"""The loss of one micro-batch, the same for both backends.
+
+A backend runs its own forward (the torch backend on packed rows, verl's worker inside its FSDP
+engine) and gathers the kept tokens' per-token inputs; from there the math is this one function:
+unknown engine logprobs re-scored (`resolve_logprobs`), engine/trainer agreement measured, truncated
+importance weights and their statistics, then `rl_objective`. The caller runs backward (verl's worker
+scales the loss by its data-parallel size first) and adds the statistics to its step's sums.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from agl_trainer.algorithms import AlgorithmConfig, rl_objective, truncated_importance_weights
+from agl_trainer.backends.agreement import agreement_stats, resolve_logprobs
+
+
+@dataclass(frozen=True)
+class KeptTokens:
+    """A micro-batch's kept tokens (weight != 0), 1-D, on the loss's device."""
+
+    weights: torch.Tensor  # the global per-token loss weights
+    advantages: torch.Tensor
+    engine_logprobs: torch.Tensor  # the engine's (any value where unknown)
+    known: torch.Tensor  # where the engine's logprob is usable (bool or 0/1)
+    versions: torch.Tensor  # the policy version that sampled each token (-1: unknown)
+    switched: torch.Tensor  # sampled after a keep switch (bool or 0/1)
+    old_logprobs: torch.Tensor | None = None  # PPO's old log-probs, when computed before the update
+    before_logprobs: torch.Tensor | None = None  # pre-update log-probs, when neither `old` nor the forward gives them
+    ref_logprobs: torch.Tensor | None = None  # the reference model's, for the KL penalty
+
+
+@dataclass(frozen=True)
+class MicroBatchLoss:
+    loss: torch.Tensor  # to backward
+    sums: dict[str, float]  # statistics summed over the step's micro-batches
+    maxima: dict[str, float]  # statistics maxed over them (keys end with _max)
+    before: torch.Tensor  # the trainer's pre-update log-probs of the kept tokens
+
+
+def micro_batch_loss(
+    algo: AlgorithmConfig,
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor | None,
+    tokens: KeptTokens,
+    current_version: int,
+) -> MicroBatchLoss:
+    """`log_prob` (with its graph) and `entropy` of the kept tokens from this forward; `current_version`
+    the policy version being trained (the loop's)."""
+    sums: dict[str, float] = {}
+    maxima: dict[str, float] = {}
+    measuring = time.perf_counter()
+    old, engine, before = resolve_logprobs(
+        log_prob.detach(),
+        tokens.engine_logprobs,
+        tokens.known.bool(),
+        old=tokens.old_logprobs,
+        before=tokens.before_logprobs,
+        bypass=algo.bypass_old_logprobs,
+    )
+    agree_sums, agree_maxima = agreement_stats(
+        before, engine, tokens.known, tokens.versions, tokens.switched, current_version, algo.agreement_threshold
+    )
+    sums.update(agree_sums)
+    maxima.update(agree_maxima)
+    sums["agreement_s"] = time.perf_counter() - measuring
+    importance = None
+    if not algo.bypass_old_logprobs and algo.importance_scope != "off":
+        iw = truncated_importance_weights(
+            old,
+            engine,
+            tokens.weights,
+            tokens.versions,
+            current_version,
+            cap=algo.importance_cap,
+            scope=algo.importance_scope,  # type: ignore[arg-type]
+        )
+        importance = iw.weights
+        applied = torch.where(iw.applied, iw.weights, 0.0)
+        sums["is_applied"] = float(iw.applied.sum())
+        sums["is_capped"] = float(iw.capped.sum())
+        sums["is_weight_sum"] = float(applied.sum())
+        if iw.applied.any():
+            maxima["is_weight_max"] = float(applied.max())
+    out = rl_objective(
+        algo,
+        log_prob=log_prob,
+        old_log_prob=old,
+        advantages=tokens.advantages,
+        weights=tokens.weights,
+        importance_weights=importance,
+        ref_log_prob=tokens.ref_logprobs,
+        entropy=entropy,
+    )
+    for key, value in out.sums.items():
+        (maxima if key.endswith("_max") else sums)[key] = float(value)
+    sums["loss"] = float(out.loss.detach())
+    return MicroBatchLoss(loss=out.loss, sums=sums, maxima=maxima, before=before)
