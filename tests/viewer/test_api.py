@@ -251,7 +251,7 @@ def test_reads_while_a_writer_writes_and_never_changes_the_store(tmp_path):
 
 def test_a_missing_or_foreign_store_is_refused_clearly(tmp_path):
     from agl_trainer.viewer import Viewer
-    from agl_trainer.viewer.queries import ViewerError
+    from agl_trainer.store.queries import QueryError as ViewerError
 
     with pytest.raises(ViewerError, match="no store at"):
         Viewer(tmp_path / "none.db")

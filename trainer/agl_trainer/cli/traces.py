@@ -269,7 +269,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     from agl_trainer.viewer import ListenError, Viewer, ViewerServer, parse_listen
     from agl_trainer.viewer.access import AccessError, check_listen
-    from agl_trainer.viewer.queries import ViewerError
+    from agl_trainer.store.queries import QueryError
 
     token = args.token or os.environ.get(args.token_env) or None
     try:
@@ -285,7 +285,7 @@ def run_serve(args: argparse.Namespace) -> int:
         viewer = Viewer(
             Path(args.store), model=args.model, run_dir=args.run_dir, reward_name=args.reward_name, token=token
         )
-    except ViewerError as error:
+    except QueryError as error:
         raise CLIError(f"{error} (fix: --store names a rollout store)") from None
     if args.model and not viewer.decoder().decodes:  # load it now: a wrong path is said before serving
         viewer.close()

@@ -17,13 +17,13 @@ the equivalence test and bench/from_store.py measure the cursor against.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
 from agl import semconv
 
 from agl_trainer.store import RolloutKey, RolloutStore
+from agl_trainer.store.queries import call_versions, call_versions_since
 from agl_trainer.store.records import RolloutInfo
 
 
@@ -109,15 +109,7 @@ class StoreCursor:
             self._gone.add(key)
 
     def _read_versions(self) -> None:
-        db = sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=30)
-        try:
-            rows = db.execute(
-                "SELECT rowid, rollout_id, attempt, policy_version FROM calls"
-                " WHERE rowid > ? AND policy_version IS NOT NULL ORDER BY rowid",
-                (self._call_row,),
-            ).fetchall()
-        finally:
-            db.close()
+        rows = call_versions_since(self.store_path, self._call_row)
         lowered = False  # a rollout's oldest version went down: the newest among them may have too
         for row, rollout_id, attempt, version in rows:
             key, version = RolloutKey(rollout_id, attempt), int(version)
@@ -159,15 +151,3 @@ class FullScan:
     def forget(self, keys: Iterable[RolloutKey]) -> None:
         self._gone.update(keys)
 
-
-def call_versions(store_path: Path, newest: bool = False) -> dict[RolloutKey, int]:
-    """The oldest (or newest) policy version among each rollout's calls (read-only: the receiver may be writing)."""
-    db = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = db.execute(
-            f"SELECT rollout_id, attempt, {'MAX' if newest else 'MIN'}(policy_version) FROM calls"
-            " WHERE policy_version IS NOT NULL GROUP BY rollout_id, attempt"
-        ).fetchall()
-    finally:
-        db.close()
-    return {RolloutKey(r, a): int(v) for r, a, v in rows}

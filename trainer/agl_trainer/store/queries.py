@@ -1,9 +1,10 @@
-"""Read-only SQL over a rollout store for the viewer (the tables are store/schema.py's).
+"""The store's read side: every query over its tables (store/schema.py) outside the writer.
 
-The store is opened with a `mode=ro` URI, ATTACHed to an in-memory database that holds the viewer's
-own summary table (per-rollout policy versions and merge breaks, filled by `indexer.Indexer`), so
-one connection can filter and sort on both. SQLite's WAL lets these reads run while training
-writes; nothing here ever writes to the store.
+`RolloutStore.load` reads a rollout through `load` here; the viewer and the from-store cursor read
+the store file read-only (a `mode=ro` URI), never writing to it. The viewer's connection is an
+in-memory database with the store ATTACHed as `s` (`attach`), holding the viewer's own summary table
+(per-rollout policy versions and merge breaks, filled by viewer/indexer.py), so one connection
+can filter and sort on both. SQLite's WAL lets these reads run while training writes.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
-
-import numpy as np
 
 from agl_trainer.store.records import CallRow, RewardRow, RolloutData, RolloutInfo, RolloutKey
 from agl_trainer.store.schema import SCHEMA_VERSION
@@ -42,30 +41,37 @@ CREATE INDEX IF NOT EXISTS summary_breaks ON summary (merge_breaks);
 """
 
 
-class ViewerError(Exception):
-    """A request the viewer refuses (the server answers 4xx with this message)."""
+class QueryError(Exception):
+    """A query refused: a missing or foreign store, a bad filter (the viewer answers `status` with it)."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
 
 
+def _ro_uri(path: Path) -> str:
+    return f"file:{quote(str(Path(path).resolve()))}?mode=ro"
+
+
+def open_ro(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the store file at `path`, unchecked (see connect_ro)."""
+    return sqlite3.connect(_ro_uri(path), uri=True, check_same_thread=False, timeout=30)
+
+
 def connect_ro(path: Path) -> sqlite3.Connection:
     """A read-only connection to the store at `path` (never creates or changes the file)."""
     if not path.is_file():
-        raise ViewerError(f"no store at {path}", 404)
-    db = sqlite3.connect(
-        f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, check_same_thread=False, timeout=30
-    )
+        raise QueryError(f"no store at {path}", 404)
+    db = open_ro(path)
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as error:
         db.close()
-        raise ViewerError(f"{path} is not an agl rollout store: {error}") from None
+        raise QueryError(f"{path} is not an agl rollout store: {error}") from None
     if version > SCHEMA_VERSION or not {"rollouts", "calls", "rewards"} <= tables:
         db.close()
-        raise ViewerError(f"{path} is not an agl rollout store this agl reads (schema {version})")
+        raise QueryError(f"{path} is not an agl rollout store this agl reads (schema {version})")
     return db
 
 
@@ -77,6 +83,8 @@ CALLS = (
     "CASE WHEN m.rollout_id IS NULL THEN (SELECT COUNT(*) FROM s.calls c"
     " WHERE c.rollout_id = r.rollout_id AND c.attempt = r.attempt) ELSE m.calls END"
 )
+# The SQL spelling of records.final_reward (the last whole-rollout reward by end, span id), for the
+# rollouts not summarised yet; tests/dataplane/test_store_queries.py holds the two to the same answer.
 REWARD = (
     "CASE WHEN m.rollout_id IS NULL THEN (SELECT w.value FROM s.rewards w WHERE w.rollout_id = r.rollout_id"
     " AND (w.attempt IS NULL OR w.attempt = r.attempt) AND w.name = :reward_name AND w.call_seq IS NULL"
@@ -123,11 +131,11 @@ class Filters:
             value = params.get(name)
             if value:
                 self.where.append(clause)
-                self.values[name] = _like_prefix(value) if name == "id" else value
+                self.values[name] = like_prefix(value) if name == "id" else value
         mode = params.get("mode")
         if mode:
             if mode not in ("train", "val"):
-                raise ViewerError(f"mode must be train or val, got {mode!r}")
+                raise QueryError(f"mode must be train or val, got {mode!r}")
             self.where.append("COALESCE(r.mode, 'train') = :mode")
             self.values["mode"] = mode
         step = params.get("step")
@@ -147,7 +155,7 @@ class Filters:
                 "ready": "r.complete = 1 AND r.trained_step IS NULL AND r.dropped_reason IS NULL",
             }
             if state not in states:
-                raise ViewerError(f"state must be one of {sorted(states)}, got {state!r}")
+                raise QueryError(f"state must be one of {sorted(states)}, got {state!r}")
             self.where.append(states[state])
         ranges = {
             "reward": (f"({REWARD})", float),
@@ -194,9 +202,9 @@ def _int(name: str, raw: str, low: int = -(2**63), high: int = 2**63 - 1) -> int
     try:
         value = int(raw)
     except ValueError:
-        raise ViewerError(f"{name} must be an integer, got {raw[:40]!r}") from None
+        raise QueryError(f"{name} must be an integer, got {raw[:40]!r}") from None
     if not low <= value <= high:
-        raise ViewerError(f"{name} must be between {low} and {high}, got {value}")
+        raise QueryError(f"{name} must be between {low} and {high}, got {value}")
     return value
 
 
@@ -204,13 +212,13 @@ def _float(name: str, raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ViewerError(f"{name} must be a number, got {raw[:40]!r}") from None
+        raise QueryError(f"{name} must be a number, got {raw[:40]!r}") from None
     if not math.isfinite(value):
-        raise ViewerError(f"{name} must be a finite number, got {raw[:40]!r}")
+        raise QueryError(f"{name} must be a finite number, got {raw[:40]!r}")
     return value
 
 
-def _like_prefix(prefix: str) -> str:
+def like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
@@ -218,10 +226,10 @@ def parse_page(params: dict[str, str]) -> tuple[str, int, int]:
     """(ORDER BY clause, limit, offset) from `sort`, `order` (asc|desc), `limit`, `offset`."""
     sort = params.get("sort") or "newest"
     if sort not in SORTS:
-        raise ViewerError(f"sort must be one of {sorted(SORTS)}, got {sort[:40]!r}")
+        raise QueryError(f"sort must be one of {sorted(SORTS)}, got {sort[:40]!r}")
     direction = (params.get("order") or "desc").lower()
     if direction not in ("asc", "desc"):
-        raise ViewerError(f"order must be asc or desc, got {direction[:40]!r}")
+        raise QueryError(f"order must be asc or desc, got {direction[:40]!r}")
     limit = _int("limit", params.get("limit") or "50", 1, MAX_LIMIT)
     offset = _int("offset", params.get("offset") or "0", 0, 10**9)
     expression = SORTS[sort]
@@ -239,7 +247,8 @@ _KNOWN_CALL_COLUMNS = {
 }  # fmt: skip
 
 
-_ARRAYS = {"prompt_ids": "<i4", "completion_ids": "<i4", "logprobs": "<f4"}
+# Blob columns -> their numpy dtypes (little-endian int32 tokens, float32 logprobs, int64 version runs).
+_ARRAYS = {"prompt_ids": "<i4", "completion_ids": "<i4", "logprobs": "<f4", "policy_versions": "<i8"}
 _CALL_FIELDS = CallRow.__struct_fields__  # what this agl's CallRow holds (a newer store may hold more)
 
 
@@ -247,11 +256,16 @@ def _value(name: str, value: Any) -> Any:
     dtype = _ARRAYS.get(name)
     if dtype is None or value is None:
         return value
+    import numpy as np  # here, not at the top: listing rollouts (`agl traces ls`) needs no numpy
+
     return np.frombuffer(value, dtype=dtype)
 
 
-def rollout_row(db: sqlite3.Connection, key: RolloutKey) -> dict[str, Any] | None:
-    cursor = db.execute("SELECT * FROM s.rollouts WHERE rollout_id = ? AND attempt = ?", (key.rollout_id, key.attempt))
+def rollout_row(db: sqlite3.Connection, key: RolloutKey, schema: str = "s") -> dict[str, Any] | None:
+    """The rollout's row as a dict; `schema` names the store's database on `db` ("main": its own)."""
+    cursor = db.execute(
+        f"SELECT * FROM {schema}.rollouts WHERE rollout_id = ? AND attempt = ?", (key.rollout_id, key.attempt)
+    )
     row = cursor.fetchone()
     if row is None:
         return None
@@ -298,27 +312,31 @@ class CallRows:
         return [values[i] for values in self.rows]
 
 
-def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, CallRows] | None:
-    """The rollout as `RolloutStore.load` gives it, plus its calls' rows (CallRows)."""
-    row = rollout_row(db, key)
+def rewards(db: sqlite3.Connection, key: RolloutKey, schema: str = "s") -> list[RewardRow]:
+    """A rollout's rewards (its attempt's and those naming no attempt), by (end, span id)."""
+    rows = db.execute(
+        f"SELECT span_id, name, value, call_seq, end_ns FROM {schema}.rewards WHERE rollout_id = ?"
+        " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
+        (key.rollout_id, key.attempt),
+    ).fetchall()
+    return [RewardRow(*row) for row in rows]
+
+
+def load(db: sqlite3.Connection, key: RolloutKey, schema: str = "s") -> tuple[RolloutData, CallRows] | None:
+    """The rollout's row, calls (by call_seq, end, span id) and rewards, plus its calls' rows
+    (CallRows); None when it is unknown. `RolloutStore.load` is this on its own connection."""
+    row = rollout_row(db, key, schema)
     if row is None:
         return None
     cursor = db.execute(
-        "SELECT * FROM s.calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
+        f"SELECT * FROM {schema}.calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
         (key.rollout_id, key.attempt),
     )
     names = [d[0] for d in cursor.description]
     raw_calls = cursor.fetchall()
     fields = [(name, names.index(name)) for name in _CALL_FIELDS if name in names]
     calls = [CallRow(**{name: _value(name, values[i]) for name, i in fields}) for values in raw_calls]
-    rewards = [
-        RewardRow(*r)
-        for r in db.execute(
-            "SELECT span_id, name, value, call_seq, end_ns FROM s.rewards WHERE rollout_id = ?"
-            " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
-            (key.rollout_id, key.attempt),
-        )
-    ]
+    found = rewards(db, key, schema)
     info = RolloutInfo(
         rollout_id=row["rollout_id"],
         attempt=row["attempt"],
@@ -333,12 +351,12 @@ def load(db: sqlite3.Connection, key: RolloutKey) -> tuple[RolloutData, CallRows
         trained_step=row["trained_step"],
         dropped_reason=row["dropped_reason"],
         calls=len(calls),
-        rewards=len(rewards),
+        rewards=len(found),
         error=row["error"],
         harness_exit_code=row["harness_exit_code"],
         late_spans=row["late_spans"],
     )
-    return RolloutData(info=info, calls=calls, rewards=rewards), CallRows(names, raw_calls)
+    return RolloutData(info=info, calls=calls, rewards=found), CallRows(names, raw_calls)
 
 
 def step_rollouts(db: sqlite3.Connection, step: int, reward_name: str) -> list[dict[str, Any]]:
@@ -366,6 +384,49 @@ def step_rewards(db: sqlite3.Connection, reward_name: str) -> list[dict[str, Any
     return [{"step": s, "reward/mean": mean, "rollouts": n} for s, mean, n in rows if mean is not None]
 
 
+def step_row(db: sqlite3.Connection, step: int) -> tuple[int, float] | None:
+    """(rollouts, at) of training step `step`, or None."""
+    return db.execute("SELECT rollouts, at FROM s.training_steps WHERE step = ?", (step,)).fetchone()
+
+
+def rollout_count(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT COUNT(*) FROM s.rollouts").fetchone()[0])
+
+
+def touched_since(db: sqlite3.Connection, last_span_at: float) -> list[tuple[str, int, float]]:
+    """(rollout id, attempt, last span at) of the rollouts with a span after `last_span_at`, newest row first."""
+    return db.execute(
+        "SELECT rollout_id, attempt, last_span_at FROM s.rollouts WHERE last_span_at > ? ORDER BY rowid DESC",
+        (last_span_at,),
+    ).fetchall()
+
+
+def call_versions(store_path: Path, newest: bool = False) -> dict[RolloutKey, int]:
+    """The oldest (or newest) policy version among each rollout's calls (read-only: the receiver may be writing)."""
+    db = open_ro(store_path)
+    try:
+        rows = db.execute(
+            f"SELECT rollout_id, attempt, {'MAX' if newest else 'MIN'}(policy_version) FROM calls"
+            " WHERE policy_version IS NOT NULL GROUP BY rollout_id, attempt"
+        ).fetchall()
+    finally:
+        db.close()
+    return {RolloutKey(r, a): int(v) for r, a, v in rows}
+
+
+def call_versions_since(store_path: Path, after_row: int) -> list[tuple[int, str, int, int]]:
+    """(call row, rollout id, attempt, policy version) of the calls with a version after row `after_row`."""
+    db = open_ro(store_path)
+    try:
+        return db.execute(
+            "SELECT rowid, rollout_id, attempt, policy_version FROM calls"
+            " WHERE rowid > ? AND policy_version IS NOT NULL ORDER BY rowid",
+            (after_row,),
+        ).fetchall()
+    finally:
+        db.close()
+
+
 def overview(db: sqlite3.Connection) -> dict[str, Any]:
     total, complete, trained, dropped = db.execute(
         "SELECT COUNT(*), COALESCE(SUM(complete), 0), COUNT(trained_step), COUNT(dropped_reason) FROM s.rollouts"
@@ -389,7 +450,7 @@ def attach(store_path: Path) -> sqlite3.Connection:
     # Autocommit: a transaction left open (by an INSERT into the summary) would pin the store's
     # snapshot, and the pages would stop seeing what training writes.
     db = sqlite3.connect(":memory:", uri=True, check_same_thread=False, timeout=30, isolation_level=None)
-    db.execute("ATTACH DATABASE ? AS s", (f"file:{quote(str(store_path.resolve()))}?mode=ro",))
+    db.execute("ATTACH DATABASE ? AS s", (_ro_uri(store_path),))
     return db
 
 

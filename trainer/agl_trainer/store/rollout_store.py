@@ -26,7 +26,6 @@ from agl import semconv
 
 from agl_trainer.store.records import (
     CAUSES,
-    CallRow,
     CallSpan,
     Cause,
     Record,
@@ -41,6 +40,7 @@ from agl_trainer.store.records import (
     WriteResult,
     final_reward,
 )
+from agl_trainer.store import queries
 from agl_trainer.store.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 if TYPE_CHECKING:  # numpy is imported where token arrays are read or written: listing needs none
@@ -69,12 +69,6 @@ def _blob(array: np.ndarray | None, dtype: str) -> bytes | None:
     import numpy as np
 
     return None if array is None else np.ascontiguousarray(array, dtype=dtype).tobytes()
-
-
-def _array(blob: bytes | None, dtype: str) -> np.ndarray | None:
-    import numpy as np
-
-    return None if blob is None else np.frombuffer(blob, dtype=dtype)
 
 
 class RolloutStore:
@@ -454,59 +448,20 @@ class RolloutStore:
         return found[0] if found else None
 
     def find(self, rollout_id_prefix: str) -> list[RolloutInfo]:
-        return self._infos("rollout_id LIKE ? ESCAPE '\\'", (_like_prefix(rollout_id_prefix),))
+        return self._infos("rollout_id LIKE ? ESCAPE '\\'", (queries.like_prefix(rollout_id_prefix),))
 
     def load(self, key: RolloutKey | str) -> RolloutData:
         """A rollout's row, calls and rewards; raises StoreError when it is unknown."""
         key = _key(key)
-        info = self.rollout(key)
-        if info is None:
-            raise StoreError(f"no rollout {key.rollout_id!r} attempt {key.attempt} in {self.path}")
         with self._lock:
-            call_rows = self._db.execute(
-                "SELECT span_id, call_seq, name, end_ns, prompt_ids, completion_ids, logprobs, prompt_ref_seq,"
-                " prompt_ref_length, prompt_length, policy_version, finish_reason, end_reason, tokens_source, choices,"
-                " origin, parent_span_id, policy_versions, held_ms, upstream, api"
-                " FROM calls WHERE rollout_id = ? AND attempt = ? ORDER BY call_seq, end_ns, span_id",
-                (key.rollout_id, key.attempt),
-            ).fetchall()
-        calls = [
-            CallRow(
-                span_id=row[0],
-                call_seq=row[1],
-                name=row[2],
-                end_ns=row[3],
-                prompt_ids=_array(row[4], "<i4"),
-                completion_ids=_array(row[5], "<i4"),
-                logprobs=_array(row[6], "<f4"),
-                prompt_ref_seq=row[7],
-                prompt_ref_length=row[8],
-                prompt_length=row[9],
-                policy_version=row[10],
-                finish_reason=row[11],
-                end_reason=row[12],
-                tokens_source=row[13],
-                choices=row[14],
-                origin=row[15],
-                parent_span_id=row[16],
-                policy_versions=_array(row[17], "<i8"),
-                held_ms=row[18],
-                upstream=row[19],
-                api=row[20],
-            )
-            for row in call_rows
-        ]
-        return RolloutData(info=info, calls=calls, rewards=self._rewards(key))
+            loaded = queries.load(self._db, key, "main")
+        if loaded is None:
+            raise StoreError(f"no rollout {key.rollout_id!r} attempt {key.attempt} in {self.path}")
+        return loaded[0]
 
     def _rewards(self, key: RolloutKey) -> list[RewardRow]:
-        """A rollout's rewards (its attempt's and those naming no attempt), by (end, span id)."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT span_id, name, value, call_seq, end_ns FROM rewards WHERE rollout_id = ?"
-                " AND (attempt IS NULL OR attempt = ?) ORDER BY end_ns, span_id",
-                (key.rollout_id, key.attempt),
-            ).fetchall()
-        return [RewardRow(*row) for row in rows]
+            return queries.rewards(self._db, key, "main")
 
     def completed(self, keys: Iterable[RolloutKey | str]) -> set[RolloutKey]:
         """Which of `keys` are complete, or due to complete now, and neither trained on nor dropped.
@@ -663,7 +618,3 @@ def _key(item: RolloutKey | str | tuple[str, int]) -> RolloutKey:
     if isinstance(item, RolloutInfo):
         return item.key
     raise StoreError(f"expected a rollout id, (id, attempt) or RolloutKey, got {item!r}")
-
-
-def _like_prefix(prefix: str) -> str:
-    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

@@ -21,8 +21,9 @@ import numpy as np
 
 from agl_trainer.assembly import AssemblyConfig, assemble_rollout
 from agl_trainer.batch import Sample
+from agl_trainer.store import queries
 from agl_trainer.store.records import RolloutKey
-from agl_trainer.viewer import agreement, queries
+from agl_trainer.viewer import agreement
 from agl_trainer.viewer.tokens import TokenDecoder
 
 PROMPT, COMPLETION, CONTEXT, MASKED = "p", "c", "t", "m"  # token roles (see app.js ROLES)
@@ -79,7 +80,7 @@ def rollout(
         loaded = queries.load(database.db, key)
         others = queries.attempts(database.db, key.rollout_id)
     if loaded is None:
-        raise queries.ViewerError(f"no rollout {key.rollout_id!r} attempt {key.attempt}", 404)
+        raise queries.QueryError(f"no rollout {key.rollout_id!r} attempt {key.attempt}", 404)
     check()
     data, rows = loaded
     assembly = assemble_rollout(data, config, decoder.tokenizer, check=check)
@@ -275,9 +276,9 @@ def step(
 ) -> dict[str, Any]:
     with database.lock:
         rows = queries.step_rollouts(database.db, number, config.reward_name)
-        known = database.db.execute("SELECT rollouts, at FROM s.training_steps WHERE step = ?", (number,)).fetchone()
+        known = queries.step_row(database.db, number)
     if not rows and known is None:
-        raise queries.ViewerError(f"no training step {number} in the store", 404)
+        raise queries.QueryError(f"no training step {number} in the store", 404)
     metrics = next((row for row in metrics_rows(run_dir) if row.get("step") == number), None)
     # The policy that trained step N generated version N-1 (one update per step); metrics know better.
     trained_version = number - 1

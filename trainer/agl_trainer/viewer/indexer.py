@@ -15,7 +15,7 @@ from typing import Any
 
 from agl_trainer.assembly import AssemblyConfig, assemble_rollout
 from agl_trainer.store.records import RolloutKey
-from agl_trainer.viewer.queries import Database, attach, load
+from agl_trainer.store.queries import Database, attach, load, rollout_count, touched_since
 
 log = logging.getLogger("agl.viewer")
 
@@ -63,11 +63,8 @@ class Indexer:
             reader.close()
 
     def _pass(self, reader: Any, watermark: float) -> float:
-        self.total = reader.execute("SELECT COUNT(*) FROM s.rollouts").fetchone()[0]
-        rows = reader.execute(
-            "SELECT rollout_id, attempt, last_span_at FROM s.rollouts WHERE last_span_at > ? ORDER BY rowid DESC",
-            (watermark - SLACK_S,),
-        ).fetchall()
+        self.total = rollout_count(reader)
+        rows = touched_since(reader, watermark - SLACK_S)
         todo = [(r, a, t) for r, a, t in rows if self._seen.get((r, a)) != t]
         for start in range(0, len(todo), BATCH):
             if self._stop.is_set():

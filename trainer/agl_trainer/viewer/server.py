@@ -29,8 +29,9 @@ from aiohttp import web
 
 from agl_trainer.assembly import AssemblyConfig
 from agl_trainer.receiver.client_errors import quiet_client_errors
+from agl_trainer.store import queries
 from agl_trainer.store.records import RolloutKey
-from agl_trainer.viewer import access, detail, queries, work
+from agl_trainer.viewer import access, detail, work
 from agl_trainer.viewer.indexer import Indexer
 from agl_trainer.viewer.tokens import TokenDecoder, TokenizerError, load_tokenizer
 
@@ -177,7 +178,7 @@ class Viewer:
             if error.status < 400:
                 raise
             return _json({"error": error.reason}, error.status)
-        except queries.ViewerError as error:
+        except queries.QueryError as error:
             return _json({"error": str(error)}, error.status)
         except Exception:  # noqa: BLE001 (a bug: logged, answered as JSON)
             log.exception("agl viewer: %s failed", request.path_qs[:200])
@@ -189,13 +190,13 @@ class Viewer:
         read the store by pointing its own domain name at 127.0.0.1 (DNS rebinding). With a token,
         only requests that carry it (access.py)."""
         if self.loopback_only and not access.is_loopback_host_header(request.headers.get("Host", "")):
-            raise queries.ViewerError("this viewer answers only requests for a loopback host name", 403)
+            raise queries.QueryError("this viewer answers only requests for a loopback host name", 403)
         if self.token is None:
             return await handler(request)
         offered = request.query.get(access.QUERY)
         if offered is not None:  # a browser's first visit: keep the token in a cookie, not the URL
             if not access.token_matches(offered, self.token):
-                raise queries.ViewerError("wrong viewer token", 401)
+                raise queries.QueryError("wrong viewer token", 401)
             rest = [(k, v) for k, v in request.query.items() if k != access.QUERY]
             response = web.Response(status=303, headers={**HEADERS, "Location": str(request.rel_url.with_query(rest))})
             response.set_cookie(access.COOKIE, self.token, httponly=True, samesite="Strict", path="/")
@@ -214,11 +215,11 @@ class Viewer:
             params: dict[str, str] = {}
             for name, value in request.query.items():
                 if name in params:
-                    raise queries.ViewerError(f"parameter {name[:40]!r} given twice")
+                    raise queries.QueryError(f"parameter {name[:40]!r} given twice")
                 if len(value) > MAX_PARAM:
-                    raise queries.ViewerError(f"parameter {name[:40]!r} is longer than {MAX_PARAM} characters")
+                    raise queries.QueryError(f"parameter {name[:40]!r} is longer than {MAX_PARAM} characters")
                 if "\x00" in value:
-                    raise queries.ViewerError(f"parameter {name[:40]!r} holds a NUL character")
+                    raise queries.QueryError(f"parameter {name[:40]!r} holds a NUL character")
                 params[name] = value
             try:
                 result = await self.pool.run(request, lambda ticket: function(params, ticket))
@@ -240,7 +241,7 @@ class Viewer:
     async def _static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in STATIC:
-            raise queries.ViewerError("no such file", 404)
+            raise queries.QueryError("no such file", 404)
         return self._file(name)
 
     def _file(self, name: str) -> web.Response:
@@ -297,7 +298,7 @@ class Viewer:
     def rollout(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         rollout_id = params.get("id")
         if not rollout_id:
-            raise queries.ViewerError("give the rollout's id: /api/rollout?id=ROLLOUT_ID[&attempt=N]")
+            raise queries.QueryError("give the rollout's id: /api/rollout?id=ROLLOUT_ID[&attempt=N]")
         attempt_text = params.get("attempt")
         if attempt_text:
             attempt = queries._int("attempt", attempt_text, 0, 2**31)
@@ -305,7 +306,7 @@ class Viewer:
             with self.database.lock:
                 found = queries.attempts(self.database.db, rollout_id)
             if not found:
-                raise queries.ViewerError(f"no rollout {rollout_id!r}", 404)
+                raise queries.QueryError(f"no rollout {rollout_id!r}", 404)
             attempt = found[-1]
         return detail.rollout(
             self.database,
@@ -320,7 +321,7 @@ class Viewer:
     def step(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         raw = params.get("step")
         if not raw:
-            raise queries.ViewerError("give the step: /api/step?step=N")
+            raise queries.QueryError("give the step: /api/step?step=N")
         return detail.step(self.database, queries._int("step", raw, 0, 2**62), self.config, self.run_dir)
 
 
