@@ -5,7 +5,7 @@ prompt extends the previous sequence exactly; otherwise the rollout has several 
 engine generated have loss_mask 1; prompt tokens and tokens between merged calls (tool results,
 template text) have loss_mask 0. `TrainingBatch` is samples padded into tensors, plus the rollout
 and group structure the rollout-level algorithms need. It does not depend on verl
-(`agl_trainer.verl_convert` converts it).
+(the verl backend deals its tensors to its workers itself: backends/verl/payload.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ vLLM is served outside verl. The loss is agl's `rl_objective` with per-token wei
 the whole mini-batch on the driver, so rollout-mean aggregation is exact under verl's data-parallel
 split and micro-batching; see worker.py for the data-parallel scaling.
 
-Only this package (and agl_trainer.verl_convert) imports verl internals. On a CPU the workers use
+Only this package imports verl internals. On a CPU the workers use
 agl's platform plugin (platform.py) with gloo; `backend.verl.*` settings are validated in config.py
 before Ray or any worker starts.
 """
