@@ -72,13 +72,17 @@ class Rollout:
 
     # --- for harnesses that build their own client ---------------------------------------------
     def base_url(self, sidecar_url: str) -> str:
-        """The sidecar URL with this rollout's prefix: `http://h:p` -> `http://h:p/rollouts/ID/v1`."""
+        """The sidecar URL with this rollout's prefix: `http://h:p` -> `http://h:p/rollouts/ID/v1`.
+
+        A rollout not in mode train carries its mode (`.../modes/val/v1`), as the runners' URLs do:
+        the path is all an unmodified harness passes on, and the sidecar picks the mode's sampling."""
         if not isinstance(sidecar_url, str) or not sidecar_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url: expected an http(s) URL, got {sidecar_url!r}")
         base = sidecar_url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        return base + semconv.rollout_path(self.rollout_id, self.attempt)
+        mode = None if self.mode == semconv.MODE_TRAIN else self.mode
+        return base + semconv.rollout_path(self.rollout_id, self.attempt, mode)
 
     def headers(self) -> dict[str, str]:
         """Headers that attribute a call to this rollout: x-agl-*, traceparent and baggage."""

@@ -67,3 +67,11 @@ def test_rollout_path_encodes_the_id_as_one_segment():
     assert semconv.rollout_path("r1") == "/rollouts/r1/v1"
     assert semconv.rollout_path("a/b?c#d%", 2, "val") == "/rollouts/a%2Fb%3Fc%23d%25/attempts/2/modes/val/v1"
     assert semconv.rollout_path("é", 0) == "/rollouts/%C3%A9/v1"
+
+
+def test_sdk_url_carries_a_val_rollouts_mode_as_the_runners_does():
+    # Before: the SDK's base_url left the mode out, so a val rollout's calls got train sampling.
+    sdk_url = agl.rollout(rollout_id="r?1", attempt=1, mode=semconv.MODE_VAL).base_url("http://h:1")
+    runner_url = Endpoint("http://h:1").base_url(RolloutSpec("r?1", "t", {}, 1, semconv.MODE_VAL))
+    assert sdk_url == runner_url == "http://h:1/rollouts/r%3F1/attempts/1/modes/val/v1"
+    assert agl.rollout(rollout_id="r", mode=semconv.MODE_TRAIN).base_url("http://h:1/v1") == "http://h:1/rollouts/r/v1"
