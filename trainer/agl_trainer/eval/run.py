@@ -167,9 +167,12 @@ async def spans_delivered(admin: Any, timeout_s: float = 60.0) -> None:
     """Until the sidecar(s) hold no call in flight and no span undelivered (the receiver acknowledges
     a span once it is stored), or `timeout_s`: the attempts' data is then in the store."""
     deadline = time.monotonic() + timeout_s
+    keys = ("spans_building", "spans_pending", "spans_sending", "spans_in_spool")
+    admins = list(getattr(admin, "admins", [admin]))  # a SidecarFleet: each of its sidecars
     while time.monotonic() < deadline:
-        state = await admin.state()
-        if state.in_flight == 0 and state.spans_undelivered == 0:
+        # GET state has the span counts in its counters (a pause's answer has them at the top)
+        states = await asyncio.gather(*(one.state() for one in admins))
+        if all(s.in_flight == 0 and not any(int(s.counters.get(k, 0) or 0) for k in keys) for s in states):
             return
         await asyncio.sleep(0.05)
 
