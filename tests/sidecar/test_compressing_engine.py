@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from agl import semconv
-from tests.support.fake_vllm import FakeVLLM
+from agl_trainer.testing.fake_vllm import FakeVLLM
 
 MESSAGES = [{"role": "user", "content": "go"}]
 

