@@ -106,6 +106,12 @@ ORIGIN_UNTRACED: Final = "untraced"  # no traceparent while the rollout has a tr
 ORIGIN_FOREIGN_TRACE: Final = "foreign_trace"  # a traceparent of another trace
 ORIGINS: Final = (ORIGIN_HARNESS, ORIGIN_UNTRACED, ORIGIN_FOREIGN_TRACE)
 
+# The structure a harness declares (docs/spans.md "Declared structure"): which agent made the call,
+# the agent that spawned it, and a compaction (the harness rewrote its context: a new sample starts).
+CALL_AGENT_ID: Final = "agl.call.agent_id"  # string
+CALL_PARENT_AGENT_ID: Final = "agl.call.parent_agent_id"  # string
+CALL_COMPACTION: Final = "agl.call.compaction"  # bool: present (true) only on a declared compaction
+
 
 def completion_token_ids_key(choice: int) -> str:
     """Attribute holding choice `choice`'s completion token IDs (choice 0 has no index)."""
@@ -152,6 +158,13 @@ HEADER_ROLLOUT_ID: Final = "x-agl-rollout-id"
 HEADER_TASK_ID: Final = "x-agl-task-id"
 HEADER_ATTEMPT: Final = "x-agl-attempt"
 HEADER_MODE: Final = "x-agl-mode"
+# Declared structure: agl's own pair wins over Claude Code's when both are present.
+HEADER_AGENT_ID: Final = "x-agl-agent-id"
+HEADER_PARENT_AGENT_ID: Final = "x-agl-parent-agent-id"
+HEADER_CLAUDE_CODE_AGENT_ID: Final = "x-claude-code-agent-id"
+HEADER_CLAUDE_CODE_PARENT_AGENT_ID: Final = "x-claude-code-parent-agent-id"
+HEADER_COMPACTION: Final = "x-agl-compaction"  # "1" or "true": this call follows a compaction
+AGENT_ID_MAX_CHARS: Final = 256  # a longer declared agent id is refused (400)
 BAGGAGE_ROLLOUT_ID: Final = ROLLOUT_ID  # W3C baggage keys reuse the attribute names
 BAGGAGE_TASK_ID: Final = TASK_ID
 BAGGAGE_ATTEMPT: Final = ATTEMPT

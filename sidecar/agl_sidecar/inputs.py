@@ -91,6 +91,13 @@ def text(value: str | None, param: str) -> str | None:
     raise BadInput(f"{param} must be printable UTF-8 text, got {_shown(value)}", param)
 
 
+def short_text(value: str, param: str, max_chars: int) -> str:
+    """text() no longer than `max_chars` characters (a declared name, not a payload)."""
+    if len(value) > max_chars:
+        raise BadInput(f"{param} must be at most {max_chars} characters, got {len(value)}", param)
+    return text(value, param)  # type: ignore[return-value]
+
+
 def shown_text(value: str) -> str:
     """`value` escaped and short, for an error message."""
     return _shown(value)

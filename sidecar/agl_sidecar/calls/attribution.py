@@ -27,6 +27,10 @@ class Identity:
     task_id: str | None = None
     attempt: int | None = None
     mode: str | None = None
+    # Declared structure (docs/spans.md): the agent that made the call and its parent agent.
+    agent_id: str | None = None
+    parent_agent_id: str | None = None
+    compaction: bool = False
 
 
 @dataclass(slots=True)
@@ -111,7 +115,35 @@ def resolve(
         identity.mode = _mode(headers[semconv.HEADER_MODE], semconv.HEADER_MODE)
     elif baggage.get(semconv.BAGGAGE_MODE):
         identity.mode = _mode(baggage[semconv.BAGGAGE_MODE], "baggage " + semconv.BAGGAGE_MODE)
+    identity.agent_id = _agent(headers, semconv.HEADER_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID)
+    identity.parent_agent_id = _agent(
+        headers, semconv.HEADER_PARENT_AGENT_ID, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID
+    )
+    compaction = headers.get(semconv.HEADER_COMPACTION)
+    if compaction:
+        identity.compaction = _flag(compaction, semconv.HEADER_COMPACTION)
     return identity
+
+
+def _agent(headers: Mapping[str, str], own: str, claude_code: str) -> str | None:
+    """A declared agent id: agl's header, else Claude Code's; each validated as the header it came in
+    (a harness that sends both gets agl's, but a hostile value in either is refused)."""
+    cc = headers.get(claude_code)
+    if cc:
+        cc = inputs.short_text(cc, claude_code, semconv.AGENT_ID_MAX_CHARS)
+    value = headers.get(own)
+    if value:
+        return inputs.short_text(value, own, semconv.AGENT_ID_MAX_CHARS)
+    return cc or None
+
+
+def _flag(value: str, param: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true"):
+        return True
+    if lowered in ("0", "false"):
+        return False
+    raise inputs.BadInput(f"{param} must be 1, true, 0 or false, got {inputs.shown_text(value)}", param)
 
 
 def _mode(value: str, param: str) -> str:
