@@ -33,7 +33,7 @@ def run(path: Path, incremental: bool, steps: int, first_new: int) -> tuple[floa
     from agl_trainer.loop.offline import select
     from agl_trainer.loop.store_cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
-    from agl_trainer.testing.rollouts import write_rollouts
+    from agl_testing.rollouts import write_rollouts
 
     store = RolloutStore(path, durability="normal", grace_s=0.0)
     reader = (StoreCursor if incremental else FullScan)(store, path)
@@ -67,7 +67,7 @@ def main() -> None:
     steps = 20 if args.quick else 40
 
     from agl_trainer.store import RolloutStore
-    from agl_trainer.testing.rollouts import write_rollouts
+    from agl_testing.rollouts import write_rollouts
 
     with tempfile.TemporaryDirectory(prefix="agl-bench-from-store-") as folder:
         full_path, cursor_path = Path(folder) / "full.db", Path(folder) / "cursor.db"

@@ -2,7 +2,7 @@
 
     python bench/load.py [--rollouts N] [--calls K] [--quick]
 
-Over loopback, in one run: the stand-in engine (agl_trainer/testing/fake_vllm.py, vLLM's wire format);
+Over loopback, in one run: the stand-in engine (testing/agl_testing/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (a bare aiohttp pass-through
 that asks for token IDs and strips them: bench/sidecar_overhead.py's); agl-sidecar and agl-sidecar
 --durable-spans, both exporting to the trainer's real OTLP receiver (its SQLite store).

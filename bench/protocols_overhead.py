@@ -49,7 +49,7 @@ FAKE = """
 import sys, uvloop
 sys.path.insert(0, {root!r})
 from aiohttp import web
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 app = FakeVLLM().build_app()
 async def traces(request):
     await request.read()
@@ -123,7 +123,7 @@ def translation_costs(seconds: float) -> None:
     )
     from litellm.types.utils import ModelResponseStream
 
-    from agl_trainer.testing.wire import stream_fixture, tool_call_response
+    from agl_testing.wire import stream_fixture, tool_call_response
 
     chat = tool_call_response("Let me check.")
     chunks = stream_fixture("chat_stream_token_ids_logprobs_usage") * 3  # ~40 chunks

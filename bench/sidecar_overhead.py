@@ -2,7 +2,7 @@
 
     python bench/sidecar_overhead.py [--quick] [--peers] [--case TEXT] [--blocks N]
 
-Over loopback, in one run: a fake vLLM upstream (agl_trainer/testing/fake_vllm.py, vLLM's wire format);
+Over loopback, in one run: a fake vLLM upstream (testing/agl_testing/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
 written below: forwards, asks for token IDs, reads and strips them); agl-sidecar (exporting spans to an
 OTLP receiver). Prompts of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets
@@ -39,7 +39,7 @@ FAKE = """
 import sys, asyncio, uvloop
 sys.path.insert(0, {root!r})
 from aiohttp import web
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 app = FakeVLLM().build_app()
 web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
 """

@@ -242,7 +242,7 @@ def main() -> None:
     repeats = 3 if args.quick else 5
 
     from agl_trainer.viewer import Viewer, ViewerServer
-    from agl_trainer.testing.tiny_tokenizer import tiny_tokenizer
+    from agl_testing.tiny_tokenizer import tiny_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="agl-bench-viewer-") as folder:
         path = Path(folder) / "rollouts.db"

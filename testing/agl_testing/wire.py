@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agl_trainer.testing.captures import VLLM_CAPTURES as FIXTURES
+from agl_testing.captures import VLLM_CAPTURES as FIXTURES
 
 
 def chat_fixture(name: str) -> dict[str, Any]:

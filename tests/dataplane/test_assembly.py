@@ -9,7 +9,7 @@ from agl_trainer.batch import TrainingBatch
 
 from tests.dataplane.ingest import ingest
 from tests.dataplane.otlp import call_span, reward_span, rollout_span
-from agl_trainer.testing.tiny_tokenizer import encode, special, tiny_tokenizer
+from agl_testing.tiny_tokenizer import encode, special, tiny_tokenizer
 
 
 def finish(store, rollout_id="r", reward=1.0, **kwargs):

@@ -8,7 +8,7 @@ import pytest
 from agl_trainer.cli import main
 
 from tests.dataplane.otlp import call_span, request, reward_span, rollout_span, to_otlp_json
-from agl_trainer.testing.tiny_tokenizer import encode, special
+from agl_testing.tiny_tokenizer import encode, special
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +62,7 @@ def test_import_ls_inspect(tmp_path, capsys):
 
 
 def test_inspect_with_a_tokenizer_directory(tmp_path, capsys):
-    from agl_trainer.testing.tiny_tokenizer import tiny_tokenizer
+    from agl_testing.tiny_tokenizer import tiny_tokenizer
 
     tokenizer_dir = tmp_path / "tok"
     tiny_tokenizer().save_pretrained(tokenizer_dir)

@@ -10,7 +10,7 @@ import openai
 
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
-from agl_trainer.testing.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
+from agl_testing.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
 from tests.support.pipeline import pipeline
 
 

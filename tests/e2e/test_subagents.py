@@ -148,7 +148,7 @@ async def chat_harness(base_url: str) -> list[list[dict]]:
 
 
 def test_chat_threads_retry_compaction_and_a_spawned_process_through_the_sidecar(tmp_path: Path) -> None:
-    from agl_trainer.testing.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
+    from agl_testing.fake_vllm import IM_END, FakeVLLM, chat_prompt_ids, encode
 
     with FakeVLLM(reply=chat_reply) as engine, pipeline(tmp_path, engine.base_url) as piped:
         made = asyncio.run(chat_harness(f"{piped.sidecar_url}/rollouts/r-chat/v1"))

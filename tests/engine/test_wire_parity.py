@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.engine.wire_shapes import load, shape_text, sse_events, stream_shapes
-from agl_trainer.testing.captures import VLLM_CAPTURES as FIXTURES
+from agl_testing.captures import VLLM_CAPTURES as FIXTURES
 
 REPLAYED = [
     "chat_nonstream_plain",

@@ -12,7 +12,7 @@ from agl import semconv
 from agl_sidecar.server import BackgroundSidecar
 
 from tests.integrations.conftest import weather_upstream
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 from tests.support.otlp_sink import OTLPSink
 
 ANSWER = "It is 18C in Paris."

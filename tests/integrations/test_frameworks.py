@@ -18,7 +18,7 @@ from agl_integrations import sidecar_endpoint
 from agl_sidecar.server import BackgroundSidecar
 
 from tests.integrations.conftest import weather_upstream
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 from tests.support.otlp_sink import OTLPSink, ReceivedSpan
 
 

@@ -188,7 +188,7 @@ async def _drain(sidecar: Any) -> None:
 def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_scan(tmp_path: Path) -> None:
     from agl_trainer.loop.store_cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
-    from agl_trainer.testing.rollouts import end, reward, write_rollouts
+    from agl_testing.rollouts import end, reward, write_rollouts
 
     path = tmp_path / "t.db"
     with RolloutStore(path, grace_s=0.0) as store:
@@ -233,7 +233,7 @@ def test_rollouts_added_between_runs_are_trained_once_across_a_resume(tmp_path: 
     from agl_trainer.cli import main
     from agl_trainer.store import RolloutStore
     from examples.demo.model import build_demo_model
-    from agl_trainer.testing.rollouts import write_rollouts
+    from agl_testing.rollouts import write_rollouts
 
     model = build_demo_model(tmp_path / "tiny", seed=0)
     path, run = tmp_path / "t.db", tmp_path / "run"
@@ -264,7 +264,7 @@ def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: P
     from agl_trainer.cli import main
     from agl_trainer.store import RolloutStore
     from examples.demo.model import build_demo_model
-    from agl_trainer.testing.rollouts import call, end, reward, write_rollouts
+    from agl_testing.rollouts import call, end, reward, write_rollouts
 
     model = build_demo_model(tmp_path / "tiny", seed=0)
     path, run = tmp_path / "t.db", tmp_path / "run"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarProcess
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 
 
 async def test_an_admin_token_starting_with_a_dash_works_and_stays_off_the_command_line(tmp_path) -> None:

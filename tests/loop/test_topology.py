@@ -223,7 +223,7 @@ def test_agl_receive_off_loopback_needs_a_token(tmp_path: Path, capsys: pytest.C
 
 async def test_a_graders_reward_reaches_a_sidecar_that_requires_the_harness_key(tmp_path: Path) -> None:
     from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarError
-    from agl_trainer.testing.fake_vllm import FakeVLLM
+    from agl_testing.fake_vllm import FakeVLLM
 
     with FakeVLLM() as engine:
         sidecar = SidecarProcess([engine.base_url], "http://127.0.0.1:9", api_key="harness-secret",

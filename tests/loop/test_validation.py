@@ -202,7 +202,7 @@ def test_runner_puts_the_mode_in_the_url_only_for_val() -> None:
 def test_sidecar_reads_the_mode_from_the_url(tmp_path: Path) -> None:
     from agl_sidecar.config import build
     from agl_sidecar.server import BackgroundSidecar
-    from agl_trainer.testing.fake_vllm import FakeVLLM
+    from agl_testing.fake_vllm import FakeVLLM
 
     with FakeVLLM() as fake:
         settings = {

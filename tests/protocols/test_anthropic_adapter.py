@@ -12,7 +12,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from agl_trainer.testing.wire import (
+from agl_testing.wire import (
     TOOL_ARGUMENTS,
     TOOL_CALL_ID,
     chat_fixture,

@@ -14,7 +14,7 @@ import pytest
 
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
 MESSAGES = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}

@@ -11,7 +11,7 @@ from agl_sidecar.protocols.responses import RESPONSES, ConversationStore, Respon
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from agl_trainer.testing.wire import (
+from agl_testing.wire import (
     TOOL_ARGUMENTS,
     TOOL_CALL_ID,
     chat_fixture,

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from tests.protocols.adapter_host import AdapterHost
-from agl_trainer.testing.wire import TOOL_ARGUMENTS, TOOL_CALL_ID, tool_call_response, tool_call_stream
-from agl_trainer.testing import fake_vllm
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.wire import TOOL_ARGUMENTS, TOOL_CALL_ID, tool_call_response, tool_call_stream
+from agl_testing import fake_vllm
+from agl_testing.fake_vllm import FakeVLLM
 
 WEATHER = {
     "name": "get_weather",

@@ -18,8 +18,8 @@ from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
 
 from tests.protocols.adapter_host import AdapterHost
-from agl_trainer.testing.wire import PROMPT_IDS, TOOL_ARGUMENTS, TOOL_CALL_ID, tool_then_text
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.wire import PROMPT_IDS, TOOL_ARGUMENTS, TOOL_CALL_ID, tool_then_text
+from agl_testing.fake_vllm import FakeVLLM
 from tests.support.otlp_sink import OTLPSink, ReceivedSpan
 
 WEATHER = {

@@ -12,7 +12,7 @@ from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
 from agl_trainer.receiver import Receiver, ReceiverConfig
 from tests.sdk.test_process import run_python
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 
 ENV = (semconv.ENV_ROLLOUT_ID, semconv.ENV_TASK_ID, semconv.ENV_ATTEMPT, semconv.ENV_MODE)
 

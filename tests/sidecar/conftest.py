@@ -10,7 +10,7 @@ import pytest
 
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 
 from agl import semconv
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 from tests.support.waiting import wait_until, wait_until_async
 
 MESSAGES = [{"role": "user", "content": "go"}]

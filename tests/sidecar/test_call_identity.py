@@ -18,7 +18,7 @@ from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.receiver import Receiver, ReceiverConfig
 from agl_trainer.store import RolloutStore
 from tests.sidecar.sidecar_process import SidecarProcess
-from agl_trainer.testing.fake_vllm import IM_END, FakeVLLM, encode
+from agl_testing.fake_vllm import IM_END, FakeVLLM, encode
 from tests.support.waiting import wait_until
 
 TURNS = 6

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from agl import semconv
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 
 MESSAGES = [{"role": "user", "content": "go"}]
 

@@ -65,7 +65,7 @@ def test_spool_survives_a_restart(fake, tmp_path):
 
 
 def test_big_spans_are_batched_below_the_byte_limit(make_sidecar, otlp_sink):
-    from agl_trainer.testing.fake_vllm import FakeVLLM, chat_prompt_ids
+    from agl_testing.fake_vllm import FakeVLLM, chat_prompt_ids
 
     with FakeVLLM() as fake:
         sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint, export_batch_bytes=64 * 1024,

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from agl import semconv
-from agl_trainer.testing.fake_vllm import FakeVLLM, Reply
+from agl_testing.fake_vllm import FakeVLLM, Reply
 
 SSE = "text/event-stream; charset=utf-8"
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from agl import semconv
-from agl_trainer.testing.captures import VLLM_CAPTURES
-from agl_trainer.testing.fake_vllm import FakeVLLM, chat_prompt_ids, encode
+from agl_testing.captures import VLLM_CAPTURES
+from agl_testing.fake_vllm import FakeVLLM, chat_prompt_ids, encode
 from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]

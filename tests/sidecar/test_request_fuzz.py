@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from agl import semconv
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 from tests.support.otlp_sink import OTLPSink
 from tests.support.waiting import wait_until
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from agl import semconv
-from agl_trainer.testing.captures import VLLM_CAPTURES
+from agl_testing.captures import VLLM_CAPTURES
 
 CAPTURED = VLLM_CAPTURES / "chat_stream_token_ids_logprobs_usage.sse"
 

@@ -20,7 +20,7 @@ from agl_sidecar.proxy.recording import StreamRecorder, record_unary
 from agl_sidecar.proxy.request import CHAT, COMPLETIONS, Flags
 from agl_sidecar.calls.record import CallRecord
 from agl_sidecar.calls.wire import chat_request, completion_request
-from agl_trainer.testing.fake_vllm import FakeVLLM, Reply, capture, sse_events
+from agl_testing.fake_vllm import FakeVLLM, Reply, capture, sse_events
 
 
 def _reversed_keys(value: Any) -> Any:

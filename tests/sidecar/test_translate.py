@@ -11,7 +11,7 @@ import pytest
 from agl import semconv
 from agl_sidecar.protocols import registry
 from agl_sidecar.protocols.base import ProtocolError
-from agl_trainer.testing.fake_vllm import chat_prompt_ids
+from agl_testing.fake_vllm import chat_prompt_ids
 
 
 class _Translator:

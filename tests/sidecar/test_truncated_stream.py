@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from agl import semconv
-from agl_trainer.testing.fake_vllm import FakeVLLM, Reply, Request, sse_events
+from agl_testing.fake_vllm import FakeVLLM, Reply, Request, sse_events
 
 SSE = "text/event-stream; charset=utf-8"
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]

@@ -14,7 +14,7 @@ import pytest
 
 from agl import semconv
 from agl_sidecar.config import ConfigError, build
-from agl_trainer.testing.fake_vllm import FakeVLLM, Reply, Request, capture
+from agl_testing.fake_vllm import FakeVLLM, Reply, Request, capture
 
 SECRET = "S3cr3t@pw"  # '@' is percent-encoded in the URL
 BASIC = "Basic " + base64.b64encode(f"agl:{SECRET}".encode()).decode()

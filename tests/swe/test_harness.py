@@ -1,6 +1,6 @@
 """The SWE harness as the runner starts it: mini-swe-agent in the rollout's workspace, every model
 call through the real sidecar (recorded as call spans of the rollout), then the grader's reward.
-The engine is the scripted stand-in of real vLLM (agl_trainer/testing/fake_vllm.py): its replies fix the
+The engine is the scripted stand-in of real vLLM (testing/agl_testing/fake_vllm.py): its replies fix the
 bug with sed and submit, so the grader must say 1.0; a reply that does nothing gets 0.0."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
 
-from agl_trainer.testing.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 from tests.support.otlp_sink import OTLPSink
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from agl import semconv
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from tests.dataplane.otlp import any_value, call_span, reward_span, rollout_span
-from agl_trainer.testing.tiny_tokenizer import encode, special, tiny_tokenizer
+from agl_testing.tiny_tokenizer import encode, special, tiny_tokenizer
 
 HOSTILE_ID = '<img src=x onerror=alert(1)>\x1b[31m"\u202e'
 MERGED_ID = "merged-rollout"
