@@ -123,7 +123,7 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
     with RolloutStore(store_path, grace_s=0.0) as store:
         ingest(store, [call_span("old", 0, [1, 2], [3]), rollout_span("old")])
     with sqlite3.connect(store_path) as db:  # back to schema 3: the calls table as it was
-        for column in ("held_ms", "upstream", "api"):
+        for column in ("agent_id", "parent_agent_id", "compaction", "held_ms", "upstream", "api"):
             db.execute(f"ALTER TABLE calls DROP COLUMN {column}")
         db.execute("PRAGMA user_version=3")
     with RolloutStore(store_path, grace_s=0.0) as store:
@@ -135,9 +135,9 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
         assert (new.held_ms, new.upstream) == (5.5, UPSTREAM)
         assert store.stats().calls == 2
     with sqlite3.connect(store_path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         columns = [row[1] for row in db.execute("PRAGMA table_info(calls)")]
-    assert columns[-3:] == ["held_ms", "upstream", "api"]
+    assert columns[-6:] == ["held_ms", "upstream", "api", "agent_id", "parent_agent_id", "compaction"]
 
 
 def test_a_second_process_upgrading_an_upgraded_store_goes_on_with_it(store_path):

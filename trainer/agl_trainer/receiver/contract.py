@@ -314,6 +314,9 @@ def _call(span: RawSpan) -> CallSpan:
         held_ms=_held_ms(attributes),
         upstream=_label(attributes, semconv.CALL_UPSTREAM, UPSTREAM_MAX_CHARS),
         api=_label(attributes, semconv.CALL_API, API_MAX_CHARS),
+        agent_id=_label(attributes, semconv.CALL_AGENT_ID, semconv.AGENT_ID_MAX_CHARS),
+        parent_agent_id=_label(attributes, semconv.CALL_PARENT_AGENT_ID, semconv.AGENT_ID_MAX_CHARS),
+        compaction=1 if attributes.get(semconv.CALL_COMPACTION) is True else None,
     )
 
 

@@ -90,6 +90,11 @@ class CallRow(msgspec.Struct, gc=False):
     held_ms: float | None = None
     upstream: str | None = None
     api: str | None = None
+    # The structure the harness declared (schema 5; None: not declared): its agent, that agent's
+    # parent agent, and 1 on a call that follows a declared compaction.
+    agent_id: str | None = None
+    parent_agent_id: str | None = None
+    compaction: int | None = None
 
 
 class CallSpan(CallRow, kw_only=True, gc=False):

@@ -245,7 +245,7 @@ class RolloutStore:
 
     def _insert_call(self, db: sqlite3.Connection, r: CallSpan, now: float) -> bool:
         cursor = db.execute(
-            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 r.trace_id,
                 r.span_id,
@@ -274,6 +274,9 @@ class RolloutStore:
                 r.held_ms,
                 r.upstream,
                 r.api,
+                r.agent_id,
+                r.parent_agent_id,
+                r.compaction,
             ),
         )
         if cursor.rowcount:

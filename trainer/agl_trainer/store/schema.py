@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Upgrades of an existing store: version -> the statements that bring version - 1 to it.
 MIGRATIONS: dict[int, str] = {
@@ -10,6 +10,8 @@ MIGRATIONS: dict[int, str] = {
     3: "ALTER TABLE calls ADD COLUMN policy_versions BLOB;",
     4: "ALTER TABLE calls ADD COLUMN held_ms REAL; ALTER TABLE calls ADD COLUMN upstream TEXT;"
     " ALTER TABLE calls ADD COLUMN api TEXT;",
+    5: "ALTER TABLE calls ADD COLUMN agent_id TEXT; ALTER TABLE calls ADD COLUMN parent_agent_id TEXT;"
+    " ALTER TABLE calls ADD COLUMN compaction INTEGER;",
 }
 
 SCHEMA = """
@@ -41,6 +43,9 @@ CREATE TABLE IF NOT EXISTS calls (
     held_ms REAL,               -- agl.call.held_ms: held while training paused the sidecar (schema 4)
     upstream TEXT,              -- agl.call.upstream: the replica that served the call (schema 4)
     api TEXT,                   -- agl.call.api: the front protocol the harness spoke (schema 4)
+    agent_id TEXT,              -- agl.call.agent_id: the agent the harness declared (schema 5)
+    parent_agent_id TEXT,       -- agl.call.parent_agent_id (schema 5)
+    compaction INTEGER,         -- 1: agl.call.compaction, a declared compaction (schema 5)
     UNIQUE (trace_id, span_id)
 );  -- a rowid table: its rows hold kilobytes of token blobs
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, attempt, call_seq);
