@@ -52,6 +52,11 @@ EXTRA_CHOICES = (
 START_FIRST = "first"  # the rollout's first trained call
 START_BRANCH = "branch"  # extends a call whose sample an earlier child continues (retry, parallel branch)
 START_NO_PREFIX = "no_prefix"  # extends no earlier call (sub-agent, compaction, edit): see merge_failures
+START_COMPACTION = "compaction"  # the harness declared a compaction (agl.call.compaction): not a merge failure
+
+# Where the prefix-built tree disagrees with the agents the harness declared (CallPlacement.declared).
+DECLARED_OTHER_AGENT = "prefix_parent_of_another_agent"  # extends a call of an agent neither its own nor its parent
+DECLARED_THREAD_BROKEN = "agent_thread_broken"  # a later call of an agent that extends none of its calls
 
 # Truncation.
 PROMPT_TOO_LONG = "prompt_too_long"  # the sample is dropped
@@ -76,6 +81,9 @@ class CallPlacement(msgspec.Struct):
     parent: int | None = None  # the call whose full sequence this call's prompt extends (the tree)
     start: str | None = None  # why a new sample: START_FIRST | START_BRANCH | START_NO_PREFIX
     origin: str | None = None  # agl.call.origin
+    agent_id: str | None = None  # agl.call.agent_id, as the harness declared it
+    declared: str | None = None  # DECLARED_*: how the prefix tree disagrees with the declared agents
+    # (None: it agrees, or the call declares no agent)
 
 
 class RolloutAssembly(msgspec.Struct):
@@ -165,7 +173,11 @@ def _rebuild_prompts(
             _count(problems, DUPLICATE_CALL_SEQ)
             continue
         placement = CallPlacement(
-            call_seq=call.call_seq, sample=None, policy_version=_version(call), origin=call.origin
+            call_seq=call.call_seq,
+            sample=None,
+            policy_version=_version(call),
+            origin=call.origin,
+            agent_id=call.agent_id,
         )
         placements[call.call_seq] = placement
         problem = None
@@ -243,6 +255,7 @@ def assemble_rollout(
     index = PrefixIndex()
     sample_of: dict[int, int] = {}  # call seq -> the sample that ends with it
     continued: set[int] = set()  # calls whose sample a child already continues
+    agents_seen: set[str] = set()  # declared agents with a trained call so far
     for done, seq in enumerate(sorted(usable)):
         if check is not None and done % CHECK_EVERY == 0:
             check()
@@ -260,7 +273,14 @@ def assemble_rollout(
         known = None if call.prompt_ref_seq is None else (call.prompt_ref_seq, call.prompt_ref_length or 0)
         parent = index.parent(prompt, known)
         placement.parent = parent
-        if parent is not None and parent not in continued:
+        if call.agent_id is not None:
+            placement.declared = _declared_disagreement(call, parent, usable, agents_seen)
+            agents_seen.add(call.agent_id)
+        if call.compaction:  # the harness rewrote its context: a new sample, whatever it extends
+            placement.start = START_COMPACTION
+            sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
+            built.append(current)
+        elif parent is not None and parent not in continued:
             sample = sample_of.pop(parent)
             current = built[sample]
             continued.add(parent)
@@ -316,6 +336,23 @@ def assemble_rollout(
         problems=problems,
         samples_dropped=len(built) - len(samples),
     )
+
+
+def _declared_disagreement(
+    call: CallRow, parent: int | None, usable: dict[int, tuple[CallRow, np.ndarray, np.ndarray]], seen: set[str]
+) -> str | None:
+    """How the prefix-built parent of a call that declares its agent disagrees with the declared tree:
+    a call continues its own agent's thread, and an agent's first call may extend a call of the agent
+    that started it (a sub-agent given its parent's context) or nothing (a fresh context)."""
+    first = call.agent_id not in seen
+    if parent is None:
+        return DECLARED_THREAD_BROKEN if not first and not call.compaction else None
+    parent_agent = usable[parent][0].agent_id
+    if parent_agent is None or parent_agent == call.agent_id:
+        return None
+    if first and parent_agent == call.parent_agent_id:
+        return None
+    return DECLARED_OTHER_AGENT
 
 
 def _reward_and_policy(data: RolloutData, config: AssemblyConfig) -> tuple[float | None, str | None]:

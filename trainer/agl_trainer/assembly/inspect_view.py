@@ -20,6 +20,7 @@ from agl import semconv
 
 from agl_trainer.assembly.assemble import (
     START_BRANCH,
+    START_COMPACTION,
     START_FIRST,
     START_NO_PREFIX,
     CallPlacement,
@@ -43,6 +44,7 @@ _STARTS = {
     START_FIRST: "new sample: the first call",
     START_BRANCH: "new sample: a branch of call {parent} (the shared prefix is context)",
     START_NO_PREFIX: "new sample: extends no earlier call",
+    START_COMPACTION: "new sample: the harness declared a compaction",
 }
 
 
@@ -53,9 +55,14 @@ def _where(placement: CallPlacement) -> Text:
     if placement.sample is None:
         return Text("dropped with its sample", style="red")
     if placement.merged:
-        return Text(f"merged onto call {placement.parent}", style="green")
-    text = _STARTS.get(placement.start or "", "new sample").format(parent=placement.parent)
-    return Text(text, style="cyan")
+        text = Text(f"merged onto call {placement.parent}", style="green")
+        if placement.declared:
+            text.append(f"; declared tree disagrees: {placement.declared}", style="red")
+        return text
+    text = Text(_STARTS.get(placement.start or "", "new sample").format(parent=placement.parent), style="cyan")
+    if placement.declared:
+        text.append(f"; declared tree disagrees: {placement.declared}", style="red")
+    return text
 
 
 def forest(assembly: RolloutAssembly) -> Tree:
@@ -159,8 +166,9 @@ def render(
     calls = Table(title="calls", title_justify="left")
     by_seq = {call.call_seq: call for call in data.calls}
     held = any(call.held_ms for call in data.calls)  # the column only when training held some call
-    for column in ("seq", "policy", "prompt", "completion", "finish", *(("held ms",) if held else ()), "origin",
-                   "parent", "sample", "placement"):  # fmt: skip
+    agents = any(call.agent_id for call in data.calls)  # the column only when the harness declared agents
+    for column in ("seq", "policy", "prompt", "completion", "finish", *(("held ms",) if held else ()),
+                   *(("agent",) if agents else ()), "origin", "parent", "sample", "placement"):  # fmt: skip
         calls.add_column(column)
     for placement in assembly.placements:
         call = by_seq.get(placement.call_seq)
@@ -181,6 +189,7 @@ def render(
             completion,
             plain(call.finish_reason if call else "-"),
             *((("-" if call is None or call.held_ms is None else f"{call.held_ms:.1f}"),) if held else ()),
+            *((plain(placement.agent_id or "-"),) if agents else ()),
             plain(placement.origin or "-"),
             "-" if placement.parent is None else str(placement.parent),
             "-" if placement.sample is None else str(placement.sample),
