@@ -187,6 +187,16 @@ class Filters:
         return f"SELECT COUNT(*) FROM {self._from()}"
 
 
+def page(
+    db: sqlite3.Connection, filters: Filters, reward_name: str, order: str, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of the rollouts table (its rows, in order) and how many rows the filters let through."""
+    values = {**filters.values, "reward_name": reward_name}  # SQLite ignores unused names
+    rowids = [row[0] for row in db.execute(filters.page_sql(order=order, limit=limit, offset=offset), values)]
+    total = db.execute(filters.count_sql(), values).fetchone()[0]
+    return page_rows(db, rowids, reward_name), total
+
+
 def page_rows(db: sqlite3.Connection, rowids: list[int], reward_name: str) -> list[dict[str, Any]]:
     """The listing's rows for `rowids`, in that order."""
     if not rowids:

@@ -277,12 +277,8 @@ class Viewer:
     def rollouts(self, params: dict[str, str], ticket: work.Ticket | None = None) -> dict[str, Any]:
         filters = queries.Filters(params)
         order, limit, offset = queries.parse_page(params)
-        values = {**filters.values, "reward_name": self.config.reward_name}  # SQLite ignores unused names
         with self.database.lock:
-            db = self.database.db
-            page = [row[0] for row in db.execute(filters.page_sql(order=order, limit=limit, offset=offset), values)]
-            rows = queries.page_rows(db, page, self.config.reward_name)
-            total = db.execute(filters.count_sql(), values).fetchone()[0]
+            rows, total = queries.page(self.database.db, filters, self.config.reward_name, order, limit, offset)
         for row in rows:
             kinds = row.pop("break_kinds", None)
             row["break_kinds"] = json.loads(kinds) if kinds else None
