@@ -12,7 +12,7 @@ from agl import semconv
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
 from agl_trainer.runners.base import Endpoint, RolloutSpec
-from tests.support.fake_vllm import FakeVLLM
+from agl_testing.fake_vllm import FakeVLLM
 
 # URL delimiters, an escape that must not be decoded twice, a space, non-ASCII, a query-like tail.
 IDS = ["a?b", "a#b", "a%2Fb", "a%b", "50% off", "ünï-文字", "a&b=c;d"]
