@@ -187,6 +187,8 @@ id_value = header_value | st.text(min_size=1, max_size=12).map(
 HEADER_NAMES = [
     semconv.HEADER_ROLLOUT_ID, semconv.HEADER_TASK_ID, semconv.HEADER_ATTEMPT, semconv.HEADER_MODE,
     "baggage", "traceparent", "authorization", "x-api-key",
+    semconv.HEADER_AGENT_ID, semconv.HEADER_PARENT_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID,
+    semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID, semconv.HEADER_COMPACTION,
 ]
 headers = st.dictionaries(st.sampled_from(HEADER_NAMES), id_value, max_size=4)
 attempt_text = (st.integers(-10, 2**70).map(str) | st.text(max_size=6)).map(lambda t: t.encode("utf-8", "surrogatepass"))
