@@ -43,3 +43,13 @@ class InferenceEngine(Protocol):
         """Load new weights in place (generation is paused by the caller) and drop any cache
         computed with the old weights. Returns the seconds it took."""
         ...
+
+    def freeze(self) -> dict[str, int]:
+        """Hold the requests in flight where they are, tokens and KV cache kept, until thaw() (a
+        drain-free policy switch, loop.switch: keep). Returns, by response id (`<id>-<i>` for choice
+        i > 0), the completion tokens each had generated."""
+        ...
+
+    def thaw(self) -> None:
+        """Continue the frozen requests under the weights loaded meanwhile."""
+        ...

@@ -440,7 +440,7 @@ class TrainingLoop:
             # calls' spans; what it could not deliver by then is missing from this batch: say so.
             if keep:  # the finished calls' spans are delivered; the frozen calls end after the update
                 paused = await self.sidecar.pause(keep=True, timeout_s=self.config.drain_timeout_s)
-                step.frozen = await asyncio.to_thread(self.engine.freeze)  # type: ignore[attr-defined]
+                step.frozen = await asyncio.to_thread(self.engine.freeze)
             else:
                 paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
             if not paused.spans_flushed:
@@ -465,7 +465,7 @@ class TrainingLoop:
         try:
             await self.sidecar.resume(policy_version=new_version, switch=True, engine_progress=step.frozen)
         finally:
-            await asyncio.to_thread(self.engine.thaw)  # type: ignore[attr-defined]
+            await asyncio.to_thread(self.engine.thaw)
 
     async def _assemble(self, batch: list[Group], keys: list[RolloutKey], step: _StepNotes) -> list[RolloutResult]:
         """The batch's rollouts as training samples, with the failed-rollout and staleness rules applied."""
@@ -480,7 +480,9 @@ class TrainingLoop:
 
     async def _train(self, results: list[RolloutResult], step: _StepNotes) -> None:
         # Collocated on a GPU: the engine frees its memory for training; update_weights wakes it.
-        engine_sleep = getattr(self.engine, "sleep", None)
+        # Not in InferenceEngine: calling a no-op sleep on the embedded engine (one more thread hop
+        # here) changes which rollouts a from-store step trains (tests/loop/test_from_store.py).
+        engine_sleep = getattr(self.engine, "sleep", None)  # the vLLM engine's
         if engine_sleep is not None and self.config.switch != "keep":  # sleeping drops frozen calls' KV
             await asyncio.to_thread(engine_sleep)
         if not (results and any(r.samples for r in results)):

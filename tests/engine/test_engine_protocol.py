@@ -1,0 +1,33 @@
+"""Every engine implements what `InferenceEngine` declares (the loop calls these directly, no getattr),
+with the protocol's parameters; the embedded engine declines to sleep."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from agl_trainer.engines.base import InferenceEngine
+from agl_trainer.engines.embedded import EmbeddedEngine
+from agl_trainer.engines.vllm import VLLMEngine
+
+DECLARED = [name for name, _ in inspect.getmembers(InferenceEngine) if not name.startswith("_")]
+
+
+def test_the_protocol_declares_what_the_loop_calls() -> None:
+    assert {"urls", "start", "stop", "update_weights", "freeze", "thaw"} <= set(DECLARED)
+
+
+@pytest.mark.parametrize("engine", [EmbeddedEngine, VLLMEngine], ids=lambda e: e.__name__)
+def test_engine_implements_the_protocol(engine: type) -> None:
+    for name in DECLARED:
+        declared = getattr(InferenceEngine, name)
+        implemented = getattr(engine, name, None)
+        assert implemented is not None, f"{engine.__name__} lacks {name}"
+        if isinstance(declared, property):
+            assert isinstance(implemented, property), f"{engine.__name__}.{name} is not a property"
+            continue
+        want = list(inspect.signature(declared).parameters)
+        got = list(inspect.signature(implemented).parameters)
+        assert got[: len(want)] == want, f"{engine.__name__}.{name}{got} does not take {want}"
+
