@@ -51,13 +51,15 @@ def test_claude_code_agent_headers_reach_the_span_and_agl_s_pair_wins(fake, make
         ("x-agl-parent-agent-id", b"p\xc2\x85"),  # U+0085, a C1 control character, in UTF-8
         ("x-agl-agent-id", b"\xc3\x28"),  # invalid UTF-8
         ("x-agl-compaction", "maybe"),
+        ("baggage", "agl.call.agent_id=a%09b"),  # a tab, percent-encoded
     ],
 )
 def test_hostile_declared_values_are_a_400_naming_the_header(fake, make_sidecar, header, value):
     sidecar = make_sidecar(upstream=[fake.base_url])
     response = post(sidecar.url + "/rollouts/r/v1/chat/completions", json=CHAT, headers={header: value})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == header
+    named = "baggage agl.call.agent_id" if header == "baggage" else header
+    assert response.json()["error"]["param"] == named
     # The Anthropic front answers in Anthropic's shape, naming the header too (the SDK sends only
     # text headers: raw bytes go through httpx).
     if isinstance(value, str):
@@ -69,7 +71,7 @@ def test_hostile_declared_values_are_a_400_naming_the_header(fake, make_sidecar,
         response = post(sidecar.url + "/rollouts/r/v1/messages", json=CHAT, headers={header: value})
         assert response.status_code == 400, response.text
         body = response.json()
-    assert body["type"] == "error" and header in body["error"]["message"]
+    assert body["type"] == "error" and named in body["error"]["message"]
     assert fake.requests == []
 
 
@@ -80,3 +82,15 @@ def test_the_longest_declared_agent_id_is_accepted(fake, make_sidecar, otlp_sink
     assert response.status_code == 200, response.text
     (span,) = otlp_sink.wait_for(lambda s: len(s) >= 1)
     assert span.attributes[semconv.CALL_AGENT_ID] == longest
+
+
+def test_baggage_declares_agents_between_agl_s_headers_and_claude_code_s(fake, make_sidecar, otlp_sink):
+    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint)
+    url = sidecar.url + "/rollouts/r/v1/chat/completions"
+    baggage = {"baggage": "agl.call.agent_id=from%20baggage,agl.call.parent_agent_id=boss"}
+    post(url, json=CHAT, headers={**baggage, "x-claude-code-agent-id": "cc", "x-claude-code-parent-agent-id": "cc-p"})
+    post(url, json=CHAT, headers={**baggage, "x-agl-agent-id": "own"})
+    spans = sorted(otlp_sink.wait_for(lambda s: len(s) >= 2), key=lambda s: s.attributes[semconv.CALL_SEQ])
+    first, second = (s.attributes for s in spans)
+    assert (first[semconv.CALL_AGENT_ID], first[semconv.CALL_PARENT_AGENT_ID]) == ("from baggage", "boss")
+    assert (second[semconv.CALL_AGENT_ID], second[semconv.CALL_PARENT_AGENT_ID]) == ("own", "boss")

@@ -115,9 +115,15 @@ def resolve(
         identity.mode = _mode(headers[semconv.HEADER_MODE], semconv.HEADER_MODE)
     elif baggage.get(semconv.BAGGAGE_MODE):
         identity.mode = _mode(baggage[semconv.BAGGAGE_MODE], "baggage " + semconv.BAGGAGE_MODE)
-    identity.agent_id = _agent(headers, semconv.HEADER_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID)
+    identity.agent_id = _agent(
+        headers, baggage, semconv.HEADER_AGENT_ID, semconv.BAGGAGE_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID
+    )
     identity.parent_agent_id = _agent(
-        headers, semconv.HEADER_PARENT_AGENT_ID, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID
+        headers,
+        baggage,
+        semconv.HEADER_PARENT_AGENT_ID,
+        semconv.BAGGAGE_PARENT_AGENT_ID,
+        semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID,
     )
     compaction = headers.get(semconv.HEADER_COMPACTION)
     if compaction:
@@ -125,16 +131,18 @@ def resolve(
     return identity
 
 
-def _agent(headers: Mapping[str, str], own: str, claude_code: str) -> str | None:
-    """A declared agent id: agl's header, else Claude Code's; each validated as the header it came in
-    (a harness that sends both gets agl's, but a hostile value in either is refused)."""
-    cc = headers.get(claude_code)
-    if cc:
-        cc = inputs.short_text(cc, claude_code, semconv.AGENT_ID_MAX_CHARS)
-    value = headers.get(own)
-    if value:
-        return inputs.short_text(value, own, semconv.AGENT_ID_MAX_CHARS)
-    return cc or None
+def _agent(
+    headers: Mapping[str, str], baggage: dict[str, str], own: str, entry: str, claude_code: str
+) -> str | None:
+    """A declared agent id: agl's header, else the W3C baggage entry, else Claude Code's header; each
+    given one is validated where it came from (the first wins, but a hostile value in any is refused)."""
+    found: str | None = None
+    for value, param in ((headers.get(own), own), (baggage.get(entry), "baggage " + entry),
+                         (headers.get(claude_code), claude_code)):  # fmt: skip
+        if value:
+            value = inputs.short_text(value, param, semconv.AGENT_ID_MAX_CHARS)
+            found = found or value
+    return found
 
 
 def _flag(value: str, param: str) -> bool:
