@@ -115,30 +115,40 @@ def resolve(
         identity.mode = _mode(headers[semconv.HEADER_MODE], semconv.HEADER_MODE)
     elif baggage.get(semconv.BAGGAGE_MODE):
         identity.mode = _mode(baggage[semconv.BAGGAGE_MODE], "baggage " + semconv.BAGGAGE_MODE)
-    identity.agent_id = _agent(
-        headers, baggage, semconv.HEADER_AGENT_ID, semconv.BAGGAGE_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID
-    )
-    identity.parent_agent_id = _agent(
-        headers,
-        baggage,
-        semconv.HEADER_PARENT_AGENT_ID,
-        semconv.BAGGAGE_PARENT_AGENT_ID,
-        semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID,
-    )
-    compaction = headers.get(semconv.HEADER_COMPACTION)
+    # Declared structure: a dict lookup per header when absent (the hot path of every call).
+    get = headers.get
+    agent, agent_cc, parent, parent_cc = get(_AGENT), get(_AGENT_CC), get(_PARENT), get(_PARENT_CC)
+    agent_bag = baggage.get(semconv.BAGGAGE_AGENT_ID) if baggage else None
+    parent_bag = baggage.get(semconv.BAGGAGE_PARENT_AGENT_ID) if baggage else None
+    if agent or agent_cc or agent_bag:
+        identity.agent_id = _agent(
+            (agent, semconv.HEADER_AGENT_ID),
+            (agent_bag, "baggage " + semconv.BAGGAGE_AGENT_ID),
+            (agent_cc, semconv.HEADER_CLAUDE_CODE_AGENT_ID),
+        )
+    if parent or parent_cc or parent_bag:
+        identity.parent_agent_id = _agent(
+            (parent, semconv.HEADER_PARENT_AGENT_ID),
+            (parent_bag, "baggage " + semconv.BAGGAGE_PARENT_AGENT_ID),
+            (parent_cc, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID),
+        )
+    compaction = get(_COMPACTION)
     if compaction:
         identity.compaction = _flag(compaction, semconv.HEADER_COMPACTION)
     return identity
 
 
-def _agent(
-    headers: Mapping[str, str], baggage: dict[str, str], own: str, entry: str, claude_code: str
-) -> str | None:
-    """A declared agent id: agl's header, else the W3C baggage entry, else Claude Code's header; each
-    given one is validated where it came from (the first wins, but a hostile value in any is refused)."""
+_AGENT, _AGENT_CC = semconv.HEADER_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID
+_PARENT, _PARENT_CC = semconv.HEADER_PARENT_AGENT_ID, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID
+_COMPACTION = semconv.HEADER_COMPACTION
+
+
+def _agent(*given: tuple[str | None, str]) -> str | None:
+    """A declared agent id from (value, where it came from) in precedence order: agl's header, the
+    W3C baggage entry, Claude Code's header. The first given wins, but every given one is validated
+    where it came from (a hostile value in any is refused)."""
     found: str | None = None
-    for value, param in ((headers.get(own), own), (baggage.get(entry), "baggage " + entry),
-                         (headers.get(claude_code), claude_code)):  # fmt: skip
+    for value, param in given:
         if value:
             value = inputs.short_text(value, param, semconv.AGENT_ID_MAX_CHARS)
             found = found or value
