@@ -40,12 +40,15 @@ def test_normal_run_agrees_token_by_token(tmp_path: Path, model_dir: Path) -> No
     result = run_session(config)
     assert result.summary.steps == 2
     for row in result.summary.history:
-        assert row["agreement/lag0/tokens"] > 0
-        assert row["agreement/lag0/mean_abs_delta"] < 1e-4  # fp32 engine, fp32 trainer
-        assert row["agreement/canary/verdict"] == VERDICTS.index("agree")
-        assert row["agreement/canary/mean_abs_delta"] < 1e-4
-    # an update that moved the weights moved the probes, and the engine followed
-    assert any(row["agreement/canary/previous_mean_abs_delta"] > 1e-3 for row in result.summary.history)
+        agreement = {k: v for k, v in row.items() if k.startswith(("agreement/", "advantage/"))}
+        assert row["agreement/lag0/tokens"] > 0, agreement
+        assert row["agreement/lag0/mean_abs_delta"] < 1e-4, agreement  # fp32 engine, fp32 trainer
+        assert row["agreement/canary/verdict"] == VERDICTS.index("agree"), agreement
+        assert row["agreement/canary/mean_abs_delta"] < 1e-4, agreement
+        # an update that moved the weights moved the probes, and the engine followed (a step whose
+        # groups all tied has advantages 0 and moves nothing: the sampled rewards decide which)
+        if row["advantage/max"] > row["advantage/min"]:
+            assert row["agreement/canary/previous_mean_abs_delta"] > 1e-3, agreement
     written = [r for r in metrics_rows(config) if "agreement/lag0/mean_abs_delta" in r]
     assert len(written) == 2  # and the metrics reach metrics.jsonl, Prometheus and TensorBoard
     prom = (Path(config.output_dir) / "metrics.prom").read_text()
@@ -55,7 +58,8 @@ def test_normal_run_agrees_token_by_token(tmp_path: Path, model_dir: Path) -> No
     # the trace viewer: per token the trainer's logprob and |delta|, per sample a summary
     from agl_trainer.assembly import AssemblyConfig
     from agl_trainer.store import RolloutStore
-    from agl_trainer.viewer import detail, queries
+    from agl_trainer.store import queries
+    from agl_trainer.viewer import detail
     from agl_trainer.viewer.tokens import TokenDecoder
 
     out = Path(config.output_dir)
@@ -108,6 +112,8 @@ def test_judge_names_each_pattern() -> None:
     assert judge(drift, big, drift, drift, 1e-3)[0] == "numerics"  # a bf16 engine that loaded them
     assert judge(small, big, big, small, 1e-3)[0] == "stale_cache"
     assert judge(drift, drift, drift, drift, 1e-3)[0] == "numerics"
+    # bf16 wobble near the tolerance: one probe a few times further off than the others is still numerics
+    assert judge(drift / 20, drift, drift / 6, drift / 30, 1e-3)[0] == "numerics"
     spike = torch.cat([torch.zeros(19), torch.tensor([5.0])])
     assert judge(spike, spike, spike, spike, 1e-3)[0] == "mismatch"
     for verdict in ("weights_not_loaded", "stale_cache", "numerics", "mismatch"):

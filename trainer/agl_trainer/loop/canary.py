@@ -36,6 +36,7 @@ VERDICTS = ("agree", "numerics", "stale_cache", "weights_not_loaded", "mismatch"
 NUMERICS_MAX = 1.0  # a drift, not a break: no token off by more than this many nats
 NUMERICS_SPREAD = 0.2  # ...and the median token is off by at least this share of the mean
 WEIGHTS_RATIO = 0.25  # the engine is this much nearer the previous weights than the new: not loaded
+STALE_RATIO = 10.0  # a cached probe this many times further off than the fresh ones: old KV, not a bf16 wobble
 
 
 class CanaryStop(RuntimeError):
@@ -225,7 +226,8 @@ def judge(
             "weight update (its log; for vLLM the worker extension and engine.options), and that the "
             "engine serves the model being trained"
         )
-    if m_cached > tolerance and m_fresh <= tolerance and m_fixed <= tolerance:
+    off_fresh = max(m_fresh, m_fixed)
+    if m_cached > tolerance and off_fresh <= tolerance and m_cached > STALE_RATIO * off_fresh:
         return "stale_cache", (
             f"stale prefix cache: a probe whose prefix the engine cached before the update disagrees "
             f"(mean |delta| {m_cached:.2g}) while a fresh probe agrees ({m_fresh:.2g}): the engine reuses KV "
