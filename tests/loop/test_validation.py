@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agl_trainer.config import ConfigError, load_config
-from agl_trainer.loop.validation import VAL_DROP_REASON, ValidationPlan, summarize
+from agl_trainer.loop.validation import VAL_DROP_REASON, ValidationPlan, failure, summarize
 from agl_trainer.metrics import plot_run, read_jsonl
 from agl_trainer.store import RolloutStore
 
@@ -56,7 +56,7 @@ def test_val_rounds_are_greedy_never_trained_and_reported(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agl_trainer.engines.embedded_requests import RequestReader
-    from agl_trainer.loop.session import Session
+    from agl_trainer.run.session import Session
 
     seen: list[tuple[int | None, float, float]] = []  # what the engine was asked: (max_tokens, temperature, top_p)
     sampling = RequestReader.sampling
@@ -187,6 +187,18 @@ def test_plan_and_summary() -> None:
     assert metrics["val/reward"] == 0.625 and metrics["val/pass_rate"] == 0.5
     assert metrics["val/count"] == 4 and metrics["val/failed"] == 1
     assert "val/reward" not in summarize([], attempted=2)
+
+
+def test_a_failed_validation_rollout_is_named_with_its_cause() -> None:
+    from agl_trainer.runners.base import Cause, RolloutOutcome, RolloutSpec
+
+    spec = RolloutSpec("val-s0-v1-0", "v1", {"id": "v1"}, mode="val")
+    assert failure(RolloutOutcome(spec, Cause.OK), has_data=True) is None
+    assert failure(RolloutOutcome(spec, Cause.OK), has_data=False) == (
+        "val-s0-v1-0: the harness ended well but its data never completed in the store"
+    )
+    timed_out = RolloutOutcome(spec, Cause.TIMEOUT, message="no answer in 60 s", log_path="runs/x/v.log")
+    assert failure(timed_out, has_data=False) == "val-s0-v1-0: timeout: no answer in 60 s (log: runs/x/v.log)"
 
 
 def test_runner_puts_the_mode_in_the_url_only_for_val() -> None:

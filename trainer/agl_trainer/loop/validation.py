@@ -92,6 +92,7 @@ class Validator:
         self.on_round = on_round
         self.last_step: int | None = None  # the step the latest round measured
         self.rounds = 0
+        self.last_failures: list[str] = []  # why each rollout of the latest round gave no reward
         # Ids stay unique when a resumed run (same run id) validates a step the crashed one did.
         self._instance = secrets.token_hex(2)
 
@@ -126,6 +127,7 @@ class Validator:
             )  # fmt: skip
         self.data.mark_dropped([RolloutKey(o.spec.rollout_id, o.spec.attempt) for o in outcomes], VAL_DROP_REASON)
         self.last_step = step
+        self.last_failures = [f for o in outcomes if (f := failure(o, o.spec.rollout_id in by_id)) is not None]
         greedy = [spec for spec in specs if spec.mode == semconv.MODE_VAL]
         rewards = [by_id[spec.rollout_id] for spec in greedy if spec.rollout_id in by_id]
         metrics = summarize(rewards, attempted=len(greedy))
@@ -215,6 +217,17 @@ def summarize_sampled(samples: dict[str, list[float]], attempted: int, k: int) -
         solved = [any(r >= PASS_REWARD for r in task_rewards) for task_rewards in samples.values()]
         metrics[f"{SAMPLED}pass@k"] = sum(solved) / len(solved)
     return metrics
+
+
+def failure(outcome: RolloutOutcome, has_data: bool) -> str | None:
+    """Why a round's rollout gave no reward, in a line (None when it gave one)."""
+    if outcome.ok and has_data:
+        return None
+    if outcome.ok:
+        return f"{outcome.spec.rollout_id}: the harness ended well but its data never completed in the store"
+    detail = f": {outcome.message}" if outcome.message else ""
+    where = f" (log: {outcome.log_path})" if outcome.log_path else ""
+    return f"{outcome.spec.rollout_id}: {outcome.cause.value}{detail}{where}"
 
 
 def summarize(rewards: list[float], attempted: int) -> dict[str, float]:
