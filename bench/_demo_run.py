@@ -54,7 +54,7 @@ def run_demo(overrides: list[str]) -> list[dict[str, Any]]:
     """Train with the demo's config and `overrides`; each step's metrics row. The trace viewer is
     off (its indexer would take CPU from what the bench measures) unless the overrides say."""
     from agl_trainer.config import load_config
-    from agl_trainer.loop.session import Session
+    from agl_trainer.run.session import Session
 
     config = load_config(ROOT / "examples/demo/config.yaml", ["--viewer.enabled=false", *overrides])
     return asyncio.run(Session(config, quiet=True).run()).summary.history

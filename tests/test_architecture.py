@@ -4,9 +4,12 @@
 - the SDK (`import agl`) imports neither of them, nor torch, litellm, verl or transformers anywhere
   (that `import agl` loads none of them is also checked at run time in tests/sdk/test_process.py);
 - the store owns the record types and never imports the receiver (the receiver imports the store);
+- the training loop (`loop/`: the algorithm, written against the protocols of loop/ports.py) never
+  imports the run's wiring (`run/`: what builds the parts and starts the processes), nor an engine,
+  a backend or a runner beyond their base protocols;
 - no import circles between product modules (sdk, sidecar, trainer, integrations), counting imports
-  under TYPE_CHECKING and inside functions, beyond the known ones listed to be removed;
-- in the trainer, `agl_trainer.loop.sidecar_client` alone starts the sidecar program and names its
+  under TYPE_CHECKING and inside functions;
+- in the trainer, `agl_trainer.run.sidecar_client` alone starts the sidecar program and names its
   admin API; the rest of the trainer goes through it;
 - no file of the repository points at a file outside it (a sibling folder of the checkout, an
   absolute path into the folder that holds it): what the project needs, it carries.
@@ -62,8 +65,14 @@ def violations(folder: Path, forbidden: tuple[str, ...]) -> list[str]:
         (TRAINER, ("agl_sidecar",)),
         (SDK, ("agl_sidecar", "agl_trainer", "torch", "litellm", "verl", "transformers")),
         (TRAINER / "store", ("agl_trainer.receiver",)),
+        (
+            TRAINER / "loop",
+            ("agl_trainer.run", "agl_trainer.cli", "agl_trainer.receiver", "agl_trainer.engines.embedded",
+             "agl_trainer.engines.vllm", "agl_trainer.backends.torch_backend", "agl_trainer.backends.verl",
+             "agl_trainer.runners.local", "agl_trainer.runners.workers", "agl_trainer.runners.kubernetes"),
+        ),  # fmt: skip
     ],
-    ids=["sidecar-not-trainer", "trainer-not-sidecar", "sdk-none-of-them", "store-not-receiver"],
+    ids=["sidecar-not-trainer", "trainer-not-sidecar", "sdk-none-of-them", "store-not-receiver", "loop-not-wiring"],
 )
 def test_import_rule(folder: Path, forbidden: tuple[str, ...]) -> None:
     assert folder.is_dir(), folder
@@ -84,14 +93,8 @@ def test_the_scan_sees_absolute_relative_and_nested_imports() -> None:
 
 # --- no import circles between product modules ------------------------------------------------------
 PRODUCT = (SDK, SIDECAR, TRAINER, ROOT / "integrations" / "agl_integrations")
-# Circles known when this check came; each must go, none may be added. A fixed one fails the test
-# until it is taken off this list, so the list stays true.
-KNOWN_CIRCLES = {
-    # to be removed by the loop split (issue 27)
-    frozenset({"agl_trainer.loop.servers", "agl_trainer.loop.serving", "agl_trainer.loop.session"}),
-    # config checks the Job template through kubernetes_config, which reads Config and ConfigError
-    frozenset({"agl_trainer.config", "agl_trainer.runners.kubernetes_config"}),
-}
+# Circles known when this check came, each to be removed; none is left. A new one fails the test.
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
 def module_files(roots: tuple[Path, ...]) -> dict[str, Path]:
@@ -194,8 +197,8 @@ def test_the_circle_scan_sees_type_checking_and_function_local_imports(tmp_path:
     assert graph["pkg"] == {"pkg.a"} and graph["pkg.b"] == {"pkg.c"}  # `from pkg import c`: the module
     assert circles(graph) == {frozenset({"pkg.a", "pkg.b", "pkg.c"})}
 
-# --- the trainer reaches the sidecar through loop/sidecar_client.py only ----------------------------
-SIDECAR_CLIENT = TRAINER / "loop" / "sidecar_client.py"
+# --- the trainer reaches the sidecar through run/sidecar_client.py only ----------------------------
+SIDECAR_CLIENT = TRAINER / "run" / "sidecar_client.py"
 ADMIN_NAMES = {"ADMIN_PAUSE_PATH", "ADMIN_RESUME_PATH", "ADMIN_STATE_PATH"}  # agl.semconv's admin paths
 
 
@@ -238,7 +241,7 @@ def test_only_the_sidecar_client_starts_and_drives_the_sidecar() -> None:
         for path in sorted(TRAINER.rglob("*.py"))
         if path != SIDECAR_CLIENT and (contacts := sidecar_contacts(path.read_text(encoding="utf-8")))
     }
-    assert elsewhere == {}, "use agl_trainer.loop.sidecar_client (SidecarProcess, SidecarAdmin)"
+    assert elsewhere == {}, "use agl_trainer.run.sidecar_client (SidecarProcess, SidecarAdmin)"
 
 
 def test_the_sidecar_scan_sees_names_strings_and_imports_but_not_docstrings() -> None:

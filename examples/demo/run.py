@@ -38,7 +38,7 @@ def run_demo(
     import asyncio
 
     from agl_trainer.config import load_config
-    from agl_trainer.loop.session import Session
+    from agl_trainer.run.session import Session
 
     if out.exists():
         shutil.rmtree(out)

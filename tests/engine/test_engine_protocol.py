@@ -15,7 +15,14 @@ DECLARED = [name for name, _ in inspect.getmembers(InferenceEngine) if not name.
 
 
 def test_the_protocol_declares_what_the_loop_calls() -> None:
-    assert {"urls", "start", "stop", "update_weights", "freeze", "thaw"} <= set(DECLARED)
+    assert {"urls", "start", "stop", "update_weights", "freeze", "thaw", "sleep"} <= set(DECLARED)
+
+
+def test_the_embedded_engine_declines_to_sleep(tmp_path) -> None:
+    from agl_trainer.engines.embedded import EmbeddedEngineConfig
+
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=str(tmp_path)))  # never started: nothing loaded
+    assert engine.sleep() is False  # its model shares the process's memory with the trainer: nothing to free
 
 
 @pytest.mark.parametrize("engine", [EmbeddedEngine, VLLMEngine], ids=lambda e: e.__name__)

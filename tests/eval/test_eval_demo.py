@@ -24,7 +24,7 @@ FAST = ["--viewer.enabled=false", "--diagnostics.canary.enabled=false", "--loop.
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The warm-started demo model, 6 held-out tasks, and a run trained 2 steps from the warm model."""
     from agl_trainer.config import load_config
-    from agl_trainer.loop.session import Session
+    from agl_trainer.run.session import Session
     from examples.demo.prepare import prepare_demo_model
     from examples.demo.run import write_val_tasks
     from examples.demo.task import make_tasks, write_tasks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from agl_trainer.eval.run import spans_delivered
-from agl_trainer.loop.sidecar_client import SidecarState
+from agl_trainer.loop.ports import SidecarState
 
 
 class Admin:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agl_trainer.loop.offline import select
+from agl_trainer.run.offline import select
 from agl_trainer.store import RolloutKey
 from agl_trainer.store.records import RolloutInfo
 
@@ -55,7 +55,7 @@ def test_a_missing_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path) -> None:
     import httpx
-    from agl_trainer.loop.store_cursor import close_quiet_among
+    from agl_trainer.run.store_cursor import close_quiet_among
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore
     from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
@@ -112,7 +112,7 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
     import agl
     from agl_trainer.cli import main
     from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
-    from agl_trainer.loop.sidecar_client import SidecarProcess
+    from agl_trainer.run.sidecar_client import SidecarProcess
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore
     from examples.demo.prepare import prepare_demo_model
@@ -174,7 +174,7 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
 
 async def _drain(sidecar: Any) -> None:
     """Every span the sidecar recorded reached the receiver (a drained pause says so)."""
-    from agl_trainer.loop.sidecar_client import SidecarAdmin
+    from agl_trainer.run.sidecar_client import SidecarAdmin
 
     async with SidecarAdmin(sidecar.url, sidecar.admin_token) as admin:
         state = await admin.pause(drain=True, timeout_s=60)
@@ -186,7 +186,7 @@ async def _drain(sidecar: Any) -> None:
 
 
 def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_scan(tmp_path: Path) -> None:
-    from agl_trainer.loop.store_cursor import FullScan, StoreCursor
+    from agl_trainer.run.store_cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
     from agl_testing.rollouts import end, reward, write_rollouts
 
@@ -308,7 +308,7 @@ def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: P
 
 def test_set_aside_reasons_for_what_the_model_cannot_take() -> None:
     from agl_trainer.batch import RolloutResult, Sample
-    from agl_trainer.loop.offline_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
+    from agl_trainer.run.offline_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
 
     def result(rid: str, reward: float = 1.0, ids: list[int] | None = None, versions: list[int] | None = None):
         ids = ids or [1, 2, 3]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agl_trainer.config import load_config
-from agl_trainer.loop.session import Session
+from agl_trainer.run.session import Session
 from agl_trainer.store import RolloutStore
 
 

@@ -1,4 +1,4 @@
-"""The backend's and engine's settings as `agl train` and `--dry-run` both build them (loop/parts.py)."""
+"""The backend's and engine's settings as `agl train` and `--dry-run` both build them (run/settings.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agl_trainer.config import ConfigError, validate
-from agl_trainer.loop.parts import backend_settings, vllm_settings
+from agl_trainer.run.settings import backend_settings, vllm_settings
 
 
 def _config(tmp_path: Path, **sections):

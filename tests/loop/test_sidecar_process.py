@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarProcess
+from agl_trainer.run.sidecar_client import SidecarAdmin, SidecarProcess
 from agl_testing.fake_vllm import FakeVLLM
 
 

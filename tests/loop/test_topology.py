@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from agl_trainer.config import ConfigError, load_config
-from agl_trainer.loop.sidecar_client import SidecarProcess
-from agl_trainer.loop.topology import parse_listen, resolve
+from agl_trainer.run.sidecar_client import SidecarProcess
+from agl_trainer.run.topology import parse_listen, resolve
 from agl_trainer.store import RolloutStore
 from tests.loop.test_loop import make_config, run_session
 from tests.support.pipeline import run_config
@@ -196,7 +196,7 @@ def test_training_drives_the_sidecars_you_run(tmp_path: Path, model_dir: Path, m
 
 
 def test_an_unreachable_attached_sidecar_is_a_clear_error(tmp_path: Path, model_dir: Path) -> None:
-    from agl_trainer.loop.sidecar_client import SidecarError
+    from agl_trainer.loop.ports import SidecarError
 
     unreachable = json.dumps([{"url": f"http://127.0.0.1:{free_port()}"}])
     config = run_config(tmp_path, model_dir, "tests.loop.harnesses:calls", "--sidecar.attach", unreachable)
@@ -222,7 +222,8 @@ def test_agl_receive_off_loopback_needs_a_token(tmp_path: Path, capsys: pytest.C
 
 
 async def test_a_graders_reward_reaches_a_sidecar_that_requires_the_harness_key(tmp_path: Path) -> None:
-    from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarError
+    from agl_trainer.loop.ports import SidecarError
+    from agl_trainer.run.sidecar_client import SidecarAdmin
     from agl_testing.fake_vllm import FakeVLLM
 
     with FakeVLLM() as engine:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from agl import semconv
 from agl_sidecar.config import build

@@ -10,7 +10,7 @@ import httpx
 
 from agl_trainer.assembly import assemble
 from agl_trainer.receiver import Receiver, ReceiverConfig
-from agl_trainer.loop.sidecar_client import SidecarAdmin
+from agl_trainer.run.sidecar_client import SidecarAdmin
 from agl_trainer.store import RolloutStore
 from tests.support.ports import free_port
 

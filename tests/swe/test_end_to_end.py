@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_swe_example_runs_end_to_end_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agl_trainer.config import load_config
-    from agl_trainer.loop.session import Session
+    from agl_trainer.run.session import Session
     from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
     from agl_trainer.store import RolloutStore
 

@@ -9,7 +9,7 @@ import pytest
 from agl_trainer.backends import BackendConfigError
 from agl_trainer.backends.verl import VerlBackendConfig
 from agl_trainer.config import ConfigError, load_config
-from agl_trainer.loop.session import build_backend
+from agl_trainer.run.build import build_backend
 
 from tests.algorithms.tiny import training_config
 from tests.support.ports import free_port

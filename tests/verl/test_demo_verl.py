@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from agl_trainer.config import load_config
-from agl_trainer.loop.session import Session
+from agl_trainer.run.session import Session
 
 REPO = Path(__file__).resolve().parents[2]
 RISE_STEPS = 30  # the torch backend's demo rises by about 0.15 over its first 30 steps

@@ -5,7 +5,6 @@ JSON API and on the rollout page (tokens coloured by |delta| on hover)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch

@@ -54,7 +54,7 @@ def sink() -> Iterator[OTLPSink]:
 
 @pytest.fixture(scope="module")
 def sidecar(vllm_engine, sink: OTLPSink, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from agl_trainer.loop.sidecar_client import SidecarProcess
+    from agl_trainer.run.sidecar_client import SidecarProcess
 
     logs = tmp_path_factory.mktemp("sidecar")
     process = SidecarProcess(

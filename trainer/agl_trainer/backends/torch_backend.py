@@ -300,6 +300,9 @@ class TorchBackend:
         atomic_directory(directory, write)
         return directory
 
+    def close(self) -> None:
+        """Nothing to stop: the model lives in this process."""
+
     def save_checkpoint(self, directory: str | Path) -> Path:
         """model/ (save_pretrained) + trainer_state.pt (optimizer, scheduler, step, RNG states). The policy
         version is the loop's, in its own checkpoint beside this one."""

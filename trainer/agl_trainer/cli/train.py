@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if from_store is not None:
             check_offline_config(config)
         else:  # addresses and the secrets' variables, also for --check and --dry-run
-            from agl_trainer.loop.topology import resolve
+            from agl_trainer.run.topology import resolve
 
             resolve(config)
         from agl_trainer.metrics.trackers import check_trackers
@@ -174,7 +174,7 @@ def check_offline_config(config: Any) -> None:
 def train_offline(config: Any, store: str, *, resume: bool = False, quiet: bool = False) -> int:
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError
-    from agl_trainer.loop.offline import train_from_store
+    from agl_trainer.run.offline import train_from_store
     from agl_trainer.store import StoreError
 
     try:
@@ -223,9 +223,9 @@ def train(config: Any, *, resume: bool = False, quiet: bool = False) -> int:
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError
     from agl_trainer.loop.canary import CanaryStop
-    from agl_trainer.loop.session import Session
+    from agl_trainer.run.session import Session
     from agl_trainer.runners.base import HarnessNotFound
-    from agl_trainer.loop.sidecar_client import SidecarError
+    from agl_trainer.loop.ports import SidecarError
 
     try:
         result = asyncio.run(Session(config, resume=resume, quiet=quiet).run())

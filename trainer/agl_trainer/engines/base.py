@@ -53,3 +53,8 @@ class InferenceEngine(Protocol):
     def thaw(self) -> None:
         """Continue the frozen requests under the weights loaded meanwhile."""
         ...
+
+    def sleep(self) -> bool:
+        """Free the accelerator memory the engine holds, for training (collocated on a GPU); the next
+        update_weights() wakes it. False where there is nothing to free or the engine cannot sleep."""
+        ...

@@ -191,6 +191,10 @@ class EmbeddedEngine:
         if self._scheduler is not None:
             self._scheduler.thaw()
 
+    def sleep(self) -> bool:
+        """Nothing to free: the model shares the process's memory with the trainer's."""
+        return False
+
     def __enter__(self) -> Self:
         self.start()
         return self

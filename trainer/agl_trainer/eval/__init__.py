@@ -4,6 +4,6 @@ receipt of everything the score depends on.
 
     scores.py   pass@k (the unbiased estimator), mean@k, per-task results
     receipt.py  the receipt: model hash, harness version, budgets, sampling, tasks hash, machine
-    run.py      one evaluation: start the parts (loop/serving.py), run, write results + receipt
+    run.py      one evaluation: start the parts (run/serving.py), run, write results + receipt
     compare.py  two receipts' results side by side; refuses when budgets or sampling differ
 """

@@ -1,4 +1,4 @@
-"""One `agl eval`: the parts training starts (loop/serving.py: receiver, store, viewer, engine or a
+"""One `agl eval`: the parts training starts (run/serving.py: receiver, store, viewer, engine or a
 served model, sidecar, runner), k attempts a task through them, then results.json and receipt.json.
 
 Attempts are reproducible: rollout ids are `eval-{task index}-{attempt}` (the same in every run) and
@@ -99,8 +99,8 @@ async def _evaluate(
     config: Config, out: Path, tasks: list[dict[str, Any]], tasks_path: str, trackers: Any, started_at: str,
     started: float, *, quiet: bool,
 ) -> EvalResult:  # fmt: skip
-    from agl_trainer.loop import topology as addresses
-    from agl_trainer.loop.serving import start_serving
+    from agl_trainer.run import topology as addresses
+    from agl_trainer.run.serving import start_serving
     from agl_trainer.loop.validation import collect
 
     served = config.eval.model_url

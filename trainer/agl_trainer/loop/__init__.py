@@ -1,8 +1,9 @@
-"""The training loop and what runs it.
+"""The training loop: the algorithm of a run, written against the protocols in ports.py.
 
 - core.TrainingLoop: sync and collocated-async generation, pause/drain/train/sync/resume, staleness
-- session.Session: one `agl train` run: receiver + store, engine, sidecar subprocess, runners,
-  backend; Ctrl-C and --resume
+- inflight.InFlight: the rollouts in flight, when complete groups make a batch
 - groups: the seeded task schedule and the launch journal; checkpoint: loop checkpoints and the
-  trained.jsonl ledger; dataplane: the store + assembly as the loop sees them; ports: the protocols
+  trained.jsonl ledger; report: what a step reports; validation, canary, agreement_log: what checks it
+
+What builds the parts and starts the processes is in agl_trainer.run.
 """

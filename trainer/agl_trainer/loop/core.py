@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,48 +33,29 @@ from agl_trainer.engines.base import InferenceEngine, WeightUpdate
 from agl_trainer.loop.agreement_log import AgreementLog
 from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
-from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
-from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl
+from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.inflight import InFlight
+from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl, SidecarError
 from agl_trainer.loop.progress import LoopProgress
-from agl_trainer.loop.sidecar_client import SidecarError
+from agl_trainer.loop.report import StepTimes, batch_metrics, number, reward_metrics
 from agl_trainer.loop.validation import Validator
-from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
+from agl_trainer.runners.base import Runner
 from agl_trainer.store.records import RolloutKey
 
 log = logging.getLogger("agl.loop")
 
 POLL_S = 0.05
 IDLE_SAMPLE_S = 0.1
-NO_DATA_AFTER_EXIT_S = 60.0  # a harness exited well but the store never completed its rollout
+VAL_FAILURES_SHOWN = 3  # a validation round names this many of its failed rollouts, and counts the rest
 
 
 class StopTraining(Exception):
-    """Raised inside the loop to end it early (max time, Ctrl-C)."""
+    """Ends the loop early (a stop request, loop.max_train_s). `final_validation`: the final policy
+    is still measured (out of time), not abandoned (asked to stop)."""
 
-
-@dataclass
-class StepTimes:
-    generating: float = 0.0
-    draining: float = 0.0
-    training: float = 0.0
-    syncing: float = 0.0
-    checkpoint: float = 0.0
-    idle: float = 0.0
-    canary: float = 0.0
-
-    def metrics(self) -> dict[str, float]:
-        busy = max(0.0, self.generating - self.idle) + self.draining
-        wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint + self.canary
-        return {
-            "time/generating_s": self.generating,
-            "time/draining_s": self.draining,
-            "time/training_s": self.training,
-            "time/syncing_s": self.syncing,
-            "time/checkpoint_s": self.checkpoint,
-            "time/idle_s": self.idle,
-            "time/step_s": wall,
-            "engine/idle_fraction": 1.0 - busy / wall if wall > 0 else 0.0,
-        }
+    def __init__(self, reason: str, *, final_validation: bool = False) -> None:
+        super().__init__(reason)
+        self.final_validation = final_validation
 
 
 @dataclass
@@ -140,15 +120,17 @@ class TrainingLoop:
         self.progress = progress or LoopProgress(config.max_steps, config.batch_rollouts, enabled=False)
         self.pad_token_id = pad_token_id
         self.on_step = on_step
-        self.groups: dict[int, Group] = {}  # launched, not yet trained or discarded
-        self.tasks: dict[str, asyncio.Task[RolloutOutcome]] = {}
+        self.inflight = InFlight(
+            config, schedule=schedule, runner=runner, journal=journal, data=data, progress=self.progress,
+            on_fatal=self._end,
+        )  # fmt: skip
         self.trained_since_checkpoint: list[RolloutKey] = []
-        self.failures: dict[str, int] = {}
         self.history: list[dict[str, float]] = []
         self._times = StepTimes()
         self._dropped_stale = 0
-        self._fatal: BaseException | None = None
-        self._stop = asyncio.Event()
+        # The one way the loop ends early: the first reason set here is raised at the next check
+        # (a stop request as StopTraining, a fatal error as itself); CanaryStop is raised in place.
+        self._exit: BaseException | None = None
         self._started = time.monotonic()
 
     @property
@@ -156,7 +138,15 @@ class TrainingLoop:
         return self.state.policy_version
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self._end(StopTraining("stop requested"))
+
+    def adopt(self, group: Group) -> None:
+        """A group launched before a restart (run/session.py recovers them from the journal)."""
+        self.inflight.adopt(group, self.version, self.state.step)
+
+    def _end(self, reason: BaseException) -> None:
+        if self._exit is None:
+            self._exit = reason
 
     # --- the loop ----------------------------------------------------------------------------
     async def run(self) -> LoopSummary:
@@ -177,27 +167,26 @@ class TrainingLoop:
                 await self._update(batch)
                 await self._validate_if_due()
             await self._validate_final()
-        except StopTraining as reason:
-            self.progress.log(f"agl: stopping: {reason}")
-            if not self._stop.is_set() and self._fatal is None:
-                await self._validate_final()  # out of training time: still measure the final policy
+        except StopTraining as stop:
+            self.progress.log(f"agl: stopping: {stop}")
+            if stop.final_validation:
+                await self._validate_final()
         finally:
             sampler.cancel()
-            await self._cancel_all()
+            await self.inflight.cancel_all()
             if self.trained_since_checkpoint:
                 self._checkpoint()
-        summary = LoopSummary(self.state.step, self.version, self.history, dict(self.failures))
+        summary = LoopSummary(self.state.step, self.version, self.history, dict(self.inflight.failures))
         summary.validation = self.validation
         return summary
 
-    def _check_stop(self) -> None:
-        if self._fatal is not None:
-            raise self._fatal
-        if self._stop.is_set():
-            raise StopTraining("stop requested")
+    def _check_stop(self, *, clock: bool = True) -> None:
+        if self._exit is not None:
+            raise self._exit
         limit = self.config.max_train_s
-        if limit and time.monotonic() - self._started > limit:
-            raise StopTraining(f"loop.max_train_s={limit:g} reached")
+        if clock and limit and time.monotonic() - self._started > limit:
+            self._exit = StopTraining(f"loop.max_train_s={limit:g} reached", final_validation=True)
+            raise self._exit
 
     # --- validation (loop/validation.py) ------------------------------------------------------
     async def _validate_if_due(self) -> None:
@@ -207,21 +196,17 @@ class TrainingLoop:
     async def _validate_final(self) -> None:
         if self.validator is None or self.validator.plan.every <= 0 or self.validator.last_step == self.state.step:
             return
-        await self._cancel_all()  # training is over: its rollouts in flight would only compete
+        if isinstance(self._exit, StopTraining) and self._exit.final_validation:
+            self._exit = None  # out of training time: the final round still runs (a new stop ends it)
+        await self.inflight.cancel_all()  # training is over: its rollouts in flight would only compete
         await self._validate()
 
     async def _validate(self) -> None:
         """A round of held-out rollouts in mode val; never trained. Its time is not training time."""
         assert self.validator is not None
         started = time.monotonic()
-
-        def check() -> None:  # only a stop request or a fatal error abandons a round
-            if self._fatal is not None:
-                raise self._fatal
-            if self._stop.is_set():
-                raise StopTraining("stop requested")
-
-        metrics = await self.validator.run(self.state.step, self.version, check)
+        # only a stop request or a fatal error abandons a round; its time is not training time
+        metrics = await self.validator.run(self.state.step, self.version, lambda: self._check_stop(clock=False))
         self._started += time.monotonic() - started  # loop.max_train_s counts training only
         self.validation.append({"step": float(self.state.step), **metrics})
         if self.metrics is not None:
@@ -238,14 +223,18 @@ class TrainingLoop:
                 else ""
             )
         )
+        for line in self.validator.last_failures[:VAL_FAILURES_SHOWN]:
+            self.progress.log(f"agl: validation rollout {line}")
+        if len(self.validator.last_failures) > VAL_FAILURES_SHOWN:
+            self.progress.log(f"agl: ... and {len(self.validator.last_failures) - VAL_FAILURES_SHOWN} more")
 
-    # --- generating ----------------------------------------------------------------------------
+    # --- generating (the rollouts in flight: loop/inflight.py) ----------------------------------
     async def _generate_sync(self) -> list[Group]:
         """Launch one batch, wait for all of it."""
-        groups = [self._launch() for _ in range(self.config.batch_rollouts // self.config.group_size)]
+        groups = [self.inflight.launch(self.version) for _ in range(self.config.batch_rollouts // self.config.group_size)]
         while not all(group.done for group in groups):
             self._check_stop()
-            self._poll_completion()
+            self.inflight.poll_completion()
             await asyncio.sleep(POLL_S)
         return groups
 
@@ -253,125 +242,12 @@ class TrainingLoop:
         """Keep rollouts in flight until complete groups fill a batch (and staleness allows)."""
         while True:
             self._check_stop()
-            self._poll_completion()
-            batch = self._ready_batch()
+            self.inflight.poll_completion()
+            batch = self.inflight.ready_batch(self.version)
             if batch is not None:
                 return batch
-            self._launch_what_fits()
+            self.inflight.launch_what_fits(self.version)
             await asyncio.sleep(POLL_S)
-
-    def _launch_what_fits(self) -> None:
-        size = self.config.group_size
-        cap = (self.config.staleness + 1) * self.config.batch_rollouts
-        while True:
-            in_flight = sum(len(g.ids_in(Member.RUNNING, Member.EXITED)) for g in self.groups.values())
-            untrained = sum(len(g.rollout_ids) for g in self.groups.values())
-            if in_flight + size > max(self.config.concurrency, size) or untrained + size > cap:
-                return
-            if self.config.stale_policy == "wait" and any(not g.done for g in self._must_wait_for()):
-                return  # groups that must be trained next are still running: more would only compete
-            self._launch()
-
-    def _must_wait_for(self) -> list[Group]:
-        """Groups that must be in the next batch: after the update they would be too stale."""
-        # Trained after this update (at version + 1 or later), a group launched under v lags by
-        # at least version + 1 - v: it must be trained now when that would exceed the bound.
-        return [g for g in self.groups.values() if g.launched_version <= self.version - self.config.staleness]
-
-    def _ready_batch(self) -> list[Group] | None:
-        complete = sorted((g for g in self.groups.values() if g.done), key=lambda g: g.index)
-        ready = sum(len(g.rollout_ids) for g in complete)
-        self.progress.rollouts(
-            min(ready, self.config.batch_rollouts),
-            sum(len(g.ids_in(Member.RUNNING, Member.EXITED)) for g in self.groups.values()),
-        )
-        if ready < self.config.batch_rollouts:
-            return None
-        must = self._must_wait_for()
-        if self.config.stale_policy == "wait" and any(not g.done for g in must):
-            return None
-        batch: list[Group] = []
-        count = 0
-        for group in complete:
-            if count >= self.config.batch_rollouts and group not in must:
-                continue
-            batch.append(group)
-            count += len(group.rollout_ids)
-        return batch
-
-    def _launch(self) -> Group:
-        group = self.schedule.next_group(self.version)
-        self.journal.append(group)  # on disk before any harness starts
-        self.groups[group.index] = group
-        for spec in group.specs():
-            self._start_task(group, spec)
-        return group
-
-    def adopt(self, group: Group) -> None:
-        """Track a group launched before a restart; relaunch members that did not complete (under
-        new ids: the old ones may have partial data in the store)."""
-        self.groups[group.index] = group
-        relaunch = [rid for rid in group.rollout_ids if group.states.get(rid) is Member.RUNNING]
-        if not relaunch:
-            return
-        for rid in relaunch:
-            new_id = f"{rid}-r{self.state.step}"
-            group.rollout_ids[group.rollout_ids.index(rid)] = new_id
-            del group.states[rid]
-            group.states[new_id] = Member.RUNNING
-            self.data.mark_dropped([RolloutKey(rid, 0)], "relaunched after restart")
-        group.launched_version = min(group.launched_version, self.version)
-        self.journal.append(group)
-        for spec in group.specs():
-            if spec.rollout_id in relaunch or group.states.get(spec.rollout_id) is not Member.RUNNING:
-                continue
-            self._start_task(group, spec)
-
-    def _start_task(self, group: Group, spec: Any) -> None:
-        task = asyncio.create_task(self.runner.run(spec), name=spec.rollout_id)
-        task.add_done_callback(lambda t, g=group: self._on_rollout_done(g, t))
-        self.tasks[spec.rollout_id] = task
-
-    def _on_rollout_done(self, group: Group, task: asyncio.Task[RolloutOutcome]) -> None:
-        rollout_id = task.get_name()
-        self.tasks.pop(rollout_id, None)
-        if task.cancelled():
-            group.states[rollout_id] = Member.DROPPED
-            return
-        error = task.exception()
-        if isinstance(error, HarnessNotFound):
-            self._fatal = error  # no rollout can run: stop with the message
-            return
-        if error is not None:
-            log.error("runner failed on %s: %r", rollout_id, error)
-            group.states[rollout_id] = Member.FAILED
-            self._count(Cause.INFRA_ERROR.value)
-            return
-        outcome = task.result()
-        group.record_exit(outcome, time.monotonic())
-        if not outcome.ok:
-            self._count(outcome.cause.value)
-            self.progress.log(
-                f"agl: rollout {rollout_id} (task {group.task_id}) {outcome.cause.value}: {outcome.message}"
-                + (f" (log: {outcome.log_path})" if outcome.log_path else "")
-            )
-
-    def _count(self, cause: str) -> None:
-        self.failures[cause] = self.failures.get(cause, 0) + 1
-
-    def _poll_completion(self) -> None:
-        waiting = {g.key(rid): (rid, g) for g in self.groups.values() for rid in g.ids_in(Member.EXITED)}
-        if not waiting:
-            return
-        complete = self.data.complete(list(waiting))
-        now = time.monotonic()
-        for key, (rid, group) in waiting.items():
-            if key in complete:
-                group.states[rid] = Member.COMPLETE
-            elif now - group.exited_at.get(rid, now) > NO_DATA_AFTER_EXIT_S + self.config.completion_grace_s:
-                group.states[rid] = Member.FAILED
-                self._count("no_data")
-                self.progress.log(f"agl: rollout {rid}: harness exited but no complete data arrived; skipped")
 
     async def _sample_idle(self) -> None:
         """Accumulate time with no call in flight at the sidecar (engine idle) while generating."""
@@ -391,11 +267,11 @@ class TrainingLoop:
     # --- updating ------------------------------------------------------------------------------
     async def _update(self, batch: list[Group]) -> None:
         """One training step on `batch`, top to bottom."""
-        step = _StepNotes(in_flight_at_pause=len(self.tasks))
+        step = _StepNotes(in_flight_at_pause=len(self.inflight.tasks))
         await self._pause_and_drain(step)
         if self.config.stale_policy == "drop":
-            await self._drop_stale(exclude=batch)
-        keys = self._trainable_keys(batch)
+            self._dropped_stale += await self.inflight.drop_stale(self.version, exclude=batch)
+        keys = self.inflight.trainable_keys(batch)
         started = time.monotonic()
         results = await self._assemble(batch, keys, step)
         await self._train(results, step)
@@ -445,7 +321,7 @@ class TrainingLoop:
                 paused = await self.sidecar.pause(drain=True, timeout_s=self.config.drain_timeout_s)
             if not paused.spans_flushed:
                 step.undelivered = max(paused.spans_undelivered, 1)
-                self._count("spans_undelivered_at_update")
+                self.inflight.count("spans_undelivered_at_update")
                 self.progress.log(
                     f"agl: {paused.spans_undelivered} call span(s) had not reached the receiver "
                     f"{self.config.drain_timeout_s:g} s into the drain ({paused.spans_in_spool} in the sidecar's "
@@ -473,27 +349,24 @@ class TrainingLoop:
         assembled = await asyncio.to_thread(self.data.assemble, keys) if keys else None
         step.assembly_s = time.monotonic() - started
         if assembled is not None:
-            step.assembly = {f"assembly/{k}": float(v) for k, v in assembled.report.items() if _number(v)}
+            step.assembly = {f"assembly/{k}": float(v) for k, v in assembled.report.items() if number(v)}
         results = self._apply_failed_policy(batch, assembled.results if assembled else [])
         results, step.too_stale = self._filter_stale(results)
         return results
 
     async def _train(self, results: list[RolloutResult], step: _StepNotes) -> None:
         # Collocated on a GPU: the engine frees its memory for training; update_weights wakes it.
-        # Not in InferenceEngine: calling a no-op sleep on the embedded engine (one more thread hop
-        # here) changes which rollouts a from-store step trains (tests/loop/test_from_store.py).
-        engine_sleep = getattr(self.engine, "sleep", None)  # the vLLM engine's
-        if engine_sleep is not None and self.config.switch != "keep":  # sleeping drops frozen calls' KV
-            await asyncio.to_thread(engine_sleep)
+        # Not after a keep pause: sleeping would drop the frozen calls' KV cache.
+        if self.config.switch != "keep":
+            await asyncio.to_thread(self.engine.sleep)
         if not (results and any(r.samples for r in results)):
             return
         training_batch = TrainingBatch.from_rollouts(results, self.pad_token_id)
         train_metrics = await asyncio.to_thread(self.backend.train_step, training_batch, self.version)
-        logprobs = getattr(self.backend, "last_logprobs", None)  # the torch backend's, for the viewer
-        if self.agreement_log is not None and logprobs is not None:
-            self.agreement_log.write(self.state.step + 1, self.version, results, logprobs)
-        step.metrics.update({k: float(v) for k, v in train_metrics.items() if _number(v)})
-        step.metrics.update(_batch_metrics(training_batch, self.version))
+        if self.agreement_log is not None and self.backend.last_logprobs is not None:
+            self.agreement_log.write(self.state.step + 1, self.version, results, self.backend.last_logprobs)
+        step.metrics.update({k: float(v) for k, v in train_metrics.items() if number(v)})
+        step.metrics.update(batch_metrics(training_batch, self.version))
 
     async def _sync_weights(self) -> int:
         """Push the trained weights to the engine as the next policy version; returns it."""
@@ -512,8 +385,7 @@ class TrainingLoop:
         self.state.step += 1
         key_of = {key.rollout_id: key for key in keys}
         self.trained_since_checkpoint += [key_of[r.rollout_id] for r in results]
-        for group in batch:
-            self.groups.pop(group.index, None)
+        self.inflight.retire(batch)
         if self.state.step % self.config.checkpoint_every == 0:
             started = time.monotonic()
             self._checkpoint()
@@ -535,7 +407,7 @@ class TrainingLoop:
         )
         if step.frozen is not None:
             metrics["switch/frozen_requests"] = float(len(step.frozen))
-        metrics.update(_reward_metrics([r.reward for r in results]))
+        metrics.update(reward_metrics([r.reward for r in results]))
         metrics.update(step.assembly)
         self._dropped_stale = 0
         self.history.append(metrics)
@@ -544,10 +416,6 @@ class TrainingLoop:
         if self.on_step is not None:
             self.on_step(self.state.step, metrics)
         self.progress.step(self.state.step, metrics.get("reward/mean"), metrics["time/step_s"])
-
-    def _trainable_keys(self, batch: list[Group]) -> list[RolloutKey]:
-        states = (Member.COMPLETE, Member.FAILED) if self.config.failed_rollouts == "zero" else (Member.COMPLETE,)
-        return [group.key(rid) for group in batch for rid in group.ids_in(*states)]
 
     def _apply_failed_policy(self, batch: list[Group], results: list[RolloutResult]) -> list[RolloutResult]:
         if self.config.failed_rollouts != "zero":
@@ -569,22 +437,6 @@ class TrainingLoop:
             kept.append(result)
         return kept, len(results) - len(kept)
 
-    async def _drop_stale(self, exclude: list[Group]) -> None:
-        """stale_policy=drop: kill groups that would exceed the bound after this update."""
-        keep = {g.index for g in exclude}
-        for group in [g for g in self._must_wait_for() if g.index not in keep and not g.done]:
-            for rid in group.rollout_ids:
-                task = self.tasks.get(rid)
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(*(self.tasks[r] for r in group.rollout_ids if r in self.tasks), return_exceptions=True)
-            for rid in group.rollout_ids:
-                if group.states.get(rid) not in DONE:
-                    group.states[rid] = Member.DROPPED
-            self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], "stale")
-            self._dropped_stale += len(group.rollout_ids)
-            self.groups.pop(group.index, None)
-
     def _checkpoint(self) -> None:
         self.state.next_group_index = self.schedule.next_index
         self.state.trained_since_previous = [(k.rollout_id, k.attempt) for k in self.trained_since_checkpoint]
@@ -594,44 +446,3 @@ class TrainingLoop:
             self.data.mark_trained(self.trained_since_checkpoint, self.state.step)
             self.checkpoints.record_trained(self.state.step, self.trained_since_checkpoint)
         self.trained_since_checkpoint = []
-
-    async def _cancel_all(self) -> None:
-        tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self.tasks.clear()
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item")
-
-
-def _batch_metrics(batch: TrainingBatch, version: int) -> dict[str, float]:
-    """Staleness of what was trained: how many trained tokens older weights generated."""
-    trained = batch.loss_mask > 0
-    versions = batch.policy_versions[trained]
-    if versions.numel() == 0:
-        return {}
-    lag = (version - versions).float()
-    return {
-        "staleness/max": float(lag.max()),
-        "staleness/mean": float(lag.mean()),
-        "staleness/stale_token_fraction": float((lag > 0).float().mean()),
-        "tokens/trained": float(trained.sum()),
-        "samples": float(batch.num_samples),
-    }
-
-
-def _reward_metrics(rewards: list[float]) -> dict[str, float]:
-    """reward/* over the trained rollouts: the step's one source (the backends report none)."""
-    if not rewards:
-        return {}
-    mean = sum(rewards) / len(rewards)
-    return {
-        "reward/mean": mean,
-        "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
-        "reward/min": min(rewards),
-        "reward/max": max(rewards),
-    }

@@ -7,12 +7,12 @@ backend's settings are validated as if CUDA were there when the config asks for 
 
 from __future__ import annotations
 
-from agl_trainer.config import Config, ConfigError
+from agl_trainer.config import Config
 
 
 def check_settings(config: Config) -> None:
     """Raise ConfigError, naming the key and the fix, for a backend or engine setting that cannot work."""
-    from agl_trainer.loop.parts import backend_settings, vllm_error, vllm_settings
+    from agl_trainer.run.settings import backend_settings, vllm_error, vllm_settings
 
     assert config.model.path is not None
     backend_settings(config, str(config.model.path), cuda_available=config.backend.device != "cpu")

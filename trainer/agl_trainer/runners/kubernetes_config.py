@@ -7,9 +7,10 @@ so a typo in a toleration or a resource quantity is a config error, not a reject
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
+from agl_trainer.config_schema import Config, ConfigError, harness_argv
 from agl_trainer.runners.base import Endpoint, RolloutSpec
 from agl_trainer.runners.kubernetes_manifest import (
     JobTemplate,
@@ -19,9 +20,6 @@ from agl_trainer.runners.kubernetes_manifest import (
     check_object,
     is_quantity,
 )
-
-if TYPE_CHECKING:
-    from agl_trainer.config import Config
 
 KEY = "harness.kubernetes"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -33,8 +31,6 @@ LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
 
 
 def _error(key: str, problem: str, fix: str) -> Exception:
-    from agl_trainer.config import ConfigError
-
     return ConfigError(f"config key {key}: {problem} (fix: {fix})")
 
 
@@ -141,8 +137,6 @@ def check_kubernetes(config: Config) -> None:
 
 
 def harness_command(config: Config) -> list[str] | None:
-    from agl_trainer.config import harness_argv
-
     return harness_argv(config.harness.command) if config.harness.command is not None else None
 
 

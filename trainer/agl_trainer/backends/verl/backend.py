@@ -58,6 +58,7 @@ class VerlBackend:
             self.close()
             raise
         self.vocab_size = int(self.ranks[0]["vocab_size"])
+        self.last_logprobs = None  # the trainer's per-token logprobs stay in the workers
         self.dp_size = int(self.ranks[0]["dp_size"])
         # the first global rank of each data-parallel rank answers for it (ulysses ranks repeat it)
         self._answering = {}

@@ -51,9 +51,9 @@ async def start_serving(
     `after_engine(engine)` runs once the engine is up and before any harness can reach it (training
     loads checkpointed weights there); `sidecar_seed` seeds every call (sidecar sampling_seed);
     `harness_env` adds to harness.env."""
-    from agl_trainer.loop import topology as addresses
-    from agl_trainer.loop.dataplane import StoreDataPlane
-    from agl_trainer.loop.servers import start_receiver, start_sidecars
+    from agl_trainer.run import topology as addresses
+    from agl_trainer.run.dataplane import StoreDataPlane
+    from agl_trainer.run.servers import start_receiver, start_sidecars
     from agl_trainer.store import RolloutStore
 
     store_path = out / "rollouts.db"
@@ -72,7 +72,7 @@ async def start_serving(
 
     engine = None
     if served_url is None:
-        from agl_trainer.loop.session import build_engine
+        from agl_trainer.run.build import build_engine
 
         engine = build_engine(config, str(model_path))
         await asyncio.to_thread(engine.start)
@@ -97,7 +97,7 @@ async def start_serving(
     async def reward_sink(spec: RolloutSpec, value: float) -> None:
         await admin.emit_reward(spec.rollout_id, value)
 
-    from agl_trainer.loop.session import build_runner
+    from agl_trainer.run.build import build_runner
 
     runner = build_runner(config, endpoint, out, on_exit, reward_sink)
     await runner.start()

@@ -30,34 +30,9 @@ import httpx
 import msgspec
 from agl import semconv
 
-from agl_trainer.loop.topology import is_loopback
+from agl_trainer.run.topology import is_loopback
+from agl_trainer.loop.ports import SidecarError, SidecarState
 from agl_trainer.ports import free_port
-
-
-class SidecarError(RuntimeError):
-    """The sidecar could not be started, or refused an admin request."""
-
-
-class SidecarState(msgspec.Struct, kw_only=True):
-    paused: bool = False
-    in_flight: int = 0
-    held: int = 0
-    policy_version: int = 0
-    upstreams: list[str] = []
-    counters: dict[str, Any] = {}
-    # A drained pause: every span of the drained calls was acknowledged by the OTLP endpoint within
-    # the timeout (spooled on the sidecar's disk is not delivered: the trainer cannot read it yet).
-    spans_flushed: bool = True
-    spans_building: int = 0  # ... else how many were still being built,
-    spans_pending: int = 0  # in the sidecar's memory, not yet sent,
-    spans_sending: int = 0  # in the export request under way,
-    spans_in_spool: int = 0  # in its spool, waiting for the endpoint,
-    spans_dead_lettered: int = 0  # refused by the endpoint for good (set aside, since the sidecar started)
-    spans_failed: int = 0  # and lost (counted and logged by the sidecar, since it started)
-
-    @property
-    def spans_undelivered(self) -> int:
-        return self.spans_building + self.spans_pending + self.spans_sending + self.spans_in_spool
 
 
 _decode_state = msgspec.json.Decoder(SidecarState).decode

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agl_trainer.config import Config, ConfigError, dump_config, harness_argv, read_tasks
+from agl_trainer.config import Config, dump_config, read_tasks
 from agl_trainer.loop.checkpoint import RUN_FILE, LoopState, open_run_dir
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
-from agl_trainer.loop.parts import backend_settings, vllm_error, vllm_settings
+from agl_trainer.run.build import build_backend, build_validator, pad_token_id
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.progress import LoopProgress
-from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
+from agl_trainer.runners.base import Cause, RolloutOutcome, RolloutSpec
 
 
 @dataclass
@@ -40,64 +40,6 @@ class RunResult:
     summary: LoopSummary
     output_dir: Path
     plot: Path | None = None
-
-
-def build_backend(config: Config, model_path: str) -> Any:
-    """The training backend named by backend.name, validated (errors name the key)."""
-    settings = backend_settings(config, model_path)
-    if config.backend.name == "verl":
-        from agl_trainer.backends import BackendConfigError
-        from agl_trainer.backends.verl import VerlBackend
-
-        try:
-            return VerlBackend(settings)  # checks the cluster before any worker starts
-        except BackendConfigError as error:
-            raise ConfigError(f"config key {error}") from None
-    from agl_trainer.backends import TorchBackend
-
-    return TorchBackend(settings)
-
-
-def build_engine(config: Config, model_path: str) -> Any:
-    if config.engine.name == "embedded":
-        from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
-
-        try:
-            engine_config = EmbeddedEngineConfig(
-                model_path=model_path,
-                served_model_name=config.model.name,
-                max_batch_size=config.engine.max_batch,
-                **config.engine.options,
-            )
-        except TypeError as error:
-            raise ConfigError(f"config key engine.options: {error} (fix: see EmbeddedEngineConfig)") from None
-        return EmbeddedEngine(engine_config)
-    from agl_trainer.engines.vllm import VLLMEngine
-
-    try:
-        return VLLMEngine(model_path, replicas=config.engine.replicas, **vllm_settings(config, model_path))
-    except ValueError as error:
-        raise vllm_error(error) from None
-
-
-def sidecar_config_file(config: Config, path: Path, *, seed: int | None = None) -> Path:
-    """The sidecar's YAML: sampling overrides per rollout mode; `seed` seeds every call (agl eval)."""
-    import yaml
-
-    sampling = {}
-    for mode in ("train", "val"):
-        settings = config.sampling.for_mode(mode)
-        entry: dict[str, Any] = {"temperature": settings.temperature, "top_p": settings.top_p}
-        if settings.max_tokens:
-            entry["max_tokens"] = settings.max_tokens
-        sampling[mode] = entry
-    # A call whose URL names no mode is a training call: sampling.train applies to it (val rollouts'
-    # URLs carry /modes/val, see Endpoint.base_url).
-    settings: dict[str, Any] = {"sampling": sampling, "default_mode": "train", "spool_dir": str(path.parent / "spool")}
-    if seed is not None:
-        settings["sampling_seed"] = seed
-    path.write_text(yaml.safe_dump(settings))
-    return path
 
 
 class Session:
@@ -144,7 +86,7 @@ class Session:
         config, out = self.config, self.output_dir
         checkpoints, latest = open_run_dir(out, self.resume)
         run_id = self._run_id(out)
-        from agl_trainer.loop import topology as addresses
+        from agl_trainer.run import topology as addresses
 
         # Addresses and secrets first: a wrong address fails before anything heavy starts.
         topology = addresses.resolve(config, saved=addresses.load_saved(out) if self.resume else None)
@@ -162,15 +104,13 @@ class Session:
 
         torch.manual_seed(config.seed)
         backend = await asyncio.to_thread(build_backend, config, model_path)
-        close_backend = getattr(backend, "close", None)  # the verl backend stops its workers (and Ray)
-        if close_backend is not None:
-            self._stack.callback(close_backend)
+        self._stack.callback(backend.close)  # the verl backend stops its workers (and Ray)
         state = LoopState(run_id=run_id)
         if latest is not None:
             state = checkpoints.load(latest)
             await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
 
-        from agl_trainer.loop.serving import start_serving
+        from agl_trainer.run.serving import start_serving
 
         async def load_checkpointed(engine: Any) -> None:
             if latest is not None:
@@ -204,7 +144,7 @@ class Session:
 
         metrics = MetricsWriter(out, trackers=trackers)
         self._stack.callback(metrics.close)
-        tokenizer_pad = _pad_token_id(model_path)
+        tokenizer_pad = pad_token_id(model_path)
         self.loop = TrainingLoop(
             config.loop,
             schedule=schedule,
@@ -269,69 +209,6 @@ class Session:
         return secrets.token_hex(3)  # written once every part has started (see _start)
 
 
-def build_runner(
-    config: Config, endpoint: Endpoint, out: Path, on_exit: Any, reward_sink: Any
-) -> Any:
-    harness, loop = config.harness, config.loop
-    log_dir = Path(harness.log_dir) if harness.log_dir else out / "rollouts"
-    if harness.runner == "kubernetes":
-        from agl_trainer.runners.kubernetes import KubernetesRunner
-
-        return KubernetesRunner.from_config(config, endpoint, on_exit)  # harness.kubernetes.*
-    if harness.function is not None:
-        from agl_trainer.runners.workers import FunctionRunner
-
-        return FunctionRunner(
-            harness.function,
-            endpoint,
-            workers=harness.workers,
-            concurrency=loop.concurrency,
-            timeout_s=harness.timeout_s,
-            retries=harness.retries,
-            env=dict(harness.env),
-            on_exit=on_exit,
-            reward_sink=reward_sink,
-        )
-    from agl_trainer.runners.local import CommandRunner
-
-    return CommandRunner(
-        harness_argv(harness.command),  # type: ignore[arg-type]
-        endpoint,
-        concurrency=loop.concurrency,
-        timeout_s=harness.timeout_s,
-        retries=harness.retries,
-        log_dir=log_dir,
-        cwd=harness.cwd,
-        grader=harness_argv(harness.grader) if harness.grader else None,
-        on_exit=on_exit,
-        reward_sink=reward_sink,
-    )
-
-
-def build_validator(config: Config, runner: Any, data: Any, run_id: str, out: Path | None = None) -> Any:
-    """The validation rounds of loop.val_every on val_tasks (loop/validation.py); None when off.
-    With `out`, each round writes its receipts to OUTPUT_DIR/receipts (eval/rounds.py)."""
-    if config.loop.val_every <= 0 or config.val_tasks is None:
-        return None
-    import functools
-
-    from agl_trainer.config import read_val_tasks
-    from agl_trainer.eval.rounds import write_round_receipts
-    from agl_trainer.loop.validation import Validator
-
-    return Validator(
-        read_val_tasks(config.val_tasks),
-        runner=runner,
-        data=data,
-        run_id=run_id,
-        every=config.loop.val_every,
-        repeats=config.loop.val_repeats,
-        sampled=config.loop.val_sampled,
-        no_data_timeout_s=60.0 + config.loop.completion_grace_s,
-        on_round=functools.partial(write_round_receipts, config, out) if out is not None else None,
-    )
-
-
 def recover_groups(
     journal_path: Path, schedule: TaskSchedule, tasks: list[dict[str, Any]], data: Any, state: LoopState
 ) -> list[Group]:
@@ -364,15 +241,3 @@ def recover_groups(
                 group.states[rid] = Member.RUNNING  # died with the previous run: the loop relaunches it
         recovered.append(group)
     return recovered
-
-
-def _pad_token_id(model_path: str) -> int:
-    try:
-        config = json.loads((Path(model_path) / "tokenizer_config.json").read_text())
-        special = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return 0
-    pad = special.get("pad_token_id", special.get("eos_token_id", 0))
-    if isinstance(pad, list):
-        pad = pad[0]
-    return int(pad or 0) if config is not None else 0

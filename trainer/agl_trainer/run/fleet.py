@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarState
+from agl_trainer.loop.ports import SidecarState
+from agl_trainer.run.sidecar_client import SidecarAdmin
 from agl_trainer.runners.base import sidecar_index
 
 _SUMMED = (

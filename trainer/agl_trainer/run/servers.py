@@ -19,9 +19,10 @@ import httpx
 from agl import semconv
 
 from agl_trainer.config import Config
-from agl_trainer.loop.fleet import SidecarFleet
-from agl_trainer.loop.sidecar_client import SidecarAdmin, SidecarError, SidecarProcess
-from agl_trainer.loop.topology import Topology, format_headers
+from agl_trainer.run.fleet import SidecarFleet
+from agl_trainer.loop.ports import SidecarError
+from agl_trainer.run.sidecar_client import SidecarAdmin, SidecarProcess
+from agl_trainer.run.topology import Topology, format_headers
 from agl_trainer.runners.base import Endpoint
 
 
@@ -86,7 +87,7 @@ async def start_sidecars(
         targets = [(t.harness_url, t.harness_key) for t in topology.attached]
         return Sidecars(control, targets, topology)
 
-    from agl_trainer.loop.session import sidecar_config_file
+    from agl_trainer.run.build import sidecar_config_file
 
     listen = topology.sidecar_listen
     collector = topology.sidecar_otlp_endpoint

@@ -42,8 +42,8 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
-from agl_trainer.loop.offline_checks import VERSION_AHEAD, split, vocab_size_of
-from agl_trainer.loop.store_cursor import StoreCursor
+from agl_trainer.run.offline_checks import VERSION_AHEAD, split, vocab_size_of
+from agl_trainer.run.store_cursor import StoreCursor
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
 
@@ -140,16 +140,14 @@ class OfflineTrainer:
         (out / "config.yaml").write_text(dump_config(config))
         import torch
 
-        from agl_trainer.loop.session import _pad_token_id, build_backend
+        from agl_trainer.run.build import build_backend, pad_token_id
 
         torch.manual_seed(config.seed)
         # Late spans are what offline.quiet_s waits for: a rollout that ended is ready at once.
         store = RolloutStore(self.store_path, grace_s=0.0)
         stack.callback(store.close)
         backend = build_backend(config, str(config.model.path))
-        close_backend = getattr(backend, "close", None)
-        if close_backend is not None:
-            stack.callback(close_backend)
+        stack.callback(backend.close)
         state = LoopState(run_id=self._run_id(out))
         if latest is not None:
             state = checkpoints.load(latest)
@@ -157,7 +155,7 @@ class OfflineTrainer:
             if state.trained_since_previous:  # the crash came between the checkpoint and the marks
                 store.mark_trained([RolloutKey(r, a) for r, a in state.trained_since_previous], state.step)
         (out / RUN_FILE).write_text(json.dumps({"run_id": state.run_id, "from_store": str(self.store_path)}))
-        from agl_trainer.loop.dataplane import StoreDataPlane
+        from agl_trainer.run.dataplane import StoreDataPlane
         from agl_trainer.metrics import MetricsWriter
 
         data = StoreDataPlane(store, config.assembly)
@@ -165,7 +163,7 @@ class OfflineTrainer:
 
         metrics = MetricsWriter(out, trackers=start_trackers(config, out, kind="train"))
         stack.callback(metrics.close)
-        pad = _pad_token_id(str(config.model.path))
+        pad = pad_token_id(str(config.model.path))
         summary = OfflineSummary(steps=0, trained=0, output_dir=out)
         pending: list[RolloutKey] = []  # trained since the last checkpoint
         started = time.monotonic()
@@ -267,16 +265,16 @@ class OfflineTrainer:
 
     def _train(self, results: list[Any], backend: Any, pad: int, state: LoopState) -> dict[str, float]:
         from agl_trainer.batch import TrainingBatch
-        from agl_trainer.loop.core import _batch_metrics, _reward_metrics
+        from agl_trainer.loop.report import batch_metrics, number, reward_metrics
 
         started = time.monotonic()
         row: dict[str, float] = {"rollouts/trained": float(len(results))}
         batch = TrainingBatch.from_rollouts(results, pad)
         # The weights being trained: a token sampled by an older version is stale and importance-corrected.
         version = self._version(state)
-        row.update({k: float(v) for k, v in backend.train_step(batch, version).items() if _is_number(v)})
-        row.update(_batch_metrics(batch, version))
-        row.update(_reward_metrics([r.reward for r in results]))
+        row.update({k: float(v) for k, v in backend.train_step(batch, version).items() if number(v)})
+        row.update(batch_metrics(batch, version))
+        row.update(reward_metrics([r.reward for r in results]))
         row["time/step_s"] = time.monotonic() - started
         row["policy_version"] = float(state.policy_version + 1)
         return row
@@ -296,10 +294,6 @@ class OfflineTrainer:
         if path.exists():
             return str(json.loads(path.read_text())["run_id"])
         return secrets.token_hex(3)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or hasattr(value, "item")
 
 
 def train_from_store(config: Config, store_path: str | Path, *, resume: bool = False, quiet: bool = False) -> OfflineSummary:

@@ -1,0 +1,209 @@
+"""The rollouts in flight: which groups are launched, when complete groups make a batch, and what a
+rollout's end means for its group.
+
+    launch        a group of loop.group_size rollouts of the next task, journalled before any
+                  harness starts; async mode launches while in-flight rollouts stay under
+                  loop.concurrency and launched-but-untrained ones under (staleness + 1) batches
+    complete      a member whose harness exited is complete once the store says so; one that
+                  exited well but whose data never arrived is failed (no_data)
+    batch         complete groups, oldest first, once they hold loop.batch_rollouts; groups that
+                  would be too stale after the update (launched under v <= version - staleness) go
+                  into it: with stale_policy=wait the batch waits for them, with drop they are killed
+    retire        groups trained (or dropped) leave
+
+The loop (core.py) asks; this unit keeps the groups and the harness tasks and counts failures by
+cause. A harness that cannot be found at all ends the run through `on_fatal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agl_trainer.config import LoopConfig
+from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.ports import DataPlane
+from agl_trainer.loop.progress import LoopProgress
+from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
+from agl_trainer.store.records import RolloutKey
+
+log = logging.getLogger("agl.loop")
+
+NO_DATA_AFTER_EXIT_S = 60.0  # a harness exited well but the store never completed its rollout
+
+
+class InFlight:
+    def __init__(
+        self,
+        config: LoopConfig,
+        *,
+        schedule: TaskSchedule,
+        runner: Runner,
+        journal: GroupJournal,
+        data: DataPlane,
+        progress: LoopProgress,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self.config = config
+        self.schedule = schedule
+        self.runner = runner
+        self.journal = journal
+        self.data = data
+        self.progress = progress
+        self.on_fatal = on_fatal
+        self.groups: dict[int, Group] = {}  # launched, not yet trained or dropped
+        self.tasks: dict[str, asyncio.Task[RolloutOutcome]] = {}  # the harnesses running, by rollout id
+        self.failures: dict[str, int] = {}  # cause -> count, over the run
+
+    # --- launching -----------------------------------------------------------------------------
+    def launch(self, version: int) -> Group:
+        group = self.schedule.next_group(version)
+        self.journal.append(group)  # on disk before any harness starts
+        self.groups[group.index] = group
+        for spec in group.specs():
+            self._start(group, spec)
+        return group
+
+    def launch_what_fits(self, version: int) -> None:
+        size = self.config.group_size
+        cap = (self.config.staleness + 1) * self.config.batch_rollouts
+        while True:
+            untrained = sum(len(g.rollout_ids) for g in self.groups.values())
+            if self.running() + size > max(self.config.concurrency, size) or untrained + size > cap:
+                return
+            if self.config.stale_policy == "wait" and any(not g.done for g in self.must_wait_for(version)):
+                return  # groups that must be trained next are still running: more would only compete
+            self.launch(version)
+
+    def adopt(self, group: Group, version: int, step: int) -> None:
+        """Track a group launched before a restart; relaunch members that did not complete (under
+        new ids: the old ones may have partial data in the store)."""
+        self.groups[group.index] = group
+        relaunch = [rid for rid in group.rollout_ids if group.states.get(rid) is Member.RUNNING]
+        if not relaunch:
+            return
+        for rid in relaunch:
+            new_id = f"{rid}-r{step}"
+            group.rollout_ids[group.rollout_ids.index(rid)] = new_id
+            del group.states[rid]
+            group.states[new_id] = Member.RUNNING
+            self.data.mark_dropped([RolloutKey(rid, 0)], "relaunched after restart")
+        group.launched_version = min(group.launched_version, version)
+        self.journal.append(group)
+        for spec in group.specs():
+            if spec.rollout_id in relaunch or group.states.get(spec.rollout_id) is not Member.RUNNING:
+                continue
+            self._start(group, spec)
+
+    def running(self) -> int:
+        """Members whose harness runs, or exited and waits for the store."""
+        return sum(len(g.ids_in(Member.RUNNING, Member.EXITED)) for g in self.groups.values())
+
+    # --- batches -------------------------------------------------------------------------------
+    def must_wait_for(self, version: int) -> list[Group]:
+        """Groups that must be in the next batch: after the update they would be too stale."""
+        # Trained after this update (at version + 1 or later), a group launched under v lags by
+        # at least version + 1 - v: it must be trained now when that would exceed the bound.
+        return [g for g in self.groups.values() if g.launched_version <= version - self.config.staleness]
+
+    def ready_batch(self, version: int) -> list[Group] | None:
+        complete = sorted((g for g in self.groups.values() if g.done), key=lambda g: g.index)
+        ready = sum(len(g.rollout_ids) for g in complete)
+        self.progress.rollouts(min(ready, self.config.batch_rollouts), self.running())
+        if ready < self.config.batch_rollouts:
+            return None
+        must = self.must_wait_for(version)
+        if self.config.stale_policy == "wait" and any(not g.done for g in must):
+            return None
+        batch: list[Group] = []
+        count = 0
+        for group in complete:
+            if count >= self.config.batch_rollouts and group not in must:
+                continue
+            batch.append(group)
+            count += len(group.rollout_ids)
+        return batch
+
+    def trainable_keys(self, batch: list[Group]) -> list[RolloutKey]:
+        states = (Member.COMPLETE, Member.FAILED) if self.config.failed_rollouts == "zero" else (Member.COMPLETE,)
+        return [group.key(rid) for group in batch for rid in group.ids_in(*states)]
+
+    def retire(self, batch: list[Group]) -> None:
+        for group in batch:
+            self.groups.pop(group.index, None)
+
+    # --- ends ----------------------------------------------------------------------------------
+    def poll_completion(self) -> None:
+        waiting = {g.key(rid): (rid, g) for g in self.groups.values() for rid in g.ids_in(Member.EXITED)}
+        if not waiting:
+            return
+        complete = self.data.complete(list(waiting))
+        now = time.monotonic()
+        for key, (rid, group) in waiting.items():
+            if key in complete:
+                group.states[rid] = Member.COMPLETE
+            elif now - group.exited_at.get(rid, now) > NO_DATA_AFTER_EXIT_S + self.config.completion_grace_s:
+                group.states[rid] = Member.FAILED
+                self.count("no_data")
+                self.progress.log(f"agl: rollout {rid}: harness exited but no complete data arrived; skipped")
+
+    async def drop_stale(self, version: int, exclude: list[Group]) -> int:
+        """stale_policy=drop: kill groups that would exceed the bound after this update; how many rollouts."""
+        keep = {g.index for g in exclude}
+        dropped = 0
+        for group in [g for g in self.must_wait_for(version) if g.index not in keep and not g.done]:
+            for rid in group.rollout_ids:
+                task = self.tasks.get(rid)
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(self.tasks[r] for r in group.rollout_ids if r in self.tasks), return_exceptions=True)
+            for rid in group.rollout_ids:
+                if group.states.get(rid) not in DONE:
+                    group.states[rid] = Member.DROPPED
+            self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], "stale")
+            dropped += len(group.rollout_ids)
+            self.groups.pop(group.index, None)
+        return dropped
+
+    async def cancel_all(self) -> None:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
+
+    def count(self, cause: str) -> None:
+        self.failures[cause] = self.failures.get(cause, 0) + 1
+
+    def _start(self, group: Group, spec: Any) -> None:
+        task = asyncio.create_task(self.runner.run(spec), name=spec.rollout_id)
+        task.add_done_callback(lambda t, g=group: self._on_done(g, t))
+        self.tasks[spec.rollout_id] = task
+
+    def _on_done(self, group: Group, task: asyncio.Task[RolloutOutcome]) -> None:
+        rollout_id = task.get_name()
+        self.tasks.pop(rollout_id, None)
+        if task.cancelled():
+            group.states[rollout_id] = Member.DROPPED
+            return
+        error = task.exception()
+        if isinstance(error, HarnessNotFound):
+            self.on_fatal(error)  # no rollout can run: stop with the message
+            return
+        if error is not None:
+            log.error("runner failed on %s: %r", rollout_id, error)
+            group.states[rollout_id] = Member.FAILED
+            self.count(Cause.INFRA_ERROR.value)
+            return
+        outcome = task.result()
+        group.record_exit(outcome, time.monotonic())
+        if not outcome.ok:
+            self.count(outcome.cause.value)
+            self.progress.log(
+                f"agl: rollout {rollout_id} (task {group.task_id}) {outcome.cause.value}: {outcome.message}"
+                + (f" (log: {outcome.log_path})" if outcome.log_path else "")
+            )

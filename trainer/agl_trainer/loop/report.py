@@ -1,0 +1,68 @@
+"""What a training step reports beside the backend's metrics: its times, the staleness of what it
+trained and the rewards of its rollouts. Shared by the loop and `agl train --from-store`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from agl_trainer.batch import TrainingBatch
+
+
+@dataclass
+class StepTimes:
+    generating: float = 0.0
+    draining: float = 0.0
+    training: float = 0.0
+    syncing: float = 0.0
+    checkpoint: float = 0.0
+    idle: float = 0.0
+    canary: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        busy = max(0.0, self.generating - self.idle) + self.draining
+        wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint + self.canary
+        return {
+            "time/generating_s": self.generating,
+            "time/draining_s": self.draining,
+            "time/training_s": self.training,
+            "time/syncing_s": self.syncing,
+            "time/checkpoint_s": self.checkpoint,
+            "time/idle_s": self.idle,
+            "time/step_s": wall,
+            "engine/idle_fraction": 1.0 - busy / wall if wall > 0 else 0.0,
+        }
+
+
+def number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item")
+
+
+def batch_metrics(batch: TrainingBatch, version: int) -> dict[str, float]:
+    """Staleness of what was trained: how many trained tokens older weights generated."""
+    trained = batch.loss_mask > 0
+    versions = batch.policy_versions[trained]
+    if versions.numel() == 0:
+        return {}
+    lag = (version - versions).float()
+    return {
+        "staleness/max": float(lag.max()),
+        "staleness/mean": float(lag.mean()),
+        "staleness/stale_token_fraction": float((lag > 0).float().mean()),
+        "tokens/trained": float(trained.sum()),
+        "samples": float(batch.num_samples),
+    }
+
+
+def reward_metrics(rewards: list[float]) -> dict[str, float]:
+    """reward/* over the trained rollouts: the step's one source (the backends report none)."""
+    if not rewards:
+        return {}
+    mean = sum(rewards) / len(rewards)
+    return {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+        "reward/min": min(rewards),
+        "reward/max": max(rewards),
+    }
