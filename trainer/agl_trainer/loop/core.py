@@ -145,7 +145,10 @@ class TrainingLoop:
         self.inflight.adopt(group, self.version, self.state.step)
 
     def _end(self, reason: BaseException) -> None:
-        if self._exit is None:
+        """The first reason wins, but a stop request or an error outranks running out of time (which
+        would still measure the final policy)."""
+        current = self._exit
+        if current is None or (isinstance(current, StopTraining) and current.final_validation):
             self._exit = reason
 
     # --- the loop ----------------------------------------------------------------------------
@@ -170,7 +173,10 @@ class TrainingLoop:
         except StopTraining as stop:
             self.progress.log(f"agl: stopping: {stop}")
             if stop.final_validation:
-                await self._validate_final()
+                try:
+                    await self._validate_final()
+                except StopTraining as again:  # asked to stop during the final round: it is abandoned
+                    self.progress.log(f"agl: stopping: {again}")
         finally:
             sampler.cancel()
             await self.inflight.cancel_all()
