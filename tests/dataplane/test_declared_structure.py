@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import sqlite3
 
-from agl_trainer.assembly.assemble import DECLARED_OTHER_AGENT, DECLARED_THREAD_BROKEN, START_COMPACTION
+from agl_trainer.assembly.assemble import (
+    DECLARED_OTHER_AGENT,
+    DECLARED_THREAD_BROKEN,
+    START_COMPACTION,
+    START_DECLARED,
+)
 from agl_trainer.store import RolloutStore
 
 from tests.dataplane.test_tree_assembly import main_sub_compaction, run, with_attributes
@@ -62,6 +67,12 @@ def test_disagreements_with_the_declared_tree_are_reported_per_call(store):
         5: DECLARED_THREAD_BROKEN,
     }
     assert result.report.declared_tree_disagreements == 2 and result.report.compaction_calls == 0
+    # the declared tree wins: call 4 extends the sub-agent's call 2 but starts a sample of its own,
+    # no merge failure (it extends its prefix parent exactly)
+    assert placements[4].parent == 2 and placements[4].start == START_DECLARED and not placements[4].merged
+    assert 4 not in [f.call_seq for f in detail.merge_failures]
+    # samples: main 0-1-3, sub 2, call 4 alone, 5-6 (5 breaks the thread): 4 (3 when 4 joined sub's 2)
+    assert len(result.rollouts[0].samples) == 4
 
 
 def test_calls_that_declare_nothing_report_nothing(store):

@@ -14,6 +14,12 @@ branch) starts a new sample whose copy of the shared prefix is context (loss_mas
 tokens are trained once per rollout. A call that extends no earlier call starts a new sample; the
 break is classified against the earlier call sharing the longest common prefix (merge.py).
 A call whose response never reached the harness is not trained and is no one's parent.
+
+Where the harness declares its agents (agl.call.agent_id / parent_agent_id), the declared tree wins
+over the prefixes: a call joins a sample only along its own agent's thread (or, for an agent's first
+call, its parent agent's); one whose prefix parent is another agent's starts a new sample. Every
+call where the two trees disagree is reported (CallPlacement.declared), and a declared compaction
+starts a new sample of the same rollout.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ START_FIRST = "first"  # the rollout's first trained call
 START_BRANCH = "branch"  # extends a call whose sample an earlier child continues (retry, parallel branch)
 START_NO_PREFIX = "no_prefix"  # extends no earlier call (sub-agent, compaction, edit): see merge_failures
 START_COMPACTION = "compaction"  # the harness declared a compaction (agl.call.compaction): not a merge failure
+START_DECLARED = "declared_agent"  # extends another agent's call, which the declared tree says is not its thread
 
 # Where the prefix-built tree disagrees with the agents the harness declared (CallPlacement.declared).
 DECLARED_OTHER_AGENT = "prefix_parent_of_another_agent"  # extends a call of an agent neither its own nor its parent
@@ -276,8 +283,10 @@ def assemble_rollout(
         if call.agent_id is not None:
             placement.declared = _declared_disagreement(call, parent, usable, agents_seen)
             agents_seen.add(call.agent_id)
-        if call.compaction:  # the harness rewrote its context: a new sample, whatever it extends
-            placement.start = START_COMPACTION
+        if call.compaction or placement.declared == DECLARED_OTHER_AGENT:
+            # the harness rewrote its context, or the prefix joins this call to an agent that is
+            # neither its own nor the one that started it: the declared tree wins, a new sample
+            placement.start = START_COMPACTION if call.compaction else START_DECLARED
             sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
             built.append(current)
         elif parent is not None and parent not in continued:
