@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from agl_trainer.config import Config, ConfigError, harness_argv
+from agl_trainer.engines.base import InferenceEngine
+from agl_trainer.loop.ports import Backend
 from agl_trainer.run.settings import backend_settings, vllm_error, vllm_settings
 from agl_trainer.runners.base import Endpoint
 
 
-def build_backend(config: Config, model_path: str) -> Any:
+def build_backend(config: Config, model_path: str) -> Backend:
     """The training backend named by backend.name, validated (errors name the key)."""
     settings = backend_settings(config, model_path)
     if config.backend.name == "verl":
@@ -30,7 +32,8 @@ def build_backend(config: Config, model_path: str) -> Any:
     return TorchBackend(settings)
 
 
-def build_engine(config: Config, model_path: str) -> Any:
+def build_engine(config: Config, model_path: str) -> InferenceEngine:
+    """The inference engine named by engine.name (not started), validated (errors name the key)."""
     if config.engine.name == "embedded":
         from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
