@@ -1,6 +1,6 @@
 """The pieces several tests put together the same way: the real receiver and store with the real
 sidecar exporting to it in front of an engine (tests/e2e), and an `agl train` config of a small
-sync run of the demo tasks plus the flags a test is about (tests/loop/test_topology.py)."""
+sync run of the demo tasks plus the flags a test is about (tests/run/test_topology.py)."""
 
 from __future__ import annotations
 
