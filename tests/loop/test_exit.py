@@ -22,18 +22,18 @@ def loop(**config: Any) -> TrainingLoop:
 
 
 def test_out_of_time_is_raised_with_the_final_round_still_due() -> None:
-    ended = loop(max_train_s=5.0)
+    ended = loop(max_train_s=3600.0)  # an hour: no stall of the machine reaches it
     ended._check_stop()  # within the limit: nothing
-    ended._started = time.monotonic() - 10
+    ended._started = time.monotonic() - 7200  # two hours of training behind it
     ended._check_stop(clock=False)  # a validation round's own checks never look at the clock
-    with pytest.raises(StopTraining, match="max_train_s=5 reached") as raised:
+    with pytest.raises(StopTraining, match="max_train_s=3600 reached") as raised:
         ended._check_stop()
     assert raised.value.final_validation
 
 
 def test_a_stop_request_outranks_running_out_of_time_and_is_never_measured() -> None:
-    ended = loop(max_train_s=5.0)
-    ended._started = time.monotonic() - 10
+    ended = loop(max_train_s=3600.0)
+    ended._started = time.monotonic() - 7200
     with pytest.raises(StopTraining):
         ended._check_stop()
     ended.request_stop()  # Ctrl-C after the limit: no final round

@@ -101,6 +101,7 @@ async def _evaluate(
 ) -> EvalResult:  # fmt: skip
     from agl_trainer.run import topology as addresses
     from agl_trainer.run.serving import start_serving
+    from agl_trainer.loop.inflight import NO_DATA_AFTER_EXIT_S
     from agl_trainer.loop.validation import collect
 
     served = config.eval.model_url
@@ -125,7 +126,7 @@ async def _evaluate(
         ]
         if not quiet:
             print(f"agl eval: {len(tasks)} tasks x {k} attempts ({mode} sampling) -> {out}", flush=True)
-        no_data_timeout_s = 60.0 + config.loop.completion_grace_s
+        no_data_timeout_s = NO_DATA_AFTER_EXIT_S + config.loop.completion_grace_s
         launched = time.monotonic()
         ready: list[float] = []
         outcomes, by_id = await collect(

@@ -108,13 +108,11 @@ class TrainingLoop:
         self.validator = validator
         self.validation: list[dict[str, float]] = []
         self.schedule = schedule
-        self.runner = runner
         self.data = data
         self.backend = backend
         self.engine = engine
         self.sidecar = sidecar
         self.checkpoints = checkpoints
-        self.journal = journal
         self.state = state
         self.metrics = metrics
         self.progress = progress or LoopProgress(config.max_steps, config.batch_rollouts, enabled=False)

@@ -11,6 +11,7 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, harness_argv
 from agl_trainer.engines.base import InferenceEngine
+from agl_trainer.loop.inflight import NO_DATA_AFTER_EXIT_S
 from agl_trainer.loop.ports import Backend
 from agl_trainer.run.settings import backend_settings, vllm_error, vllm_settings
 from agl_trainer.runners.base import Endpoint
@@ -133,7 +134,7 @@ def build_validator(config: Config, runner: Any, data: Any, run_id: str, out: Pa
         every=config.loop.val_every,
         repeats=config.loop.val_repeats,
         sampled=config.loop.val_sampled,
-        no_data_timeout_s=60.0 + config.loop.completion_grace_s,
+        no_data_timeout_s=NO_DATA_AFTER_EXIT_S + config.loop.completion_grace_s,
         on_round=functools.partial(write_round_receipts, config, out) if out is not None else None,
     )
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
-from agl_trainer.run.offline_checks import VERSION_AHEAD, split, vocab_size_of
+from agl_trainer.run.offline_checks import VERSION_AHEAD, split
 from agl_trainer.run.store_cursor import StoreCursor
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
@@ -169,7 +169,7 @@ class OfflineTrainer:
         started = time.monotonic()
         loop = config.loop
         reader = StoreCursor(store, self.store_path)  # a step reads only what changed since the last
-        vocab = vocab_size_of(backend, str(config.model.path))
+        vocab = backend.vocab_size  # tokens outside it are set aside, not trained
         while state.step < loop.max_steps:
             if loop.max_train_s and time.monotonic() - started > loop.max_train_s:
                 break

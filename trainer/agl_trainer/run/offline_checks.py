@@ -50,18 +50,3 @@ def split(
         else:
             bad.setdefault(reason, []).append(RolloutKey(result.rollout_id, result.attempt))
     return good, bad
-
-
-def vocab_size_of(backend: object, model_path: str) -> int | None:
-    """The model's vocabulary: the backend's embedding rows, else config.json's vocab_size."""
-    size = getattr(backend, "vocab_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    import json
-    from pathlib import Path
-
-    try:
-        value = json.loads((Path(model_path) / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
