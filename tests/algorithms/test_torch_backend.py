@@ -174,6 +174,45 @@ def test_merged_or_split_rollout_gives_the_same_gradient(model_dir):
     torch.testing.assert_close(outcomes[0][1], outcomes[1][1], atol=1e-6, rtol=1e-4)
 
 
+def tied(batch: TrainingBatch) -> TrainingBatch:
+    """The same batch with every rollout's reward 0: every group tied, every advantage 0."""
+    return dataclasses.replace(batch, rollout_rewards=torch.zeros_like(batch.rollout_rewards))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "applied"),
+    [
+        (AlgorithmConfig(), False),  # no signal: the update is left out
+        (AlgorithmConfig(skip_zero_signal_updates=False), True),  # stepped anyway: momentum moves it
+        (AlgorithmConfig(entropy_coef=0.01), True),  # the entropy bonus has a gradient whatever the rewards
+    ],
+    ids=["skipped", "not-skipped", "entropy-bonus"],
+)
+def test_a_batch_with_no_signal_leaves_weights_and_optimizer_alone(model_dir, algorithm, applied):
+    """After a real step (AdamW holds momentum), a batch whose groups all tied has advantages 0 and a
+    gradient of exactly 0; stepping on it would still move the weights (momentum, weight decay)."""
+    backend = backend_for(model_dir, algorithm=algorithm, weight_decay=0.1)
+    backend.train_step(good_and_bad_batch(), 0)
+    weights = {name: tensor.clone() for name, tensor in backend.state_dict_for_engine().items()}
+    moments = [state["exp_avg"].clone() for state in backend.optimizer.state.values()]
+    metrics = backend.train_step(tied(good_and_bad_batch(1)), 1)
+    after = backend.state_dict_for_engine()
+    moved = max(float((after[name] - tensor).abs().max()) for name, tensor in weights.items())
+    states = list(backend.optimizer.state.values())
+    still = all(torch.equal(state["exp_avg"], m) for state, m in zip(states, moments, strict=True))
+    assert metrics["advantage/std"] == 0.0 and metrics["advantage/max"] == 0.0
+    assert metrics["policy_version"] == 2 and backend.step == 2  # the step counts either way
+    assert metrics["actor/entropy"] > 0 and metrics["agreement/lag0/tokens"] > 0  # measured either way
+    assert metrics["actor/zero_signal_updates"] == (0.0 if applied else 1.0)
+    if applied:
+        assert moved > 1e-4 and not still
+    else:
+        assert moved == 0.0 and still and metrics["actor/grad_norm"] == 0.0
+        assert backend.model.lm_head.weight.grad is None  # no backward ran
+    if algorithm.entropy_coef == 0:
+        assert metrics["actor/grad_norm"] == 0.0  # advantages 0: the policy loss has no gradient
+
+
 def test_checkpoint_resume_gives_identical_next_step(model_dir, tmp_path):
     config = {"lr": 2e-3, "warmup_steps": 2, "lr_schedule": "cosine", "total_steps": 10, "weight_decay": 0.01}
     batches = [random_batch(2, 3, seed=s) for s in range(3)]

@@ -217,3 +217,28 @@ def test_kl_to_the_reference_model_equals_the_torch_backend(local_ray, tiny_mode
     assert want["actor/ref_kl"] > 1e-6 and want["loss/kl"] > 0
     for key in ("loss/total", "loss/kl", "actor/ref_kl", "actor/grad_norm", "actor/grad_norm_max", "loss/pg"):
         assert got[key] == pytest.approx(want[key], abs=1e-5), key
+
+
+def test_a_batch_with_no_signal_is_left_out_as_in_the_torch_backend(local_ray, tiny_model):
+    """After a real step, a batch whose groups all tied (advantages 0, no entropy or KL term): the
+    verl workers measure it and leave the weights and AdamW's state alone, as the torch backend
+    does; the next real step then equals the torch backend's (the momentum was not spent)."""
+    config = training_config(tiny_model, algorithm=AlgorithmConfig(), lr=LR, weight_decay=0.1, eps=1e-4)
+    torch_backend = TorchBackend(config)
+    backend = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=1))
+    try:
+        batch = parity_batch()
+        tied = dataclasses.replace(batch, rollout_rewards=torch.zeros_like(batch.rollout_rewards))
+        for version, trained in enumerate([batch, tied, batch]):
+            if version == 1:
+                before = backend.state_dict_for_engine()
+            want = torch_backend.train_step(trained, policy_version=version)
+            got = backend.train_step(trained, policy_version=version)
+            assert want["actor/zero_signal_updates"] == (1.0 if version == 1 else 0.0)
+            _assert_same_update(backend, got, torch_backend, want)
+            if version == 1:
+                assert got["actor/grad_norm"] == 0.0 and got["actor/entropy"] > 0
+                for name, tensor in backend.state_dict_for_engine().items():
+                    assert torch.equal(tensor, before[name]), name
+    finally:
+        backend.close()

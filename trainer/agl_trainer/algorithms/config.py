@@ -32,6 +32,11 @@ class AlgorithmConfig:
     kl_coef: float = 0.0  # > 0 keeps a frozen reference model and adds coef * KL to the loss
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0  # > 0 adds a bonus -coef * entropy; entropy is always measured
+    # A mini-batch whose every trained token has advantage 0 (every group tied) and no KL or entropy
+    # term has a gradient of exactly 0; AdamW would still move the weights by its momentum and weight
+    # decay, carrying the policy on with no signal. True: such an update leaves the weights and the
+    # optimizer's state as they are (the step still counts); false: step anyway.
+    skip_zero_signal_updates: bool = True
     # Off-policy correction
     importance_cap: float = 2.0
     importance_scope: str = "stale"  # stale | all | off

@@ -50,6 +50,7 @@ def step_metrics(
         "actor/grad_norm_max": max(grad_norms, default=0.0),
         "actor/lr": float(lr),
         "actor/skipped_steps": float(skipped_steps),
+        "actor/zero_signal_updates": sums["zero_signal_updates"],  # this step's, left unapplied (no gradient)
         "importance/stale_token_frac": applied / tokens,
         "importance/mean": sums["is_weight_sum"] / applied if applied else 1.0,
         "importance/max": maxima["is_weight_max"] if applied else 1.0,

@@ -35,6 +35,7 @@ class StepPlan:
 class MiniBatch:
     samples: list[int]  # rows of the batch
     weights: torch.Tensor  # [N, T] each trained token's share of the mini-batch's loss
+    has_signal: bool  # False: the loss's gradient is exactly 0 (see AlgorithmConfig.skip_zero_signal_updates)
 
 
 def plan_step(
@@ -70,4 +71,12 @@ def mini_batches(
         mini_mask = plan.loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
         weights = token_weights(mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant)
         samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
-        yield MiniBatch(samples, weights)
+        yield MiniBatch(samples, weights, has_signal(weights, plan.token_advantages, algo))
+
+
+def has_signal(weights: torch.Tensor, token_advantages: torch.Tensor, algo: AlgorithmConfig) -> bool:
+    """Whether a mini-batch's loss can have a nonzero gradient: some trained token with a nonzero
+    advantage, or a KL or entropy term (those pull on every trained token whatever its advantage)."""
+    if algo.kl_coef > 0 or algo.entropy_coef > 0:
+        return True
+    return bool(((weights != 0) & (token_advantages != 0)).any())

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import dataclass
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,11 +138,13 @@ class TorchBackend:
         for epoch in range(self.config.ppo_epochs):
             for mini in mini_batches(batch, plan, algo, self.config.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
+                update = mini.has_signal or not algo.skip_zero_signal_updates
+                sums["zero_signal_updates"] += not update
                 for micro in self._plan(batch, lengths, mini.samples):
                     sums["micro_batches"] += 1
                     sums["real_positions"] += micro.num_tokens
                     sums["padded_positions"] += micro.num_positions - micro.num_tokens
-                    stats = self._forward_backward(micro, mini.weights, token_advantages, tokens)
+                    stats = self._forward_backward(micro, mini.weights, token_advantages, tokens, update)
                     for key, value in stats.items():
                         if epoch > 0 and key.startswith(AGREE):
                             continue  # the same tokens against the same pre-update log-probs: once
@@ -150,7 +152,7 @@ class TorchBackend:
                             maxima[key] = max(maxima[key], value)
                         else:
                             sums[key] += value
-                grad_norms.append(self._optimizer_step())
+                grad_norms.append(self._optimizer_step(update))
 
         lr = float(self.scheduler.get_last_lr()[0])
         elapsed = time.perf_counter() - started
@@ -158,14 +160,21 @@ class TorchBackend:
         return step_metrics(self.step, produced, self.skipped_steps, plan, sums, maxima, grad_norms, lr, elapsed)
 
     def _forward_backward(
-        self, micro: MicroBatch, weights: torch.Tensor, advantages: torch.Tensor, tokens: _TokenInputs
+        self,
+        micro: MicroBatch,
+        weights: torch.Tensor,
+        advantages: torch.Tensor,
+        tokens: _TokenInputs,
+        backward: bool = True,
     ) -> dict[str, float]:
+        """The micro-batch's loss and statistics; its gradient accumulates unless `backward` is False
+        (a zero-signal update: the forward still measures agreement and entropy)."""
         algo = self.config.algorithm
         w = micro.gather(weights)
         keep = trained_targets(w != 0)
         if keep is None:
             return {}
-        want_entropy_grad = algo.entropy_coef > 0
+        want_entropy_grad = algo.entropy_coef > 0 and backward
 
         def select(per_token: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
             return keep.select(micro.gather(per_token, fill=fill)).to(self.device)
@@ -173,7 +182,8 @@ class TorchBackend:
         def select_some(per_token: torch.Tensor | None) -> torch.Tensor | None:
             return None if per_token is None else select(per_token)
 
-        log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
+        with torch.set_grad_enabled(backward):
+            log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
@@ -190,27 +200,29 @@ class TorchBackend:
             ref_logprobs=ref,
         )
         out = micro_batch_loss(algo, log_prob, entropy, kept, tokens.version)
-        out.loss.backward()
+        if backward:
+            out.loss.backward()
         recording = time.perf_counter()
         flat = micro.source[keep.rows, keep.positions + 1]  # the kept tokens' places in the batch
         tokens.record.view(-1)[flat.cpu()] = out.before.detach().float().cpu()
         out.sums["agreement_s"] += time.perf_counter() - recording
         return {**out.sums, **out.maxima}
 
-    def _optimizer_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
-        else:
-            norm = (
-                torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))
-                if params
-                else torch.zeros(())
-            )
-        if torch.isfinite(norm):
-            self.optimizer.step()
-        else:  # a NaN/inf gradient would poison the weights and the AdamW state: skip, and report it
-            self.skipped_steps += 1
+    def _optimizer_step(self, apply: bool = True) -> float:
+        """Clip and step; returns the gradient norm. `apply` False (a zero-signal update: no backward
+        ran) leaves the weights and AdamW's state as they are. Either way the step counts, for the
+        learning-rate schedule too."""
+        norm = torch.zeros(())
+        if apply:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            if self.config.max_grad_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+            elif params:
+                norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))
+            if torch.isfinite(norm):
+                self.optimizer.step()
+            else:  # a NaN/inf gradient would poison the weights and the AdamW state: skip, and report it
+                self.skipped_steps += 1
         self.scheduler.step()
         self.step += 1
         return float(norm)

@@ -131,7 +131,11 @@ class VerlBackend:
         for epoch in range(t.ppo_epochs):
             for mini in mini_batches(batch, plan, algo, t.num_mini_batches):
                 sent = {**per_token, "weights": mini.weights}
-                results, _, wall = self._call("agl_train", batch, lengths, mini.samples, sent, policy_version)
+                apply = mini.has_signal or not algo.skip_zero_signal_updates
+                sums["zero_signal_updates"] += not apply
+                results, _, wall = self._call(
+                    "agl_train", batch, lengths, mini.samples, sent, policy_version, apply
+                )
                 dispatch_s += wall - max(r["compute_s"] for r in results)
                 worker_cpu_s += results[0]["compute_cpu_s"]
                 first = results[0]
@@ -162,9 +166,11 @@ class VerlBackend:
         samples: list[int],
         per_token: dict[str, torch.Tensor] | None,
         current_version: int | None = None,
+        apply: bool = True,
     ) -> tuple[list[Any], list[list[int]], float]:
         """Deal `samples` to the DP ranks and call `method` on every worker; returns the answer of each
-        DP rank, the rows each DP rank got, and the call's wall seconds."""
+        DP rank, the rows each DP rank got, and the call's wall seconds. `apply` False: a training call
+        measures and leaves the weights and the optimizer as they are (a zero-signal update)."""
         dealt = deal_rows(samples, lengths, self.dp_size)
         longest = max((int(lengths[s]) for s in samples), default=1)
         budget = max(self.training.micro_batch_tokens, longest)
@@ -173,6 +179,7 @@ class VerlBackend:
         for rows, counts in zip(parts, micro_rows, strict=True):
             sent = payload(batch, lengths, rows, per_token=per_token, current_version=current_version)
             sent["micro_rows"] = counts
+            sent["apply"] = apply
             by_dp.append(sent)
         args = [by_dp[int(info["dp_rank"])] for info in self.ranks]
         started = time.perf_counter()

@@ -231,11 +231,12 @@ class AglTrainingWorker(TrainingWorker):
         started, started_cpu = time.perf_counter(), time.process_time()
         self._sums, self._maxima = defaultdict(float), defaultdict(float)
         self._current_version = int(payload["current_version"])
+        apply = bool(payload["apply"])  # False: a zero-signal update (step_plan.has_signal): measure, no step
         with self.engine.train_mode():
             self.engine.optimizer_zero_grad()
             for data in self._micro_batches(payload, train=True):  # gradients accumulate
-                self.engine.forward_backward_batch(data, loss_function=self._agl_loss, forward_only=False)
-            grad_norm = float(self.engine.optimizer_step())  # clip, then step unless non-finite
+                self.engine.forward_backward_batch(data, loss_function=self._agl_loss, forward_only=not apply)
+            grad_norm = float(self.engine.optimizer_step()) if apply else 0.0  # clip, step unless non-finite
         lr = float(self.engine.lr_scheduler.get_last_lr()[0])  # the rate this step used
         self.engine.lr_scheduler_step()
         sums = self._reduce(self._sums, torch.distributed.ReduceOp.SUM)
