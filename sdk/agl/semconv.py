@@ -135,10 +135,12 @@ REWARD_NAME: Final = "agl.reward.name"  # str; the trainer trains on DEFAULT_REW
 DEFAULT_REWARD_NAME: Final = "reward"
 
 # --- OpenTelemetry GenAI evaluation results, read as rewards (docs/spans.md "Rewards") ----------
-# A span named gen_ai.evaluation.result (the GenAI semconv's event, as instrumentations that emit it
-# as a zero-length span do) carrying agl.rollout.id is a reward: its name is gen_ai.evaluation.name,
+# The GenAI semconv's event gen_ai.evaluation.result, carrying agl.rollout.id, is a reward: as an
+# OTLP log record (POST /v1/logs; the record's event_name, or its EVENT_NAME attribute) or as a span
+# of that name (as instrumentations without log events emit it). Its name is gen_ai.evaluation.name,
 # its value gen_ai.evaluation.score.value, else the label mapped by EVALUATION_LABELS.
 SPAN_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"
+EVENT_NAME: Final = "event.name"  # a log record's attribute naming its event (before LogRecord.event_name)
 EVALUATION_NAME: Final = "gen_ai.evaluation.name"  # str, required
 EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"  # double
 EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"  # str

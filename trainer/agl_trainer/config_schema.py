@@ -227,7 +227,8 @@ class ReceiverSection(_Section):
         _doc("the URL sidecars and SDKs send spans to (required when listen is a wildcard address)"),
     ] = None
     auth: Annotated[
-        bool | Literal["auto"], _doc("bearer token on /v1/traces (true/false; auto: on when not on loopback)")
+        bool | Literal["auto"],
+        _doc("bearer token on /v1/traces and /v1/logs (true/false; auto: on when not on loopback)"),
     ] = "auto"
     token_env: Annotated[
         str | None, _doc("environment variable holding the receiver's token (default AGL_RECEIVER_TOKEN, else generated)")

@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run the trainer's OTLP receiver on its own: spans sent to POST /v1/traces (protobuf or JSON,"
             " gzip) or OTLP/gRPC are stored in the SQLite rollout store, each batch committed before it is"
-            " acknowledged. Point the sidecar (or a collector) at the printed URL. Inspect with `agl traces`."
+            " acknowledged. Log records sent to POST /v1/logs (or the gRPC LogsService) are read for one event,"
+            " gen_ai.evaluation.result (a reward; docs/spans.md); others are ignored. Point the sidecar"
+            " (or a collector) at the printed URL. Inspect with `agl traces`."
         ),
         epilog="example: agl receive --store runs/traces.db --listen 0.0.0.0:4318 --grpc-listen 0.0.0.0:4317",
     )

@@ -1,4 +1,4 @@
-"""An OTLP request body (any encoding, maybe gzip) -> contract-checked records."""
+"""An OTLP request body (traces or logs, any encoding, maybe gzip) -> contract-checked records."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Final
 import msgspec
 
 from agl_trainer.receiver.contract import Record, classify
-from agl_trainer.receiver.wire import DecodeError, decode_json, decode_protobuf
+from agl_trainer.receiver.otlp_logs import decode_logs_json, decode_logs_protobuf, evaluation_spans
+from agl_trainer.receiver.wire import DecodeError, RawSpan, decode_json, decode_protobuf
 
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
@@ -20,8 +21,9 @@ class PayloadTooLarge(ValueError):
 
 class DecodedBatch(msgspec.Struct):
     records: list[Record]
-    spans: int  # every span in the request, foreign ones included
+    spans: int  # every span in the request, foreign ones included (of a logs request: its evaluation results)
     foreign: int  # spans that are not agl's, ignored
+    log_records: int = 0  # of a logs request: every record (those not evaluation results are ignored)
 
 
 def media_type(content_type: str | None) -> str | None:
@@ -108,7 +110,17 @@ class _Buffer:
 
 def decode_body(body: bytes, media: str) -> DecodedBatch:
     """Decode an uncompressed ExportTraceServiceRequest and classify its spans."""
-    raw = decode_json(body) if media == JSON else decode_protobuf(body)
+    return _classified(decode_json(body) if media == JSON else decode_protobuf(body))
+
+
+def decode_logs_body(body: bytes, media: str) -> DecodedBatch:
+    """Decode an uncompressed ExportLogsServiceRequest; its evaluation results are classified as spans."""
+    log_records = decode_logs_json(body) if media == JSON else decode_logs_protobuf(body)
+    batch = _classified(evaluation_spans(log_records))
+    return msgspec.structs.replace(batch, log_records=len(log_records))
+
+
+def _classified(raw: list[RawSpan]) -> DecodedBatch:
     records: list[Record] = []
     foreign = 0
     for span in raw:

@@ -1,4 +1,4 @@
-"""`Receiver`: the trainer's OTLP endpoint (HTTP protobuf/JSON on /v1/traces, and gRPC).
+"""`Receiver`: the trainer's OTLP endpoint (HTTP protobuf/JSON on /v1/traces and /v1/logs, and gRPC).
 
     receiver = Receiver("runs/x/rollouts.db", ReceiverConfig(port=0, grpc_port=0)).start()
     receiver.url           # http://127.0.0.1:PORT (an OTLP/HTTP base URL; POST /v1/traces)
@@ -8,6 +8,8 @@
 
 It runs on its own thread and event loop, so a synchronous training loop can own one. A request is
 answered 200 only after its spans are committed to the store (see RolloutStore for durability).
+Logs carry one thing agl reads: the GenAI semconv's `gen_ai.evaluation.result` event, a reward
+(otlp_logs.py); every other log record is acknowledged and ignored.
 Also served: GET /stats (JSON), GET /metrics (Prometheus), GET /healthz.
 """
 
@@ -19,7 +21,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import msgspec
 
@@ -29,6 +31,7 @@ from agl_trainer.receiver.payload import (
     DecodedBatch,
     PayloadTooLarge,
     decode_body,
+    decode_logs_body,
     decompress,
     media_type,
 )
@@ -41,7 +44,9 @@ from agl_trainer.store.rollout_store import RolloutStore
 log = logging.getLogger("agl.receiver")
 
 TRACES_PATH = "/v1/traces"
+LOGS_PATH = "/v1/logs"
 GRPC_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+GRPC_LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 MiB = 1 << 20
 LINGER_S = 1.0
 BODIES_AT_ONCE = 4  # request bodies of the largest size held at once (smaller ones: more)
@@ -132,10 +137,10 @@ class Receiver:
         return self._counter.snapshot()
 
     # --- shared ingest path -------------------------------------------------------------------
-    def _decode(self, body: bytes, media: str, encoding: str | None) -> DecodedBatch:
+    def _decode(self, body: bytes, media: str, encoding: str | None, logs: bool = False) -> DecodedBatch:
         try:
             plain = decompress(body, encoding, self.config.max_decompressed_bytes)
-            return decode_body(plain, media)
+            return decode_logs_body(plain, media) if logs else decode_body(plain, media)
         except PayloadTooLarge as error:
             raise RequestRefused(413, "too_large", str(error)) from None
         except DecodeError as error:
@@ -150,6 +155,7 @@ class Receiver:
         self._counter.accepted(
             batch.spans, batch.foreign, result.stored, result.duplicates, result.tokens, result.violations
         )
+        self._counter.log_records(batch.log_records)
         for reason, count in result.violations.items():
             seen = self._warned.get(reason, 0)
             self._warned[reason] = seen + count
@@ -193,6 +199,7 @@ class Receiver:
         self._deadline = HeaderDeadline(self.config.header_timeout_s, lambda: self._counter.refused("header_timeout"))
         app = web.Application(client_max_size=self.config.max_request_bytes, middlewares=[self._deadline.middleware()])
         app.router.add_post(TRACES_PATH, self._http_export)
+        app.router.add_post(LOGS_PATH, self._http_export_logs)
         app.router.add_get("/stats", self._http_stats)
         app.router.add_get("/metrics", self._http_metrics)
         app.router.add_get("/healthz", self._http_health)
@@ -212,14 +219,20 @@ class Receiver:
         self.url = f"http://{shown}:{port}"
 
     async def _http_export(self, request):
+        return await self._held_export(request, logs=False)
+
+    async def _http_export_logs(self, request):
+        return await self._held_export(request, logs=True)
+
+    async def _held_export(self, request, logs: bool):
         held: list[int] = []  # body bytes reserved from the budget, given back once answered
         try:
-            return await self._export(request, held)
+            return await self._export(request, held, logs)
         finally:
             if held:
                 self._bodies.give(held[0])
 
-    async def _export(self, request, held: list[int]):
+    async def _export(self, request, held: list[int], logs: bool):
         from aiohttp import web
 
         media = media_type(request.headers.get("content-type"))
@@ -254,7 +267,7 @@ class Receiver:
             self._counter.request(len(body))
             loop = asyncio.get_running_loop()
             batch = await loop.run_in_executor(
-                self._decoders, self._decode, body, media, request.headers.get("content-encoding")
+                self._decoders, self._decode, body, media, request.headers.get("content-encoding"), logs
             )
             try:
                 result = await asyncio.wrap_future(self._writer.submit(batch.records))
@@ -274,7 +287,7 @@ class Receiver:
             return response
         self._account(batch, result)
         rejected = sum(result.violations.values())
-        return web.Response(body=_export_response(media, rejected, result), content_type=media or JSON)
+        return web.Response(body=_export_response(media, rejected, result, logs), content_type=media or JSON)
 
     async def _read_body(self, request) -> bytearray:
         """The body into one buffer of its announced size (aiohttp's read() holds it twice)."""
@@ -322,11 +335,17 @@ class Receiver:
         server = grpc.server(
             ThreadPoolExecutor(max_workers=8, thread_name_prefix="agl-grpc"), options=options
         )
-        handler = grpc.unary_unary_rpc_method_handler(
+        traces = grpc.unary_unary_rpc_method_handler(
             self._grpc_export, request_deserializer=None, response_serializer=None
         )
+        logs = grpc.unary_unary_rpc_method_handler(
+            self._grpc_export_logs, request_deserializer=None, response_serializer=None
+        )
         server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": handler}),)
+            (
+                grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": traces}),
+                grpc.method_handlers_generic_handler(GRPC_LOGS_SERVICE, {"Export": logs}),
+            )
         )
         port = server.add_insecure_port(f"{self.config.grpc_host}:{self.config.grpc_port}")
         if port == 0:
@@ -335,7 +354,10 @@ class Receiver:
         self._grpc = server
         self.grpc_address = f"{self.config.grpc_host}:{port}"
 
-    def _grpc_export(self, body: bytes, context) -> bytes:
+    def _grpc_export_logs(self, body: bytes, context) -> bytes:
+        return self._grpc_export(body, context, logs=True)
+
+    def _grpc_export(self, body: bytes, context, logs: bool = False) -> bytes:
         import grpc
 
         codes = {
@@ -348,7 +370,7 @@ class Receiver:
             metadata = dict(context.invocation_metadata())
             self._check_token(metadata.get("authorization"))
             self._counter.request(len(body))
-            batch = self._decode(body, "application/x-protobuf", None)
+            batch = self._decode(body, "application/x-protobuf", None, logs)
             try:
                 result = self._writer.submit(batch.records).result()
             except Exception as error:  # noqa: BLE001 (any store failure is a retryable UNAVAILABLE)
@@ -358,7 +380,7 @@ class Receiver:
             context.abort(codes[refused.status], refused.message)
             raise  # abort raises; this keeps type checkers calm
         self._account(batch, result)
-        return _export_response("application/x-protobuf", sum(result.violations.values()), result)
+        return _export_response("application/x-protobuf", sum(result.violations.values()), result, logs)
 
 
 def _header_bytes(value: str) -> bytes:
@@ -370,21 +392,30 @@ def _header_bytes(value: str) -> bytes:
 _GRPC_CODES = {400: 3, 401: 16, 408: 4, 413: 8, 415: 3, 503: 14}  # google.rpc.Code for the JSON error body
 
 
-def _export_response(media: str, rejected: int, result: WriteResult) -> bytes:
+def _export_response(media: str, rejected: int, result: WriteResult, logs: bool = False) -> bytes:
+    """An Export*ServiceResponse: empty, or a partial success naming what was rejected and why."""
     message = ""
     if rejected:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(result.violations.items()))
-        message = f"{rejected} span(s) break the agl span contract and will not be trained on ({reasons})"
+        what = "evaluation result(s)" if logs else "span(s)"
+        message = f"{rejected} {what} break the agl span contract and will not be trained on ({reasons})"
     if media == JSON:
         if not rejected:
             return b"{}"
-        return msgspec.json.encode(
-            {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}}
-        )
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+        key = "rejectedLogRecords" if logs else "rejectedSpans"
+        return msgspec.json.encode({"partialSuccess": {key: str(rejected), "errorMessage": message}})
+    if logs:
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
-    response = ExportTraceServiceResponse()
+        response: Any = ExportLogsServiceResponse()
+        if rejected:
+            response.partial_success.rejected_log_records = rejected
+    else:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        response = ExportTraceServiceResponse()
+        if rejected:
+            response.partial_success.rejected_spans = rejected
     if rejected:
-        response.partial_success.rejected_spans = rejected
         response.partial_success.error_message = message
     return response.SerializeToString()

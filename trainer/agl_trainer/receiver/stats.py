@@ -18,6 +18,7 @@ class ReceiverStats(msgspec.Struct):
     violations: dict[str, int] = {}  # spans that break the contract, by reason (kept, not trained)
     tokens: int = 0
     bytes: int = 0
+    log_records: int = 0  # OTLP log records received; only evaluation results are read (as spans)
 
 
 class StatsCounter:
@@ -49,6 +50,10 @@ class StatsCounter:
             s.tokens += tokens
             for reason, count in violations.items():
                 s.violations[reason] = s.violations.get(reason, 0) + count
+
+    def log_records(self, count: int) -> None:
+        with self._lock:
+            self._stats.log_records += count
 
     def snapshot(self) -> ReceiverStats:
         with self._lock:
@@ -89,4 +94,9 @@ def prometheus(stats: ReceiverStats) -> str:
     )
     counter("agl_receiver_tokens_total", "Token IDs stored (prompt and completion).", stats.tokens)
     counter("agl_receiver_bytes_total", "Request body bytes received (as sent).", stats.bytes)
+    counter(
+        "agl_receiver_log_records_total",
+        "OTLP log records received (evaluation results among them are counted as spans too).",
+        stats.log_records,
+    )
     return "\n".join(lines) + "\n"
