@@ -5,9 +5,11 @@
 Over loopback, in one run: a fake vLLM upstream (testing/agl_testing/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
 written below: forwards, asks for token IDs, reads and strips them); agl-sidecar (exporting spans to an
-OTLP receiver). Prompts of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets
-are interleaved in small blocks, since a call right after a slow one runs slow on a shared machine.
-Prints added p50/p99 latency against direct, throughput, RSS and the ratios against the floor.
+OTLP receiver); "agl-declared", the same sidecar called with the structure a harness declares
+(Claude Code's agent-id headers, a W3C traceparent and baggage), which it validates and records. Prompts
+of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets are interleaved in small
+blocks, since a call right after a slow one runs slow on a shared machine. Prints added p50/p99 latency
+against direct, throughput, RSS, the ratios against the floor, and declared structure's cost.
 
 With --peers, real peer proxies join the same interleaved blocks: the litellm proxy (one worker, the
 model routed to the fake vLLM as hosted_vllm, the client asking for token IDs as it does direct) and
@@ -34,6 +36,13 @@ from _load import JSON, free_port, pct, run_block, wait_up
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# What a harness such as Claude Code declares on each call: a sub-agent under the main agent, in a trace.
+DECLARED = {
+    "x-claude-code-agent-id": "agent-7f3a9c21",
+    "x-claude-code-parent-agent-id": "main",
+    "traceparent": "00-5b8efff798038103d269b633813fc60c-eee19b7ec3c1b173-01",
+    "baggage": "agl.rollout.id=bench-1,agl.task.id=t-1",
+}
 
 FAKE = """
 import sys, asyncio, uvloop
@@ -143,6 +152,24 @@ def unique_text(chars: int, seed: int) -> str:
     return " ".join(words)[:chars]
 
 
+def declared_structure_cpu_us() -> tuple[float, float]:
+    """CPU microseconds a call spends reading its identity (calls/attribution.resolve), without and
+    with declared structure (best of 5 rounds, so other load hardly moves it)."""
+    import timeit
+
+    from agl_sidecar.calls.attribution import resolve
+
+    plain = {"content-type": "application/json", "x-agl-rollout-id": "bench-1", "authorization": "Bearer x"}
+    declared = {**plain, **DECLARED}
+    rounds = 20_000
+
+    def best(headers: dict[str, str]) -> float:
+        timer = timeit.Timer(lambda: resolve(headers, None, None, {}))
+        return min(timer.repeat(5, rounds)) / rounds * 1e6
+
+    return best(plain), best(declared)
+
+
 async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: int | None = None) -> None:
     import aiohttp
     import msgspec
@@ -188,14 +215,16 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
             await wait_up(f"http://127.0.0.1:{quiet_port}/healthz", session)
             idle_rss = rss_mb(sidecar.pid)
             cpu_before = {name: cpu_s(p.pid) for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar))}
-            calls_made = {"floor": 0, "agl-sidecar": 0}
+            calls_made = {"floor": 0, "agl-sidecar": 0, "agl-declared": 0}
             targets = {
                 "direct": upstream + "/v1/chat/completions",
                 "floor": f"http://127.0.0.1:{floor_port}/v1/chat/completions",
                 "agl-sidecar": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
                 "agl-noexport": f"http://127.0.0.1:{quiet_port}/v1/chat/completions",
+                "agl-declared": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
             }
             headers = {name: JSON for name in targets}
+            headers["agl-declared"] = {**JSON, **DECLARED}
             for peer in peers:
                 targets[peer.name] = peer.chat_url
                 headers[peer.name] = {**JSON, **peer.headers}
@@ -229,7 +258,7 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
                         if with_ids:
                             plain = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
                         bodies[name].append(msgspec.json.encode(plain))
-                bodies["agl-sidecar"] = bodies["agl-noexport"] = bodies["floor"]
+                bodies["agl-sidecar"] = bodies["agl-noexport"] = bodies["agl-declared"] = bodies["floor"]
                 # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
                 bodies["litellm"] = bodies["direct"]
                 bodies["agentlightning"] = bodies["floor"]
@@ -267,6 +296,9 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
                 target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
                 print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
                       f"{agl_rps / floor_rps:.0%} ({target})")
+                declared_added, declared_rps = added["agl-declared"]
+                print(f"{'':<24}=> declared structure: added p50 {(declared_added - agl_added) * 1e3:+.2f} ms, "
+                      f"throughput {declared_rps / agl_rps:.0%} of agl-sidecar's")
                 for peer in peers:
                     if peer.name not in added:
                         continue
@@ -277,9 +309,16 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
                           f"{peer_rps / floor_rps:.0%}; agl-sidecar vs {peer.name}: added p50 {vs_peer:.2f}x, "
                           f"throughput {agl_rps / peer_rps:.2f}x")
             busy_rss = rss_mb(sidecar.pid)
+            per_call_ms = {}
             for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar)):
                 used = cpu_s(p.pid) - cpu_before[name]
-                print(f"CPU per call, whole run: {name} {used / max(calls_made[name], 1) * 1e3:.3f} ms")
+                calls = calls_made[name] + (calls_made["agl-declared"] if name == "agl-sidecar" else 0)
+                per_call_ms[name] = used / max(calls, 1) * 1e3
+                print(f"CPU per call, whole run: {name} {per_call_ms[name]:.3f} ms")
+            plain_us, declared_us = declared_structure_cpu_us()
+            print(f"reading a call's identity (attribution.resolve, in process): {plain_us:.2f} us plain, "
+                  f"{declared_us:.2f} us with declared structure (+{declared_us - plain_us:.2f} us = "
+                  f"{(declared_us - plain_us) / (per_call_ms['agl-sidecar'] * 1e3):.2%} of the sidecar's CPU per call)")
             for peer in peers:
                 used = _peers.tree_cpu_s(peer.proc.pid) - cpu_before[peer.name]
                 print(f"CPU per call, whole run: {peer.name} {used / max(calls_made[peer.name], 1) * 1e3:.3f} ms")
