@@ -5,21 +5,17 @@ from __future__ import annotations
 import gzip
 import re
 import signal
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
 from agl_trainer.store import RolloutStore
 
 from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
-from tests.dataplane.processes import AGL, URL_LINE
-from tests.support.ports import free_port
+from tests.dataplane.processes import AGL, URL_LINE, start_rotel
 from tests.support.waiting import wait_until
 
-ROTEL = Path(sys.executable).parent.parent / "lib" / "python3.11" / "site-packages" / "rotel" / "rotel-agent"
 GRPC_LINE = re.compile(r"OTLP/gRPC on (\S+)")
 
 
@@ -51,40 +47,8 @@ def test_spans_through_rotel_into_agl_receive(tmp_path, protocol):
     try:
         http_url = URL_LINE.search(receiver.stdout.readline()).group(1)
         grpc_address = GRPC_LINE.search(receiver.stdout.readline()).group(1)
-        http_port = free_port()
         target = f"http://{grpc_address}" if protocol == "grpc" else http_url
-        log = open(tmp_path / "rotel.log", "wb")  # noqa: SIM115 (the child writes it)
-        collector = subprocess.Popen(
-            [
-                str(ROTEL),
-                "start",
-                "--otlp-http-endpoint",
-                f"127.0.0.1:{http_port}",
-                "--otlp-grpc-endpoint",
-                f"127.0.0.1:{free_port()}",
-                "--exporter",
-                "otlp",
-                "--otlp-exporter-endpoint",
-                target,
-                "--otlp-exporter-protocol",
-                protocol,
-                "--batch-timeout",
-                "50ms",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-
-        def collector_up() -> bool:
-            assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", http_port), 0.2).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(collector_up, "rotel-agent to listen", timeout=60.0)
+        collector, http_port, _ = start_rotel(tmp_path, target, protocol)
         prompt = list(range(1000, 5000))  # a long prompt: thousands of AnyValues through the collector
         spans = [
             call_span("via-rotel", 0, prompt, [7, 8, 9]),

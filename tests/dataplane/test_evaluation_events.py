@@ -8,7 +8,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +30,9 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from tests.dataplane.otlp import any_value, call_span, request, rollout_span
-from tests.dataplane.processes import AGL, URL_LINE
-from tests.dataplane.test_collector import GRPC_LINE, ROTEL
+from tests.dataplane.processes import AGL, URL_LINE, start_rotel
+from tests.dataplane.test_collector import GRPC_LINE
 from tests.dataplane.test_receiver_fuzz import assert_storable, mutated
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 T0 = 1_700_000_000_000_000_000
@@ -231,26 +229,7 @@ def test_evaluation_event_through_rotel_lands_on_its_rollout(tmp_path: Path, pro
         http_url = URL_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
         grpc_address = GRPC_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
         target = f"http://{grpc_address}" if protocol == "grpc" else http_url
-        http_port = free_port()
-        log = open(tmp_path / "rotel.log", "wb")  # noqa: SIM115 (the child writes it)
-        collector = subprocess.Popen(
-            [str(ROTEL), "start", "--otlp-http-endpoint", f"127.0.0.1:{http_port}", "--otlp-grpc-endpoint",
-             f"127.0.0.1:{free_port()}", "--exporter", "otlp", "--otlp-exporter-endpoint", target,
-             "--otlp-exporter-protocol", protocol, "--batch-timeout", "50ms"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        log.close()
-
-        def collector_up() -> bool:
-            assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", http_port), 0.2).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(collector_up, "rotel-agent to listen", timeout=60.0)
+        collector, http_port, _ = start_rotel(tmp_path, target, protocol)
         spans = request([call_span("evented", 0, [1, 2, 3], [4, 5]), rollout_span("evented")])
         reply = httpx.post(
             f"http://127.0.0.1:{http_port}/v1/traces", content=spans.SerializeToString(), timeout=30,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +19,7 @@ from agl_trainer.store import RolloutStore
 from agl_trainer.store.records import RewardSpan, Violation
 
 from tests.dataplane.otlp import call_span, request, reward_span, rollout_span, span
-from tests.dataplane.processes import AGL, URL_LINE
-from tests.dataplane.test_collector import ROTEL
-from tests.support.ports import free_port
+from tests.dataplane.processes import AGL, URL_LINE, start_rotel
 from tests.support.waiting import wait_until
 
 
@@ -79,26 +76,7 @@ def test_evaluation_result_through_rotel_lands_on_its_rollout(tmp_path: Path) ->
     collector = None
     try:
         http_url = URL_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
-        http_port = free_port()
-        log = open(tmp_path / "rotel.log", "wb")  # noqa: SIM115 (the child writes it)
-        collector = subprocess.Popen(
-            [str(ROTEL), "start", "--otlp-http-endpoint", f"127.0.0.1:{http_port}", "--otlp-grpc-endpoint",
-             f"127.0.0.1:{free_port()}", "--exporter", "otlp", "--otlp-exporter-endpoint", http_url,
-             "--otlp-exporter-protocol", "http", "--batch-timeout", "50ms"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        log.close()
-
-        def collector_up() -> bool:
-            assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", http_port), 0.2).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(collector_up, "rotel-agent to listen", timeout=60.0)
+        collector, http_port, _ = start_rotel(tmp_path, http_url, "http")
         start = 1_700_000_000_000_000_000
         spans = [
             call_span("graded", 0, [1, 2, 3], [4, 5]),

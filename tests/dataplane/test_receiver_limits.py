@@ -18,7 +18,6 @@ from agl_trainer.receiver import Receiver, ReceiverConfig
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from tests.dataplane.otlp import any_value, call_span, request, reward_span, rollout_span
-from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

@@ -4,18 +4,15 @@ the collector; the receiver is just the OTLP endpoint the collector exports to."
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
-
 from agl_trainer.config import load_config
 from agl_trainer.store import RolloutStore
-from tests.dataplane.test_collector import ROTEL
+
+from tests.dataplane.processes import start_rotel
 from tests.loop.test_loop import run_session, write_tasks
 from tests.support.ports import free_port
-from tests.support.waiting import wait_until
 
 
 @pytest.mark.slow
@@ -24,35 +21,14 @@ def test_training_with_spans_through_an_external_collector(tmp_path: Path, monke
     from examples.demo.task import make_tasks
 
     model = build_demo_model(tmp_path / "tiny", seed=0)
-    receiver_port, collector_port = free_port(), free_port()
+    receiver_port = free_port()
     monkeypatch.setenv("RECEIVER_TOKEN", "collector-to-receiver-secret")  # the receiver demands it of the collector
-    log = open(tmp_path / "rotel.log", "wb")  # noqa: SIM115 (the child writes it)
-    collector = subprocess.Popen(
-        [
-            str(ROTEL), "start",
-            "--otlp-http-endpoint", f"127.0.0.1:{collector_port}",
-            "--otlp-grpc-endpoint", f"127.0.0.1:{free_port()}",
-            "--exporter", "otlp",
-            "--otlp-exporter-endpoint", f"http://127.0.0.1:{receiver_port}",
-            "--otlp-exporter-protocol", "http",
-            "--batch-timeout", "50ms",
-            "--otlp-exporter-custom-headers", "authorization=Bearer collector-to-receiver-secret",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    # the receiver starts later, in the session: the collector retries until it listens
+    collector, collector_port, _ = start_rotel(
+        tmp_path, f"http://127.0.0.1:{receiver_port}", "http",
+        "--otlp-exporter-custom-headers", "authorization=Bearer collector-to-receiver-secret",
     )  # fmt: skip
-    log.close()
     try:
-
-        def collector_up() -> bool:
-            assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
-            try:
-                httpx.post(f"http://127.0.0.1:{collector_port}/v1/traces", content=b"", timeout=1)
-                return True
-            except httpx.HTTPError:
-                return False
-
-        wait_until(collector_up, timeout=30)
         tasks = write_tasks(tmp_path / "tasks.jsonl", make_tasks(16, seed=1))
         collector_url = f"http://127.0.0.1:{collector_port}"
         config = load_config(

@@ -4,23 +4,19 @@ through a real collector (rotel), and gRPC."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
-
 from agl import semconv
 from agl_sidecar.config import build
 from agl_sidecar.server import BackgroundSidecar
+
 from tests.support.otlp_sink import OTLPSink
 from tests.support.required import requires
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "go"}]
-ROTEL = Path(sys.executable).parent.parent / "lib" / "python3.11" / "site-packages" / "rotel" / "rotel-agent"
+from tests.dataplane.processes import ROTEL, start_rotel
 
 
 def _calls(url: str, count: int, rollout: str = "x") -> None:
@@ -79,29 +75,8 @@ def test_big_spans_are_batched_below_the_byte_limit(make_sidecar, otlp_sink):
 
 @requires(ROTEL.exists(), "rotel-agent binary not installed (pip install rotel)")  # under CI=true: fails if missing
 def test_spans_reach_a_real_collector(fake, make_sidecar, otlp_sink, tmp_path):
-    http_port, grpc_port = free_port(), free_port()  # rotel takes fixed ports
-    command = [
-        str(ROTEL), "start",
-        "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
-        "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
-        "--exporter", "otlp",
-        "--otlp-exporter-endpoint", otlp_sink.endpoint,
-        "--otlp-exporter-protocol", "http",
-        "--batch-timeout", "50ms",
-    ]
-    log = open(tmp_path / "rotel.log", "wb")
-    collector = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    collector, http_port, grpc_port = start_rotel(tmp_path, otlp_sink.endpoint, "http")
     try:
-        def listening() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", http_port), 0.2).close()
-                socket.create_connection(("127.0.0.1", grpc_port), 0.2).close()
-                return True
-            except OSError:
-                assert collector.poll() is None, (tmp_path / "rotel.log").read_text()
-                return False
-
-        wait_until(listening, "the collector listening")
         via_http = make_sidecar(
             upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{http_port}", otlp_compression="gzip"
         )
@@ -114,7 +89,6 @@ def test_spans_reach_a_real_collector(fake, make_sidecar, otlp_sink, tmp_path):
     finally:
         collector.terminate()
         collector.wait(10)
-        log.close()
     engine = httpx.post(
         fake.base_url + "/v1/chat/completions",
         json={"model": "tiny", "messages": MESSAGES, "return_token_ids": True},
