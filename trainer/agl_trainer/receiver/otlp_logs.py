@@ -40,6 +40,7 @@ from agl_trainer.receiver.otlp_protobuf import (
     _key_value,
     _resolve,
     _text,
+    export_items,
 )
 from agl_trainer.receiver.raw_span import BadValue, DecodeError, RawSpan
 
@@ -116,23 +117,16 @@ def _canonical(value: Any) -> Any:
 
 # ------------------------------------------------------------------------------------- protobuf
 def decode_logs_protobuf(buf: bytes) -> list[LogRecord]:
-    """An ExportLogsServiceRequest: resource_logs = 1 > scope_logs = 2 > log_records = 2."""
+    """An ExportLogsServiceRequest in protobuf encoding."""
     records: list[LogRecord] = []
     pending: list[tuple[dict[str, Any], str, _IntArray]] = []
-    for field, wire, item in _fields(buf, 0, len(buf)):
-        if field != 1 or wire != 2:
-            continue
-        for rl_field, rl_wire, rl_item in _fields(buf, *item):
-            if rl_field != 2 or rl_wire != 2:  # scope_logs; the resource is not needed
-                continue
-            for sl_field, sl_wire, sl_item in _fields(buf, *rl_item):
-                if sl_field == 2 and sl_wire == 2:
-                    mark = len(pending)
-                    try:
-                        records.append(_log_record(buf, *sl_item, pending))
-                    except (DecodeError, RecursionError) as error:
-                        del pending[mark:]
-                        records.append(_broken_record(buf, *sl_item, error))
+    for start, end in export_items(buf):
+        mark = len(pending)
+        try:
+            records.append(_log_record(buf, start, end, pending))
+        except (DecodeError, RecursionError) as error:
+            del pending[mark:]
+            records.append(_broken_record(buf, start, end, error))
     _resolve(buf, pending)
     return records
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -315,25 +316,32 @@ def _span(buf: bytes, start: int, end: int, pending: list) -> RawSpan:
     return RawSpan(trace_id, span_id, parent, name, kind, start_ns, end_ns, code, message, attributes)
 
 
+def export_items(buf: bytes) -> Iterator[tuple[int, int]]:
+    """The byte range of each item of an OTLP export request: spans of an ExportTraceServiceRequest,
+    log records of an ExportLogsServiceRequest (both resource_* = 1 > scope_* = 2 > items = 2; the
+    resource and scope are not needed)."""
+    for field, wire, item in _fields(buf, 0, len(buf)):
+        if field != 1 or wire != 2:
+            continue
+        for resource_field, resource_wire, resource_item in _fields(buf, *item):
+            if resource_field != 2 or resource_wire != 2:
+                continue
+            for scope_field, scope_wire, scope_item in _fields(buf, *resource_item):
+                if scope_field == 2 and scope_wire == 2:
+                    yield scope_item
+
+
 def decode_protobuf(buf: bytes) -> list[RawSpan]:
     """Decode an OTLP ExportTraceServiceRequest in protobuf encoding."""
     spans: list[RawSpan] = []
     pending: list[tuple[dict[str, Any], str, _IntArray]] = []
-    end = len(buf)
-    for field, wire, item in _fields(buf, 0, end):
-        if field != 1 or wire != 2:
-            continue
-        for rs_field, rs_wire, rs_item in _fields(buf, *item):
-            if rs_field != 2 or rs_wire != 2:  # scope_spans; the resource is not needed
-                continue
-            for ss_field, ss_wire, ss_item in _fields(buf, *rs_item):
-                if ss_field == 2 and ss_wire == 2:
-                    mark = len(pending)
-                    try:
-                        spans.append(_span(buf, *ss_item, pending))
-                    except (DecodeError, RecursionError) as error:
-                        del pending[mark:]  # its deferred arrays belong to a span that is not kept
-                        spans.append(_broken_span(buf, *ss_item, error))
+    for start, end in export_items(buf):
+        mark = len(pending)
+        try:
+            spans.append(_span(buf, start, end, pending))
+        except (DecodeError, RecursionError) as error:
+            del pending[mark:]  # its deferred arrays belong to a span that is not kept
+            spans.append(_broken_span(buf, start, end, error))
     _resolve(buf, pending)
     return spans
 
