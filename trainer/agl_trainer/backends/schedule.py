@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 
@@ -39,3 +43,13 @@ class LRLambda:
             schedule=self.schedule,
             min_lr_ratio=self.min_lr_ratio,
         )
+
+
+@contextmanager
+def schedule_may_lead() -> Iterator[None]:
+    """Step the LR schedule without torch's "lr_scheduler.step() before optimizer.step()" warning: a
+    run whose first update was left out (no signal, or a non-finite gradient) does that on purpose,
+    since the schedule counts the steps taken or not."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        yield

@@ -37,7 +37,7 @@ from agl_trainer.backends.hf_model import (
 )
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches
-from agl_trainer.backends.schedule import LRLambda
+from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
 from agl_trainer.backends.step_metrics import step_metrics
 from agl_trainer.backends.step_plan import StepPlan, mini_batches, plan_step
 from agl_trainer.backends.targets import Targets, trained_targets
@@ -223,7 +223,8 @@ class TorchBackend:
                 self.optimizer.step()
             else:  # a NaN/inf gradient would poison the weights and the AdamW state: skip, and report it
                 self.skipped_steps += 1
-        self.scheduler.step()
+        with schedule_may_lead():
+            self.scheduler.step()
         self.step += 1
         return float(norm)
 

@@ -36,7 +36,7 @@ from verl.workers.engine_workers import TrainingWorker
 from agl_trainer.algorithms import AlgorithmConfig, token_entropy, token_logprobs
 from agl_trainer.backends.hf_model import head_sees_only
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
-from agl_trainer.backends.schedule import LRLambda
+from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
 SHIFTED_FIELDS = (
@@ -238,7 +238,8 @@ class AglTrainingWorker(TrainingWorker):
                 self.engine.forward_backward_batch(data, loss_function=self._agl_loss, forward_only=not apply)
             grad_norm = float(self.engine.optimizer_step()) if apply else 0.0  # clip, step unless non-finite
         lr = float(self.engine.lr_scheduler.get_last_lr()[0])  # the rate this step used
-        self.engine.lr_scheduler_step()
+        with schedule_may_lead():
+            self.engine.lr_scheduler_step()
         sums = self._reduce(self._sums, torch.distributed.ReduceOp.SUM)
         maxima = self._reduce(self._maxima, torch.distributed.ReduceOp.MAX)
         return {
