@@ -193,6 +193,18 @@ def test_broken_requests_get_a_4xx_that_says_why(receiver: Receiver) -> None:
     assert receiver.stats().stored == 0
 
 
+def test_logs_need_the_receivers_token_too(tmp_path: Path) -> None:
+    """A reward is trained on: with a token configured, /v1/logs refuses a sender without it, as
+    /v1/traces does, and stores nothing."""
+    body = logs_request(record(score("forged", 1.0))).SerializeToString()
+    with Receiver(tmp_path / "rollouts.db", ReceiverConfig(port=0, token="s3cret")) as secured:
+        refused = post(secured.url, body)
+        assert refused.status_code == 401 and "bearer token" in refused.json()["message"]
+        assert post(secured.url, body, authorization="Bearer wrong").status_code == 401
+        assert post(secured.url, body, authorization="Bearer s3cret").status_code == 200
+        assert secured.stats().stored == 1 and secured.stats().bad_requests == {"401_unauthorized": 2}
+
+
 def test_grpc_logs_service(receiver: Receiver) -> None:
     """The OTel SDK's gRPC log exporter against the receiver's LogsService."""
     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
