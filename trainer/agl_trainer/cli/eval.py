@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +68,15 @@ BARE_FLAGS = {"--check": "check", "--quiet": "quiet", "--warn": "warn"}
 def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """CONFIG and the config overrides, with this command's flags taken out wherever they are."""
     from agl_trainer.cli import CLIError
+    from agl_trainer.cli.arguments import split_arguments as split
 
-    argv = list(getattr(args, "argv", []) or [])
-    rest = argv[argv.index("eval") + 1 :] if "eval" in argv else list(args.args or []) + list(args.extra or [])
-    config: str | None = None
-    overrides: list[str] = []
-    items = iter(rest)
-    expects_value = False
-    for item in items:
+    def own_flag(item: str, items: Iterator[str], expects_value: bool) -> bool:
         name, _, inline = item.partition("=")
         if name in VALUE_FLAGS and not expects_value:
             value = inline or next(items, None)
             if not value or value.startswith("--"):
-                raise CLIError(f"{name} needs a value, e.g. {name} {'runs/demo' if name == '--checkpoint' else 'http://host:8000/v1'}")
+                example = "runs/demo" if name == "--checkpoint" else "http://host:8000/v1"
+                raise CLIError(f"{name} needs a value, e.g. {name} {example}")
             setattr(args, VALUE_FLAGS[name], value)
         elif item in BARE_FLAGS and not expects_value:
             setattr(args, BARE_FLAGS[item], True)
@@ -88,14 +85,11 @@ def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
             if None in pair:
                 raise CLIError("--compare needs two results: agl eval --compare RUN_A RUN_B")
             args.compare = pair
-        elif config is None and not item.startswith("--") and not expects_value:
-            config = item
         else:
-            overrides.append(item)
-            expects_value = item.startswith("--") and "=" not in item and not expects_value
-            continue
-        expects_value = False
-    return config, overrides
+            return False
+        return True
+
+    return split(args, "eval", own_flag)
 
 
 def resolve_checkpoint(path: str) -> Path:

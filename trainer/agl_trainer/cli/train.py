@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 EPILOG_HEAD = """\
@@ -75,16 +76,9 @@ def register(subparsers: Any) -> None:
 
 def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """CONFIG and the overrides, wherever --resume/--quiet/--check/--dry-run/--gpu-memory-gib appear."""
-    argv = list(getattr(args, "argv", []) or [])
-    if "train" in argv:  # the raw order: argparse moves unknown flags away from their values
-        rest = argv[argv.index("train") + 1 :]
-    else:
-        rest = list(args.args or []) + list(getattr(args, "extra", []) or [])
-    config: str | None = None
-    overrides: list[str] = []
-    expects_value = False
-    items = iter(rest)
-    for item in items:
+    from agl_trainer.cli.arguments import split_arguments as split
+
+    def own_flag(item: str, items: Iterator[str], expects_value: bool) -> bool:
         if item in FLAGS:
             setattr(args, item[2:].replace("-", "_"), True)
         elif item == "--from-store":
@@ -95,14 +89,11 @@ def split_arguments(args: argparse.Namespace) -> tuple[str | None, list[str]]:
             args.gpu_memory_gib = _gib_value(next(items, None))
         elif item.startswith("--gpu-memory-gib="):
             args.gpu_memory_gib = _gib_value(item.split("=", 1)[1])
-        elif config is None and not item.startswith("--") and not expects_value:
-            config = item
         else:
-            overrides.append(item)
-            expects_value = item.startswith("--") and "=" not in item and not expects_value
-            continue
-        expects_value = False
-    return config, overrides
+            return False
+        return True
+
+    return split(args, "train", own_flag)
 
 
 def _gib_value(text: str | None) -> float:
