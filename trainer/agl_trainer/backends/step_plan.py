@@ -35,7 +35,7 @@ class StepPlan:
 class MiniBatch:
     samples: list[int]  # rows of the batch
     weights: torch.Tensor  # [N, T] each trained token's share of the mini-batch's loss
-    has_signal: bool  # False: the loss's gradient is exactly 0 (see AlgorithmConfig.skip_zero_signal_updates)
+    update: bool  # False: no signal, measured but left out (AlgorithmConfig.skip_zero_signal_updates)
 
 
 def plan_step(
@@ -71,7 +71,8 @@ def mini_batches(
         mini_mask = plan.loss_mask * in_mini[batch.rollout_index].unsqueeze(-1)
         weights = token_weights(mini_mask, batch.rollout_index, algo.loss_agg_mode, algo.loss_norm_constant)
         samples = torch.nonzero(in_mini[batch.rollout_index]).flatten().tolist()
-        yield MiniBatch(samples, weights, has_signal(weights, plan.token_advantages, algo))
+        update = has_signal(weights, plan.token_advantages, algo) or not algo.skip_zero_signal_updates
+        yield MiniBatch(samples, weights, update)
 
 
 def has_signal(weights: torch.Tensor, token_advantages: torch.Tensor, algo: AlgorithmConfig) -> bool:

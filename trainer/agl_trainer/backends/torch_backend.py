@@ -138,13 +138,12 @@ class TorchBackend:
         for epoch in range(self.config.ppo_epochs):
             for mini in mini_batches(batch, plan, algo, self.config.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
-                update = mini.has_signal or not algo.skip_zero_signal_updates
-                sums["zero_signal_updates"] += not update
+                sums["zero_signal_updates"] += not mini.update
                 for micro in self._plan(batch, lengths, mini.samples):
                     sums["micro_batches"] += 1
                     sums["real_positions"] += micro.num_tokens
                     sums["padded_positions"] += micro.num_positions - micro.num_tokens
-                    stats = self._forward_backward(micro, mini.weights, token_advantages, tokens, update)
+                    stats = self._forward_backward(micro, mini.weights, token_advantages, tokens, mini.update)
                     for key, value in stats.items():
                         if epoch > 0 and key.startswith(AGREE):
                             continue  # the same tokens against the same pre-update log-probs: once
@@ -152,7 +151,7 @@ class TorchBackend:
                             maxima[key] = max(maxima[key], value)
                         else:
                             sums[key] += value
-                grad_norms.append(self._optimizer_step(update))
+                grad_norms.append(self._optimizer_step(mini.update))
 
         lr = float(self.scheduler.get_last_lr()[0])
         elapsed = time.perf_counter() - started

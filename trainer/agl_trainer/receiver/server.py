@@ -153,9 +153,14 @@ class Receiver:
 
     def _account(self, batch: DecodedBatch, result: WriteResult) -> None:
         self._counter.accepted(
-            batch.spans, batch.foreign, result.stored, result.duplicates, result.tokens, result.violations
+            batch.spans,
+            batch.foreign,
+            result.stored,
+            result.duplicates,
+            result.tokens,
+            result.violations,
+            batch.log_records,
         )
-        self._counter.log_records(batch.log_records)
         for reason, count in result.violations.items():
             seen = self._warned.get(reason, 0)
             self._warned[reason] = seen + count

@@ -38,11 +38,19 @@ class StatsCounter:
             self._stats.bad_requests[reason] = self._stats.bad_requests.get(reason, 0) + 1
 
     def accepted(
-        self, spans: int, foreign: int, stored: int, duplicates: int, tokens: int, violations: dict[str, int]
+        self,
+        spans: int,
+        foreign: int,
+        stored: int,
+        duplicates: int,
+        tokens: int,
+        violations: dict[str, int],
+        log_records: int = 0,
     ) -> None:
         with self._lock:
             s = self._stats
             s.accepted_requests += 1
+            s.log_records += log_records
             s.spans += spans
             s.foreign += foreign
             s.stored += stored
@@ -50,10 +58,6 @@ class StatsCounter:
             s.tokens += tokens
             for reason, count in violations.items():
                 s.violations[reason] = s.violations.get(reason, 0) + count
-
-    def log_records(self, count: int) -> None:
-        with self._lock:
-            self._stats.log_records += count
 
     def snapshot(self) -> ReceiverStats:
         with self._lock:

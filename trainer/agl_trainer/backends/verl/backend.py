@@ -131,10 +131,9 @@ class VerlBackend:
         for epoch in range(t.ppo_epochs):
             for mini in mini_batches(batch, plan, algo, t.num_mini_batches):
                 sent = {**per_token, "weights": mini.weights}
-                apply = mini.has_signal or not algo.skip_zero_signal_updates
-                sums["zero_signal_updates"] += not apply
+                sums["zero_signal_updates"] += not mini.update
                 results, _, wall = self._call(
-                    "agl_train", batch, lengths, mini.samples, sent, policy_version, apply
+                    "agl_train", batch, lengths, mini.samples, sent, policy_version, mini.update
                 )
                 dispatch_s += wall - max(r["compute_s"] for r in results)
                 worker_cpu_s += results[0]["compute_cpu_s"]

@@ -231,7 +231,7 @@ class AglTrainingWorker(TrainingWorker):
         started, started_cpu = time.perf_counter(), time.process_time()
         self._sums, self._maxima = defaultdict(float), defaultdict(float)
         self._current_version = int(payload["current_version"])
-        apply = bool(payload["apply"])  # False: a zero-signal update (step_plan.has_signal): measure, no step
+        apply = bool(payload["apply"])  # False: a zero-signal update (MiniBatch.update): measure, no step
         with self.engine.train_mode():
             self.engine.optimizer_zero_grad()
             for data in self._micro_batches(payload, train=True):  # gradients accumulate
