@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import numpy as np
@@ -19,6 +20,7 @@ from agl_trainer.receiver.raw_span import MAX_VALUE_DEPTH, BadValue, DecodeError
 # taking those spellings too (the slow path), so a sender spelling its JSON so costs nothing and a
 # span of the wrong shape (attributes an object, a string for a span) is refused alone.
 Number = int | float | str | None
+Item = TypeVar("Item")
 
 
 class JsonArrayValue(msgspec.Struct, forbid_unknown_fields=False):
@@ -61,18 +63,6 @@ class JsonSpan(msgspec.Struct, forbid_unknown_fields=False):
     status: JsonStatus | None = None
 
 
-class JsonScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
-    spans: list[JsonSpan] = []
-
-
-class JsonResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
-    scopeSpans: list[JsonScopeSpans] = []
-
-
-class JsonExportRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceSpans: list[JsonResourceSpans] = []
-
-
 # --- the slow path's spellings ---
 class LenientKeyValue(msgspec.Struct, forbid_unknown_fields=False):
     key: str | None = ""
@@ -96,21 +86,6 @@ class LenientSpan(msgspec.Struct, forbid_unknown_fields=False):
     status: LenientStatus | None = None
 
 
-class RawScopeSpans(msgspec.Struct, forbid_unknown_fields=False):
-    spans: list[msgspec.Raw] | None = []  # each decoded on its own (_LENIENT_SPAN)
-
-
-class RawResourceSpans(msgspec.Struct, forbid_unknown_fields=False):
-    scopeSpans: list[RawScopeSpans] | None = []
-
-
-class RawExportRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceSpans: list[RawResourceSpans] | None = []
-
-
-_JSON_DECODER = msgspec.json.Decoder(JsonExportRequest)
-_RAW_DECODER = msgspec.json.Decoder(RawExportRequest)
-_LENIENT_SPAN = msgspec.json.Decoder(LenientSpan)
 _JSON_VALUE = msgspec.json.Decoder(JsonAnyValue | None)
 _KINDS = {
     "SPAN_KIND_UNSPECIFIED": 0,
@@ -233,42 +208,79 @@ def _json_time(value: int | float | str | None) -> int:
     return -1 if number is None else number
 
 
+class JsonExport(Generic[Item]):
+    """One signal's OTLP JSON export request, decoded in one typed pass; when that fails, item by
+    item with protobuf's other JSON spellings (`lenient_item`), so that an item of the wrong shape
+    is refused alone (`broken` says what it becomes). A request whose own frame is wrong is refused
+    with the typed pass's message."""
+
+    def __init__(self, names: tuple[str, str, str], typed_item: type, lenient_item: type) -> None:
+        self._typed = msgspec.json.Decoder(_frame(names, typed_item, nullable=False))
+        self._raw = msgspec.json.Decoder(_frame(names, msgspec.Raw, nullable=True))  # each item on its own
+        self._lenient = msgspec.json.Decoder(lenient_item)
+
+    def decode(
+        self, body: bytes, convert: Callable[[Any], Item], broken: Callable[[msgspec.Raw, Exception], Item]
+    ) -> list[Item]:
+        try:
+            request = self._typed.decode(body)
+        except msgspec.ValidationError as error:
+            return self._item_by_item(body, error, convert, broken)
+        except msgspec.DecodeError as error:
+            raise DecodeError(f"invalid OTLP JSON: {error}") from None
+        except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
+            raise DecodeError("invalid OTLP JSON: nested too deep") from None
+        return [
+            convert(item) for resource in request.resources for scope in resource.scopes for item in scope.items
+        ]
+
+    def _item_by_item(
+        self,
+        body: bytes,
+        typed_error: msgspec.ValidationError,
+        convert: Callable[[Any], Item],
+        broken: Callable[[msgspec.Raw, Exception], Item],
+    ) -> list[Item]:
+        try:
+            request = self._raw.decode(body)
+        except (msgspec.DecodeError, RecursionError):  # the request's own frame: nothing to keep
+            raise DecodeError(f"invalid OTLP JSON: {typed_error}") from None
+        items: list[Item] = []
+        for resource in request.resources or ():
+            for scope in resource.scopes or ():
+                for raw in scope.items or ():
+                    try:
+                        item = self._lenient.decode(raw)
+                    except (msgspec.DecodeError, RecursionError) as error:  # this item only
+                        items.append(broken(raw, error))
+                    else:
+                        items.append(convert(item))
+        return items
+
+
+def _frame(names: tuple[str, str, str], item: Any, nullable: bool) -> Any:
+    """The export request around its items, the same for every signal but for its names:
+    {"resourceSpans": [{"scopeSpans": [{"spans": [item, ...]}]}]} for traces. Its levels read as
+    `.resources`, `.scopes`, `.items` whatever the signal calls them; each may be absent ([]) and,
+    with `nullable`, null."""
+    inner = item
+    for level, name in reversed(tuple(zip(("resources", "scopes", "items"), names, strict=True))):
+        kind = list[inner] | None if nullable else list[inner]  # type: ignore[valid-type]
+        inner = msgspec.defstruct(name, [(level, kind, [])], rename={level: name}, forbid_unknown_fields=False)
+    return inner
+
+
+_SPANS: JsonExport[RawSpan] = JsonExport(("resourceSpans", "scopeSpans", "spans"), JsonSpan, LenientSpan)
+
+
 def decode_json(body: bytes) -> list[RawSpan]:
-    """Decode an OTLP ExportTraceServiceRequest in JSON encoding: one typed pass, else span by span
-    (a request whose own frame is wrong is refused with the typed pass's message)."""
-    try:
-        request = _JSON_DECODER.decode(body)
-    except msgspec.ValidationError as error:
-        return _span_by_span(body, error)
-    except msgspec.DecodeError as error:
-        raise DecodeError(f"invalid OTLP JSON: {error}") from None
-    except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
-        raise DecodeError("invalid OTLP JSON: nested too deep") from None
-    return [
-        _raw_span(span)
-        for resource_spans in request.resourceSpans
-        for scope_spans in resource_spans.scopeSpans
-        for span in scope_spans.spans
-    ]
+    """Decode an OTLP ExportTraceServiceRequest in JSON encoding."""
+    return _SPANS.decode(body, _raw_span, _broken_span)
 
 
-def _span_by_span(body: bytes, typed_error: msgspec.ValidationError) -> list[RawSpan]:
-    try:
-        request = _RAW_DECODER.decode(body)
-    except (msgspec.DecodeError, RecursionError):  # the request's own frame: nothing to keep
-        raise DecodeError(f"invalid OTLP JSON: {typed_error}") from None
-    spans: list[RawSpan] = []
-    for resource_spans in request.resourceSpans or ():
-        for scope_spans in resource_spans.scopeSpans or ():
-            for raw in scope_spans.spans or ():
-                try:
-                    span = _LENIENT_SPAN.decode(raw)
-                except (msgspec.DecodeError, RecursionError) as error:  # this span only
-                    problem = f"undecodable: {str(error)[:200]}"
-                    spans.append(RawSpan(b"", b"", b"", "", 0, 0, 0, 0, "", {}, problem=problem))
-                else:
-                    spans.append(_raw_span(span))
-    return spans
+def _broken_span(raw: msgspec.Raw, error: Exception) -> RawSpan:
+    problem = f"undecodable: {str(error)[:200]}"
+    return RawSpan(b"", b"", b"", "", 0, 0, 0, 0, "", {}, problem=problem)
 
 
 def _raw_span(span: JsonSpan | LenientSpan) -> RawSpan:

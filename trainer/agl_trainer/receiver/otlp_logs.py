@@ -10,8 +10,9 @@ a reward (contract.py `_evaluation`), so the two forms are one rule: its time is
 the record when it was emitted outside any span; its parent is the span it was emitted in; its span
 id is derived from the record's content, so a batch sent again is a duplicate, not a second reward.
 
-Protobuf is walked as otlp_protobuf.py walks spans (a broken record costs only itself); JSON is one
-typed msgspec pass, else record by record with protobuf's JSON spellings, as otlp_json.py does.
+Protobuf is walked by otlp_protobuf.py's `decode_items`, as spans are (a broken record costs only
+itself); JSON by otlp_json.py's `JsonExport`, as spans are: one typed msgspec pass, else record by
+record with protobuf's JSON spellings.
 Logs are rare and small (one record per evaluation), so no fast path beyond that.
 """
 
@@ -25,6 +26,7 @@ import msgspec
 from agl.semconv import EVENT_NAME, SPAN_EVALUATION_RESULT
 
 from agl_trainer.receiver.otlp_json import (
+    JsonExport,
     JsonKeyValue,
     LenientKeyValue,
     Number,
@@ -38,9 +40,8 @@ from agl_trainer.receiver.otlp_protobuf import (
     _fields,
     _IntArray,
     _key_value,
-    _resolve,
     _text,
-    export_items,
+    decode_items,
 )
 from agl_trainer.receiver.raw_span import BadValue, DecodeError, RawSpan
 
@@ -118,17 +119,7 @@ def _canonical(value: Any) -> Any:
 # ------------------------------------------------------------------------------------- protobuf
 def decode_logs_protobuf(buf: bytes) -> list[LogRecord]:
     """An ExportLogsServiceRequest in protobuf encoding."""
-    records: list[LogRecord] = []
-    pending: list[tuple[dict[str, Any], str, _IntArray]] = []
-    for start, end in export_items(buf):
-        mark = len(pending)
-        try:
-            records.append(_log_record(buf, start, end, pending))
-        except (DecodeError, RecursionError) as error:
-            del pending[mark:]
-            records.append(_broken_record(buf, start, end, error))
-    _resolve(buf, pending)
-    return records
+    return decode_items(buf, _log_record, _broken_record)
 
 
 def _log_record(buf: bytes, start: int, end: int, pending: list) -> LogRecord:
@@ -183,18 +174,6 @@ class JsonLogRecord(msgspec.Struct, forbid_unknown_fields=False):
     attributes: list[JsonKeyValue] = []
 
 
-class JsonScopeLogs(msgspec.Struct, forbid_unknown_fields=False):
-    logRecords: list[JsonLogRecord] = []
-
-
-class JsonResourceLogs(msgspec.Struct, forbid_unknown_fields=False):
-    scopeLogs: list[JsonScopeLogs] = []
-
-
-class JsonExportLogsRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceLogs: list[JsonResourceLogs] = []
-
-
 class LenientLogRecord(msgspec.Struct, forbid_unknown_fields=False):
     timeUnixNano: Number = 0
     observedTimeUnixNano: Number = 0
@@ -204,59 +183,21 @@ class LenientLogRecord(msgspec.Struct, forbid_unknown_fields=False):
     attributes: list[LenientKeyValue] | None = []
 
 
-class RawScopeLogs(msgspec.Struct, forbid_unknown_fields=False):
-    logRecords: list[msgspec.Raw] | None = []
-
-
-class RawResourceLogs(msgspec.Struct, forbid_unknown_fields=False):
-    scopeLogs: list[RawScopeLogs] | None = []
-
-
-class RawExportLogsRequest(msgspec.Struct, forbid_unknown_fields=False):
-    resourceLogs: list[RawResourceLogs] | None = []
-
-
-_JSON_DECODER = msgspec.json.Decoder(JsonExportLogsRequest)
-_RAW_DECODER = msgspec.json.Decoder(RawExportLogsRequest)
-_LENIENT_RECORD = msgspec.json.Decoder(LenientLogRecord)
+_LOGS: JsonExport[LogRecord] = JsonExport(
+    ("resourceLogs", "scopeLogs", "logRecords"), JsonLogRecord, LenientLogRecord
+)
 
 
 def decode_logs_json(body: bytes) -> list[LogRecord]:
     """An ExportLogsServiceRequest in OTLP JSON: one typed pass, else record by record."""
-    try:
-        request = _JSON_DECODER.decode(body)
-    except msgspec.ValidationError as error:
-        return _record_by_record(body, error)
-    except msgspec.DecodeError as error:
-        raise DecodeError(f"invalid OTLP JSON: {error}") from None
-    except RecursionError:
-        raise DecodeError("invalid OTLP JSON: nested too deep") from None
-    return [
-        _json_record(record)
-        for resource_logs in request.resourceLogs
-        for scope_logs in resource_logs.scopeLogs
-        for record in scope_logs.logRecords
-    ]
+    return _LOGS.decode(body, _json_record, _broken_json_record)
 
 
-def _record_by_record(body: bytes, typed_error: msgspec.ValidationError) -> list[LogRecord]:
-    try:
-        request = _RAW_DECODER.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        raise DecodeError(f"invalid OTLP JSON: {typed_error}") from None
-    records: list[LogRecord] = []
-    for resource_logs in request.resourceLogs or ():
-        for scope_logs in resource_logs.scopeLogs or ():
-            for raw in scope_logs.logRecords or ():
-                try:
-                    record = _LENIENT_RECORD.decode(raw)
-                except (msgspec.DecodeError, RecursionError) as error:
-                    said = SPAN_EVALUATION_RESULT.encode() in bytes(raw)
-                    problem = f"undecodable: {str(error)[:200]}" if said else None
-                    records.append(LogRecord(0, 0, b"", b"", "", {}, problem=problem))
-                else:
-                    records.append(_json_record(record))
-    return records
+def _broken_json_record(raw: msgspec.Raw, error: Exception) -> LogRecord:
+    """Kept (as a violation) only when it says it is an evaluation result, as `_broken_record`."""
+    said = SPAN_EVALUATION_RESULT.encode() in bytes(raw)
+    problem = f"undecodable: {str(error)[:200]}" if said else None
+    return LogRecord(0, 0, b"", b"", "", {}, problem=problem)
 
 
 def _json_record(record: JsonLogRecord | LenientLogRecord) -> LogRecord:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from agl_trainer.receiver.raw_span import MAX_VALUE_DEPTH, UINT64_MAX, BadValue,
 
 _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
+T = TypeVar("T")
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -331,19 +332,31 @@ def export_items(buf: bytes) -> Iterator[tuple[int, int]]:
                     yield scope_item
 
 
-def decode_protobuf(buf: bytes) -> list[RawSpan]:
-    """Decode an OTLP ExportTraceServiceRequest in protobuf encoding."""
-    spans: list[RawSpan] = []
+# An item's decoder gets the request, the item's byte range and the list its int arrays wait in (to be
+# decoded together, `_resolve`); a broken item's gets the error instead.
+ItemDecoder = Callable[[bytes, int, int, list], T]
+BrokenItem = Callable[[bytes, int, int, Exception], T]
+
+
+def decode_items(buf: bytes, item: ItemDecoder[T], broken: BrokenItem[T]) -> list[T]:
+    """Each item of an export request, decoded by `item`; one whose bytes are broken inside its own
+    length becomes `broken`'s, so that it costs no other item of the request."""
+    items: list[T] = []
     pending: list[tuple[dict[str, Any], str, _IntArray]] = []
     for start, end in export_items(buf):
         mark = len(pending)
         try:
-            spans.append(_span(buf, start, end, pending))
+            items.append(item(buf, start, end, pending))
         except (DecodeError, RecursionError) as error:
-            del pending[mark:]  # its deferred arrays belong to a span that is not kept
-            spans.append(_broken_span(buf, start, end, error))
+            del pending[mark:]  # its deferred arrays belong to an item that is not kept
+            items.append(broken(buf, start, end, error))
     _resolve(buf, pending)
-    return spans
+    return items
+
+
+def decode_protobuf(buf: bytes) -> list[RawSpan]:
+    """Decode an OTLP ExportTraceServiceRequest in protobuf encoding."""
+    return decode_items(buf, _span, _broken_span)
 
 
 def _broken_span(buf: bytes, start: int, end: int, error: Exception) -> RawSpan:
