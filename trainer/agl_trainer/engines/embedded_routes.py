@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -157,6 +158,44 @@ class EngineRoutes:
         assert scheduler is not None  # routes are served only between start() and stop()
         scheduler.submit(sequences)
 
+    async def _generated(self, sequences: list[Sequence], queue: asyncio.Queue[Any]) -> int:
+        """Wait for every sequence to end (cancelled when the client goes away first); a failed one
+        fails the request. The tokens generated, counted for /metrics."""
+        with stream.cancel_on_exit(sequences):
+            await stream.wait_all(sequences, queue)
+        for sequence in sequences:
+            stream.raise_if_failed(sequence)
+        completion_tokens = sum(len(s.token_ids) for s in sequences)
+        self._count_tokens(completion_tokens)
+        return completion_tokens
+
+    async def _stream(
+        self,
+        request: Any,
+        req: wire.ChatCompletionRequest | wire.CompletionRequest,
+        head: dict[str, Any],
+        sequences: list[Sequence],
+        queue: asyncio.Queue[Any],
+        choice_of: stream.ChoiceBuilder,
+        prompt_tokens: int,
+        preludes: Iterable[dict[str, Any]] = (),
+    ) -> Any:
+        """Either endpoint's stream (its chunks are `choice_of`'s), the sequences cancelled when the
+        client goes away first; a usage chunk when the request asks for one."""
+        with stream.cancel_on_exit(sequences):
+            return await stream.stream_choices(
+                request,
+                head,
+                self.reader.tokenizer,
+                sequences,
+                queue,
+                choice_of,
+                prompt_tokens=prompt_tokens,
+                include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                count_tokens=self._count_tokens,
+                preludes=preludes,
+            )
+
     # --- chat ------------------------------------------------------------------------------------
     async def chat(self, request: Any) -> Any:
         reader = self.reader
@@ -180,17 +219,12 @@ class EngineRoutes:
         sequences = sequences_of(prompt_ids, params, req.n, req.stream, queue)
         request_id, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
         self._submit(sequences, request_id)
-        tokenizer = reader.tokenizer
         if req.stream:
-            with stream.cancel_on_exit(sequences):
-                return await self._chat_stream(
-                    request, req, model, request_id, created, prompt_ids, sequences, queue
-                )
-        with stream.cancel_on_exit(sequences):
-            await stream.wait_all(sequences, queue)
+            return await self._chat_stream(request, req, model, request_id, created, prompt_ids, sequences, queue)
+        completion_tokens = await self._generated(sequences, queue)
+        tokenizer = reader.tokenizer
         choices = []
         for index, sequence in enumerate(sequences):
-            stream.raise_if_failed(sequence)
             logprobs = (
                 wire.chat_logprobs(
                     tokenizer, sequence, 0, len(sequence.token_ids), req.return_tokens_as_token_ids
@@ -200,8 +234,6 @@ class EngineRoutes:
             )
             text = stream.visible_text(tokenizer, sequence)
             choices.append(wire.chat_choice(index, text, logprobs, sequence, req.return_token_ids))
-        completion_tokens = sum(len(s.token_ids) for s in sequences)
-        self._count_tokens(completion_tokens)
         body = wire.chat_response(
             request_id, created, model, choices, prompt_ids, completion_tokens, req.return_token_ids
         )
@@ -254,18 +286,8 @@ class EngineRoutes:
             }
             for index in range(len(sequences))
         ]
-        return await stream.stream_choices(
-            request,
-            {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model},
-            tokenizer,
-            sequences,
-            queue,
-            choice_of,
-            prompt_tokens=len(prompt_ids),
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            count_tokens=self._count_tokens,
-            preludes=preludes,
-        )
+        head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        return await self._stream(request, req, head, sequences, queue, choice_of, len(prompt_ids), preludes)
 
     # --- completions -------------------------------------------------------------------------------
     async def completions(self, request: Any) -> Any:
@@ -286,17 +308,14 @@ class EngineRoutes:
         request_id, created = f"cmpl-{secrets.token_hex(8)}", int(time.time())
         self._submit(sequences, request_id)
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as vLLM)
-        tokenizer = reader.tokenizer
         if req.stream:
-            with stream.cancel_on_exit(sequences):
-                return await self._completions_stream(
-                    request, req, model, request_id, created, sequences, queue, prompt_tokens
-                )
-        with stream.cancel_on_exit(sequences):
-            await stream.wait_all(sequences, queue)
+            return await self._completions_stream(
+                request, req, model, request_id, created, sequences, queue, prompt_tokens
+            )
+        completion_tokens = await self._generated(sequences, queue)
+        tokenizer = reader.tokenizer
         choices = []
         for index, sequence in enumerate(sequences):
-            stream.raise_if_failed(sequence)
             logprobs = None
             if req.logprobs is not None:
                 logprobs, _ = wire.completion_logprobs(
@@ -306,8 +325,6 @@ class EngineRoutes:
             choices.append(wire.completion_choice(index, text, logprobs, sequence, req.return_token_ids))
             if scored is not None:
                 choices[-1]["prompt_logprobs"] = scored[index // req.n]  # n choices per prompt, in order
-        completion_tokens = sum(len(s.token_ids) for s in sequences)
-        self._count_tokens(completion_tokens)
         return respond(
             wire.completion_response(request_id, created, model, choices, prompt_tokens, completion_tokens)
         )
@@ -369,17 +386,8 @@ class EngineRoutes:
                 "token_ids": [sequence.token_ids[position]] if req.return_token_ids else None,
             }
 
-        return await stream.stream_choices(
-            request,
-            {"id": request_id, "object": "text_completion", "created": created, "model": model},
-            tokenizer,
-            sequences,
-            queue,
-            choice_of,
-            prompt_tokens=prompt_tokens,
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            count_tokens=self._count_tokens,
-        )
+        head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+        return await self._stream(request, req, head, sequences, queue, choice_of, prompt_tokens)
 
     # --- tokenizer endpoints -----------------------------------------------------------------------
     async def tokenize(self, request: Any) -> Any:
