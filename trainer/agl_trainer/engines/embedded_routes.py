@@ -220,7 +220,9 @@ class EngineRoutes:
         request_id, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
         self._submit(sequences, request_id)
         if req.stream:
-            return await self._chat_stream(request, req, model, request_id, created, prompt_ids, sequences, queue)
+            return await self._chat_stream(
+                request, req, model, request_id, created, prompt_ids, sequences, queue
+            )
         completion_tokens = await self._generated(sequences, queue)
         tokenizer = reader.tokenizer
         choices = []

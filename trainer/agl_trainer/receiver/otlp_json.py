@@ -231,7 +231,10 @@ class JsonExport(Generic[Item]):
         except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
             raise DecodeError("invalid OTLP JSON: nested too deep") from None
         return [
-            convert(item) for resource in request.resources for scope in resource.scopes for item in scope.items
+            convert(item)
+            for resource in request.resources
+            for scope in resource.scopes
+            for item in scope.items
         ]
 
     def _item_by_item(
@@ -266,7 +269,8 @@ def _frame(names: tuple[str, str, str], item: Any, nullable: bool) -> Any:
     inner = item
     for level, name in reversed(tuple(zip(("resources", "scopes", "items"), names, strict=True))):
         kind = list[inner] | None if nullable else list[inner]  # type: ignore[valid-type]
-        inner = msgspec.defstruct(name, [(level, kind, [])], rename={level: name}, forbid_unknown_fields=False)
+        fields = [(level, kind, [])]
+        inner = msgspec.defstruct(name, fields, rename={level: name}, forbid_unknown_fields=False)
     return inner
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Callable
 
 COOKIE = "agl_viewer_token"
 QUERY = "token"
@@ -23,12 +24,7 @@ class AccessError(ValueError):
 
 def is_loopback_address(host: str) -> bool:
     """A listen address: 'localhost', or an IP literal in 127/8 or ::1."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host.lower() == "localhost" or _loopback_literal(ipaddress.ip_address, host)
 
 
 def is_loopback_host_header(value: str) -> bool:
@@ -39,17 +35,17 @@ def is_loopback_host_header(value: str) -> bool:
         name, closed, rest = value[1:].partition("]")
         if not closed or (rest and not (rest.startswith(":") and _port_ok(rest[1:]))):
             return False
-        try:
-            return ipaddress.IPv6Address(name).is_loopback
-        except ValueError:
-            return False
+        return _loopback_literal(ipaddress.IPv6Address, name)
     name, colon, port = value.partition(":")
     if colon and not _port_ok(port):
         return False
-    if name.lower() == "localhost":
-        return True
+    return name.lower() == "localhost" or _loopback_literal(ipaddress.IPv4Address, name)
+
+
+def _loopback_literal(parse: Callable[[str], ipaddress._BaseAddress], text: str) -> bool:
+    """`text` is an address literal of the kind `parse` reads, and a loopback one."""
     try:
-        return ipaddress.IPv4Address(name).is_loopback
+        return parse(text).is_loopback
     except ValueError:
         return False
 
