@@ -64,6 +64,8 @@ class StepResult:
     mfu: float
     loss: float
     workers: int = 1
+    micro_batches: int = 0  # forward/backward passes in the step (perf/micro_batches)
+    export_s: float = 0.0  # state_dict_for_engine(bf16): the weights the engine gets after a step
 
 
 def build_model(directory: Path, architecture: dict[str, Any]) -> Path:
@@ -98,21 +100,26 @@ def make_backend(name: str, model_dir: Path, device: str, workers: int, micro_ba
     return VerlBackend(VerlBackendConfig(training=training, nnodes=1, n_gpus_per_node=workers))
 
 
-def measure(backend: Any, batch: TrainingBatch, steps: int, device: str) -> tuple[list[float], float]:
+def measure(backend: Any, batch: TrainingBatch, steps: int, device: str) -> tuple[list[float], dict[str, float]]:
+    """The timed steps' seconds and the last step's metrics, with `perf/export_s`: the seconds of one
+    export of the weights for the engine in bf16 (what a weight sync starts with)."""
+
     def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
     backend.train_step(batch, 0)  # warm-up: allocator, kernels, Ray dispatch paths
-    times, loss = [], 0.0
+    times, metrics = [], {}
     for step in range(steps):
         sync()
         started = time.perf_counter()
         metrics = backend.train_step(batch, step + 1)  # the policy version a run would be at
         sync()
         times.append(time.perf_counter() - started)
-        loss = float(metrics.get("loss/total", 0.0))
-    return times, loss
+    started = time.perf_counter()
+    backend.state_dict_for_engine(torch.bfloat16)
+    metrics["perf/export_s"] = time.perf_counter() - started
+    return times, metrics
 
 
 def run(args: argparse.Namespace) -> list[StepResult]:
@@ -134,7 +141,7 @@ def run(args: argparse.Namespace) -> list[StepResult]:
         for name in names:
             backend = make_backend(name, model_dir, args.device, args.workers, args.micro_batch_tokens)
             try:
-                times, loss = measure(backend, batch, args.steps, args.device)
+                times, metrics = measure(backend, batch, args.steps, args.device)
             finally:
                 close = getattr(backend, "close", None)
                 if close is not None:
@@ -142,13 +149,15 @@ def run(args: argparse.Namespace) -> list[StepResult]:
             step = statistics.median(times)
             result = StepResult(
                 backend=name, device=args.device, parameters=parameters, tokens=tokens, step_s=step,
-                tokens_per_s=tokens / step, mfu=mfu(parameters, tokens, step, args.peak_tflops), loss=loss,
-                workers=args.workers if name == "verl" else 1,
+                tokens_per_s=tokens / step, mfu=mfu(parameters, tokens, step, args.peak_tflops),
+                loss=float(metrics.get("loss/total", 0.0)), workers=args.workers if name == "verl" else 1,
+                micro_batches=int(metrics.get("perf/micro_batches", 0)), export_s=metrics["perf/export_s"],
             )  # fmt: skip
             results.append(result)
             print(
                 f"{name:<6} step {step:8.3f} s  {result.tokens_per_s:12.0f} tokens/s  MFU {result.mfu:7.2%} "
-                f"(peak {args.peak_tflops:g} TFLOP/s)  loss {loss:.4f}",
+                f"(peak {args.peak_tflops:g} TFLOP/s)  loss {result.loss:.4f}  {result.micro_batches} micro-batches  "
+                f"weights export (bf16) {result.export_s:.3f} s",
                 flush=True,
             )
             if args.device == "cuda":

@@ -50,6 +50,7 @@ def test_tiny_cpu_step_numbers_follow_their_definitions(tmp_path: Path) -> None:
     assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["step_s"])
     assert result["mfu"] == pytest.approx(6 * independent * result["tokens"] / result["step_s"] / 100e12)
     assert result["step_s"] > 0 and abs(result["loss"]) < 10
+    assert result["micro_batches"] >= 1 and result["export_s"] > 0
 
 
 @pytest.mark.slow
@@ -58,6 +59,7 @@ def test_tiny_cpu_step_with_both_backends_same_loss(tmp_path: Path) -> None:
     assert (torch_result["backend"], verl_result["backend"]) == ("torch", "verl")
     assert verl_result["tokens"] == torch_result["tokens"]
     assert verl_result["loss"] == pytest.approx(torch_result["loss"], abs=1e-5)  # same batch, same weights
+    assert verl_result["micro_batches"] >= 1 and verl_result["export_s"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -102,3 +104,26 @@ def test_gpu_selection_finds_the_gpu_tests() -> None:
     assert "tests/algorithms/test_torch_backend.py::test_bf16_step_on_cuda" in ids
     assert "tests/vllm/test_vllm_gpu.py::test_collocated_sleep_wake_and_sync_on_gpu" in ids
     assert "tests/vllm/test_vllm_weight_transfer_gpu.py::test_gpu_weight_transfer_updates_the_served_model[nccl]" in ids
+
+
+def test_test_paths_reach_pytest_and_each_part_runs(tmp_path: Path) -> None:
+    """GPU_CHECK_TEST_PATHS (a machine without the dev extras collects only these files) reaches the
+    pytest call word by word; a stand-in interpreter that records its arguments passes the guards."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771 MiB'\n")
+    log = tmp_path / "calls"
+    python = bin_dir / "python-standin"
+    python.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    for tool in (smi, python):
+        tool.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(python), "AGL_VLLM_PYTHON": str(python),
+           "GPU_CHECK_TEST_PATHS": "tests/a.py tests/b dir/c.py",
+           "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}  # fmt: skip
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = log.read_text().splitlines()
+    (pytest_call,) = [c for c in calls if c.startswith("-m pytest")]
+    assert pytest_call.endswith("-m gpu -q -p no:cacheprovider tests/a.py tests/b dir/c.py")
+    assert any(c.startswith("bench/gpu_step.py --device cuda --backend both") for c in calls)
