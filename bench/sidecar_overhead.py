@@ -1,6 +1,6 @@
 """What agl-sidecar adds to a model call, against a minimal pass-through proxy (the floor).
 
-    python bench/sidecar_overhead.py [--quick] [--peers] [--case TEXT] [--blocks N]
+    python bench/sidecar_overhead.py [--quick] [--peers] [--case TEXT]... [--blocks N] [--spelling S]
 
 Over loopback, in one run: a fake vLLM upstream (testing/agl_testing/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
@@ -10,6 +10,10 @@ OTLP receiver); "agl-declared", the same sidecar called with the structure a har
 of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets are interleaved in small
 blocks, since a call right after a slow one runs slow on a shared machine. Prints added p50/p99 latency
 against direct, throughput, RSS, the ratios against the floor, and declared structure's cost.
+
+With --spelling spaced, the fake vLLM writes its JSON as other servers and re-serializing gateways do
+(`{"id": "x", "choices": [...]}`: a space after every colon and comma) instead of vLLM's compact
+bytes; --spelling both runs the whole bench once per spelling, each against its own floor.
 
 With --peers, real peer proxies join the same interleaved blocks: the litellm proxy (one worker, the
 model routed to the fake vLLM as hosted_vllm, the client asking for token IDs as it does direct) and
@@ -48,7 +52,11 @@ FAKE = """
 import sys, asyncio, uvloop
 sys.path.insert(0, {root!r})
 from aiohttp import web
+from agl_testing import fake_vllm
 from agl_testing.fake_vllm import FakeVLLM
+if {spaced!r}:  # JSON as Python's json.dumps writes it by default: ", " and ": "
+    import json
+    fake_vllm._dumps = lambda obj: json.dumps(obj, ensure_ascii=False).encode()
 app = FakeVLLM().build_app()
 web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
 """
@@ -170,7 +178,16 @@ def declared_structure_cpu_us() -> tuple[float, float]:
     return best(plain), best(declared)
 
 
-async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: int | None = None) -> None:
+SPELLINGS = ("vllm", "spaced")
+
+
+async def main(
+    quick: bool,
+    with_peers: bool,
+    only: list[str] | None = None,
+    blocks: int | None = None,
+    spelling: str = "vllm",
+) -> None:
     import aiohttp
     import msgspec
 
@@ -182,7 +199,9 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
     upstream = f"http://127.0.0.1:{fake_port}"
     spool = tempfile.mkdtemp(prefix="agl-bench-spool-")
     try:
-        procs.append(subprocess.Popen([PY, "-c", FAKE.format(root=str(ROOT), port=fake_port)]))
+        print(f"engine JSON spelling: {spelling}")
+        spaced = spelling == "spaced"
+        procs.append(subprocess.Popen([PY, "-c", FAKE.format(root=str(ROOT), port=fake_port, spaced=spaced)]))
         procs.append(subprocess.Popen([PY, "-c", FLOOR.format(upstream=upstream, port=floor_port)]))
         procs.append(subprocess.Popen([PY, "-c", SINK.format(port=sink_port)]))
         time.sleep(1.0)  # let the other processes finish importing before timing the sidecar's start
@@ -241,7 +260,7 @@ async def main(quick: bool, with_peers: bool, only: str | None = None, blocks: i
             print(header)
             blocks = blocks or (3 if quick else 8)
             for case, chars, stream, unique, concurrency in CASES:
-                if only is not None and only not in case:
+                if only and not any(text in case for text in only):
                     continue
                 per_block = (8 if concurrency == 1 else 64) if quick else (48 if concurrency == 1 else 192)
                 if chars == 30000 and concurrency == 64:
@@ -354,15 +373,21 @@ if __name__ == "__main__":
     parser.add_argument("--peers", action="store_true",
                         help="also measure the litellm proxy and Agent Lightning's gateway (installs them under /tmp "
                              "with scripts/setup_bench_peers.sh on first use)")
-    parser.add_argument("--case", metavar="TEXT",
-                        help="run only the cases whose name contains TEXT, e.g. --case '30k unary c=1'")
+    parser.add_argument("--case", metavar="TEXT", action="append",
+                        help="run only the cases whose name contains TEXT, e.g. --case '30k unary c=1' "
+                             "(repeatable: the cases any of them names)")
     parser.add_argument("--blocks", type=int, metavar="N", help="interleaved blocks per case (default 8, 3 with --quick)")
+    parser.add_argument("--spelling", choices=(*SPELLINGS, "both"), default="vllm",
+                        help="how the fake engine spells its JSON: vLLM's compact bytes (default), with "
+                             "spaces (as other servers write it), or a run of each")
     args = parser.parse_args()
-    if args.case is not None and not any(args.case in case[0] for case in CASES):
-        parser.error(f"--case {args.case!r} matches no case; the cases are: {', '.join(c[0] for c in CASES)}")
+    for text in args.case or ():
+        if not any(text in case[0] for case in CASES):
+            parser.error(f"--case {text!r} matches no case; the cases are: {', '.join(c[0] for c in CASES)}")
     if args.blocks is not None and args.blocks < 1:
         parser.error(f"--blocks must be at least 1, got {args.blocks}")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import uvloop
 
-    uvloop.run(main(args.quick, args.peers, args.case, args.blocks))
+    for spelling in SPELLINGS if args.spelling == "both" else (args.spelling,):
+        uvloop.run(main(args.quick, args.peers, args.case, args.blocks, spelling))

@@ -338,12 +338,15 @@ def _record(body: bytes):
     return json.loads(out), prompt, [json.loads(bytes(c.token_ids)) for c in call.choices.values()]
 
 
-def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole(monkeypatch):
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])  # vLLM's compact JSON, or spaced
+def test_the_prompt_array_lifted_out_before_decoding_is_recorded_and_stripped_as_decoded_whole(
+    monkeypatch, separators
+):
     from agl_sidecar.calls import wire
 
     engine = json.loads((VLLM_CAPTURES / "chat_nonstream_token_ids_logprobs.json").read_bytes())
-    engine["prompt_token_ids"] *= 300  # a long prompt, as vLLM writes it (compact JSON)
-    body = json.dumps(engine, separators=(",", ":")).encode()
+    engine["prompt_token_ids"] *= 300  # a long prompt
+    body = json.dumps(engine, separators=separators).encode()
     lifts = []
 
     def spy(data: bytes, key: bytes):

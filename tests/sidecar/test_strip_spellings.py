@@ -2,11 +2,14 @@
 whatever the engine's JSON spelling: vLLM's own bytes take the byte-splice fast path; the same values
 spelled as another server, version or proxy writes them (spaces, pretty-printing, escaped key names,
 another key order; SSE with CRLF, `data:` without a space, JSON over several `data:` lines) take the
-slow path. Both give the harness the same JSON and record the same tokens."""
+slow path. Both give the harness the same JSON and record the same tokens. Whitespace (around colons
+and commas, newlines, tabs), key order, escaped strings and number spellings are found in place
+too: the harness then gets the engine's own bytes, only the stripped values nulled."""
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +22,7 @@ from agl_sidecar.calls.attribution import Identity
 from agl_sidecar.proxy.recording import StreamRecorder, record_unary
 from agl_sidecar.proxy.request import CHAT, COMPLETIONS, Flags
 from agl_sidecar.calls.record import CallRecord
+from agl_sidecar.calls import wire
 from agl_sidecar.calls.wire import chat_request, completion_request
 from agl_testing.fake_vllm import FakeVLLM, Reply, capture, sse_events
 
@@ -49,11 +53,22 @@ SPELLINGS: dict[str, Callable[[bytes], bytes]] = {
     "delta_after_logprobs": _delta_after_logprobs,
     "vllm": lambda raw: raw,
     "spaces": lambda raw: json.dumps(json.loads(raw), ensure_ascii=False).encode(),
+    "spaces_around_colons": lambda raw: json.dumps(json.loads(raw), separators=(" , ", " : ")).encode(),
+    "tabs": lambda raw: json.dumps(json.loads(raw), separators=("\t,", ":\t")).encode(),
     "pretty": lambda raw: json.dumps(json.loads(raw), ensure_ascii=False, indent=2).encode(),
     "escaped_keys": _escaped_keys,
     "key_order": lambda raw: json.dumps(_reversed_keys(json.loads(raw)), separators=(",", ":")).encode(),
     "ascii_escapes": lambda raw: json.dumps(json.loads(raw), separators=(",", ":"), ensure_ascii=True).encode(),
 }
+
+
+# What the harness gets byte for byte: the spelling of the stripped JSON (its values nulled in place).
+# An escaped key name is not found in place: that body is stripped by re-encoding it.
+IN_PLACE = [name for name in SPELLINGS if name != "escaped_keys"]
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _stripped(original: dict[str, Any], token_ids: bool, logprobs: bool) -> dict[str, Any]:
@@ -86,6 +101,28 @@ def _call() -> CallRecord:
     return CallRecord(api="a", operation="chat", identity=Identity(), trace_parent=None, start_ns=0)
 
 
+def _recorded(kind: str, call: CallRecord) -> dict[str, Any]:
+    """Everything the span is built from, decoded as the span builder decodes it."""
+    logprobs_of = wire.chat_logprobs if kind == CHAT else wire.legacy_logprobs
+
+    def ids(value: Any) -> Any:
+        return value if value is None or isinstance(value, list) else wire.token_ids(value)
+
+    return {
+        "prompt": ids(call.prompt_ids),
+        "choices": {
+            index: (
+                ids(choice.token_ids),
+                choice.logprobs if isinstance(choice.logprobs, list) else logprobs_of(choice.logprobs),
+                choice.finish_reason,
+            )
+            for index, choice in call.choices.items()
+        },
+        "response": (call.response_id, call.response_model, call.input_tokens, call.output_tokens),
+        "tokens_absent": call.tokens_absent,
+    }
+
+
 UNARY = [
     (CHAT, "chat_nonstream_token_ids_logprobs.json"),
     (CHAT, "chat_nonstream_n2_token_ids.json"),
@@ -106,7 +143,13 @@ def test_unary_response_is_stripped_and_recorded_whatever_its_spelling(kind, nam
     flags = _flags(kind, asked)
     call = _call()
     out = record_unary(kind, SPELLINGS[spelling](raw), flags, call, False)
-    assert json.loads(out) == _stripped(original, flags.token_ids, flags.logprobs)
+    stripped = _stripped(original, flags.token_ids, flags.logprobs)
+    assert json.loads(out) == stripped
+    if spelling in IN_PLACE:
+        assert out == SPELLINGS[spelling](_compact(stripped))
+    vllm = _call()
+    record_unary(kind, raw, flags, vllm, False)
+    assert _recorded(kind, call) == _recorded(kind, vllm)
     first = original["choices"][0]
     prompt = original.get("prompt_token_ids") if kind == CHAT else first.get("prompt_token_ids")
     assert _ints(call.prompt_ids) == prompt
@@ -147,6 +190,8 @@ def test_stream_chunks_are_stripped_and_recorded_whatever_their_spelling(kind, n
     flags = _flags(kind, {})
     call = _call()
     recorder = StreamRecorder(kind, flags, call)
+    vllm = _call()
+    vllm_recorder = StreamRecorder(kind, flags, vllm)
     received = []
     for chunk in chunks:
         spelled = SPELLINGS[spelling](chunk)
@@ -155,14 +200,187 @@ def test_stream_chunks_are_stripped_and_recorded_whatever_their_spelling(kind, n
         else:
             event = b"data: " + spelled
         out = recorder.event(event)
+        vllm_recorder.event(b"data: " + chunk)
         assert out.startswith(b"data: ") and b"\n" not in out
+        if spelling in IN_PLACE and spelling != "pretty":  # several lines are sent as one
+            assert out[6:] == SPELLINGS[spelling](_compact(_stripped(json.loads(chunk), False, False)))
         received.append(json.loads(out[6:]))
     originals = [json.loads(c) for c in chunks]
     assert received == [_stripped(c, False, False) for c in originals]
+    assert _recorded(kind, call) == _recorded(kind, vllm)
     prompt, completions = _expected_tokens(kind, originals)
     assert _ints(call.prompt_ids) == prompt
     for index, ids in completions.items():
         assert _ints(call.choices[index].token_ids) == ids
+
+
+# --- any valid spelling: found in place, recorded as vLLM's ---------------------------------------
+# Spellings of a double that keep its value (17 significant digits): `-0.5`, `-5.0000000000000000e-01`,
+# `-5.0000000000000000E-1`.
+_FLOATS: list[Callable[[float], str]] = [
+    repr,
+    lambda v: f"{v:.16e}",
+    lambda v: f"{v:.16E}".replace("E-0", "E-"),
+]
+
+
+def _spell(value: Any, seed: int, ws: str, path: str = "") -> str:
+    """`value` as JSON spelled as drawn from `seed`: whitespace from `ws` around every colon, comma
+    and bracket, keys in another order, strings with or without `\\u` escapes, floats in exponent
+    forms. A path is spelled the same whatever the values elsewhere, so the stripped body comes out
+    as the engine's body with the stripped values nulled."""
+    rng = random.Random(f"{seed}:{path}")
+
+    def gap() -> str:
+        return "".join(rng.choice(ws) for _ in range(rng.choice((0, 0, 1, 2))))
+
+    if isinstance(value, dict):
+        keys = list(value)
+        if rng.random() < 0.5:
+            rng.shuffle(keys)
+        members = [
+            gap() + json.dumps(k) + gap() + ":" + gap() + _spell(value[k], seed, ws, f"{path}/{k}") + gap()
+            for k in keys
+        ]
+        return "{" + (",".join(members) if members else gap()) + "}"
+    if isinstance(value, list):
+        items = [gap() + _spell(v, seed, ws, f"{path}/{i}") + gap() for i, v in enumerate(value)]
+        return "[" + (",".join(items) if items else gap()) + "]"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=rng.random() < 0.5)
+    if isinstance(value, float):
+        return rng.choice(_FLOATS)(value)
+    return json.dumps(value)
+
+
+def _accented(value: Any, key: str = "") -> Any:
+    """`value` with "é" in the generated text, where an engine writes `\\u00e9` or the UTF-8 bytes."""
+    if isinstance(value, dict):
+        return {k: _accented(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_accented(v, key) for v in value]
+    return value + " café" if key in ("content", "text") and isinstance(value, str) else value
+
+
+def _long(kind: str, value: dict[str, Any]) -> dict[str, Any]:
+    """A long prompt (the body is over wire.LIFT_MIN_BYTES, so its IDs are lifted out before decoding)."""
+    if kind == CHAT and value.get("prompt_token_ids"):
+        return {**value, "prompt_token_ids": value["prompt_token_ids"] * 300}
+    return value
+
+
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("kind", "name"), UNARY)
+def test_a_unary_body_in_any_valid_spelling_is_stripped_in_place_and_recorded_as_vllms(
+    kind, name, seed, long
+):
+    original = json.loads(capture(name))
+    original = _accented(_long(kind, original) if long else original)
+    flags = _flags(kind, {})
+    call = _call()
+    out = record_unary(kind, _spell(original, seed, " \t\n\r").encode(), flags, call, False)
+    assert out == _spell(_stripped(original, False, False), seed, " \t\n\r").encode()
+    vllm = _call()
+    record_unary(kind, _compact(original), flags, vllm, False)
+    assert _recorded(kind, call) == _recorded(kind, vllm) and not call.tokens_absent
+
+
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("kind", "name"), STREAMS)
+def test_stream_chunks_in_any_valid_spelling_are_stripped_in_place_and_recorded_as_vllms(
+    kind, name, seed, long
+):
+    flags = _flags(kind, {})
+    call, vllm = _call(), _call()
+    recorder, vllm_recorder = StreamRecorder(kind, flags, call), StreamRecorder(kind, flags, vllm)
+    for i, chunk in enumerate(_chunks(name)):
+        original = _accented(_long(kind, json.loads(chunk)) if long else json.loads(chunk))
+        # One `data:` line: no line ends in the whitespace.
+        out = recorder.event(b"data: " + _spell(original, seed + i, " \t").encode())
+        assert out == b"data: " + _spell(_stripped(original, False, False), seed + i, " \t").encode()
+        vllm_recorder.event(b"data: " + _compact(original))
+    assert _recorded(kind, call) == _recorded(kind, vllm) and not call.tokens_absent
+
+
+def _hand_written(kind: str, stream: bool, sp: str, logprob: str | None) -> bytes:
+    """A one-choice body spelled with `sp` after every colon and comma, a logprob spelled `logprob`
+    and `\\u00e9` in its strings; None: as the harness must get it (the injected values nulled)."""
+    ids, prompt = ("null", "null") if logprob is None else (f"[7,{sp}8]", f"[1,{sp}2]")
+    if kind == CHAT:
+        logprobs = "null" if logprob is None else (
+            f'{{"content":{sp}[{{"token":{sp}"\\u00e9",{sp}"logprob":{sp}{logprob},'
+            f'{sp}"bytes":{sp}[195,{sp}169],{sp}"top_logprobs":{sp}[]}}]}}'
+        )
+        message = f'"{"delta" if stream else "message"}":{sp}{{"content":{sp}"caf\\u00e9"}}'
+        choice = (
+            f'{{"index":{sp}0,{sp}{message},{sp}"logprobs":{sp}{logprobs},{sp}"finish_reason":{sp}null,'
+            f'{sp}"token_ids":{sp}{ids}}}'
+        )
+        return f'{{"id":{sp}"c",{sp}"choices":{sp}[{choice}],{sp}"prompt_token_ids":{sp}{prompt}}}'.encode()
+    logprobs = "null" if logprob is None else (
+        f'{{"tokens":{sp}["\\u00e9"],{sp}"token_logprobs":{sp}[{logprob}]}}'
+    )
+    choice = (
+        f'{{"index":{sp}0,{sp}"text":{sp}"caf\\u00e9",{sp}"logprobs":{sp}{logprobs},'
+        f'{sp}"finish_reason":{sp}"stop",{sp}"prompt_token_ids":{sp}{prompt},{sp}"token_ids":{sp}{ids}}}'
+    )
+    return f'{{"id":{sp}"c",{sp}"choices":{sp}[{choice}]}}'.encode()
+
+
+@pytest.mark.parametrize("logprob", ["-0.0", "-5E-1", "-5e-1", "-50e-2", "-0.5", "0", "-1e0", "-1E+0"])
+@pytest.mark.parametrize("spacing", ["", " ", "\t "])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", [CHAT, COMPLETIONS])
+def test_a_logprob_in_any_number_spelling_is_recorded_as_its_value(kind, stream, spacing, logprob):
+    body = _hand_written(kind, stream, spacing, logprob)
+    call = _call()
+    if stream:
+        out = StreamRecorder(kind, _flags(kind, {}), call).event(b"data: " + body)[6:]
+    else:
+        out = record_unary(kind, body, _flags(kind, {}), call, False)
+    assert out == _hand_written(kind, stream, spacing, None)
+    recorded = _recorded(kind, call)
+    assert recorded["prompt"] == [1, 2] and recorded["choices"][0][0] == [7, 8]
+    assert [repr(v) for v in recorded["choices"][0][1]] == [repr(float(logprob))]  # -0.0 stays -0.0
+
+
+_NULLED = b'{"choices":[{"index":0,"message":%s,"token_ids":null}]}'
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # a key that only ends in the name (an escaped quote before it), with the same value, first
+        b'{"content":"x","\\"token_ids":[5]}',
+        # the name as a string value, alone and followed by a colon in the text
+        b'{"content":"token_ids","role":"token_ids"}',
+        b'{"content":"\\"token_ids\\": [5]","role" : "token_ids" }',
+        # the name as a member of another object, with another value
+        b'{"content":"x","token_ids" : [6]}',
+    ],
+)
+@pytest.mark.parametrize("spacing", [b":", b" : ", b":\n  "])
+def test_only_the_choices_member_of_that_name_is_nulled(message, spacing):
+    body = b'{"choices":[{"index":0,"message":%s,"token_ids"%s[5]}]}' % (message, spacing)
+    call = _call()
+    out = record_unary(CHAT, body, _flags(CHAT, {}), call, False)
+    assert out == b'{"choices":[{"index":0,"message":%s,"token_ids"%snull}]}' % (message, spacing)
+    assert _recorded(CHAT, call)["choices"][0][0] == [5]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"", b'"token_ids"', b'{"token_ids"', b'{"token_ids":', b'{"token_ids" ', b'{"token_ids"  :  ',
+        b'{"a":"token_ids"}', b'{"token_ids":[5', b'{"token_ids": [5, 6', b'{"x":1,"token_ids"\t',
+    ],
+)
+def test_locating_a_value_in_a_cut_or_odd_body_finds_nothing_and_raises_nothing(body):
+    assert wire.value_at(body, b'"token_ids":', msgspec.Raw(b"[5]")) == -1
+    assert wire.null_out(body, [(b'"token_ids":', msgspec.Raw(b"[5]"))]) is None
+    assert wire.lift_int_array(body, b'"token_ids":') == (body, None)
 
 
 # --- through the sidecar: SSE framing as other servers write it ----------------------------------

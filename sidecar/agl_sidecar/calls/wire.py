@@ -229,20 +229,18 @@ LIFT_MIN_BYTES = 4096
 
 def lift_int_array(body: bytes, key: bytes) -> tuple[bytes, Raw | None]:
     """`body` with the int array after its only `key` (`b'"prompt_token_ids":'`) replaced by `0`,
-    and that array's bytes; `(body, None)` when the key is absent, repeated or not followed by `[`.
+    and that array's bytes; `(body, None)` when the key is absent, repeated or not followed by `[`
+    (whitespace after the colon allowed: `"prompt_token_ids": [1, 2]`).
 
     A response's prompt IDs are most of its bytes (200 KB for a 30k-char prompt), and a decoder
     validates every byte of a Raw field to find where it ends; `]` ends an int array, so two byte
     searches find it at memchr speed. The builder validates the array when it decodes it, as it
     would have without the lift."""
-    at = body.find(key)
-    if at < 0 or body.find(key, at + len(key)) >= 0:
-        return body, None
-    start = at + len(key)
-    if body[start : start + 1] != b"[":
+    start = member_value(body, key)
+    if start < 0 or not body.startswith(b"[", start):
         return body, None
     end = body.find(b"]", start) + 1
-    if end <= 0:
+    if end <= 0 or body.find(key, end) >= 0:  # the key again after it: which one is the response's?
         return body, None
     return body[:start] + b"0" + body[end:], Raw(body[start:end])
 
@@ -306,8 +304,8 @@ decode_any = msgspec.json.decode
 
 def strip(body: bytes, fields: list[tuple[bytes, Raw]], token_ids: bool, logprobs: bool) -> bytes:
     """`body` (a response or chunk) without the values in `fields`: the byte splice when it locates
-    every one of them, else the decoded body re-encoded without them (`strip_decoded`); an engine
-    that spells its JSON differently from vLLM (spaces, escapes, another key order) gets that."""
+    every one of them (any whitespace, key order or string escapes: the engine's bytes kept), else
+    the decoded body re-encoded without them (`strip_decoded`: a key name spelled with escapes)."""
     out = null_out(body, fields)
     return out if out is not None else strip_decoded(body, token_ids, logprobs)
 
@@ -342,44 +340,113 @@ def strip_decoded(body: bytes, token_ids: bool, logprobs: bool) -> bytes:
     return msgspec.json.encode(data)
 
 
-def null_out(body: bytes, fields: list[tuple[bytes, Raw]]) -> bytes | None:
-    """`body` with each `"key":<raw value>` replaced by `"key":null`; None when a value is not found
-    spelled so (the caller then takes the slow path).
+# JSON's whitespace, and the bytes that may come right before a member's key: an unescaped quote.
+WS = b" \t\n\r"
+_WS_BYTES = (b" ", b"\t", b"\n", b"\r")
+_BEFORE_KEY = b"{," + WS
 
-    The pattern `"key":` with an unescaped closing quote cannot occur inside a JSON string, so a
-    match is always the field itself. Each value is located by a short needle (key + the value's
-    first bytes) and confirmed by comparing the whole value, then the body is spliced once: no copy
-    of a 200 KB token array is made to search for it."""
-    cuts: list[tuple[int, int]] = []
-    for key, raw in fields:
-        value = bytes(raw)
-        if value == b"null":
-            continue
-        needle = key + value[:48]
-        start = 0
-        while True:
-            at = body.find(needle, start)
-            if at < 0:
-                return None  # spelled otherwise (`"key": [`, an escaped key): not for the byte path
-            begin = at + len(key)
-            end = begin + len(value)
-            if (begin, end) not in cuts and body[begin:end] == value:
-                cuts.append((begin, end))  # identical values (equal choices) each get their own cut
-                break
-            start = at + 1
-    if not cuts:
-        return body
+
+def skip_ws(body: bytes, at: int) -> int:
+    """The first index at or after `at` that is not JSON whitespace (len(body) if none)."""
+    end = len(body)
+    while at < end and body[at] in WS:
+        at += 1
+    return at
+
+
+def member_value(body: bytes, key: bytes, start: int = 0, spaced: bool = False) -> int:
+    """Where the value of the first member `key` (`b'"token_ids":'`: the name in quotes, plain ASCII
+    starting with a letter, and a colon) at or after `start` begins in the JSON `body`, at any depth;
+    -1 when there is none. Whitespace after the colon is skipped (`"token_ids": [1, 2]`); `spaced`
+    also finds whitespace before it (`"token_ids" : `), at the cost of a second kind of search.
+
+    In valid JSON a match is a member's key exactly when its opening quote follows `{`, `,` or
+    whitespace (a quote inside a string is escaped, after a backslash) and the closing quote is
+    followed by optional whitespace and `:` (a string value is followed by `,`, `}` or `]`)."""
+    if spaced:
+        key = key[:-1]
+    size = len(key)
+    at = body.find(key, start)
+    while at >= 0:
+        if at > 0 and body[at - 1] in _BEFORE_KEY:
+            begin = at + size
+            if spaced:
+                begin = skip_ws(body, begin)
+                if not body.startswith(b":", begin):
+                    at = body.find(key, at + size)
+                    continue
+                begin += 1
+            return skip_ws(body, begin) if body[begin : begin + 1] in _WS_BYTES else begin
+        at = body.find(key, at + size)
+    return -1
+
+
+def value_at(body: bytes, key: bytes, value: Raw | bytes, taken: set[int] | None = None) -> int:
+    """Where the value of the first member `key` (`member_value`) spelled exactly `value` (the
+    decoder's Raw of it: the same bytes) begins, a start in `taken` skipped; -1 when there is none."""
+    # `"key":` first, inlined (the hot path: one search finds vLLM's spelling and `"key": value`).
+    size = len(key)
+    at = body.find(key)
+    while at >= 0:
+        begin = at + size
+        if at > 0 and body[at - 1] in _BEFORE_KEY:
+            if not body.startswith(value, begin):
+                begin = skip_ws(body, begin)
+            if body.startswith(value, begin) and (taken is None or begin not in taken):
+                return begin
+        at = body.find(key, at + size)
+    begin = member_value(body, key, 0, spaced=True)  # `"key" : value`
+    while begin >= 0:
+        if body.startswith(value, begin) and (taken is None or begin not in taken):
+            return begin
+        begin = member_value(body, key, begin, spaced=True)
+    return -1
+
+
+def disjoint(cuts: list[tuple[int, int]]) -> bool:
+    """Sort the (begin, end) spans; False when one lies inside another (a member named as the one
+    sought, nested in another value sought): then they are not the members decoded."""
     cuts.sort()
-    out: list[bytes] = []
+    previous_end = 0
+    for begin, end in cuts:
+        if begin < previous_end:
+            return False
+        previous_end = end
+    return True
+
+
+def splice_nulls(body: bytes, cuts: list[tuple[int, int]], prefix: bytes = b"") -> bytes:
+    """`prefix` + `body` with each (begin, end) span, sorted and not overlapping, replaced by `null`."""
+    out = [prefix]
     position = 0
     for begin, end in cuts:
-        if begin < position:  # the same field listed twice
-            continue
         out.append(body[position:begin])
         out.append(b"null")
         position = end
     out.append(body[position:])
     return b"".join(out)
+
+
+def null_out(body: bytes, fields: list[tuple[bytes, Raw]]) -> bytes | None:
+    """`body` with the value of each `(key, raw value)` member replaced by `null`, in place: every
+    other byte as the engine wrote it, its spacing included. None when a value is not found spelled
+    so (an escaped key name: the caller then takes the slow path).
+
+    Each value is located by its key (`value_at`) and confirmed by comparing the whole value in
+    place, then the body is spliced once: no copy of a 200 KB token array is made to search for it."""
+    cuts: list[tuple[int, int]] = []
+    starts: set[int] = set()
+    for key, raw in fields:
+        if raw == NULL:
+            continue
+        begin = value_at(body, key, raw, starts)
+        if begin < 0:
+            return None
+        starts.add(begin)  # identical values (equal choices) each get their own cut
+        cuts.append((begin, begin + len(raw)))
+    if not cuts:
+        return body
+    return splice_nulls(body, cuts) if disjoint(cuts) else None
 
 
 def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:

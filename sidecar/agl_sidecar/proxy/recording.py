@@ -15,6 +15,7 @@ from agl_sidecar.proxy.request import CHAT, Flags
 from agl_sidecar.calls.switches import SwitchLog
 from agl_sidecar.calls.record import CallRecord
 
+# The keys of the values stripped, as wire.member_value finds them (any spacing around the colon).
 K_TOKEN_IDS = b'"token_ids":'
 K_PROMPT_TOKEN_IDS = b'"prompt_token_ids":'
 K_LOGPROBS = b'"logprobs":'
@@ -213,11 +214,14 @@ class StreamRecorder:
         return b"\n".join([*other, self._event(DATA + payload)])
 
     def _chat_fast(self, payload: bytes) -> bytes | None:
-        """The common chat chunk (at most one choice) in one typed decode, its stripped fields found
-        by markers: vLLM writes `"logprobs":{...}` right before `,"finish_reason":`, and `"key":` /
-        `,"key":` with unescaped quotes cannot occur inside a JSON string. None: use the general path."""
+        """The common chat chunk (at most one choice) in one typed decode, the values to strip found
+        by their keys in any spacing (wire.value_at) and confirmed against the decoded values. None:
+        use the general path."""
         try:
-            chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
+            if len(payload) < wire.LIFT_MIN_BYTES:  # every chunk but a stream's first
+                chunk = wire.typed_chat_chunk.decode(payload)
+            else:
+                chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
         except msgspec.MsgspecError:
             return None
         if chunk.error is not None or len(chunk.choices) > 1:
@@ -225,41 +229,36 @@ class StreamRecorder:
         call = self.call
         flags = self.flags
         c = chunk.choices[0] if chunk.choices else None
-        # Locate every value to strip before recording anything, and confirm each located span of
-        # bytes is exactly the decoded value (another engine's spacing or key order moves them): on
-        # a miss the general path handles the chunk from scratch.
+        # Locate every value to strip before recording anything: on a miss (an escaped key, a value
+        # another spelling moved) the general path handles the chunk from scratch.
         cuts: list[tuple[int, int]] = []
         has_prompt = chunk.prompt_token_ids != wire.NULL
         if has_prompt and not flags.token_ids:
-            at = payload.rfind(b'"prompt_token_ids":[')
-            end = payload.find(b"]", at) + 1
-            if at < 0 or payload[at + 19 : end] != bytes(chunk.prompt_token_ids):
+            at = wire.value_at(payload, K_PROMPT_TOKEN_IDS, chunk.prompt_token_ids)
+            if at < 0:
                 return None
-            cuts.append((at + 19, end))
+            cuts.append((at, at + len(chunk.prompt_token_ids)))
         logprobs = None
         if c is not None:
             if c.token_ids is not None and not flags.token_ids:
-                at = payload.rfind(b'"token_ids":[')
-                end = payload.find(b"]", at) + 1
-                if at < 0 or payload[at + 12 : end] != wire.encode(c.token_ids):
+                encoded = wire.encode(c.token_ids)  # an int array without whitespace, as vLLM writes it
+                at = wire.value_at(payload, K_TOKEN_IDS, encoded)
+                span = _spaced_int_array(payload, K_TOKEN_IDS, encoded) if at < 0 else (at, at + len(encoded))
+                if span is None:
                     return None
-                cuts.append((at + 12, end))
+                cuts.append(span)
             if c.logprobs != wire.NULL:
                 if not flags.logprobs:
-                    at = payload.find(b'"logprobs":{')
-                    end = payload.find(b',"finish_reason":', at)
-                    if at < 0 or end < 0 or payload[at + 11 : end] != bytes(c.logprobs):
+                    at = wire.value_at(payload, K_LOGPROBS, c.logprobs)
+                    if at < 0:
                         return None
-                    cuts.append((at + 11, end))
+                    cuts.append((at, at + len(c.logprobs)))
                 try:
                     logprobs = wire.chat_logprobs(c.logprobs)
                 except msgspec.MsgspecError:
                     return None
-        if len(cuts) > 1:
-            cuts.sort()
-            for (_, previous_end), (begin, _) in zip(cuts, cuts[1:]):
-                if begin < previous_end:
-                    return None  # two located values overlap: the layout is not vLLM's
+        if len(cuts) > 1 and not wire.disjoint(cuts):
+            return None
         if has_prompt and call.prompt_ids is None:
             call.prompt_ids = chunk.prompt_token_ids
         if c is not None:
@@ -275,13 +274,19 @@ class StreamRecorder:
             call.response_model = chunk.model
         if chunk.usage is not None:
             record_usage(call, chunk.usage)
-        if not cuts:
-            return DATA + payload
-        out = [DATA]
-        position = 0
-        for begin, end in cuts:
-            out.append(payload[position:begin])
-            out.append(b"null")
-            position = end
-        out.append(payload[position:])
-        return b"".join(out)
+        return wire.splice_nulls(payload, cuts, DATA) if cuts else DATA + payload
+
+
+def _spaced_int_array(payload: bytes, key: bytes, encoded: bytes) -> tuple[int, int] | None:
+    """The span of the first member `key` whose value is the int array msgspec encodes as `encoded`,
+    written with whitespace (`[1, 2]`), or None: the first `]` ends an int array, and only
+    whitespace may differ from `encoded`."""
+    for spaced in (False, True):
+        begin = wire.member_value(payload, key, 0, spaced)
+        while begin >= 0:
+            end = payload.find(b"]", begin) + 1
+            if end > begin and payload.startswith(b"[", begin):
+                if payload[begin:end].translate(None, wire.WS) == encoded:
+                    return begin, end
+            begin = wire.member_value(payload, key, begin, spaced)
+    return None
