@@ -35,7 +35,7 @@ from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.inflight import InFlight
-from agl_trainer.loop.ports import Backend, DataPlane, SidecarControl, SidecarError
+from agl_trainer.loop.ports import Backend, DataPlane, Resume, SidecarControl, SidecarError
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.loop.report import StepTimes, batch_metrics, number, reward_metrics
 from agl_trainer.loop.validation import Validator
@@ -154,7 +154,7 @@ class TrainingLoop:
         self._started = time.monotonic()  # loop.max_train_s counts training, not start-up
         sampler = asyncio.create_task(self._sample_idle())
         try:
-            await self.sidecar.resume(policy_version=self.version)
+            await self.sidecar.resume(Resume(policy_version=self.version))
             self._act_on(await self._check_canary())  # the engine agrees with the trainer from the start
             await self._validate_if_due()
             while self.state.step < self.config.max_steps:
@@ -340,10 +340,12 @@ class TrainingLoop:
         the switch (where the new version starts in each frozen call: the engine's token counts),
         then the engine continues the frozen calls: no token of the new weights precedes the record."""
         if self.config.switch != "keep":
-            await self.sidecar.resume(policy_version=new_version)
+            await self.sidecar.resume(Resume(policy_version=new_version))
             return
         try:
-            await self.sidecar.resume(policy_version=new_version, switch=True, engine_progress=step.frozen)
+            await self.sidecar.resume(
+                Resume(policy_version=new_version, switch=True, engine_progress=step.frozen)
+            )
         finally:
             await asyncio.to_thread(self.engine.thaw)
 

@@ -90,16 +90,24 @@ class SidecarState(msgspec.Struct, kw_only=True):
         return self.spans_building + self.spans_pending + self.spans_sending + self.spans_in_spool
 
 
+@dataclass(frozen=True)
+class Resume:
+    """What a resume tells the sidecars. `switch`: the calls in flight were frozen (a keep pause) and
+    continue under `policy_version`; `engine_progress` (engine request id -> tokens before the
+    freeze) says where in each the new version starts. `upstreams`: the engines to send to from now."""
+
+    policy_version: int | None = None
+    upstreams: list[str] | None = None
+    switch: bool = False
+    engine_progress: dict[str, int] | None = None
+
+
+RELEASE = Resume()  # held calls go out; version and upstreams stay as they are
+
+
 class SidecarControl(Protocol):
     async def pause(self, *, drain: bool = True, timeout_s: float = 60.0, keep: bool = False) -> SidecarState: ...
 
-    async def resume(
-        self,
-        *,
-        policy_version: int | None = None,
-        upstreams: list[str] | None = None,
-        switch: bool = False,
-        engine_progress: dict[str, int] | None = None,
-    ) -> SidecarState: ...
+    async def resume(self, request: Resume = RELEASE) -> SidecarState: ...
 
     async def state(self) -> SidecarState: ...

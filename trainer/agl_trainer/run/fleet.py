@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agl_trainer.loop.ports import SidecarState
+from agl_trainer.loop.ports import RELEASE, Resume, SidecarState
 from agl_trainer.run.sidecar_client import SidecarAdmin
 from agl_trainer.runners.base import sidecar_index
 
@@ -30,27 +30,9 @@ class SidecarFleet:
         )
         return merge_states(list(states))
 
-    async def resume(
-        self,
-        *,
-        policy_version: int | None = None,
-        upstreams: list[str] | None = None,
-        switch: bool = False,
-        engine_progress: dict[str, int] | None = None,
-    ) -> SidecarState:
+    async def resume(self, request: Resume = RELEASE) -> SidecarState:
         # The engine's progress is keyed by request id: each sidecar finds its own calls in it.
-        states = await asyncio.gather(
-            *(
-                a.resume(
-                    policy_version=policy_version,
-                    upstreams=upstreams,
-                    switch=switch,
-                    engine_progress=engine_progress,
-                )
-                for a in self.admins
-            )
-        )
-        return merge_states(list(states))
+        return merge_states(list(await asyncio.gather(*(a.resume(request) for a in self.admins))))
 
     async def state(self) -> SidecarState:
         return merge_states(list(await asyncio.gather(*(a.state() for a in self.admins))))

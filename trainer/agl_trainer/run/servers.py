@@ -20,7 +20,7 @@ from agl import semconv
 
 from agl_trainer.config import Config
 from agl_trainer.run.fleet import SidecarFleet
-from agl_trainer.loop.ports import SidecarError
+from agl_trainer.loop.ports import Resume, SidecarError
 from agl_trainer.run.sidecar_client import SidecarAdmin, SidecarProcess
 from agl_trainer.run.topology import Topology, format_headers
 from agl_trainer.runners.base import Endpoint
@@ -81,7 +81,7 @@ async def start_sidecars(
             stack.push_async_callback(admin.aclose)
             await _check_reachable(admin, index if config.sidecar.url is None else None)
             # Its node's engine servers (attach[].upstreams), else every server of the engine.
-            await admin.resume(upstreams=target.upstreams or engine_urls)
+            await admin.resume(Resume(upstreams=target.upstreams or engine_urls))
             admins.append(admin)
         control: Any = admins[0] if len(admins) == 1 else SidecarFleet(admins)
         targets = [(t.harness_url, t.harness_key) for t in topology.attached]

@@ -12,7 +12,7 @@ The trainer never imports agl_sidecar; they talk HTTP only. Admin API (bearer to
 
     async with SidecarAdmin(url, token) as admin:
         await admin.pause(drain=True, timeout_s=60)
-        await admin.resume(policy_version=3)
+        await admin.resume(Resume(policy_version=3))
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import msgspec
 from agl import semconv
 
 from agl_trainer.run.topology import is_loopback
-from agl_trainer.loop.ports import SidecarError, SidecarState
+from agl_trainer.loop.ports import RELEASE, Resume, SidecarError, SidecarState
 from agl_trainer.ports import free_port
 
 
@@ -65,26 +65,17 @@ class SidecarAdmin:
         body: dict[str, Any] = {"mode": "keep", "timeout_s": timeout_s} if keep else {"drain": drain, "timeout_s": timeout_s}
         return await self._post(semconv.ADMIN_PAUSE_PATH, body, timeout=timeout_s + 10)
 
-    async def resume(
-        self,
-        *,
-        policy_version: int | None = None,
-        upstreams: list[str] | None = None,
-        switch: bool = False,
-        engine_progress: dict[str, int] | None = None,
-    ) -> SidecarState:
-        """Release held calls. `switch`: the calls in flight were frozen and continue under
-        `policy_version`; `engine_progress` (engine request id -> tokens before the freeze) says
-        where in each the new version starts."""
+    async def resume(self, request: Resume = RELEASE) -> SidecarState:
+        """Release held calls (`loop.ports.Resume` says what each field means)."""
         body: dict[str, Any] = {}
-        if policy_version is not None:
-            body["policy_version"] = policy_version
-        if upstreams is not None:
-            body["upstreams"] = upstreams
-        if switch:
+        if request.policy_version is not None:
+            body["policy_version"] = request.policy_version
+        if request.upstreams is not None:
+            body["upstreams"] = request.upstreams
+        if request.switch:
             body["switch"] = True
-            if engine_progress is not None:
-                body["engine_progress"] = engine_progress
+            if request.engine_progress is not None:
+                body["engine_progress"] = request.engine_progress
         return await self._post(semconv.ADMIN_RESUME_PATH, body)
 
     async def state(self) -> SidecarState:
