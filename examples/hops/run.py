@@ -5,6 +5,7 @@ and plot every seed's held-out curves together.
 
     python -m examples.hops.run                       # seeds 0 1 2, 15 minutes of RL each
     python -m examples.hops.run --seeds 0 --budget-s 120 --out runs/hops-smoke
+    python -m examples.hops.run --seeds 2 --set backend.lr=1e-3 --out runs/hops-lr   # a config override
 
 Writes OUT/seed-N/ (model, tasks, the run: metrics.jsonl, reward.png), OUT/hops.json, OUT/hops.png.
 Run from the repository root.
@@ -30,7 +31,7 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def train_seed(out: Path, seed: int, budget_s: float) -> dict[str, Any]:
+def train_seed(out: Path, seed: int, budget_s: float, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -47,7 +48,7 @@ def train_seed(out: Path, seed: int, budget_s: float) -> dict[str, Any]:
     command = [
         str(Path(sys.executable).parent / "agl"), "train", str(CONFIG), f"--output_dir={run_dir}",
         f"--tasks={prepared.tasks}", f"--val_tasks={prepared.val_tasks}", f"--model.path={prepared.path}",
-        f"--seed={seed}", f"--loop.max_train_s={budget_s}",
+        f"--seed={seed}", f"--loop.max_train_s={budget_s}", *(f"--{item}" for item in overrides),
     ]  # fmt: skip
     print(f"hops seed {seed}: {' '.join(command[1:])}", flush=True)
     loads, started = [load_average()], time.monotonic()
@@ -138,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, default=900.0, help="seconds of RL per seed (loop.max_train_s)"
     )
     parser.add_argument("--out", default="runs/hops")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override for every seed's `agl train` (e.g. backend.lr=1e-3); repeatable",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if bad := [item for item in args.overrides if "=" not in item or item.startswith("-")]:
+        parser.error(f"--set takes KEY=VALUE (a config key such as backend.lr=1e-3), got {bad[0]!r}")
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:
-        result = train_seed(out, seed, args.budget_s)
+        result = train_seed(out, seed, args.budget_s, tuple(args.overrides))
         results.append(result)
         (out / "hops.json").write_text(json.dumps(results, indent=1))
         print(

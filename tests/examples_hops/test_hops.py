@@ -207,3 +207,39 @@ def test_agl_train_runs_the_hops_config_on_tree_shaped_rollouts(tmp_path: Path, 
     assert row["assembly/samples"] > 8  # sub-agents and compactions: more than one sample a rollout
     assert row["assembly/trained_tokens"] > 0 and row["actor/entropy"] > 0
     assert (tmp_path / "run" / "reward.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_seed_runner_passes_config_overrides_to_agl_train(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`python -m examples.hops.run --set KEY=VALUE` reaches every seed's `agl train` as `--KEY=VALUE`;
+    a malformed one is refused before anything runs."""
+    import subprocess
+
+    from examples.hops import prepare
+    from examples.hops import run as hops_run
+
+    with pytest.raises(SystemExit) as refused:
+        hops_run.main(["--set", "lr", "--out", str(tmp_path / "never")])
+    assert refused.value.code == 2 and "--set takes KEY=VALUE" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+    def fake_prepare(workdir, *, seed):  # the warm start is not what this checks
+        Path(workdir).mkdir(parents=True)
+        return prepare.PreparedHops(Path(workdir) / "model", Path("t.jsonl"), Path("v.jsonl"), {}, 0.0)
+
+    class Stop(Exception):
+        pass
+
+    commands = []
+
+    def fake_popen(command, **_):
+        commands.append(command)
+        raise Stop
+
+    monkeypatch.setattr(prepare, "prepare_hops", fake_prepare)
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    with pytest.raises(Stop):
+        hops_run.main(["--seeds", "2", "--set", "backend.lr=1e-3", "--set", "loop.group_size=16",
+                       "--out", str(tmp_path / "out")])  # fmt: skip
+    (command,) = commands
+    assert command[1:3] == ["train", str(hops_run.CONFIG)]
+    assert "--seed=2" in command and command[-2:] == ["--backend.lr=1e-3", "--loop.group_size=16"]
