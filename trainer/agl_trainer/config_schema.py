@@ -136,6 +136,21 @@ class VerlConfig(_Section):
     ] = {}
 
 
+class LoraSection(_Section):
+    """Low-rank adapters over a frozen base (backends/lora.py): the torch backend trains only them."""
+
+    rank: Annotated[int, _doc("adapter rank (0: no adapters, every weight trains; 8-64 is usual)", ge=0)] = 0
+    alpha: Annotated[float, _doc("adapter scale: the update is multiplied by alpha / rank", gt=0)] = 16.0
+    dropout: Annotated[
+        float, _doc("dropout on the adapters' input in training (> 0 perturbs the trainer's log-probs)", ge=0, lt=1)
+    ] = 0.0
+    target_modules: Annotated[
+        tuple[str, ...] | str,
+        _doc("the linear layers adapted, by their names' last parts (a comma-separated string works too), or "
+             "all-linear (every one but the output head); the default fits Qwen2/Qwen3/Llama/Mistral"),
+    ] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # DEFAULT_LORA_TARGETS
+
+
 class BackendConfig(_Section):
     name: Annotated[Literal["torch", "verl"], _doc("training backend")] = "torch"
     lr: Annotated[float, _doc("learning rate", gt=0)] = 1e-3
@@ -148,6 +163,7 @@ class BackendConfig(_Section):
         dict[str, Any], _doc("further backend settings by name (micro_batch_tokens, warmup_steps, ...)")
     ] = {}
     verl: VerlConfig = msgspec.field(default_factory=VerlConfig)
+    lora: LoraSection = msgspec.field(default_factory=LoraSection)
 
 
 class EngineConfig(_Section):

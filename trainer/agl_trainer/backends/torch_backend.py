@@ -3,6 +3,8 @@
 `TorchBackend.train_step(batch, policy_version)` is the whole update and reads top to bottom:
 advantages per rollout, global token weights, then for each mini-batch (whole rollouts only)
 forward/backward over packed micro-batches, clip, step. See `agl_trainer.backends` for the public API.
+With `lora.rank` > 0 the model is a peft model whose base is frozen (backends/lora.py): the same
+update trains the adapters only, and the KL reference is the base, the adapters switched off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from agl_trainer.algorithms import token_entropy, token_logprobs
+from agl_trainer.backends import lora
 from agl_trainer.backends.agreement import PREFIX as AGREE
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import (
@@ -75,7 +78,7 @@ class TorchBackend:
             dense_attention=self.model.config._attn_implementation != "flash_attention_2",
         )
         self.ref_model = None
-        if config.algorithm.kl_coef > 0:
+        if config.algorithm.kl_coef > 0 and not config.lora.enabled:  # with LoRA: the base, adapters off
             self.ref_model = AutoModelForCausalLM.from_pretrained(str(config.model_path), **kwargs).to(
                 self.device
             )
@@ -95,6 +98,8 @@ class TorchBackend:
         else:
             self.packed = config.packing == "packed"
         self._selects_hidden = head_selection_works(self.model, self.device)
+        if config.lora.enabled:  # after the probes: peft's forward hides the model's signature
+            self.model = self._with_adapters(config)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -110,6 +115,16 @@ class TorchBackend:
         self.step = 0  # optimizer steps taken
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient
         self.last_logprobs: torch.Tensor | None = None  # of the last train_step's batch, [N, L]
+
+    def _with_adapters(self, config: TorchBackendConfig) -> Any:
+        model = lora.wrap(self.model, config.lora)
+        if config.gradient_checkpointing:  # checkpointed blocks over a frozen base need an input with grad
+            model.enable_input_require_grads()
+        return model
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.config.lora.enabled
 
     # ----------------------------------------------------------------------------------- training
     def train_step(self, batch: TrainingBatch, policy_version: int) -> dict[str, float]:
@@ -183,10 +198,7 @@ class TorchBackend:
 
         with torch.set_grad_enabled(backward):
             log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref, _ = self._token_outputs(self.ref_model, micro, keep, with_entropy=False)
+        ref = self._reference_logprobs(micro, keep)
         kept = KeptTokens(
             weights=keep.select(w).to(self.device),
             advantages=select(advantages),
@@ -206,6 +218,17 @@ class TorchBackend:
         tokens.record.view(-1)[flat.cpu()] = out.before.detach().float().cpu()
         out.sums["agreement_s"] += time.perf_counter() - recording
         return {**out.sums, **out.maxima}
+
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: MicroBatch, keep: Targets) -> torch.Tensor | None:
+        """The KL reference's log-probs: the initial model, or with LoRA the base (adapters off)."""
+        if self.config.algorithm.kl_coef <= 0:
+            return None
+        if self.uses_lora:
+            with self.model.disable_adapter():
+                return self._token_outputs(self.model, micro, keep, with_entropy=False)[0]
+        assert self.ref_model is not None
+        return self._token_outputs(self.ref_model, micro, keep, with_entropy=False)[0]
 
     def _optimizer_step(self, apply: bool = True) -> float:
         """Clip and step; returns the gradient norm. `apply` False (a zero-signal update: no backward
@@ -287,7 +310,10 @@ class TorchBackend:
     # ------------------------------------------------------------------------------------ weights
     def state_dict_for_engine(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The policy's weights as CPU tensors (copies) under Hugging Face names, as save_pretrained
-        writes them (a tied output embedding appears once, under the input embedding's name)."""
+        writes them (a tied output embedding appears once, under the input embedding's name). With
+        LoRA: base + adapter merged, under the base model's names, so any engine loads them."""
+        if self.uses_lora:
+            return lora.merged_state_dict(self.model, dtype)
         seen: set[int] = set()
         out: dict[str, torch.Tensor] = {}
         for name, tensor in self.model.state_dict().items():
@@ -298,32 +324,53 @@ class TorchBackend:
             out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
         return out
 
+    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
+        """The adapter alone (peft's names and config, CPU copies): what an adapter-only sync moves."""
+        if not self.uses_lora:
+            raise ValueError("adapter_for_engine: this backend trains every weight (backend.lora.rank is 0)")
+        return lora.adapter_state(self.model, dtype)
+
     def save_hf(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """The policy as a Hugging Face directory (safetensors + config + the source's tokenizer files),
-        loadable by transformers and vLLM. Written to a temporary sibling, then moved into place."""
+        loadable by transformers and vLLM; with LoRA the merged weights. Written to a temporary
+        sibling, then moved into place."""
         directory = Path(directory)
 
         def write(tmp: Path) -> None:
-            state = None if dtype is None else self.state_dict_for_engine(dtype)
+            state = self.state_dict_for_engine(dtype) if dtype is not None or self.uses_lora else None
+            model = self.model.get_base_model() if self.uses_lora else self.model
             with quiet_progress():  # no "Writing model shards" bar per save
-                self.model.save_pretrained(tmp, state_dict=state)
+                model.save_pretrained(tmp, state_dict=state)
             copy_tokenizer_files(Path(self.config.model_path), tmp)
 
         atomic_directory(directory, write)
+        return directory
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """The bare adapter in peft's format (adapter_model.safetensors + adapter_config.json): what
+        PeftModel.from_pretrained and vLLM's LoRA loading read."""
+        if not self.uses_lora:
+            raise ValueError("save_adapter: this backend trains every weight (backend.lora.rank is 0)")
+        directory = Path(directory)
+        atomic_directory(directory, lambda tmp: lora.save_adapter(self.model, tmp))
         return directory
 
     def close(self) -> None:
         """Nothing to stop: the model lives in this process."""
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """model/ (save_pretrained) + trainer_state.pt (optimizer, scheduler, step, RNG states). The policy
-        version is the loop's, in its own checkpoint beside this one."""
+        """model/ (save_pretrained), or with LoRA adapter/ (peft's format; the base is model_path's) +
+        trainer_state.pt (optimizer, scheduler, step, RNG states). The policy version is the loop's, in
+        its own checkpoint beside this one."""
         directory = Path(directory)
 
         def write(tmp: Path) -> None:
-            with quiet_progress():  # a checkpoint every N steps: no "Writing model shards" bar each time
-                self.model.save_pretrained(tmp / "model")
-            copy_tokenizer_files(Path(self.config.model_path), tmp / "model")
+            if self.uses_lora:
+                lora.save_adapter(self.model, tmp / "adapter")
+            else:
+                with quiet_progress():  # a checkpoint every N steps: no "Writing model shards" bar each time
+                    self.model.save_pretrained(tmp / "model")
+                copy_tokenizer_files(Path(self.config.model_path), tmp / "model")
             torch.save(
                 {
                     "format": 1,
@@ -346,17 +393,30 @@ class TorchBackend:
 
         directory = Path(directory)
         state_path, model_dir = directory / "trainer_state.pt", directory / "model"
+        adapter_dir = directory / "adapter"
         files = sorted(model_dir.glob("*.safetensors"))
-        if not state_path.is_file() or not files:
+        if not state_path.is_file() or not (files or adapter_dir.is_dir()):
             raise FileNotFoundError(
-                f"{directory} is not an agl checkpoint (want model/*.safetensors and "
+                f"{directory} is not an agl checkpoint (want model/*.safetensors or adapter/, and "
                 "trainer_state.pt, as written by save_checkpoint)"
             )
-        weights: dict[str, torch.Tensor] = {}
-        for file in files:
-            weights.update(load_file(file))
-        result = self.model.load_state_dict(weights, strict=False)
-        check_loaded(self.model, weights, result)
+        if self.uses_lora != adapter_dir.is_dir():
+            kinds = ("full weights", "an adapter")
+            held, wanted = kinds[adapter_dir.is_dir()], kinds[self.uses_lora]
+            raise ValueError(
+                f"{directory} holds {held} but this backend trains {wanted}: resume with the backend.lora "
+                "settings the run was started with"
+            )
+        if self.uses_lora:
+            saved = lora.read_adapter(adapter_dir)
+            lora.check_same_adapter(lora.adapter_state(self.model).config, saved.config)
+            lora.load_adapter_weights(self.model, saved.weights)
+        else:
+            weights: dict[str, torch.Tensor] = {}
+            for file in files:
+                weights.update(load_file(file))
+            result = self.model.load_state_dict(weights, strict=False)
+            check_loaded(self.model, weights, result)
         state = torch.load(state_path, map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -17,6 +17,53 @@ class BackendConfigError(ValueError):
     """A backend setting that cannot work; the message names the key and the fix."""
 
 
+# Every linear layer of a Qwen2/Qwen3/Llama/Mistral decoder block; other models name theirs otherwise.
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ALL_LINEAR = "all-linear"  # every linear layer but the output head (peft's spelling)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters over a frozen base (backends/lora.py); rank 0 (the default) trains every weight.
+    Target names are module names' last parts (q_proj matches model.layers.3.self_attn.q_proj); those
+    matching no linear layer of the model are refused when it loads."""
+
+    rank: int = 0
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    dropout: float = 0.0  # on the adapter's input while training; > 0 perturbs the trainer's log-probs
+    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        def fail(key: str, message: str) -> None:
+            raise BackendConfigError(f"backend.lora.{key}: {message}")
+
+        if isinstance(self.target_modules, str):  # "q_proj,v_proj" as a flag gives it
+            object.__setattr__(self, "target_modules", tuple(_split_names(self.target_modules)))
+        else:
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            fail("rank", f"{self.rank!r} must be an integer >= 0 (0: no adapters; 8-64 is usual)")
+        if not self.alpha > 0:
+            fail("alpha", f"{self.alpha!r} must be positive (the update is scaled by alpha / rank)")
+        if not 0.0 <= self.dropout < 1.0:
+            fail("dropout", f"{self.dropout!r} must be in [0, 1) (0 is usual for RL)")
+        names = self.target_modules
+        if not names or not all(isinstance(name, str) and name.strip() for name in names):
+            fail("target_modules", f"{list(names)!r}: give layer names (q_proj, v_proj, ...) or {ALL_LINEAR}")
+        if ALL_LINEAR in names and len(names) > 1:
+            fail("target_modules", f"{ALL_LINEAR} already names every linear layer; give it alone")
+        if len(set(names)) != len(names):
+            fail("target_modules", f"{list(names)!r} names a module twice")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+def _split_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 @dataclass(frozen=True)
 class TorchBackendConfig:
     model_path: str | Path
@@ -47,6 +94,7 @@ class TorchBackendConfig:
     ppo_epochs: int = 1  # passes over the batch
     seed: int = 0
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0: full training
 
     def __post_init__(self) -> None:
         def fail(key: str, message: str) -> None:
@@ -81,6 +129,8 @@ class TorchBackendConfig:
             fail("max_grad_norm", f"{self.max_grad_norm} must be positive, or null for no clipping")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             fail("device", f"{self.device!r}: use auto, cpu, cuda or cuda:N")
+        if not isinstance(self.lora, LoraConfig):
+            fail("lora", f"{self.lora!r}: give a LoraConfig(rank, alpha, dropout, target_modules)")
 
     @property
     def updates_per_step(self) -> int:

@@ -31,7 +31,9 @@ as content). Logprobs are the model's raw ones (vLLM's default `raw_logprobs`).
 save_pretrained directory into the model in place, between batching steps, and returns seconds.
 There is no prefix cache, so no stale KV survives an update between requests; a sequence still
 generating across an update (the loop drains the sidecar first, so normally none) keeps the KV of
-its earlier tokens and continues with the new weights.
+its earlier tokens and continues with the new weights. `update_adapter` is the LoRA sync: only the
+adapter comes (peft's format, backends/lora.py), merged into the base weights the engine loaded,
+each adapter replacing the last. `last_update_bytes` is what the latest update of either kind moved.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from agl_trainer.backends.lora import AdapterMerger, AdapterState
 from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.embedded_batching import BatchScheduler, Sequence
 from agl_trainer.engines.embedded_requests import RequestReader
@@ -97,6 +100,8 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self._runner: Any = None
         self._port = 0
+        self._adapters = AdapterMerger()
+        self.last_update_bytes = 0  # what the latest update_weights or update_adapter moved
 
     # --- InferenceEngine ---------------------------------------------------------------------
     @property
@@ -171,12 +176,27 @@ class EmbeddedEngine:
             state = read_safetensors(Path(update.directory))
         else:
             raise ValueError("update_weights: the WeightUpdate has neither state_dict nor directory")
-        lock = self._scheduler.weights_lock if self._scheduler is not None else threading.RLock()
-        with lock:
+        with self._weights_lock():
             if not self.config.fault_skip_weight_load:
                 load_in_place(self.model, state)
+                self._adapters.forget()  # these weights are the base a later adapter merges into
             self.policy_version = update.version
+        self.last_update_bytes = sum(t.numel() * t.element_size() for t in state.values())
         return time.perf_counter() - started
+
+    def update_adapter(self, version: int, adapter: AdapterState) -> float:
+        """The LoRA sync: serve base + this adapter from now on (it replaces the previous one; the base
+        is the weights loaded at start or by the last update_weights). Returns seconds."""
+        started = time.perf_counter()
+        with self._weights_lock():
+            if not self.config.fault_skip_weight_load:
+                self._adapters.apply(self.model, adapter)
+            self.policy_version = version
+        self.last_update_bytes = adapter.nbytes
+        return time.perf_counter() - started
+
+    def _weights_lock(self) -> Any:
+        return self._scheduler.weights_lock if self._scheduler is not None else threading.RLock()
 
     def freeze(self) -> dict[str, int]:
         """Freeze the requests in flight in place (a drain-free policy switch): no step runs until

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from agl_trainer.config import Config, ConfigError
 
 
@@ -18,6 +20,7 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
     machine's settings on a machine without one)."""
     from agl_trainer.algorithms import AlgorithmConfig, AlgorithmConfigError
     from agl_trainer.backends import BackendConfigError, TorchBackendConfig
+    from agl_trainer.backends.torch_config import LoraConfig
 
     try:
         training = TorchBackendConfig(
@@ -26,10 +29,16 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
             device=config.backend.device,
             seed=config.seed,
             algorithm=AlgorithmConfig(**config.backend.algorithm),
+            lora=LoraConfig(**msgspec.structs.asdict(config.backend.lora)),
             **config.backend.options,
         )
         if config.backend.name != "verl":
             return training
+        if training.lora.enabled:  # verl's LoRA is the next slice of #28: never train every weight silently
+            raise ConfigError(
+                "config key backend.lora.rank: the verl backend does not train adapters yet "
+                "(fix: backend.name: torch, or backend.lora.rank: 0)"
+            )
         from agl_trainer.backends.verl import VerlBackendConfig
 
         verl = config.backend.verl

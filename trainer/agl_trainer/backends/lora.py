@@ -1,0 +1,265 @@
+"""LoRA adapters over a frozen base: wrapping a model with peft, the adapter's state, merging it.
+
+The trainer (torch_backend.py) wraps its model with `wrap`; only the adapter trains. An engine gets
+either the merged weights under the base model's Hugging Face names (`merged_state_dict`: any engine
+loads them as full weights) or the adapter alone (`adapter_state`: peft's format, megabytes), which
+`AdapterMerger` applies to a served model's pristine base. Both merges use `adapter_deltas`, so the
+engine's weights after an adapter sync are the trainer's merged weights (bit for bit in one dtype on
+one kind of device).
+
+peft is imported inside the functions that wrap: an engine applying adapters needs only torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agl_trainer.backends.torch_config import ALL_LINEAR, DEFAULT_LORA_TARGETS, BackendConfigError, LoraConfig
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's names: PeftModel.from_pretrained and vLLM read them
+ADAPTER_CONFIG = "adapter_config.json"
+_PREFIX = "base_model.model."  # peft's names: base_model.model.<module>.lora_A.weight
+
+
+@dataclass(frozen=True)
+class AdapterState:
+    """An adapter as peft saves it: `weights` under peft's names (CPU tensors) and `config`, its
+    peft LoraConfig as a dict (r, lora_alpha, target_modules, use_rslora, fan_in_fan_out, ...)."""
+
+    weights: dict[str, torch.Tensor]
+    config: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        """What a sync of this adapter moves (the config's few hundred bytes aside)."""
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
+
+
+# ------------------------------------------------------------------------------------- trainer side
+def wrap(model: torch.nn.Module, config: LoraConfig) -> Any:
+    """The model as a peft model with fresh adapters (B = 0: the same function as the base) on the
+    configured linear layers; every base parameter is frozen, in place."""
+    import peft
+
+    targets = resolve_targets(model, config.target_modules)
+    peft_config = peft.LoraConfig(
+        task_type="CAUSAL_LM",
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=targets,
+        bias="none",
+    )
+    # autocast_adapter_dtype: adapters stay float32 over a bfloat16 base (their master weights)
+    return peft.get_peft_model(model, peft_config, autocast_adapter_dtype=True)
+
+
+def resolve_targets(model: torch.nn.Module, names: tuple[str, ...]) -> list[str]:
+    """The target names, checked against the model: each must match a linear layer (as peft matches:
+    the module's name or its last parts), none may share its weight (a tied output head would
+    change the input embedding too). all-linear: every linear layer but the output head."""
+    linear = _linear_layers(model)
+    if tuple(names) == (ALL_LINEAR,):
+        head = model.get_output_embeddings()
+        return sorted({name.rsplit(".", 1)[-1] for name, module in linear.items() if module is not head})
+    kind = type(model).__name__
+    unmatched = [target for target in names if not any(_matches(name, target) for name in linear)]
+    if unmatched:
+        default = " (the default, for Qwen2/Llama-style models)" if names == DEFAULT_LORA_TARGETS else ""
+        known = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise BackendConfigError(
+            f"backend.lora.target_modules{default}: {', '.join(unmatched)} match no linear layer of {kind}; "
+            f"its linear layers are {', '.join(known)} (or give {ALL_LINEAR})"
+        )
+    shared = _shared_weights(model)
+    tied = sorted({n for n in linear if n in shared and any(_matches(n, t) for t in names)})
+    if tied:
+        raise BackendConfigError(
+            f"backend.lora.target_modules: {', '.join(tied)} of {kind} shares its weight with another "
+            "module (tied embeddings); an adapter on it would change both: leave it out"
+        )
+    return list(names)
+
+
+def _linear_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    return {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+
+
+def _matches(module_name: str, target: str) -> bool:
+    return module_name == target or module_name.endswith("." + target)
+
+
+def _shared_weights(model: torch.nn.Module) -> set[str]:
+    """Modules whose weight is also another module's (tied)."""
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            owners.setdefault(id(weight), []).append(name)
+    return {name for names in owners.values() if len(names) > 1 for name in names}
+
+
+def adapter_state(peft_model: Any, dtype: torch.dtype | None = None) -> AdapterState:
+    """The adapter's weights (copies on the CPU) and config, as peft's save_pretrained writes them."""
+    live = _live_adapter(peft_model)
+    weights = {name: t.to("cpu", dtype=dtype or t.dtype, copy=True) for name, t in live.weights.items()}
+    return AdapterState(weights, live.config)
+
+
+def _live_adapter(peft_model: Any) -> AdapterState:
+    """The adapter's own tensors (detached, where they train) and its config."""
+    import peft
+
+    weights = {name: t.detach() for name, t in peft.get_peft_model_state_dict(peft_model).items()}
+    config = {key: _plain(value) for key, value in peft_model.peft_config["default"].to_dict().items()}
+    return AdapterState(weights, config)
+
+
+def _plain(value: Any) -> Any:
+    """A peft config value as JSON has it (peft keeps enums and sets)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    return sorted(value) if isinstance(value, set) else value
+
+
+def _as_set(value: Any) -> Any:
+    return set(value) if isinstance(value, (list, tuple)) else value
+
+
+def load_adapter_weights(peft_model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Set the adapter to `weights` (peft's names), all of them: a missing or unknown name refuses."""
+    import peft
+
+    expected = set(peft.get_peft_model_state_dict(peft_model))
+    missing, unknown = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unknown:
+        raise ValueError(
+            f"the adapter does not fit the model: missing {missing[:4]}, unknown {unknown[:4]}; "
+            "was it trained with other backend.lora target_modules or another model?"
+        )
+    result = peft.set_peft_model_state_dict(peft_model, weights)
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"the adapter does not fit the model: unexpected {list(result.unexpected_keys)[:4]}")
+
+
+def merged_state_dict(peft_model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Base + adapter as plain weights (CPU copies) under the base model's Hugging Face names, as
+    save_pretrained writes them (a tied output embedding once, under the input embedding's name)."""
+    base = peft_model.get_base_model()
+    deltas = adapter_deltas(_live_adapter(peft_model))  # on the adapter's device: an 8B's are many matmuls
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        key = tensor.data_ptr()
+        if key in seen and tensor.numel() > 0:
+            continue  # tied to a tensor already included
+        seen.add(key)
+        hf_name = name.replace(".base_layer.", ".")
+        target = dtype or tensor.dtype
+        if hf_name in deltas:
+            out[hf_name] = _merge(tensor, deltas[hf_name]).to("cpu", dtype=target)
+        else:
+            out[hf_name] = tensor.detach().to("cpu", dtype=target, copy=True)
+    return out
+
+
+def check_same_adapter(current: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse an adapter saved with other LoRA settings (its weights would mean another update)."""
+    keys = ("r", "lora_alpha", "target_modules", "use_rslora", "fan_in_fan_out")
+    differ = [
+        f"{key} {saved.get(key)!r} (now {current.get(key)!r})"
+        for key in keys
+        if _plain(_as_set(current.get(key))) != _plain(_as_set(saved.get(key)))
+    ]
+    if differ:
+        raise ValueError(
+            f"the saved adapter was trained with other settings: {', '.join(differ)}; resume with the "
+            "backend.lora settings the run was started with"
+        )
+
+
+def save_adapter(peft_model: Any, directory: Path) -> None:
+    """The bare adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
+    peft_model.save_pretrained(directory)
+
+
+def read_adapter(directory: Path) -> AdapterState:
+    """What save_adapter wrote."""
+    import json
+
+    from safetensors.torch import load_file
+
+    weights, config = directory / ADAPTER_WEIGHTS, directory / ADAPTER_CONFIG
+    if not weights.is_file() or not config.is_file():
+        raise FileNotFoundError(f"{directory} holds no peft adapter ({ADAPTER_WEIGHTS} and {ADAPTER_CONFIG})")
+    return AdapterState(load_file(weights), json.loads(config.read_text()))
+
+
+# ------------------------------------------------------------------------------- both sides: merging
+def adapter_deltas(state: AdapterState) -> dict[str, torch.Tensor]:
+    """Each adapted weight's update, float32 on the weights' device, by the base model's Hugging Face
+    weight name: scaling x B @ A (transposed where the layer stores its weight fan-in first)."""
+    config = state.config
+    if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError("adapter_deltas: DoRA and per-layer rank or alpha patterns are not supported")
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in state.weights.items():
+        module, _, part = name.removeprefix(_PREFIX).rpartition(".lora_")
+        if part not in ("A.weight", "B.weight"):
+            raise ValueError(f"adapter_deltas: {name} is not a LoRA A or B weight")
+        pairs.setdefault(module, {})[part[0]] = tensor
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    out = {}
+    for module, pair in pairs.items():
+        if set(pair) != {"A", "B"}:
+            raise ValueError(f"adapter_deltas: {module} has lora_{''.join(pair)} only")
+        delta = (pair["B"].float() @ pair["A"].float()) * scaling
+        out[f"{module}.weight"] = delta.T if config.get("fan_in_fan_out") else delta
+    return out
+
+
+def _merge(base: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """base + delta in float32, on the base's device (a bfloat16 sum would round the small update away)."""
+    return base.detach().float() + delta.to(base.device)
+
+
+class AdapterMerger:
+    """Applies successive adapters to a served model: each one replaces the last, merged into the
+    base weights the model had before the first (a copy of the adapted ones is kept), so neither
+    rounding nor old adapters accumulate."""
+
+    def __init__(self) -> None:
+        self._pristine: dict[str, torch.Tensor] = {}  # HF weight name -> the base weight, as loaded
+
+    def apply(self, model: torch.nn.Module, state: AdapterState) -> None:
+        """Set the model's weights to base + this adapter; checked whole before anything changes."""
+        deltas = adapter_deltas(state)
+        params = dict(model.named_parameters())
+        unknown = sorted(name for name in deltas if name not in params)
+        if unknown:
+            raise KeyError(f"update_adapter: weights the model does not have: {unknown[:5]}")
+        for name, delta in deltas.items():
+            if tuple(delta.shape) != tuple(params[name].shape):
+                raise ValueError(
+                    f"update_adapter: {name}'s update has shape {tuple(delta.shape)}, the model "
+                    f"{tuple(params[name].shape)}"
+                )
+        with torch.no_grad():
+            for name in deltas:
+                self._pristine.setdefault(name, params[name].detach().clone())
+            for name, base in self._pristine.items():  # a module the new adapter leaves out: back to base
+                merged = _merge(base, deltas[name]) if name in deltas else base
+                params[name].copy_(merged.to(dtype=params[name].dtype))
+
+    def forget(self) -> None:
+        """Full weights were loaded: they are the new base (a later adapter merges into them)."""
+        self._pristine.clear()
