@@ -240,3 +240,34 @@ def test_the_config_section_and_its_flags(model_dir: Path) -> None:
     verl = validate({"backend": {"name": "verl", "lora": {"rank": 8}}})
     with pytest.raises(ConfigError, match=r"backend\.lora\.rank: the verl backend does not train adapters"):
         backend_settings(verl, str(model_dir))
+
+
+# ---------------------------------------------------------------------------- a bfloat16 base
+def check_bfloat16_base(model_dir: Path, tmp_path: Path, device: str) -> None:
+    """Adapters stay float32 (their master weights) over a bfloat16 base; the merged weights come in
+    the base's dtype and the step still learns."""
+    backend = lora_backend(model_dir, rank=8, param_dtype="bfloat16", device=device)
+    dtypes = {p.dtype for n, p in backend.model.named_parameters() if p.requires_grad}
+    assert dtypes == {torch.float32}
+    batch = good_and_bad_batch()
+    before = mean_logprob(backend, batch, {"g0", "g1", "g2"})
+    for version in range(3):
+        metrics = backend.train_step(batch, version)
+    assert torch.isfinite(torch.tensor(list(metrics.values()))).all()
+    assert mean_logprob(backend, batch, {"g0", "g1", "g2"}) > before
+    weights = backend.state_dict_for_engine()
+    assert all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in weights.values())
+    backend.save_checkpoint(tmp_path / "ckpt")
+    resumed = lora_backend(model_dir, rank=8, param_dtype="bfloat16", device=device)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    want, got = adapter_weights(backend), adapter_weights(resumed)
+    assert resumed.step == 3 and all(torch.equal(got[name], want[name]) for name in want)
+
+
+def test_bfloat16_base_on_cpu(model_dir: Path, tmp_path: Path) -> None:
+    check_bfloat16_base(model_dir, tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+def test_bfloat16_base_on_cuda(model_dir: Path, tmp_path: Path) -> None:
+    check_bfloat16_base(model_dir, tmp_path, "cuda")
