@@ -33,8 +33,10 @@ def run_demo(
     n_tasks: int = 256,
     n_val_tasks: int = 32,
     val_every: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run the demo; returns the numbers it prints (rewards, steps, seconds)."""
+    """Run the demo; returns the numbers it prints (rewards, steps, seconds). `overrides`: config
+    flags (`--backend.lora.rank=8`) applied after the demo's own."""
     import asyncio
 
     from agl_trainer.config import load_config
@@ -52,7 +54,7 @@ def run_demo(
     )
     tasks = write_tasks(out / "tasks.jsonl", n_tasks, seed)
     val_tasks = write_val_tasks(out / "val_tasks.jsonl", n_val_tasks, seed, exclude=make_tasks(n_tasks, seed))
-    overrides = [
+    flags = [
         f"--tasks={tasks}",
         f"--val_tasks={val_tasks}",
         f"--output_dir={out}",
@@ -62,10 +64,10 @@ def run_demo(
         f"--loop.max_train_s={budget_s}",
     ]
     if max_steps is not None:
-        overrides.append(f"--loop.max_steps={max_steps}")
+        flags.append(f"--loop.max_steps={max_steps}")
     if val_every is not None:
-        overrides.append(f"--loop.val_every={val_every}")
-    config = load_config(DEMO_CONFIG, overrides)
+        flags.append(f"--loop.val_every={val_every}")
+    config = load_config(DEMO_CONFIG, [*flags, *overrides])
     say(f"agl demo 2/2: RL through the pipeline ({mode}, at most {budget_s:.0f} s)")
     started = time.monotonic()
     result = asyncio.run(Session(config, quiet=quiet).run())

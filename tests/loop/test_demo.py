@@ -59,3 +59,19 @@ def test_demo_reward_rises(tmp_path: Path, capfd: pytest.CaptureFixture[str]) ->
     trained = [i for i in infos if i.trained_step is not None]
     assert trained and all(i.task_id.startswith("demo-") for i in trained)
     assert len(trained) == sum(row["rollouts/trained"] for row in train)
+
+
+def test_demo_config_overrides_are_checked_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`agl demo --backend.lora.rank 8` passes config keys through; a misspelled key or a value out of
+    range is a clear error before the warm start, and nothing is written."""
+    from agl_trainer.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the demo runs from the repository root
+    out = tmp_path / "demo"
+    assert main(["demo", "--output-dir", str(out), "--backend.lora.rnak", "8"]) == 2
+    assert "backend.lora.rnak: unknown key (fix: did you mean backend.lora.rank?)" in capsys.readouterr().err
+    assert main(["demo", "--output-dir", str(out), "--backend.lora.rank=-1"]) == 2
+    assert "backend.lora.rank" in capsys.readouterr().err
+    assert main(["demo", "--output-dir", str(out), "extra.yaml"]) == 2
+    assert "takes no config file" in capsys.readouterr().err
+    assert not out.exists()

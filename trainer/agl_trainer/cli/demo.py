@@ -28,7 +28,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="most RL steps (default: the config's)")
     parser.add_argument("--mode", choices=("collocated-async", "sync"), default="collocated-async")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(run=run)
+    parser.epilog = (
+        "Any other --KEY VALUE is a config override applied after the demo's own, as `agl train` takes "
+        "them (e.g. --backend.lora.rank 8 --backend.lr 2e-3: LoRA adapters instead of full training)."
+    )
+    parser.set_defaults(run=run, _accepts_extra=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +44,17 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(Path.cwd()))  # `examples` is importable from the repo root
     from examples.demo.run import run_demo
 
+    overrides = list(getattr(args, "extra", []) or [])
+    if overrides and not overrides[0].startswith("--"):
+        raise CLIError(f"agl demo takes no config file ({overrides[0]!r}); config keys go as --KEY VALUE")
+    from agl_trainer.config import ConfigError, load_config
+
+    try:
+        load_config(DEMO_CONFIG, overrides)  # a bad key or value fails here, before the warm start
+    except ConfigError as error:
+        raise CLIError(str(error)) from None
     summary = run_demo(
         Path(args.output_dir), seed=args.seed, budget_s=args.budget_s, max_steps=args.max_steps,
-        mode=args.mode, quiet=args.quiet,
+        mode=args.mode, quiet=args.quiet, overrides=overrides,
     )  # fmt: skip
     return 0 if summary["steps"] > 0 else 1

@@ -14,18 +14,33 @@ from typing import Protocol
 
 import torch
 
+from agl_trainer.backends.lora import AdapterState
+
 
 @dataclass(frozen=True)
 class WeightUpdate:
     """New policy weights. `state_dict` holds CPU tensors under Hugging Face names; `directory`
-    holds the same weights saved with save_pretrained (engines in other processes read it)."""
+    holds the same weights saved with save_pretrained (engines in other processes read it);
+    `adapter` a LoRA adapter alone, for the base the engine serves (an engine that
+    `accepts_adapters`: megabytes a sync instead of the whole model)."""
 
     version: int
     state_dict: Mapping[str, torch.Tensor] | None = None
     directory: Path | None = None
+    adapter: AdapterState | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The tensor bytes the update carries (0 for a directory: the engine reads it from disk)."""
+        if self.adapter is not None:
+            return self.adapter.nbytes
+        return sum(t.numel() * t.element_size() for t in (self.state_dict or {}).values())
 
 
 class InferenceEngine(Protocol):
+    # update_weights takes a WeightUpdate that carries an adapter (LoRA: adapter-only sync)
+    accepts_adapters: bool
+
     @property
     def urls(self) -> list[str]:
         """Base URLs (scheme://host:port, no /v1) of the engine's OpenAI-compatible servers."""

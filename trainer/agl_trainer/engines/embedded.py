@@ -81,6 +81,8 @@ class EmbeddedEngineConfig:
 class EmbeddedEngine:
     """An InferenceEngine (engines/base.py) serving one transformers model from this process."""
 
+    accepts_adapters = True  # a WeightUpdate with an adapter: merged into the pristine base (update_adapter)
+
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
         names = config.served_model_name
@@ -169,6 +171,8 @@ class EmbeddedEngine:
         self._thread, self._loop, self._scheduler, self._port = None, None, None, 0
 
     def update_weights(self, update: WeightUpdate) -> float:
+        if update.adapter is not None:
+            return self.update_adapter(update.version, update.adapter)
         started = time.perf_counter()
         if update.state_dict is not None:
             state = update.state_dict

@@ -114,6 +114,8 @@ class SyncReport:
 class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
 
+    accepts_adapters = False  # LoRA runs sync the merged weights (vLLM's run-time adapter loading: not yet)
+
     def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
         """`VLLMEngine(VLLMConfig(...))`, or `VLLMEngine(model, replicas=2, **settings)` with the
         fields of VLLMConfig by name (how the loop builds it from `engine.options`)."""
@@ -427,6 +429,9 @@ class VLLMEngine:
 
     # --- weights --------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> float:
+        if update.adapter is not None:
+            raise ValueError("VLLMEngine.update_weights: an adapter-only update (accepts_adapters is False); "
+                             "send the merged weights (state_dict_for_engine)")  # fmt: skip
         if self._transfer is not None:
             return self._update_weights_gpu(update)
         started = time.perf_counter()

@@ -280,7 +280,7 @@ class TrainingLoop:
         results = await self._assemble(batch, keys, step)
         await self._train(results, step)
         self._times.training = time.monotonic() - started
-        new_version = await self._sync_weights()
+        new_version = await self._sync_weights(step)
         self._advance(batch, keys, results, new_version)
         keep = self.config.switch == "keep"
         # the canary right after the new weights: on an idle engine before the resume; after a keep
@@ -374,13 +374,20 @@ class TrainingLoop:
         step.metrics.update({k: float(v) for k, v in train_metrics.items() if number(v)})
         step.metrics.update(batch_metrics(training_batch, self.version))
 
-    async def _sync_weights(self) -> int:
-        """Push the trained weights to the engine as the next policy version; returns it."""
+    async def _sync_weights(self, step: _StepNotes) -> int:
+        """Push the trained weights to the engine as the next policy version; returns it. A LoRA run
+        sends the adapter alone where the engine takes one, else the merged weights."""
         started = time.monotonic()
         new_version = self.version + 1
-        weights = await asyncio.to_thread(self.backend.state_dict_for_engine)
-        await asyncio.to_thread(self.engine.update_weights, WeightUpdate(version=new_version, state_dict=weights))
+        adapter_only = self.backend.uses_lora and self.engine.accepts_adapters
+        if adapter_only:
+            update = WeightUpdate(new_version, adapter=await asyncio.to_thread(self.backend.adapter_for_engine))
+        else:
+            update = WeightUpdate(new_version, state_dict=await asyncio.to_thread(self.backend.state_dict_for_engine))
+        await asyncio.to_thread(self.engine.update_weights, update)
         self._times.syncing = time.monotonic() - started
+        step.metrics["sync/bytes"] = float(update.nbytes)
+        step.metrics["sync/adapter_only"] = float(adapter_only)
         return new_version
 
     def _advance(

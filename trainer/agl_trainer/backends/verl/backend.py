@@ -42,6 +42,8 @@ CHECKPOINT_STATE = "agl_state.json"
 
 
 class VerlBackend:
+    uses_lora = False  # every weight trains (backend.lora is refused for verl until its adapters are wired)
+
     def __init__(self, config: VerlBackendConfig) -> None:
         self.config = config
         self.training = config.training
