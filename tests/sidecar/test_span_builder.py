@@ -84,6 +84,54 @@ def test_slice_cache_stays_within_its_bytes():
     assert off.hits == 0 and off.bytes == 0
 
 
+def _prompt(value: bytes, cache: SliceCache) -> tuple[otlp.IntArray | None, int]:
+    return _run(encode_token_ids(msgspec.Raw(value), cache, prompt=True))
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_a_prompt_seen_before_is_found_whole_and_its_next_turn_decodes_only_the_new_ids(spaced):
+    def spell(ids: list[int]) -> bytes:
+        return b"[" + b", ".join(str(i).encode() for i in ids) + b"]" if spaced else msgspec.json.encode(ids)
+
+    cache = SliceCache()
+    prompt = [random.randrange(0, 150_000) for _ in range(30_000)]
+    first, _ = _prompt(spell(prompt), cache)
+    again, steps = _prompt(spell(prompt), cache)
+    assert again is first and steps == 0  # the same prompt: one comparison
+    misses = cache.misses
+    extended = prompt + [random.randrange(0, 150_000) for _ in range(3_000)]
+    second, steps = _prompt(spell(extended), cache)
+    assert second.elements == otlp.IntArray.of(extended).elements and second.length == len(extended)
+    assert cache.misses - misses <= 3 * 7 * 1_000 // token_arrays.SLICE_JSON_BYTES + 1  # only the new IDs
+    # Another branch from the first prompt is found from it too; the second is still kept.
+    branch = prompt + [7, 8, 9]
+    assert _prompt(spell(branch), cache)[0].elements == otlp.IntArray.of(branch).elements
+    assert _prompt(spell(extended), cache)[0] is second
+
+
+def test_a_kept_prompt_is_taken_only_up_to_a_whole_id():
+    cache = SliceCache()
+    prompt = list(range(1000, 2000))
+    _prompt(msgspec.json.encode(prompt), cache)
+    # The kept text `[1000,...,1999` begins these too, but ends inside an ID or before a non-ID.
+    for ids in (prompt[:-1] + [19990, 5], prompt[:-1] + [199]):
+        assert _prompt(msgspec.json.encode(ids), cache)[0].elements == otlp.IntArray.of(ids).elements
+    with pytest.raises(msgspec.ValidationError):
+        _prompt(msgspec.json.encode(prompt + ["x"]), cache)
+    with pytest.raises(msgspec.DecodeError):  # malformed after the kept IDs: refused, not taken as equal
+        _prompt(msgspec.json.encode(prompt) + b"]", cache)
+    assert _prompt(b"null", cache)[0] is None
+
+
+def test_kept_prompts_stay_within_the_cache_bytes():
+    cache = SliceCache(max_bytes=400_000)
+    head = [random.randrange(0, 150_000) for _ in range(100)]
+    for _ in range(20):  # conversations that start alike, then differ
+        ids = head + [random.randrange(0, 150_000) for _ in range(20_000)]
+        assert _prompt(msgspec.json.encode(ids), cache)[0].elements == otlp.IntArray.of(ids).elements
+    assert 0 < cache.bytes <= 400_000
+
+
 class _Exporter:
     """Collects what the recorder submits (the exporter's interface for the recorder)."""
 

@@ -255,7 +255,7 @@ class SpanRecorder:
         if call.prompt_ids is not None and not call.tokens_absent:
             logprobs_of = wire.chat_logprobs if call.operation == semconv.OPERATION_CHAT else wire.legacy_logprobs
             try:
-                prompt = yield from encode_token_ids(call.prompt_ids, self.slices)
+                prompt = yield from encode_token_ids(call.prompt_ids, self.slices, prompt=True)
                 for index in sorted(call.choices):
                     choice = call.choices[index]
                     ids = yield from encode_token_ids(choice.token_ids, self.slices)
