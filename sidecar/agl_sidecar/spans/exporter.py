@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import aiohttp
 
-from agl_sidecar.spans import otlp
+from agl_sidecar.spans import deflate, otlp
 from agl_sidecar.spans.durable import SpanLog, read_segment
 from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.spans.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_name, write_atomic
@@ -141,6 +141,7 @@ class SpanExporter:
         self._spooling = 0
         self._strikes: dict[str, int] = {}  # spool file name -> 5xx answers while later files passed
         self._spool_bytes_now = 0
+        self._kept = deflate.KeptStreams()  # shared arrays' deflate streams (touched by the worker only)
 
     @property
     def spool_dir(self) -> Path:
@@ -338,11 +339,13 @@ class SpanExporter:
             self.log.settle(spans)
 
     async def _encode(self, batch: Sequence[bytes]) -> bytes:
-        """The request body for `batch`: gzipped (in the worker thread) unless compression is off."""
-        request = self.framer.request(batch)
+        """The request body for `batch`: gzipped (in the worker thread, a prompt sent again
+        compressed once: deflate.py) unless compression is off."""
         if self.protocol == "grpc" or not self.compress:
-            return request
-        return await self._gzip(request)
+            return self.framer.request(batch)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, deflate.gzip_spans, self.framer, batch, self.compression_level, self._kept
+        )
 
     async def _gzip(self, data: bytes) -> bytes:
         return await asyncio.get_running_loop().run_in_executor(self._pool, gzip.compress, data, self.compression_level)

@@ -154,13 +154,16 @@ def _fixed_width_elements(values: Sequence[int]) -> bytes:
 
 class IntArray:
     """An int[] attribute value, kept as its encoded `ArrayValue.values` entries: element bytes are
-    self-delimiting, so prefixes of arrays are prefixes of these bytes (used for prompt references)."""
+    self-delimiting, so prefixes of arrays are prefixes of these bytes (used for prompt references).
+    `shared`: the same object goes into several spans (a prompt seen again), which the exporter then
+    compresses once (deflate.py)."""
 
-    __slots__ = ("elements", "length")
+    __slots__ = ("elements", "length", "shared")
 
     def __init__(self, elements: bytes, length: int) -> None:
         self.elements = elements
         self.length = length
+        self.shared = False
 
     @classmethod
     def of(cls, values: Sequence[int]) -> IntArray:
@@ -307,6 +310,35 @@ def _attribute_pieces(field_number: int, items: Iterable[tuple[str, AttributeVal
         append(_field_bytes(field_number, key_value(OUT_OF_RANGE_KEY, out_of_range)))
 
 
+# A shared array this size or more is compressed once for all the spans that carry it.
+SHARED_MIN_BYTES = 8 * 1024
+
+
+class SharedSpan(bytes):
+    """An encoded span that carries shared arrays: `shared` lists (offset, array) of their elements
+    in it, in order."""
+
+    shared: tuple[tuple[int, IntArray], ...]
+
+
+def _with_shared(pieces: list[bytes], arrays: list[IntArray]) -> bytes:
+    """The pieces joined, as a SharedSpan when some are the elements of `arrays`."""
+    joined = b"".join(pieces)
+    found: list[tuple[int, IntArray]] = []
+    offset = 0
+    for piece in pieces:
+        for array in arrays:
+            if piece is array.elements:
+                found.append((offset, array))
+                break
+        offset += len(piece)
+    if not found:
+        return joined
+    out = SharedSpan(joined)
+    out.shared = tuple(found)
+    return out
+
+
 def span(
     *,
     trace_id: bytes,
@@ -331,11 +363,16 @@ def span(
     out.append(b"\x39" + struct.pack("<Q", start_ns))
     out.append(b"\x41" + struct.pack("<Q", end_ns))
     out.append(encoded_attrs)
+    attrs = attrs if isinstance(attrs, list) else list(attrs)
     _attribute_pieces(9, attrs, out)
     if status_code:
         status = (_field_bytes(2, status_message.encode()) if status_message else b"") + b"\x18" + varint(status_code)
         out.append(_field_bytes(15, status))
-    return b"".join(out)
+    shared = [
+        value for _, value in attrs
+        if type(value) is IntArray and value.shared and len(value.elements) >= SHARED_MIN_BYTES
+    ]
+    return _with_shared(out, shared) if shared else b"".join(out)
 
 
 class RequestFramer:
@@ -351,6 +388,10 @@ class RequestFramer:
 
     def request(self, spans: Sequence[bytes]) -> bytes:
         """The request, joined once: spans of 200 KB are copied once, not once per nesting level."""
+        return b"".join(self.request_pieces(spans))
+
+    def request_pieces(self, spans: Sequence[bytes]) -> list[bytes]:
+        """The request's bytes as pieces: framing, and each span as it is."""
         pieces: list[bytes] = [b"", self._resource, b"", self._scope]
         scope_spans = len(self._scope)
         for span_bytes in spans:
@@ -361,7 +402,7 @@ class RequestFramer:
         pieces[2] = _TAGS[2] + varint(scope_spans)
         resource_spans = len(self._resource) + len(pieces[2]) + scope_spans
         pieces[0] = _TAGS[1] + varint(resource_spans)
-        return b"".join(pieces)
+        return pieces
 
 
 # --- reading back: the spans of a request this module framed, and the endpoint's answer ----------

@@ -112,6 +112,7 @@ def encode_token_ids(
     else:
         body, known = kept
         if data[len(body) : len(body) + 1] != b",":  # the same prompt again
+            known.shared = True  # in several spans: compressed once for all (deflate.py)
             return known
         rest = yield from _encode_json(b"[" + data[len(body) + 1 :], cache)
         if rest is None:  # not an int array after all
