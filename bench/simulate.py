@@ -461,7 +461,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--seeds", type=int, default=None, help="average over this many seeds (default 1; 20 calibrating)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--quick", action="store_true", help="the calibration with 3 seeds a mode, then stop (make bench)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calibrate, args.seeds = True, args.seeds or 3
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
