@@ -37,4 +37,16 @@ def test_engine_implements_the_protocol(engine: type) -> None:
         want = list(inspect.signature(declared).parameters)
         got = list(inspect.signature(implemented).parameters)
         assert got[: len(want)] == want, f"{engine.__name__}.{name}{got} does not take {want}"
+    for name in InferenceEngine.__annotations__:  # attributes, as `accepts_adapters`
+        assert hasattr(engine, name), f"{engine.__name__} lacks {name}"
+
+
+def test_an_engine_that_takes_no_adapter_refuses_one_clearly() -> None:
+    from agl_trainer.backends.lora import AdapterState
+    from agl_trainer.engines.base import WeightUpdate
+
+    assert EmbeddedEngine.accepts_adapters and not VLLMEngine.accepts_adapters
+    engine = VLLMEngine.__new__(VLLMEngine)  # the check comes before anything the engine holds
+    with pytest.raises(ValueError, match="adapter-only update"):
+        engine.update_weights(WeightUpdate(1, adapter=AdapterState({}, {})))
 

@@ -14,7 +14,7 @@ DECLARED = [name for name, value in inspect.getmembers(Backend) if not name.star
 
 def test_the_protocol_declares_what_the_loop_and_the_session_call() -> None:
     assert {"train_step", "state_dict_for_engine", "save_checkpoint", "load_checkpoint", "close"} <= set(DECLARED)
-    assert {"vocab_size", "last_logprobs"} <= set(Backend.__annotations__)
+    assert {"vocab_size", "last_logprobs", "uses_lora"} <= set(Backend.__annotations__)
 
 
 def _verl_backend() -> type:
@@ -32,3 +32,4 @@ def test_backend_implements_the_protocol(load) -> None:
         want = list(inspect.signature(getattr(Backend, name)).parameters)
         got = list(inspect.signature(implemented).parameters)
         assert got[: len(want)] == want, f"{backend.__name__}.{name}{got} does not take {want}"
+    assert hasattr(backend, "uses_lora"), f"{backend.__name__} does not say whether it trains adapters"

@@ -206,6 +206,11 @@ class VerlBackend:
         answers = self._workers.agl_state_dict(dtype)
         return answers[0]
 
+    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> Any:
+        """Never called: the verl backend trains every weight (`uses_lora` is False), so the loop syncs
+        state_dict_for_engine."""
+        raise ValueError("adapter_for_engine: the verl backend trains every weight (no backend.lora yet)")
+
     def save_hf(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """The policy as a Hugging Face directory (safetensors + config + the source's tokenizer files),
         loadable by transformers and vLLM. Written to a temporary sibling, then moved into place."""
