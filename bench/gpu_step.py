@@ -100,7 +100,9 @@ def make_backend(name: str, model_dir: Path, device: str, workers: int, micro_ba
     return VerlBackend(VerlBackendConfig(training=training, nnodes=1, n_gpus_per_node=workers))
 
 
-def measure(backend: Any, batch: TrainingBatch, steps: int, device: str) -> tuple[list[float], dict[str, float]]:
+def measure(
+    backend: Any, batch: TrainingBatch, steps: int, device: str
+) -> tuple[list[float], dict[str, float]]:
     """The timed steps' seconds and the last step's metrics, with `perf/export_s`: the seconds of one
     export of the weights for the engine in bf16 (what a weight sync starts with)."""
 
@@ -156,8 +158,8 @@ def run(args: argparse.Namespace) -> list[StepResult]:
             results.append(result)
             print(
                 f"{name:<6} step {step:8.3f} s  {result.tokens_per_s:12.0f} tokens/s  MFU {result.mfu:7.2%} "
-                f"(peak {args.peak_tflops:g} TFLOP/s)  loss {result.loss:.4f}  {result.micro_batches} micro-batches  "
-                f"weights export (bf16) {result.export_s:.3f} s",
+                f"(peak {args.peak_tflops:g} TFLOP/s)  loss {result.loss:.4f}  "
+                f"{result.micro_batches} micro-batches  weights export (bf16) {result.export_s:.3f} s",
                 flush=True,
             )
             if args.device == "cuda":

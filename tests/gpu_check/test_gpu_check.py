@@ -121,7 +121,9 @@ def test_test_paths_reach_pytest_and_each_part_runs(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": str(python), "AGL_VLLM_PYTHON": str(python),
            "GPU_CHECK_TEST_PATHS": "tests/a.py tests/b dir/c.py",
            "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}  # fmt: skip
-    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     calls = log.read_text().splitlines()
     (pytest_call,) = [c for c in calls if c.startswith("-m pytest")]

@@ -381,9 +381,11 @@ class TrainingLoop:
         new_version = self.version + 1
         adapter_only = self.backend.uses_lora and self.engine.accepts_adapters
         if adapter_only:
-            update = WeightUpdate(new_version, adapter=await asyncio.to_thread(self.backend.adapter_for_engine))
+            adapter = await asyncio.to_thread(self.backend.adapter_for_engine)
+            update = WeightUpdate(new_version, adapter=adapter)
         else:
-            update = WeightUpdate(new_version, state_dict=await asyncio.to_thread(self.backend.state_dict_for_engine))
+            weights = await asyncio.to_thread(self.backend.state_dict_for_engine)
+            update = WeightUpdate(new_version, state_dict=weights)
         await asyncio.to_thread(self.engine.update_weights, update)
         self._times.syncing = time.monotonic() - started
         step.metrics["sync/bytes"] = float(update.nbytes)
