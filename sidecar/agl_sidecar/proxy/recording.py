@@ -218,10 +218,7 @@ class StreamRecorder:
         by their keys in any spacing (wire.value_at) and confirmed against the decoded values. None:
         use the general path."""
         try:
-            if len(payload) < wire.LIFT_MIN_BYTES:  # every chunk but a stream's first
-                chunk = wire.typed_chat_chunk.decode(payload)
-            else:
-                chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
+            chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
         except msgspec.MsgspecError:
             return None
         if chunk.error is not None or len(chunk.choices) > 1:
