@@ -30,7 +30,7 @@ import httpx
 import msgspec
 from agl import semconv
 
-from agl_trainer.run.topology import is_loopback
+from agl_trainer.addresses import is_loopback
 from agl_trainer.loop.ports import RELEASE, Resume, SidecarError, SidecarState
 from agl_trainer.ports import free_port
 

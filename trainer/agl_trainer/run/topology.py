@@ -12,7 +12,6 @@ before anything starts; errors name the key.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -23,6 +22,7 @@ from urllib.parse import urlsplit
 
 from agl import semconv
 
+from agl_trainer.addresses import is_loopback
 from agl_trainer.config import Config, ConfigError
 
 AUTH_FILE = "auth.json"
@@ -85,15 +85,6 @@ class Topology:
     def otlp_headers(self) -> dict[str, str]:
         """What a sender adds to reach the receiver (the token, when there is one)."""
         return {"authorization": f"Bearer {self.receiver_token}"} if self.receiver_token else {}
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_listen(key: str, value: str) -> Listen:

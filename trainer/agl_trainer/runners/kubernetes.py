@@ -43,7 +43,7 @@ from agl_trainer.runners.base import (
     call_hook,
     run_with_retries,
 )
-from agl_trainer.runners.kubernetes_config import is_loopback
+from agl_trainer.runners.kubernetes_config import unreachable_from_pods
 from agl_trainer.runners.kubernetes_manifest import (
     CONTAINER,
     LABEL_RUNNER,
@@ -119,7 +119,8 @@ class KubernetesRunner:
         check_kubernetes(config)  # also when built without load_config: a function harness is refused
         kube = config.harness.kubernetes
         otlp = pod_otlp_endpoint(config) or endpoint.otlp_endpoint
-        pods = dataclasses.replace(endpoint, otlp_endpoint=None if otlp is None or is_loopback(otlp) else otlp)
+        reachable = otlp is not None and not unreachable_from_pods(otlp)
+        pods = dataclasses.replace(endpoint, otlp_endpoint=otlp if reachable else None)
         sidecar_url = pod_sidecar_url(config)
         if sidecar_url is not None and sidecar_url != endpoint.sidecar_url:  # one address for every pod
             pods = dataclasses.replace(pods, sidecar_url=sidecar_url)
@@ -147,7 +148,7 @@ class KubernetesRunner:
 
         urls = [self.endpoint.sidecar_url, *(url for url, _ in getattr(self.endpoint, "sidecars", None) or [])]
         for url in urls:
-            if not is_loopback(url):
+            if not unreachable_from_pods(url):
                 continue
             raise RuntimeError(
                 f"the kubernetes runner would send pods to {url}, this machine's loopback "

@@ -10,6 +10,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from agl_trainer.addresses import is_loopback
 from agl_trainer.config_schema import Config, ConfigError, harness_argv
 from agl_trainer.runners.base import Endpoint, RolloutSpec
 from agl_trainer.runners.kubernetes_manifest import (
@@ -27,16 +28,17 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
+WILDCARDS = ("0.0.0.0", "::")  # listen addresses, not places to dial
 
 
 def _error(key: str, problem: str, fix: str) -> Exception:
     return ConfigError(f"config key {key}: {problem} (fix: {fix})")
 
 
-def is_loopback(url: str) -> bool:
+def unreachable_from_pods(url: str) -> bool:
+    """The URL names this machine's loopback or a wildcard address: a pod dialing it reaches itself."""
     host = urlsplit(url).hostname or ""
-    return host in LOOPBACK or host.startswith("127.")
+    return host in WILDCARDS or is_loopback(host)
 
 
 def pod_sidecar_url(config: Config) -> str | None:
@@ -53,7 +55,7 @@ def _check_url(key: str, url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise _error(key, f"{url!r} is not an http(s) URL", "for example http://agl-trainer.train.svc:8400")
-    if is_loopback(url):
+    if unreachable_from_pods(url):
         raise _error(
             key, f"{url} is this machine's loopback address, which pods cannot reach",
             "the address of this machine or its Service as pods see it, e.g. http://agl-trainer.train.svc:8400",

@@ -14,17 +14,14 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 
+from agl_trainer.addresses import is_loopback
+
 COOKIE = "agl_viewer_token"
 QUERY = "token"
 
 
 class AccessError(ValueError):
     """A listen address and token that would serve the store to anyone (the message says the fix)."""
-
-
-def is_loopback_address(host: str) -> bool:
-    """A listen address: 'localhost', or an IP literal in 127/8 or ::1."""
-    return host.lower() == "localhost" or _loopback_literal(ipaddress.ip_address, host)
 
 
 def is_loopback_host_header(value: str) -> bool:
@@ -56,7 +53,7 @@ def _port_ok(port: str) -> bool:
 
 def check_listen(host: str, token: str | None, allow_no_token: bool, token_hint: str) -> None:
     """Refuse to serve a store off loopback without a token (unless told it is a private network)."""
-    if token is None and not allow_no_token and not is_loopback_address(host):
+    if token is None and not allow_no_token and not is_loopback(host):
         raise AccessError(
             f"the viewer would listen on {host}, off loopback, without a token: anyone who reaches the port"
             f" could read every prompt, completion and log in the store (fix: {token_hint})"

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agl_trainer.addresses import is_loopback
 from agl_trainer.assembly import AssemblyConfig
 from agl_trainer.receiver.client_errors import quiet_client_errors
 from agl_trainer.store import queries
@@ -335,7 +336,7 @@ class ViewerServer:
         self.viewer = viewer
         self.host, self.port = parse_listen(listen)
         access.check_listen(self.host, viewer.token, allow_no_token, token_hint)
-        viewer.loopback_only = access.is_loopback_address(self.host)
+        viewer.loopback_only = is_loopback(self.host)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
