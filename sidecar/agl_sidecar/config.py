@@ -84,8 +84,7 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             return self.otlp_compression == "gzip"
         from urllib.parse import urlsplit
 
-        host = urlsplit(self.otlp_endpoint or "").hostname or ""
-        return host not in ("127.0.0.1", "localhost", "::1")
+        return not is_loopback(urlsplit(self.otlp_endpoint or "").hostname or "")
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -157,9 +156,11 @@ def _explain(exc: msgspec.ValidationError) -> str:
     return f"setting {key!r}: {where[0].rstrip(' -')}"
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """'localhost', or an IP literal in 127/8 or ::1 (brackets and an IPv6 zone off). The rule of the
+    listen check and of the admin API's callers when no admin token is set."""
     host = host.strip("[]")
-    if host in ("", "localhost"):  # no host: the sidecar listens on 127.0.0.1
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.split("%")[0]).is_loopback
@@ -178,7 +179,8 @@ def validate(config: SidecarConfig) -> None:
     host, _, port = config.listen.rpartition(":")
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"setting 'listen': {config.listen!r} must be HOST:PORT, e.g. 127.0.0.1:8400")
-    if not (config.api_key or config.rollout_api_keys or config.no_api_key or _loopback(host)):
+    on_loopback = not host.strip("[]") or is_loopback(host)  # no host: the sidecar listens on 127.0.0.1
+    if not (config.api_key or config.rollout_api_keys or config.no_api_key or on_loopback):
         raise ConfigError(
             f"setting 'listen': {config.listen} is not loopback and no API key is set: anyone who reaches the "
             "port could use the engine through the sidecar and write training data (fix: pass --api-key KEY "

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from agl_sidecar.cli import main
-from agl_sidecar.config import ConfigError, build, env_values, load_yaml
+from agl_sidecar.config import ConfigError, build, env_values, is_loopback, load_yaml
 from tests.support.waiting import wait_until
 
 
@@ -87,9 +87,19 @@ def test_cli_starts_prints_ready_line_and_never_imports_litellm(fake, tmp_path):
         process.wait(10)
 
 
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("localhost", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("::1%lo", True),
+     ("0.0.0.0", False), ("10.0.0.5", False), ("127.0.0.1.example", False), ("", False)],
+)
+def test_one_loopback_rule_for_listen_admin_callers_and_export(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
 def test_export_compression_auto_skips_gzip_on_loopback_only():
     base = {"upstream": ["http://a"]}
     assert not build({**base, "otlp_endpoint": "http://127.0.0.1:4318"}).compress_export
+    assert not build({**base, "otlp_endpoint": "http://[::1]:4318"}).compress_export
     assert build({**base, "otlp_endpoint": "http://collector.internal:4318"}).compress_export
     assert build({**base, "otlp_endpoint": "http://127.0.0.1:4318", "otlp_compression": "gzip"}).compress_export
     with pytest.raises(ConfigError, match="otlp_compression"):

@@ -4,7 +4,6 @@ loopback with none configured); /healthz and /metrics for operators."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -14,6 +13,7 @@ from agl_sidecar import inputs
 from agl_sidecar.proxy.request import read_body
 from agl_sidecar.proxy.routing import validate_upstream
 from agl_sidecar.calls.switches import MAX_PROGRESS, MAX_PROGRESS_ID_CHARS
+from agl_sidecar.config import is_loopback
 from agl_sidecar.routes.common import decode_body, json_reply, sidecar_of
 from agl_sidecar.sidecar import Sidecar, same_secret
 
@@ -50,22 +50,13 @@ def admin_only(handler: Any) -> Any:
             given = request.headers.get("Authorization", "")
             if not (given[:7].lower() == "bearer " and same_secret(given[7:].strip(), token)):
                 return json_reply(401, {"error": "admin API: send 'Authorization: Bearer <admin token>' (--admin-token)"})
-        elif not _is_loopback(request.remote):
+        elif not (request.remote and is_loopback(request.remote)):
             return json_reply(
                 403, {"error": "admin API: no --admin-token is configured, so only loopback clients may use it"}
             )
         return await handler(request)
 
     return guarded
-
-
-def _is_loopback(remote: str | None) -> bool:
-    if not remote:
-        return False
-    try:
-        return ipaddress.ip_address(remote.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 async def _read(request: web.Request, sidecar: Sidecar, schema: type[Body], what: str, example: str) -> Body | web.Response:
