@@ -150,13 +150,16 @@ class EngineRoutes:
             )
         return await request.read()
 
-    def _submit(self, sequences: list[Sequence], request_id: str) -> None:
+    def _submit(self, sequences: list[Sequence], id_prefix: str) -> tuple[str, int]:
+        """Hand the sequences to the scheduler under a new response id; returns (that id, created)."""
+        request_id, created = f"{id_prefix}-{secrets.token_hex(8)}", int(time.time())
         self.requests += 1
         for index, sequence in enumerate(sequences):  # choice 0 under the response's own id
             sequence.request_id = request_id if index == 0 else f"{request_id}-{index}"
         scheduler = self.engine.scheduler
         assert scheduler is not None  # routes are served only between start() and stop()
         scheduler.submit(sequences)
+        return request_id, created
 
     async def _generated(self, sequences: list[Sequence], queue: asyncio.Queue[Any]) -> int:
         """Wait for every sequence to end (cancelled when the client goes away first); a failed one
@@ -217,29 +220,26 @@ class EngineRoutes:
         params = reader.sampling(req, req.max_completion_tokens or req.max_tokens, top, len(prompt_ids))
         queue: asyncio.Queue = asyncio.Queue()
         sequences = sequences_of(prompt_ids, params, req.n, req.stream, queue)
-        request_id, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
-        self._submit(sequences, request_id)
+        request_id, created = self._submit(sequences, "chatcmpl")
         if req.stream:
             return await self._chat_stream(
                 request, req, model, request_id, created, prompt_ids, sequences, queue
             )
         completion_tokens = await self._generated(sequences, queue)
-        tokenizer = reader.tokenizer
-        choices = []
-        for index, sequence in enumerate(sequences):
-            logprobs = (
-                wire.chat_logprobs(
-                    tokenizer, sequence, 0, len(sequence.token_ids), req.return_tokens_as_token_ids
-                )
-                if req.logprobs
-                else None
-            )
-            text = stream.visible_text(tokenizer, sequence)
-            choices.append(wire.chat_choice(index, text, logprobs, sequence, req.return_token_ids))
+        choices = [self._chat_choice(req, index, sequence) for index, sequence in enumerate(sequences)]
         body = wire.chat_response(
             request_id, created, model, choices, prompt_ids, completion_tokens, req.return_token_ids
         )
         return respond(body)
+
+    def _chat_choice(self, req: wire.ChatCompletionRequest, index: int, sequence: Sequence) -> dict[str, Any]:
+        tokenizer = self.reader.tokenizer
+        logprobs = None
+        if req.logprobs:
+            end = len(sequence.token_ids)
+            logprobs = wire.chat_logprobs(tokenizer, sequence, 0, end, req.return_tokens_as_token_ids)
+        text = stream.visible_text(tokenizer, sequence)
+        return wire.chat_choice(index, text, logprobs, sequence, req.return_token_ids)
 
     async def _chat_stream(
         self,
@@ -307,29 +307,31 @@ class EngineRoutes:
         for prompt_ids in prompts:
             params = reader.sampling(req, req.max_tokens or 16, req.logprobs, len(prompt_ids))
             sequences += sequences_of(prompt_ids, params, req.n, req.stream, queue)
-        request_id, created = f"cmpl-{secrets.token_hex(8)}", int(time.time())
-        self._submit(sequences, request_id)
+        request_id, created = self._submit(sequences, "cmpl")
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as vLLM)
         if req.stream:
             return await self._completions_stream(
                 request, req, model, request_id, created, sequences, queue, prompt_tokens
             )
         completion_tokens = await self._generated(sequences, queue)
-        tokenizer = reader.tokenizer
-        choices = []
-        for index, sequence in enumerate(sequences):
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs, _ = wire.completion_logprobs(
-                    tokenizer, sequence, 0, len(sequence.token_ids), 0, req.return_tokens_as_token_ids
-                )
-            text = stream.visible_text(tokenizer, sequence)
-            choices.append(wire.completion_choice(index, text, logprobs, sequence, req.return_token_ids))
-            if scored is not None:
-                choices[-1]["prompt_logprobs"] = scored[index // req.n]  # n choices per prompt, in order
+        choices = [self._completion_choice(req, index, sequence) for index, sequence in enumerate(sequences)]
+        if scored is not None:
+            for index, choice in enumerate(choices):
+                choice["prompt_logprobs"] = scored[index // req.n]  # n choices per prompt, in order
         return respond(
             wire.completion_response(request_id, created, model, choices, prompt_tokens, completion_tokens)
         )
+
+    def _completion_choice(
+        self, req: wire.CompletionRequest, index: int, sequence: Sequence
+    ) -> dict[str, Any]:
+        tokenizer = self.reader.tokenizer
+        logprobs = None
+        if req.logprobs is not None:
+            end, as_ids = len(sequence.token_ids), req.return_tokens_as_token_ids
+            logprobs, _ = wire.completion_logprobs(tokenizer, sequence, 0, end, 0, as_ids)
+        text = stream.visible_text(tokenizer, sequence)
+        return wire.completion_choice(index, text, logprobs, sequence, req.return_token_ids)
 
     async def _prompt_logprobs(self, req: wire.CompletionRequest, prompts: list[list[int]]) -> list[Any] | None:
         """Each prompt's logprobs when asked (`prompt_logprobs`: how many top tokens besides the prompt's)."""
