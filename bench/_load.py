@@ -4,17 +4,12 @@ in blocks at a given concurrency, and percentiles."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from typing import Any
 
+from agl_trainer.ports import free_port  # noqa: F401 - the benches take it from here
+
 JSON = {"Content-Type": "application/json"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_up(url: str, session: Any, timeout_s: float = 60.0) -> None:

@@ -7,10 +7,6 @@ say their port (`Receiver(..., ReceiverConfig(port=0)).url`, `agl receive` print
 
 from __future__ import annotations
 
-import socket
+from agl_trainer.ports import free_port  # the one definition (product code uses it for vLLM's ports)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port"]
