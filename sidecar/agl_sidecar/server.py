@@ -21,7 +21,8 @@ from agl_sidecar.config import SidecarConfig
 class _ClientErrorsAsWarnings(logging.Filter):
     """aiohttp logs a request its HTTP parser refuses (a control character in a header, a malformed
     request line; it answers 400 itself) as an error with a traceback: the client's fault, so one
-    warning line says it instead."""
+    warning line says it instead. The trainer's servers have the same filter
+    (agl_trainer/receiver/client_errors.py): sidecar and trainer share no code but `agl`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
