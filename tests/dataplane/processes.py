@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 URL_LINE = re.compile(r"OTLP/HTTP on (http://\S+)/v1/traces")
+GRPC_LINE = re.compile(r"OTLP/gRPC on (\S+)")
 
 
 AGL = "import sys; from agl_trainer.cli import main; sys.exit(main())"
@@ -84,3 +90,61 @@ def start_rotel(log_dir: Path, target: str, protocol: str, *extra: str) -> Colle
         collector.kill()
         raise
     return Collector(collector, http_port, grpc_port)
+
+
+@dataclass
+class BehindRotel:
+    """`agl receive` with a real collector in front of it, as `receive_behind_rotel` runs them."""
+
+    store: Path
+    collector_port: int = 0  # the collector's OTLP/HTTP port: send here
+    output: str = ""  # the receiver's output and exit code, once it has stopped
+    returncode: int | None = None
+
+    def post_traces(self, body: bytes, *, gzipped: bool = False) -> None:
+        """An OTLP/HTTP protobuf export request to the collector, which takes it."""
+        import httpx
+
+        headers = {"content-type": "application/x-protobuf"}
+        if gzipped:
+            body, headers["content-encoding"] = gzip.compress(body), "gzip"
+        url = f"http://127.0.0.1:{self.collector_port}/v1/traces"
+        assert httpx.post(url, content=body, timeout=30, headers=headers).status_code == 200
+
+    def wait_stored(self, spans: int) -> None:
+        """Until the store holds `spans` spans (the collector batches and exports on its own time)."""
+        from agl_trainer.store import RolloutStore
+
+        from tests.support.waiting import wait_until
+
+        def stored() -> bool:
+            with RolloutStore(self.store) as store:
+                return len(store.span_ids()) == spans
+
+        wait_until(stored, "the collector's exports to be stored", timeout=60.0)
+
+
+@contextlib.contextmanager
+def receive_behind_rotel(tmp_path: Path, protocol: str) -> Iterator[BehindRotel]:
+    """`agl receive` (OTLP/HTTP and gRPC) on a store in `tmp_path`, and rotel-agent exporting to it
+    over `protocol` (grpc or http). Both are stopped on the way out, the receiver by SIGTERM."""
+    running = BehindRotel(tmp_path / "rollouts.db")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-c", AGL, "receive", "--store", str(running.store), "--listen", "127.0.0.1:0",
+            "--grpc-listen", "127.0.0.1:0"]  # fmt: skip
+    receiver = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    collector = None
+    try:
+        http_url = URL_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
+        grpc_address = GRPC_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
+        target = f"http://{grpc_address}" if protocol == "grpc" else http_url
+        collector = start_rotel(tmp_path, target, protocol)
+        running.collector_port = collector.http_port
+        yield running
+    finally:
+        if collector is not None:
+            collector.process.terminate()
+            collector.process.wait(10)
+        receiver.send_signal(signal.SIGTERM)
+        running.output, _ = receiver.communicate(timeout=30)
+        running.returncode = receiver.returncode

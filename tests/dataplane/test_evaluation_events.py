@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,10 +26,8 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from tests.dataplane.otlp import any_value, call_span, request, rollout_span
-from tests.dataplane.processes import AGL, URL_LINE, start_rotel
-from tests.dataplane.test_collector import GRPC_LINE
+from tests.dataplane.processes import receive_behind_rotel
 from tests.dataplane.test_receiver_fuzz import assert_storable, mutated
-from tests.support.waiting import wait_until
 
 T0 = 1_700_000_000_000_000_000
 TRACE = bytes(range(16))
@@ -231,47 +225,22 @@ def test_evaluation_event_through_rotel_lands_on_its_rollout(tmp_path: Path, pro
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
 
-    store_path = tmp_path / "rollouts.db"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-c", AGL, "receive", "--store", str(store_path), "--listen", "127.0.0.1:0",
-            "--grpc-listen", "127.0.0.1:0"]  # fmt: skip
-    receiver = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    collector = None
-    try:
-        http_url = URL_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
-        grpc_address = GRPC_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
-        target = f"http://{grpc_address}" if protocol == "grpc" else http_url
-        collector, http_port, _ = start_rotel(tmp_path, target, protocol)
+    with receive_behind_rotel(tmp_path, protocol) as receiving:
         spans = request([call_span("evented", 0, [1, 2, 3], [4, 5]), rollout_span("evented")])
-        reply = httpx.post(
-            f"http://127.0.0.1:{http_port}/v1/traces", content=spans.SerializeToString(), timeout=30,
-            headers={"content-type": "application/x-protobuf"},
-        )  # fmt: skip
-        assert reply.status_code == 200
+        receiving.post_traces(spans.SerializeToString())
         provider = LoggerProvider()
-        exporter = OTLPLogExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/logs")
+        exporter = OTLPLogExporter(endpoint=f"http://127.0.0.1:{receiving.collector_port}/v1/logs")
         provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
         provider.get_logger("grader").emit(
             event_name=semconv.SPAN_EVALUATION_RESULT,
             attributes=score("evented", 0.6, **{semconv.EVALUATION_EXPLANATION: "3 of 5 tests"}),
         )
         provider.shutdown()
-
-        def stored() -> bool:
-            with RolloutStore(store_path) as store:
-                return len(store.span_ids()) == 3
-
-        wait_until(stored, "the collector's exports to be stored", timeout=60.0)
-        with RolloutStore(store_path, grace_s=0.0) as store:
+        receiving.wait_stored(3)
+        with RolloutStore(receiving.store, grace_s=0.0) as store:
             assert store.load("evented").final_reward("reward") == 0.6
             assert [r.rollout_id for r in store.ready_rollouts()] == ["evented"]
-    finally:
-        if collector is not None:
-            collector.terminate()
-            collector.wait(10)
-        receiver.send_signal(signal.SIGTERM)
-        out, _ = receiver.communicate(timeout=30)
-    assert receiver.returncode == 0 and "3 spans stored" in out
+    assert receiving.returncode == 0 and "3 spans stored" in receiving.output
 
 
 def _logs_or_refuse(body: bytes, media: str) -> list | None:

@@ -3,14 +3,9 @@ agl.rollout.id is a reward of its rollout (docs/spans.md), through a real collec
 
 from __future__ import annotations
 
-import gzip
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx
 import pytest
 from agl import semconv
 from agl_trainer.receiver.contract import classify
@@ -19,8 +14,7 @@ from agl_trainer.store import RolloutStore
 from agl_trainer.store.records import RewardSpan, Violation
 
 from tests.dataplane.otlp import call_span, request, reward_span, rollout_span, span
-from tests.dataplane.processes import AGL, URL_LINE, start_rotel
-from tests.support.waiting import wait_until
+from tests.dataplane.processes import receive_behind_rotel
 
 
 def evaluation(rollout_id: str | None, **attributes: object) -> RawSpan:
@@ -64,19 +58,7 @@ def test_an_evaluation_of_no_rollout_is_foreign() -> None:
 
 
 def test_evaluation_result_through_rotel_lands_on_its_rollout(tmp_path: Path) -> None:
-    store_path = tmp_path / "rollouts.db"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
-    receiver = subprocess.Popen(
-        [sys.executable, "-c", AGL, "receive", "--store", str(store_path), "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    collector = None
-    try:
-        http_url = URL_LINE.search(receiver.stdout.readline()).group(1)  # type: ignore[union-attr]
-        collector, http_port, _ = start_rotel(tmp_path, http_url, "http")
+    with receive_behind_rotel(tmp_path, "http") as receiving:
         start = 1_700_000_000_000_000_000
         spans = [
             call_span("graded", 0, [1, 2, 3], [4, 5]),
@@ -94,27 +76,10 @@ def test_evaluation_result_through_rotel_lands_on_its_rollout(tmp_path: Path) ->
             ),
             rollout_span("graded"),
         ]  # fmt: skip
-        reply = httpx.post(
-            f"http://127.0.0.1:{http_port}/v1/traces",
-            content=gzip.compress(request(spans).SerializeToString()),
-            timeout=30,
-            headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
-        )
-        assert reply.status_code == 200
-
-        def stored() -> bool:
-            with RolloutStore(store_path) as store:
-                return len(store.span_ids()) == 5
-
-        wait_until(stored, "the collector's export to be stored", timeout=60.0)
-        with RolloutStore(store_path, grace_s=0.0) as store:
+        receiving.post_traces(request(spans).SerializeToString(), gzipped=True)
+        receiving.wait_stored(5)
+        with RolloutStore(receiving.store, grace_s=0.0) as store:
             data = store.load("graded")
             assert data.final_reward("reward") == 0.9
             assert data.final_reward("style") == 1.0
             assert [r.rollout_id for r in store.ready_rollouts()] == ["graded"]
-    finally:
-        if collector is not None:
-            collector.terminate()
-            collector.wait(10)
-        receiver.send_signal(signal.SIGTERM)
-        receiver.communicate(timeout=30)
