@@ -33,6 +33,18 @@ def any_value(value: Any) -> AnyValue:
     return AnyValue(array_value=ArrayValue(values=[any_value(item) for item in value]))
 
 
+def with_attributes(span: Span, **attributes: Any) -> Span:
+    """`span` with attributes set, replacing any of the same name (keys spelled with '__' for '.':
+    agl__call__origin)."""
+    for key, value in attributes.items():
+        name = key.replace("__", ".")
+        kept = [kv for kv in span.attributes if kv.key != name]
+        del span.attributes[:]
+        span.attributes.extend(kept)
+        span.attributes.append(KeyValue(key=name, value=any_value(value)))
+    return span
+
+
 def span(
     name: str,
     attributes: dict[str, Any],

@@ -20,10 +20,9 @@ from agl_sidecar.spans.recorder import SpanRecorder
 from agl_trainer.store import RolloutStore
 from agl_trainer.store.schema import SCHEMA_VERSION
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from tests.dataplane.ingest import ingest
-from tests.dataplane.otlp import any_value, call_span, request, rollout_span
+from tests.dataplane.otlp import call_span, request, rollout_span, with_attributes
 from tests.viewer.conftest import get, start
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
@@ -65,17 +64,6 @@ def post(receiver, body: bytes) -> ExportTraceServiceResponse:
     reply = httpx.post(f"{receiver.url}/v1/traces", content=body, headers=PROTOBUF, timeout=30)
     assert reply.status_code == 200
     return ExportTraceServiceResponse.FromString(reply.content)
-
-
-def with_attributes(span, **attributes):
-    """`span` with attributes set (keys spelled with '__' for '.')."""
-    for key, value in attributes.items():
-        name = key.replace("__", ".")
-        kept = [kv for kv in span.attributes if kv.key != name]
-        del span.attributes[:]
-        span.attributes.extend(kept)
-        span.attributes.append(KeyValue(key=name, value=any_value(value)))
-    return span
 
 
 async def test_a_held_call_from_the_sidecars_encoder_reaches_the_store_and_the_viewer(receiver, store, store_path):

@@ -12,7 +12,7 @@ from agl_trainer.batch import RolloutResult, Sample
 
 from tests.dataplane.ingest import ingest
 from tests.dataplane.otlp import call_span, reward_span, rollout_span
-from tests.dataplane.test_tree_assembly import with_attributes
+from tests.dataplane.otlp import with_attributes
 
 RUNS = semconv.COMPLETION_POLICY_VERSIONS.replace(".", "__")
 
@@ -70,11 +70,22 @@ def test_the_staleness_bound_looks_at_every_token() -> None:
         )  # fmt: skip
         return RolloutResult(rollout_id=f"r{versions}", task_id="t", reward=1.0, samples=[sample])
 
-    loop = TrainingLoop.__new__(TrainingLoop)  # only _filter_stale's inputs: the version and the bound
-    loop.config = type("C", (), {"staleness": 1})()
-    loop.state = type("S", (), {"policy_version": 5})()
-    kept, dropped = loop._filter_stale([result([4, 4, 5]), result([3, 4, 5]), result([5, 5])])
-    assert [r.rollout_id for r in kept] == ["r[4, 4, 5]", "r[5, 5]"] and dropped == 1  # one token at v3
+    def filtered(policy: str, results: list[RolloutResult]):  # type: ignore[no-untyped-def]
+        loop = TrainingLoop.__new__(TrainingLoop)  # only _filter_stale's inputs: the version and the bound
+        loop.config = type("C", (), {"staleness": 1, "stale_policy": policy})()
+        loop.state = type("S", (), {"policy_version": 5})()
+        return loop._filter_stale(results)
+
+    kept, dropped, masked = filtered("wait", [result([4, 4, 5]), result([3, 4, 5]), result([5, 5])])
+    assert [r.rollout_id for r in kept] == ["r[4, 4, 5]", "r[5, 5]"]  # one token at v3 drops its rollout
+    assert [r.rollout_id for r in dropped] == ["r[3, 4, 5]"] and masked == 0
+    # stale_policy=mask: that token leaves the loss and the rest of its rollout trains; a rollout with
+    # nothing left is dropped; tokens outside the loss (prompt, v -1) never count
+    partly, wholly, fresh = result([3, 4, 5]), result([2, 3]), result([5, 5])
+    partly.samples[0].loss_mask[1] = 0  # the v4 token is not trained anyway
+    kept, dropped, masked = filtered("mask", [partly, wholly, fresh])
+    assert kept == [partly, fresh] and dropped == [wholly] and masked == 3
+    assert partly.samples[0].loss_mask == [0, 0, 1] and fresh.samples[0].loss_mask == [1, 1]
 
 
 def test_inspect_shows_where_each_version_starts(store, store_path, capsys, monkeypatch) -> None:

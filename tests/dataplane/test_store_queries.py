@@ -11,7 +11,7 @@ from agl_trainer.store.records import final_reward
 
 from tests.dataplane.ingest import ingest
 from tests.dataplane.otlp import call_span, reward_span, rollout_span
-from tests.dataplane.test_tree_assembly import with_attributes
+from tests.dataplane.otlp import with_attributes
 
 RUNS = semconv.COMPLETION_POLICY_VERSIONS.replace(".", "__")
 T0 = 1_700_000_000_000_000_000

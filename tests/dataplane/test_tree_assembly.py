@@ -4,30 +4,16 @@ checked token by token."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from agl import semconv
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.dataplane.ingest import ingest
-from tests.dataplane.otlp import any_value, call_span, reward_span, rollout_span
-
-
-def with_attributes(span: Span, **attributes: Any) -> Span:
-    """`span` with attributes set (keys spelled with '__' for '.': agl__call__origin)."""
-    for key, value in attributes.items():
-        name = key.replace("__", ".")
-        kept = [kv for kv in span.attributes if kv.key != name]
-        del span.attributes[:]
-        span.attributes.extend(kept)
-        span.attributes.append(KeyValue(key=name, value=any_value(value)))
-    return span
+from tests.dataplane.otlp import call_span, reward_span, rollout_span, with_attributes
 
 
 def run(store, spans, config: AssemblyConfig | None = None):
