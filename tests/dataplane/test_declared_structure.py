@@ -15,7 +15,8 @@ from agl_trainer.assembly.assemble import (
 )
 from agl_trainer.store import RolloutStore
 
-from tests.dataplane.test_tree_assembly import main_sub_compaction, run, with_attributes
+from tests.dataplane.otlp import with_attributes
+from tests.dataplane.test_tree_assembly import main_sub_compaction, run
 
 MAIN = {"agl__call__agent_id": "main"}
 SUB = {"agl__call__agent_id": "sub-1", "agl__call__parent_agent_id": "main"}
