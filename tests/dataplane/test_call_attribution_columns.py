@@ -14,7 +14,6 @@ import pytest
 from agl import semconv
 from agl_sidecar.calls.attribution import Identity
 from agl_sidecar.spans import otlp
-from agl_sidecar.spans.exporter import ExportCounters
 from agl_sidecar.calls.record import CallRecord
 from agl_sidecar.spans.recorder import SpanRecorder
 from agl_trainer.store import RolloutStore
@@ -23,26 +22,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tests.dataplane.ingest import ingest
 from tests.dataplane.otlp import call_span, request, rollout_span, with_attributes
+from tests.support.otlp_sink import RecorderSpans
 from tests.viewer.conftest import get, start
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 UPSTREAM = "http://10.0.0.7:8000"
 
 
-class _Collector:
-    """The exporter's interface for the recorder: keeps the encoded spans."""
-
-    def __init__(self) -> None:
-        self.spans: list[bytes] = []
-        self.counters = ExportCounters()
-
-    def submit(self, span: bytes) -> None:
-        self.spans.append(span)
-
-
 async def _sidecar_request(rollout_id: str) -> bytes:
     """An OTLP request as the sidecar sends it: a call held 37.25 ms, then the rollout's end."""
-    collector = _Collector()
+    collector = RecorderSpans()
     recorder = SpanRecorder(collector)  # type: ignore[arg-type]
     recorder.start()
     identity = Identity(rollout_id=rollout_id, task_id="t", attempt=0, mode=semconv.MODE_TRAIN)

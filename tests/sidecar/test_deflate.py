@@ -12,8 +12,8 @@ import msgspec
 from agl_sidecar.calls.attribution import Identity
 from agl_sidecar.calls.record import CallRecord
 from agl_sidecar.spans import deflate, otlp
-from agl_sidecar.spans.exporter import ExportCounters
 from agl_sidecar.spans.recorder import SpanRecorder
+from tests.support.otlp_sink import RecorderSpans
 
 FRAMER = otlp.RequestFramer({"service.name": "t"}, "agl", "0")
 
@@ -62,17 +62,8 @@ def test_kept_streams_stay_within_their_bytes():
     assert 0 < streams._lru.bytes <= 1_000_000
 
 
-class _Exporter:
-    def __init__(self) -> None:
-        self.spans: list[bytes] = []
-        self.counters = ExportCounters()
-
-    def submit(self, span: bytes) -> None:
-        self.spans.append(span)
-
-
 def test_a_prompt_seen_again_goes_out_shared_and_whole():
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter)  # no running loop: spans are built at once
     prompt = msgspec.json.encode([random.randrange(0, 150_000) for _ in range(20_000)])
     for _ in range(3):

@@ -8,17 +8,15 @@ import random
 
 import msgspec
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agl import semconv
 from agl_sidecar.spans import otlp, token_arrays
 from agl_sidecar.calls.attribution import Identity
-from agl_sidecar.spans.exporter import ExportCounters
 from agl_sidecar.spans.foreground import Foreground
 from agl_sidecar.calls.record import CallRecord
 from agl_sidecar.spans.recorder import SpanRecorder
 from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
-from tests.support.otlp_sink import any_value
+from tests.support.otlp_sink import RecorderSpans
 from tests.support.waiting import wait_until_async
 
 
@@ -132,24 +130,6 @@ def test_kept_prompts_stay_within_the_cache_bytes():
     assert 0 < cache.bytes <= 400_000
 
 
-class _Exporter:
-    """Collects what the recorder submits (the exporter's interface for the recorder)."""
-
-    def __init__(self) -> None:
-        self.spans: list[bytes] = []
-        self.counters = ExportCounters()
-
-    def submit(self, span: bytes) -> None:
-        self.spans.append(span)
-
-    def decoded(self) -> list[tuple[str, dict]]:
-        framer = otlp.RequestFramer({"service.name": "t"}, "agl", "0")
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(framer.request(self.spans))
-        spans = request.resource_spans[0].scope_spans[0].spans if self.spans else []
-        return [(s.name, {kv.key: any_value(kv.value) for kv in s.attributes}) for s in spans]
-
-
 def _call(rollout: str, prompt: list[int], completion: list[int]) -> CallRecord:
     call = CallRecord(api="openai.chat", operation="chat", identity=Identity(rollout_id=rollout), trace_parent=None,
                       start_ns=1, model="tiny")
@@ -161,7 +141,7 @@ def _call(rollout: str, prompt: list[int], completion: list[int]) -> CallRecord:
 
 
 async def test_spans_are_built_in_the_background_in_order():
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
     recorder.start()
     prompt = list(range(20_000))
@@ -183,7 +163,7 @@ async def test_spans_are_built_in_the_background_in_order():
 
 async def test_the_builder_waits_for_active_calls_but_not_forever():
     foreground = Foreground()
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=0.3)  # type: ignore[arg-type]
     recorder.start()
     foreground.enter()  # a call is being proxied
@@ -204,7 +184,7 @@ async def test_the_span_being_built_is_counted_until_it_is_handed_on():
     """A monitor waiting for nothing pending reads spans_building: the job the builder holds (taken
     from the queue, put off for an active call or between slices) is still pending."""
     foreground = Foreground()
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
     recorder.start()
     foreground.enter()
@@ -216,10 +196,10 @@ async def test_the_span_being_built_is_counted_until_it_is_handed_on():
     await recorder.close()
 
 
-def _after_one_call(settle_s: float) -> tuple[Foreground, _Exporter, SpanRecorder]:
+def _after_one_call(settle_s: float) -> tuple[Foreground, RecorderSpans, SpanRecorder]:
     """A running builder and one call answered (nothing else in flight), its span queued."""
     foreground = Foreground(settle_s=settle_s)
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
     recorder.start()
     foreground.begin()
@@ -268,7 +248,7 @@ async def test_a_span_is_built_while_the_next_call_waits_on_the_engine(monkeypat
 
 
 async def test_a_span_that_fails_to_build_is_counted_and_the_builder_goes_on(monkeypatch):
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
     recorder.start()
     real_span = otlp.span
@@ -288,7 +268,7 @@ async def test_a_span_that_fails_to_build_is_counted_and_the_builder_goes_on(mon
 
 
 async def test_close_builds_what_is_still_queued():
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     foreground = Foreground()
     recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
     recorder.start()
@@ -300,7 +280,7 @@ async def test_close_builds_what_is_still_queued():
 
 
 def test_without_a_running_builder_spans_are_built_at_once():
-    exporter = _Exporter()
+    exporter = RecorderSpans()
     recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
     recorder.finish(_call("r1", [1, 2, 3], [4]))
     assert len(exporter.spans) == 1

@@ -173,3 +173,27 @@ class OTLPSink:
     def __exit__(self, *exc: Any) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class RecorderSpans:
+    """In place of the sidecar's exporter, for a SpanRecorder (`submit`, `counters`): keeps the
+    encoded spans it is handed, and reads them back as (name, attributes)."""
+
+    def __init__(self) -> None:
+        from agl_sidecar.spans.exporter import ExportCounters
+
+        self.spans: list[bytes] = []
+        self.counters = ExportCounters()
+
+    def submit(self, span: bytes) -> None:
+        self.spans.append(span)
+
+    def decoded(self) -> list[tuple[str, dict[str, Any]]]:
+        from agl_sidecar.spans import otlp
+
+        if not self.spans:
+            return []
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(otlp.RequestFramer({"service.name": "t"}, "agl", "0").request(self.spans))
+        spans = request.resource_spans[0].scope_spans[0].spans
+        return [(s.name, {kv.key: any_value(kv.value) for kv in s.attributes}) for s in spans]
