@@ -27,6 +27,13 @@ Weight sync (per server, in parallel): POST /pause?mode=wait -> POST /collective
 file under /dev/shm (tmpfs: shared memory, no disk I/O), so the directory must be visible to the
 servers: same machine, or a shared filesystem given as `weights_dir`.
 
+LoRA (`lora_rank > 0`, vllm_lora.py): the base is served once as `<name>-base` and the adapter as
+`<name>`, the model name the harness calls; `accepts_adapters` is True and an update carrying an
+adapter (`WeightUpdate.adapter`, or `update_adapter`) writes only the adapter (peft's format) and
+has every worker load it in place under the served adapter's vLLM id, in the same pause / load /
+reset_prefix_cache / version / resume sequence, so calls held or frozen across it continue under
+it. `last_update_bytes` and `last_sync.nbytes` say what a sync carried.
+
 A managed server that dies is restarted on its port and given the latest weights, by a watchdog
 thread and before every sync; `ensure_alive()` does the same on demand.
 
@@ -36,8 +43,9 @@ vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one lo
 several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
 
 Rooms: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
-processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), this file
-(the engine: lifecycle, health and restarts, weight sync, sleep/wake).
+processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), vllm_lora.py
+(adapter files and flags), this file (the engine: lifecycle, health and restarts, weight sync,
+sleep/wake).
 """
 
 
@@ -59,11 +67,14 @@ from typing import Literal, Self
 
 import httpx
 
+from agl_trainer.backends.lora import AdapterState
 from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.vllm_config import (
+    ADAPTER_IDS_METHOD,
     DEFAULT_VENV_PYTHON,
     KEEP_ALIVE_S,
     LOAD_METHOD,
+    LORA_METHOD,
     PROGRESS_METHOD,
     REPO_ROOT,
     STEP_DELAY_METHOD,
@@ -78,6 +89,8 @@ from agl_trainer.engines.vllm_config import (
     vllm_config,
     workers_per_server,
 )
+from agl_trainer.engines.vllm_lora import AdapterFiles
+from agl_trainer.engines.vllm_lora import server_arguments as lora_arguments
 from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
 from agl_trainer.ports import free_port
 from agl_trainer.engines.vllm_transfer import (
@@ -108,13 +121,15 @@ class SyncReport:
     load_seconds: list[float]  # per replica: inside the worker (read + reload + repack)
     worker_results: list[dict] = field(default_factory=list)  # per worker: what agl_load_weights returned
     restarted: list[str] = field(default_factory=list)
+    nbytes: int = 0  # what the update carried: the adapter's tensors (LoRA) or the weights'
+    adapter: bool = False  # an adapter-only update
 
 
 
 class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
 
-    accepts_adapters = False  # LoRA runs sync the merged weights (vLLM's run-time adapter loading: not yet)
+    accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (vllm_lora.py)
 
     def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
         """`VLLMEngine(VLLMConfig(...))`, or `VLLMEngine(model, replicas=2, **settings)` with the
@@ -130,6 +145,16 @@ class VLLMEngine:
         self._lock = threading.RLock()  # serialises syncs, restarts and stop
         self._client = httpx.Client(timeout=config.request_timeout_s, trust_env=False)
         self._latest: tuple[int, Path] | None = None  # (version, directory) the servers should hold
+        # LoRA: the adapter files, the latest adapter (version, directory) over the weights above, and
+        # vLLM's id of the served adapter on each server (by URL)
+        self.accepts_adapters = config.lora_rank > 0
+        self.adapter_name = config.served_model_name or config.model or ""
+        if self.accepts_adapters and not self.adapter_name:
+            raise ValueError("engine.vllm: lora_rank > 0 with urls needs served_model_name (the adapter)")
+        self._adapters: AdapterFiles | None = None
+        self._latest_adapter: tuple[int, Path] | None = None
+        self._adapter_ids: dict[str, int] = {}
+        self.last_update_bytes = 0  # what the latest update of either kind carried
         self._weights_root: Path | None = None
         self._own_tmp: list[Path] = []
         self._written: list[Path] = []  # weight directories this engine wrote (and may delete)
@@ -160,10 +185,14 @@ class VLLMEngine:
     def start(self) -> None:
         with self._lock:
             self._stopped.clear()
+            if self.accepts_adapters:  # a fresh start serves the base: no adapter of an earlier run
+                self._adapter_files().prepare()
+                self._latest_adapter = None
             if not self.managed:
                 self._servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
                 self._wait_healthy(self._servers)
                 self._apply_step_delay(self._servers)
+                self._find_adapters(self._servers)
                 return
             ports = self.config.ports or [free_port(self.config.host) for _ in range(self.config.replicas)]
             log_dir = Path(self.config.log_dir) if self.config.log_dir else self._tmp("agl-vllm-logs-")
@@ -180,6 +209,7 @@ class VLLMEngine:
                     self._launch(server)
                 self._wait_healthy(self._servers)
                 self._apply_step_delay(self._servers)
+                self._find_adapters(self._servers)
             except BaseException:
                 self.stop()
                 raise
@@ -204,6 +234,7 @@ class VLLMEngine:
             if self._weights_root in self._own_tmp:
                 self._weights_root = None
                 self._written.clear()
+                self._adapters = None
             self._own_tmp.clear()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=10)
@@ -231,7 +262,9 @@ class VLLMEngine:
         ]  # fmt: skip
         if cfg.max_model_len is not None:
             cmd += ["--max-model-len", str(cfg.max_model_len)]
-        if cfg.served_model_name:
+        if self.accepts_adapters:  # the base under an internal name, the adapter under the model's
+            cmd += lora_arguments(cfg.lora_rank, self.adapter_name, self._adapter_files().current)
+        elif cfg.served_model_name:
             cmd += ["--served-model-name", cfg.served_model_name]
         if eager:
             cmd.append("--enforce-eager")
@@ -373,13 +406,18 @@ class VLLMEngine:
         self._launch(server)
         self._wait_healthy([server])
         self._apply_step_delay([server])
+        self._find_adapters([server])
+        adapter = self._latest_adapter
         if self._transfer is not None:
             self._transfer.forget(server.url)  # its NCCL group / IPC engine died with it
             if self._latest_state is not None:
                 self._sync_servers_gpu([server], *self._latest_state)
-        elif self._latest is not None:
-            version, directory = self._latest
-            self._sync_server(server, directory, version)
+            if adapter is not None:
+                self._sync_server(server, None, *adapter)
+        elif self._latest is not None or adapter is not None:
+            weights = self._latest[1] if self._latest is not None else None
+            version = adapter[0] if adapter is not None else self._latest[0]  # type: ignore[index]
+            self._sync_server(server, weights, version, adapter[1] if adapter else self._no_adapter())
 
     def _watch(self) -> None:
         reported: set[str] = set()
@@ -430,40 +468,83 @@ class VLLMEngine:
     # --- weights --------------------------------------------------------------------------
     def update_weights(self, update: WeightUpdate) -> float:
         if update.adapter is not None:
-            raise ValueError("VLLMEngine.update_weights: an adapter-only update (accepts_adapters is False); "
-                             "send the merged weights (state_dict_for_engine)")  # fmt: skip
+            if not self.accepts_adapters:
+                raise ValueError(
+                    "VLLMEngine.update_weights: an adapter-only update (accepts_adapters is False: the "
+                    "engine was not started with engine.vllm.lora_rank > 0); send the merged weights "
+                    "(state_dict_for_engine)"
+                )
+            return self.update_adapter(update.version, update.adapter)
         if self._transfer is not None:
             return self._update_weights_gpu(update)
         started = time.perf_counter()
         directory, write_seconds = self._materialize(update)
+        no_adapter = self._no_adapter()  # LoRA: full weights are the new base; the adapter restarts empty
         with self._lock:
             restarted = self.ensure_alive() if self.managed else []
             if self.sleeping:  # collocated: training is over, the engine needs its memory back
                 self.wake_up()
             self._latest = (update.version, directory)
-            with ThreadPoolExecutor(max_workers=len(self._servers)) as pool:
-                results = list(
-                    pool.map(
-                        lambda s: self._sync_or_restart(s, directory, update.version, restarted),
-                        self._servers,
-                    )
-                )
+            self._latest_adapter = None
+            results = self._sync_all(directory, update.version, no_adapter, restarted)
+            if self._adapters is not None:
+                self._adapters.reset()
         seconds = time.perf_counter() - started
+        nbytes = update.nbytes or max((int(w.get("bytes", 0)) for r in results for w in r[2]), default=0)
+        self._report(update.version, seconds, write_seconds, results, restarted, nbytes, adapter=False)
+        self._prune_weights(keep=directory)
+        return seconds
+
+    def update_adapter(self, version: int, adapter: AdapterState) -> float:
+        """The LoRA sync (vllm_lora.py): write the adapter (peft's format) under the weights directory,
+        load it on every server in place of the served one, paused as for full weights; requests in
+        flight or frozen continue under it. Returns seconds; last_sync says what it moved and where
+        the time went."""
+        if not self.accepts_adapters:
+            raise ValueError("VLLMEngine.update_adapter: start the engine with engine.vllm.lora_rank > 0")
+        started = time.perf_counter()
+        files = self._adapter_files()
+        directory, write_seconds = files.write(version, adapter.weights, adapter.config)
+        with self._lock:
+            restarted = self.ensure_alive() if self.managed else []
+            if self.sleeping:
+                self.wake_up()
+            self._latest_adapter = (version, directory)
+            results = self._sync_all(None, version, directory, restarted)
+            files.point_at(directory)  # what a restarted server registers
+            files.prune()
+        seconds = time.perf_counter() - started
+        self._report(version, seconds, write_seconds, results, restarted, adapter.nbytes, adapter=True)
+        return seconds
+
+    def _sync_all(
+        self, weights: Path | None, version: int, adapter: Path | None, restarted: list[str]
+    ) -> list[tuple[float, float, list[dict]]]:
+        with ThreadPoolExecutor(max_workers=len(self._servers)) as pool:
+            sync = lambda s: self._sync_or_restart(s, weights, version, restarted, adapter)  # noqa: E731
+            return list(pool.map(sync, self._servers))
+
+    def _report(
+        self, version: int, seconds: float, write_seconds: float,
+        results: list[tuple[float, float, list[dict]]], restarted: list[str], nbytes: int, *, adapter: bool,
+    ) -> None:  # fmt: skip
+        self.last_update_bytes = nbytes
         self.last_sync = SyncReport(
-            version=update.version,
+            version=version,
             seconds=seconds,
             write_seconds=write_seconds,
             server_seconds=[r[0] for r in results],
             load_seconds=[r[1] for r in results],
             worker_results=[w for r in results for w in r[2]],
             restarted=restarted,
+            nbytes=nbytes,
+            adapter=adapter,
         )
         log.info(
-            "vllm: weights v%d synced to %d replica(s) in %.3f s (write %.3f s, worker load %s s)",
-            update.version, len(results), seconds, write_seconds, ", ".join(f"{r[1]:.3f}" for r in results),
+            "vllm: %s v%d (%d bytes) synced to %d replica(s) in %.3f s (write %.3f s, worker load %s s)",
+            "adapter" if adapter else "weights", version, nbytes, len(results), seconds, write_seconds,
+            ", ".join(f"{r[1]:.3f}" for r in results),
         )  # fmt: skip
-        self._prune_weights(keep=directory)
-        return seconds
 
     def _update_weights_gpu(self, update: WeightUpdate) -> float:
         """vLLM's NCCL / CUDA-IPC weight transfer (vllm_transfer.py) instead of files."""
@@ -481,11 +562,17 @@ class VLLMEngine:
             if self.sleeping:
                 self.wake_up()
             self._latest_state = (update.version, state_dict)
+            self._latest_adapter = None
             server_seconds = self._sync_servers_gpu(self._servers, update.version, state_dict)
+            if self._adapters is not None:
+                self._adapters.reset()
         seconds = time.perf_counter() - started
+        tensors: list = list(state_dict.values())
+        self.last_update_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self.last_sync = SyncReport(
             version=update.version, seconds=seconds, write_seconds=0.0, server_seconds=server_seconds,
             load_seconds=server_seconds, worker_results=[{"method": self.weight_sync}], restarted=restarted,
+            nbytes=self.last_update_bytes,
         )  # fmt: skip
         log.info("vllm: weights v%d sent by %s to %d replica(s) in %.3f s",
                  update.version, self.weight_sync, len(self._servers), seconds)  # fmt: skip
@@ -505,6 +592,8 @@ class VLLMEngine:
             except WeightTransferError as error:
                 raise VLLMError(str(error)) from error
             for server in servers:
+                if self.accepts_adapters:  # the transfer dropped the workers' adapter: the new base serves
+                    self._load_adapter(server, self._adapter_files().empty)
                 self._reset_prefix_cache(server)
                 self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
         finally:
@@ -522,16 +611,60 @@ class VLLMEngine:
         if update.state_dict is None:
             raise VLLMError(f"weight update v{update.version} has neither state_dict nor directory")
         started = time.perf_counter()
+        directory = write_safetensors(update.state_dict, self._weights_dir() / f"v{update.version}")
+        if directory not in self._written:
+            self._written.append(directory)
+        return directory, time.perf_counter() - started
+
+    def _weights_dir(self) -> Path:
+        """Where this engine writes weights and adapters: weights_dir, else its own under /dev/shm."""
         if self._weights_root is None:
             if self.config.weights_dir:
                 self._weights_root = Path(self.config.weights_dir)
             else:
                 self._weights_root = default_weights_root()
                 self._own_tmp.append(self._weights_root)
-        directory = write_safetensors(update.state_dict, self._weights_root / f"v{update.version}")
-        if directory not in self._written:
-            self._written.append(directory)
-        return directory, time.perf_counter() - started
+        return self._weights_root
+
+    def _adapter_files(self) -> AdapterFiles:
+        if self._adapters is None:
+            self._adapters = AdapterFiles(self._weights_dir() / "lora", self.config.lora_rank)
+        return self._adapters
+
+    def _no_adapter(self) -> Path | None:
+        """LoRA: the empty adapter, loaded with full weights (they are the base); else None."""
+        return self._adapter_files().empty if self.accepts_adapters else None
+
+    def _find_adapters(self, servers: list[Server]) -> None:
+        """LoRA: check each server serves the adapter under the model's name and learn its vLLM id."""
+        if not self.accepts_adapters:
+            return
+        for server in servers:
+            try:
+                cards = self._client.get(f"{server.url}/v1/models").json().get("data") or []
+            except (httpx.HTTPError, ValueError) as error:
+                raise VLLMError(f"vLLM {server.url}/v1/models: {error}") from error
+            if not any(card.get("id") == self.adapter_name and card.get("parent") for card in cards):
+                current = self._adapter_files().current
+                flags = " ".join(lora_arguments(self.config.lora_rank, self.adapter_name, current))
+                raise VLLMError(
+                    f"vLLM {server.url} does not serve the LoRA adapter {self.adapter_name!r} (it serves "
+                    f"{[card.get('id') for card in cards]}): start it with {flags}"
+                )
+            reply = self._post(server, "/collective_rpc", json={"method": ADAPTER_IDS_METHOD})
+            held = {tuple(ids) for ids in reply.get("results") or []}
+            if len(held) != 1 or len(next(iter(held))) != 1:
+                raise VLLMError(
+                    f"vLLM {server.url}: its workers hold adapters {sorted(held)}, agl serves exactly one "
+                    f"({self.adapter_name!r}, --max-loras 1)"
+                )
+            self._adapter_ids[server.url] = next(iter(held))[0]
+
+    def _load_adapter(self, server: Server, directory: Path) -> list[dict]:
+        """Every worker of `server` loads the adapter in `directory` in place of the served one."""
+        call = {"method": LORA_METHOD, "args": [str(directory), self._adapter_ids[server.url]]}
+        reply = self._post(server, "/collective_rpc", json=call)
+        return [r for r in reply.get("results") or [] if isinstance(r, dict)]
 
     def _prune_weights(self, keep: Path) -> None:
         """Drop directories this engine wrote for older versions (a restart needs only the latest)."""
@@ -540,12 +673,12 @@ class VLLMEngine:
             self._written.remove(old)
 
     def _sync_or_restart(
-        self, server: Server, directory: Path, version: int, restarted: list[str]
+        self, server: Server, directory: Path | None, version: int, restarted: list[str], adapter: Path | None
     ) -> tuple[float, float, list[dict]]:
         """Sync one replica; a managed one that died meanwhile is restarted (which loads the
         latest weights, these) instead of failing the step."""
         try:
-            return self._sync_server(server, directory, version)
+            return self._sync_server(server, directory, version, adapter)
         except VLLMError:
             if not self.managed or server.process is None or not exits_soon(server.process):
                 raise
@@ -565,17 +698,29 @@ class VLLMEngine:
         if not self.config.fault_skip_prefix_cache_reset:
             self._post(server, "/reset_prefix_cache")
 
-    def _sync_server(self, server: Server, directory: Path, version: int) -> tuple[float, float, list[dict]]:
+    def _sync_server(
+        self, server: Server, directory: Path | None, version: int, adapter: Path | None = None
+    ) -> tuple[float, float, list[dict]]:
+        """Pause, load the weights in `directory` and then (LoRA) the adapter in `adapter`, empty the
+        prefix cache, set the version, resume. Returns (seconds, seconds in the workers, their results)."""
         started = time.perf_counter()
         mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
         if mode != "none":
             self._post(server, "/pause", params=self._pause_params(mode))
         try:
-            reply = self._post(
-                server, "/collective_rpc", json={"method": LOAD_METHOD, "args": [str(directory)]}
-            )
-            results = [r for r in reply.get("results") or [] if isinstance(r, dict)]
-            load_seconds = max((float(r.get("total_s", 0.0)) for r in results), default=0.0)
+            results: list[dict] = []
+            load_seconds = 0.0
+            if directory is not None:
+                reply = self._post(
+                    server, "/collective_rpc", json={"method": LOAD_METHOD, "args": [str(directory)]}
+                )
+                loaded = [r for r in reply.get("results") or [] if isinstance(r, dict)]
+                load_seconds += max((float(r.get("total_s", 0.0)) for r in loaded), default=0.0)
+                results += loaded
+            if adapter is not None:
+                loaded = self._load_adapter(server, adapter)
+                load_seconds += max((float(r.get("total_s", 0.0)) for r in loaded), default=0.0)
+                results += loaded
             self._reset_prefix_cache(server)
             self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
         finally:

@@ -18,6 +18,8 @@ import msgspec
 WORKER_MODULE = "agl_vllm_worker"
 WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
+LORA_METHOD = "agl_load_adapter"  # (directory, vLLM's adapter id): LoRA sync, vllm_lora.py
+ADAPTER_IDS_METHOD = "agl_adapter_ids"
 PROGRESS_METHOD = "agl_request_progress"  # while paused with mode=keep: request id -> output tokens
 STEP_DELAY_METHOD = "agl_set_step_delay"  # device_step_ms, in seconds
 MAX_DEVICE_STEP_MS = 10_000.0
@@ -56,6 +58,9 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # engine's option of the same name). For CPU benches that model an accelerator's batch-independent
     # decode step, and for tests that need a generation slower than a pause takes to land.
     device_step_ms: float = 0.0
+    # LoRA (vllm_lora.py): > 0 serves the base once and the trained adapter under the model name, and
+    # takes adapter-only updates (accepts_adapters); the loop sets it from backend.lora.rank.
+    lora_rank: int = 0
     extra_args: list[str] = []
     env: dict[str, str] = {}
     weights_dir: str | None = None  # where state_dicts are written; default /dev/shm
@@ -94,6 +99,16 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ValueError(f"engine.vllm.max_model_len must be >= 16, got {self.max_model_len}")
         check_device_step_ms(self.device_step_ms)
+        if not 0 <= self.lora_rank <= 512:
+            raise ValueError(
+                f"engine.vllm.lora_rank must be in [0, 512] (0: no LoRA), got {self.lora_rank}"
+            )
+        lora_flags = {"--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank"}
+        if self.lora_rank and lora_flags & {arg.split("=", 1)[0] for arg in self.extra_args}:
+            raise ValueError(
+                "engine.vllm.extra_args: the engine sets vLLM's LoRA flags itself when lora_rank > 0; remove "
+                f"{', '.join(sorted(lora_flags))} from extra_args"
+            )
 
 
 def check_device_step_ms(milliseconds: float) -> float:

@@ -9,6 +9,9 @@ the class into its Worker, so `self.model_runner` is the worker's. Reached over 
     POST /collective_rpc {"method": "agl_load_weights", "args": ["/dev/shm/agl-weights-x/v3"]}
     -> {"results": [{"tensors": 26, "bytes": 1331200, "read_s": ..., "load_s": ..., "total_s": ...}]}
 
+    POST /collective_rpc {"method": "agl_load_adapter", "args": ["/dev/shm/agl-weights-x/lora/v3"]}
+    -> {"results": [{"loaded": true, "lora_int_id": 1, "bytes": 4216, "total_s": ...}]}
+
 Why not `model.load_weights` directly: the CPU build pre-packs linear weights after loading and
 leaves `.weight` as an empty tensor, so a direct load fails half-way and leaves mixed weights.
 `model_runner.reload_weights` restores checkpoint-format params, loads and re-packs. It skips a tied
@@ -22,6 +25,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -93,6 +97,53 @@ class WeightSyncExtension:
             "total_s": round(total, 6),
             "pid": os.getpid(),
         }
+
+    def agl_load_adapter(self, directory: str, lora_int_id: int) -> dict[str, object]:
+        """Load the LoRA adapter in `directory` in place under vLLM's id `lora_int_id` (the adapter the
+        server serves), so every request in flight with it, frozen ones too, continues under the new
+        weights (vllm_lora.py says why not vLLM's load_inplace). The worker reads the files and swaps
+        the adapter's slot between engine steps (collective_rpc shares the engine's loop); a file
+        that does not load leaves the old adapter in place."""
+        from vllm.lora.request import LoRARequest
+
+        started = time.perf_counter()
+        manager = self._lora_manager()
+        request = LoRARequest(lora_name=f"agl-{lora_int_id}", lora_int_id=int(lora_int_id),
+                              lora_path=directory, load_inplace=True)  # fmt: skip
+        self.model_runner.add_lora(request)  # type: ignore[attr-defined]
+        return {
+            "method": "agl_load_adapter",
+            "directory": directory,
+            "lora_int_id": int(lora_int_id),
+            "adapters": sorted(manager.list_adapters()),
+            "bytes": (Path(directory) / "adapter_model.safetensors").stat().st_size,
+            "total_s": round(time.perf_counter() - started, 6),
+            "pid": os.getpid(),
+        }
+
+    def agl_adapter_ids(self) -> list[int]:
+        """vLLM's ids of the adapters this worker holds (agl's server: the one of --lora-modules)."""
+        return sorted(self._lora_manager().list_adapters())
+
+    def _lora_manager(self) -> Any:
+        manager = getattr(self.model_runner, "lora_manager", None)
+        if manager is None:
+            raise RuntimeError("agl: this vLLM runs without LoRA; start it with --enable-lora")
+        return manager
+
+    def agl_adapter_loads(self) -> int:
+        """How often this worker has read an adapter from disk (tests: once per sync, not per step)."""
+        manager = self._lora_manager()
+        if not hasattr(manager, "_agl_loads"):
+            manager._agl_loads = 0
+            load = manager._load_adapter
+
+            def counted(request: object) -> object:
+                manager._agl_loads += 1
+                return load(request)
+
+            manager._load_adapter = counted
+        return int(manager._agl_loads)
 
     def agl_request_progress(self) -> dict[str, int]:
         """The output tokens of every request this worker holds, by vLLM request id (the response

@@ -67,8 +67,18 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
 
 def vllm_settings(config: Config, model_path: str) -> dict[str, Any]:
     """The vLLM engine's settings: engine.options, plus the weight transfer backend.verl.weight_sync
-    names when verl trains (one key for one choice: setting both differently is refused)."""
+    names when verl trains and the LoRA rank backend.lora.rank names (the engine then serves the base
+    once and takes adapter-only syncs); one key for one choice: setting both differently is refused."""
     settings: dict[str, Any] = {"served_model_name": config.model.name, **config.engine.options}
+    rank = config.backend.lora.rank
+    if rank > 0:
+        given = settings.get("lora_rank")
+        if given is not None and given != rank:
+            raise ConfigError(
+                f"config key engine.options.lora_rank: {given!r} but backend.lora.rank is {rank} "
+                "(fix: set only backend.lora.rank)"
+            )
+        settings["lora_rank"] = rank
     if config.backend.name == "verl":
         chosen = config.backend.verl.weight_sync
         given = settings.get("weight_sync")

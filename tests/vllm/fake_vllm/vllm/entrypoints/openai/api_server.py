@@ -13,6 +13,10 @@ collective_rpc fail as a worker exception does (reload_02); FAKE_VLLM_NO_EXTENSI
 server started without agl's worker extension (rl_collective_rpc_get_model_config); FAKE_VLLM_DIE_ONCE=<file> crashes on
 the first collective_rpc (and creates the file, so the restarted server lives); FAKE_VLLM_CHILD=1 starts a child process (like
 vLLM's EngineCore) that must die with the server's process group.
+
+LoRA (--enable-lora --lora-modules '{"name": ..., "path": ...}'): GET /v1/models lists the base and the
+adapter as vLLM 0.32 does (the adapter's card has `parent`), and the worker extension's
+agl_adapter_ids / agl_load_adapter answer for one adapter of vLLM id 1 (the first of its counter).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ def safetensors_count(directory: str) -> tuple[int, int]:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: ClassVar[dict[str, object]] = {"version": None, "paused": False}
+    args: ClassVar[argparse.Namespace]
 
     def log_message(self, *args: object) -> None:
         pass
@@ -81,6 +86,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self.reply(503 if os.environ.get("FAKE_VLLM_UNHEALTHY") else 200)
+        elif self.path == "/v1/models":
+            self.reply(200, json.dumps({"object": "list", "data": model_cards(self.args)}).encode())
         elif self.path == "/is_paused":
             self.reply(200, json.dumps({"is_paused": self.state["paused"]}).encode())
         else:
@@ -119,6 +126,10 @@ class Handler(BaseHTTPRequestHandler):
             # one request frozen 5 tokens in, as the worker extension reports it (vLLM's internal id)
             self.reply(200, json.dumps({"results": [{f"cmpl-{os.getpid()}-0-1a2b3c4d": 5}]}).encode())
             return
+        lora_methods = ("agl_adapter_ids", "agl_load_adapter")
+        if body["method"] in lora_methods and not os.environ.get("FAKE_VLLM_NO_EXTENSION"):
+            self.lora_rpc(body)
+            return
         if body["method"] == "agl_set_step_delay" and not os.environ.get("FAKE_VLLM_NO_EXTENSION"):
             self.reply(200, json.dumps({"results": [{"step_delay_s": float(body["args"][0])}]}).encode())
             return
@@ -150,11 +161,53 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(200, json.dumps({"results": [result]}).encode())
 
 
+    def lora_rpc(self, body: dict) -> None:
+        if not self.args.enable_lora:  # as the worker extension's RuntimeError comes back
+            message = "Call to collective_rpc method failed: agl: this vLLM runs without LoRA (--enable-lora)"
+            self.reply(500, json.dumps({"error": {"message": message, "code": 500}}).encode())
+        elif body["method"] == "agl_adapter_ids":
+            self.reply(200, json.dumps({"results": [[1]]}).encode())
+        else:
+            directory, lora_id = body["args"]
+            files = [Path(directory) / name for name in ("adapter_config.json", "adapter_model.safetensors")]
+            if lora_id != 1 or not all(f.is_file() for f in files):
+                message = f"Call to collective_rpc method failed: Loading lora {directory} failed: not found"
+                self.reply(500, json.dumps({"error": {"message": message, "code": 500}}).encode())
+                return
+            self.state["adapter"] = directory
+            result = {"method": "agl_load_adapter", "directory": directory, "lora_int_id": 1, "adapters": [1],
+                      "bytes": files[1].stat().st_size, "total_s": 0.001, "pid": os.getpid()}  # fmt: skip
+            self.reply(200, json.dumps({"results": [result]}).encode())
+
+
+def model_cards(args: argparse.Namespace) -> list[dict]:
+    """vLLM 0.32's /v1/models data: the served base names, then the LoRA adapters (with a parent)."""
+    def card(name: str, root: str, parent: str | None, max_model_len: int | None) -> dict:
+        permission = {"id": "modelperm-0", "object": "model_permission", "created": 0,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}  # fmt: skip
+        return {"id": name, "object": "model", "created": 0, "owned_by": "vllm", "root": root,
+                "parent": parent, "max_model_len": max_model_len, "permission": [permission]}  # fmt: skip
+
+    names = args.served_model_name or [args.model]
+    cards = [card(name, args.model, None, 512) for name in names]
+    for module in args.lora_modules or []:
+        lora = json.loads(module)
+        cards.append(card(lora["name"], lora["path"], lora.get("base_model_name") or names[0], None))
+    return cards
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="")
+    parser.add_argument("--served-model-name", nargs="*")
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--lora-modules", nargs="*")
     args, _rest = parser.parse_known_args()
+    Handler.args = args
     print(f"fake vllm api_server pid={os.getpid()} argv={sys.argv[1:]}", flush=True)
     record({"path": "<start>", "argv": sys.argv[1:], "pid": os.getpid(),
             "env": {k: os.environ.get(k) for k in ("VLLM_SERVER_DEV_MODE", "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH")}})  # fmt: skip

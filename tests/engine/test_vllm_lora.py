@@ -1,0 +1,174 @@
+"""The vLLM engine's LoRA side without vLLM: the server flags, the adapter files every replica reads,
+the run settings that turn it on. The calls on the wire: tests/vllm/test_vllm_lora_control.py; real
+vLLM: tests/vllm/test_vllm_lora.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from agl_trainer.backends import lora
+from agl_trainer.backends.torch_config import LoraConfig
+from agl_trainer.config import ConfigError, validate
+from agl_trainer.engines.vllm import VLLMConfig, VLLMEngine
+from agl_trainer.engines.vllm_lora import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    AdapterFiles,
+    base_model_name,
+    max_lora_rank,
+)
+from agl_trainer.run.settings import vllm_settings
+
+
+@pytest.fixture
+def peft_model(bpe_model_dir: Path):  # type: ignore[no-untyped-def]
+    """The fixtures' tiny model with a rank-4 adapter whose B is not zero (a trained one)."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(bpe_model_dir, dtype=torch.float32).eval()
+    model = lora.wrap(base, LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj")))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+# --- flags ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rank", "flag"), [(1, 1), (4, 8), (8, 8), (9, 16), (64, 64), (100, 128), (512, 512)]
+)
+def test_max_lora_rank_is_the_smallest_choice_vllm_accepts(rank: int, flag: int) -> None:
+    assert max_lora_rank(rank) == flag
+
+
+def test_a_lora_engine_serves_the_base_internally_and_the_adapter_under_the_model_name(tmp_path: Path) -> None:
+    config = VLLMConfig(model="m", served_model_name="tiny", lora_rank=4, weights_dir=str(tmp_path),
+                        python=sys.executable, device="cpu")  # fmt: skip
+    engine = VLLMEngine(config)
+    assert engine.accepts_adapters and not VLLMEngine.accepts_adapters  # the instance, not every engine
+    cmd = engine.command(8000)
+    flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert flag("--served-model-name") == "tiny-base" == base_model_name("tiny")
+    assert cmd.count("--served-model-name") == 1 and "--enable-lora" in cmd
+    assert flag("--max-lora-rank") == "8" and flag("--max-loras") == "1"
+    module = json.loads(flag("--lora-modules"))  # JSON: a path with "=" would break vLLM's name=path form
+    current = str(tmp_path / "lora" / "current")
+    assert module == {"name": "tiny", "path": current, "base_model_name": "tiny-base"}
+
+
+def test_an_engine_without_lora_keeps_its_flags_and_takes_no_adapter(tmp_path: Path) -> None:
+    engine = VLLMEngine(VLLMConfig(model="m", served_model_name="tiny", python=sys.executable, device="cpu"))
+    cmd = engine.command(8000)
+    assert not engine.accepts_adapters and "--enable-lora" not in cmd and "--lora-modules" not in cmd
+    assert cmd[cmd.index("--served-model-name") + 1] == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"lora_rank": -1}, r"lora_rank must be in \[0, 512\]"),
+        ({"lora_rank": 1024}, r"lora_rank must be in \[0, 512\]"),
+        ({"lora_rank": 8, "extra_args": ["--max-loras", "4"]}, "sets vLLM's LoRA flags itself"),
+        ({"lora_rank": 8, "extra_args": ["--enable-lora"]}, "remove --enable-lora"),
+    ],
+)
+def test_lora_settings_that_cannot_work_are_refused(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VLLMConfig(model="m", **settings)
+
+
+def test_attached_lora_servers_need_the_adapters_name() -> None:
+    with pytest.raises(ValueError, match="served_model_name"):
+        VLLMEngine(VLLMConfig(urls=["http://127.0.0.1:9"], lora_rank=8))
+
+
+# --- files ---------------------------------------------------------------------------------------
+def test_the_adapter_files_start_empty_and_follow_the_latest_version(tmp_path: Path, peft_model) -> None:  # type: ignore[no-untyped-def]
+    files = AdapterFiles(tmp_path / "lora", rank=4)
+    (tmp_path / "lora").mkdir()
+    (tmp_path / "lora" / "v9").mkdir()  # an earlier run's version: not served after a fresh start
+    files.prepare()
+    assert files.current.resolve() == files.empty.resolve() and files.versions() == ["v0-empty"]
+    empty = json.loads((files.empty / ADAPTER_CONFIG).read_text())
+    assert empty["r"] == 4 and empty["target_modules"] == [] and empty["bias"] == "none"
+    from safetensors.torch import load_file
+
+    assert load_file(files.empty / ADAPTER_WEIGHTS) == {}  # no weights: every LoRA slot stays zero
+
+    state = lora.adapter_state(peft_model)
+    first, seconds = files.write(1, state.weights, state.config)
+    assert first == tmp_path / "lora" / "v1" and seconds > 0
+    files.point_at(first)
+    files.prune()
+    second, _ = files.write(2, state.weights, state.config)
+    assert files.current.resolve() == first.resolve()  # `current` moves only when told
+    files.point_at(second)
+    files.prune()
+    assert files.versions() == ["v0-empty", "v2"] and os.readlink(files.current) == "v2"  # relative
+    files.reset()
+    assert files.current.resolve() == files.empty.resolve() and files.versions() == ["v0-empty"]
+
+
+def test_a_written_adapter_is_the_trainers_for_peft_itself(tmp_path: Path, peft_model, bpe_model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """What vLLM reads is peft's own format: peft loads the directory into the base and computes the
+    trainer's logits exactly; the config holds what vLLM's PEFTHelper needs."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    files = AdapterFiles(tmp_path, rank=4)
+    state = lora.adapter_state(peft_model)
+    directory, _ = files.write(3, state.weights, state.config)
+    config = json.loads((directory / ADAPTER_CONFIG).read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"
+    assert sorted(config["target_modules"]) == ["down_proj", "q_proj", "v_proj"] and config["bias"] == "none"
+    assert not config.get("use_dora") and not config.get("modules_to_save")  # vLLM refuses those
+
+    base = AutoModelForCausalLM.from_pretrained(bpe_model_dir, dtype=torch.float32)
+    reloaded = peft.PeftModel.from_pretrained(base, directory).eval()
+    tokens = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens).logits, peft_model(tokens).logits)
+        with peft_model.disable_adapter():
+            plain = peft_model(tokens).logits
+        assert (reloaded(tokens).logits - plain).abs().max() > 1e-3  # the adapter changes something
+
+
+def test_an_adapter_above_the_servers_rank_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    files = AdapterFiles(tmp_path, rank=8)  # --max-lora-rank 8
+    files.write(1, {}, {"r": 8})
+    with pytest.raises(ValueError, match="rank 16.*lora_rank"):
+        files.write(2, {}, {"r": 16})
+    assert not (tmp_path / "v2").exists()
+
+
+# --- run settings --------------------------------------------------------------------------------
+def _config(tmp_path: Path, **sections):  # type: ignore[no-untyped-def]
+    return validate({"model": {"path": str(tmp_path), "name": "served"}, **sections})
+
+
+def test_backend_lora_rank_reaches_the_vllm_engine(tmp_path: Path) -> None:
+    config = _config(tmp_path, backend={"lora": {"rank": 16}}, engine={"name": "vllm"})
+    assert vllm_settings(config, str(tmp_path)) == {"served_model_name": "served", "lora_rank": 16}
+    assert "lora_rank" not in vllm_settings(_config(tmp_path, engine={"name": "vllm"}), str(tmp_path))
+
+
+def test_two_different_lora_ranks_are_refused(tmp_path: Path) -> None:
+    engine = {"name": "vllm", "options": {"lora_rank": 8}}
+    config = _config(tmp_path, backend={"lora": {"rank": 16}}, engine=engine)
+    with pytest.raises(ConfigError, match="engine.options.lora_rank: 8 but backend.lora.rank is 16"):
+        vllm_settings(config, str(tmp_path))
+
+
+def test_verl_with_lora_is_still_refused(tmp_path: Path) -> None:
+    from agl_trainer.run.settings import backend_settings
+
+    config = _config(tmp_path, backend={"name": "verl", "lora": {"rank": 8}}, engine={"name": "vllm"})
+    with pytest.raises(ConfigError, match="verl backend does not train adapters"):
+        backend_settings(config, str(tmp_path))

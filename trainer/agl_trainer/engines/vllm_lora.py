@@ -1,0 +1,142 @@
+"""LoRA on the vLLM engine: the base served once, each policy version's adapter loaded in place.
+
+With `engine.vllm.lora_rank > 0` (the loop sets it from backend.lora.rank) a server starts with
+
+    --enable-lora --max-lora-rank R --max-loras 1 --served-model-name <name>-base
+    --lora-modules '{"name": "<name>", "path": "<root>/current"}'
+
+so the harness's model name is the adapter and no request is rewritten. `<root>/current` is a
+symlink to the latest version's directory (peft's adapter_config.json + adapter_model.safetensors);
+it starts at an adapter with no weights (the base itself, policy version 0), which the server
+registers at start under a vLLM id (1 on a fresh server; the engine asks the workers). An update
+writes `<root>/v<N>`, has every worker load it in place under that id (agl_load_adapter in
+vllm_worker.py, through /collective_rpc, with the server paused as for full weights), points
+`current` at it (what a restarted server registers) and removes older directories.
+
+Why not vLLM's own `POST /v1/load_lora_adapter` with `load_inplace: true` (read in vLLM 0.32's
+source: entrypoints/openai/models/serving.py, lora/worker_manager.py, v1/worker/gpu_input_batch.py):
+the flag is stored in the served LoRARequest, so every later request carries it, and the worker's
+LRUCacheWorkerLoRAManager.add_adapter then re-reads the adapter from that request's path on every
+engine step. A request frozen (pause mode keep) or running across an update keeps the old request's
+path: once it is the latest request of the batch, each step loads the old adapter back, or fails when
+that directory is gone. Unloading and loading without the flag gives the adapter a new vLLM id, under
+which frozen requests keep the old adapter. Loading in place through the worker keeps the id, and with
+it every request in flight, while the served LoRARequest (load_inplace false) never reloads per step.
+
+The prefix cache keys a LoRA request's blocks by the adapter's name and served path, which stay the
+same across versions: the engine empties the cache after each update, as it does for full weights.
+A full-weight update replaces the base and resets the adapter to the empty one, loaded in the same
+pause (vLLM's reload_weights drops the workers' adapters), as the embedded engine treats full
+weights as the new base for the next adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's --max-lora-rank choices
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file names, which vLLM reads
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+CURRENT = "current"
+EMPTY = "v0-empty"
+
+
+def max_lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds `rank`."""
+    for choice in LORA_RANKS:
+        if rank <= choice:
+            return choice
+    raise ValueError(f"engine.vllm.lora_rank: {rank} is above vLLM's largest rank, {LORA_RANKS[-1]}")
+
+
+def base_model_name(adapter_name: str) -> str:
+    """What the base is served as: vLLM refuses an adapter named as a served base model."""
+    return f"{adapter_name}-base"
+
+
+def server_arguments(rank: int, adapter_name: str, current: Path) -> list[str]:
+    """The flags that serve the base under an internal name and the adapter under `adapter_name`."""
+    base = base_model_name(adapter_name)
+    module = json.dumps({"name": adapter_name, "path": str(current), "base_model_name": base})
+    return [
+        "--served-model-name", base,
+        "--enable-lora", "--max-lora-rank", str(max_lora_rank(rank)),
+        "--max-loras", "1",  # one adapter: its in-place load always lands in slot 0
+        "--lora-modules", module,
+    ]  # fmt: skip
+
+
+def write_adapter(weights: dict[str, Any], config: dict[str, Any], directory: Path) -> Path:
+    """An adapter in peft's format, written whole before the directory appears under its name."""
+    from safetensors.torch import save_file
+
+    partial = directory.with_name(f".{directory.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights.items()}
+    save_file(tensors, str(partial / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (partial / ADAPTER_CONFIG).write_text(json.dumps(config, sort_keys=True))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(partial, directory)
+    return directory
+
+
+def empty_adapter_config(rank: int) -> dict[str, Any]:
+    """An adapter with no weights: every LoRA slot of the model stays zero, so it serves the base."""
+    return {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": [], "bias": "none"}
+
+
+class AdapterFiles:
+    """The adapter directories one engine writes under `root` (every replica reads the same files)."""
+
+    def __init__(self, root: Path, rank: int) -> None:
+        self.root = root
+        self.rank = rank
+        self.current = root / CURRENT
+        self.empty = root / EMPTY
+
+    def prepare(self) -> None:
+        """A fresh start: `current` at the empty adapter (none of an earlier run's versions)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_adapter({}, empty_adapter_config(self.rank), self.empty)
+        self.reset()
+
+    def write(self, version: int, weights: dict[str, Any], config: dict[str, Any]) -> tuple[Path, float]:
+        """Version `version`'s directory, and the seconds writing it took."""
+        rank = int(config.get("r", 0))
+        if rank > max_lora_rank(self.rank):
+            raise ValueError(
+                f"the adapter has rank {rank}, but vLLM was started for rank {self.rank} "
+                f"(--max-lora-rank {max_lora_rank(self.rank)}): give engine.vllm.lora_rank backend.lora.rank"
+            )
+        started = time.perf_counter()
+        directory = write_adapter(weights, config, self.root / f"v{version}")
+        return directory, time.perf_counter() - started
+
+    def point_at(self, directory: Path) -> None:
+        """Swap `current` to `directory` atomically (a worker reading it sees the old or the new one)."""
+        link = self.root / f".{CURRENT}.{os.getpid()}"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(directory.name)  # relative: the root may be mounted elsewhere on another host
+        os.replace(link, self.current)
+
+    def reset(self) -> None:
+        """Back to no adapter (full weights replaced the base)."""
+        self.point_at(self.empty)
+        self.prune()
+
+    def prune(self) -> None:
+        """Remove every version directory but the one `current` points at (and the empty adapter)."""
+        keep = {os.readlink(self.current), EMPTY, CURRENT}
+        for path in self.root.iterdir():
+            if path.name not in keep and path.name.startswith("v") and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def versions(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.is_symlink())
