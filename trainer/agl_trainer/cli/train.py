@@ -193,6 +193,7 @@ def dry_run(config: Any, gpu_memory_gib: float) -> int:
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError
     from agl_trainer.resources import ArchitectureError, format_plan, plan_resources
+    from agl_trainer.resources.lora import LoraTargetError
     from agl_trainer.resources.settings import check_settings
 
     try:
@@ -204,6 +205,8 @@ def dry_run(config: Any, gpu_memory_gib: float) -> int:
         plan = plan_resources(config, gpu_memory_gib)
     except ArchitectureError as error:
         raise CLIError(f"config key model.path: {error}") from None
+    except LoraTargetError as error:  # the backend refuses the same when the model loads
+        raise CLIError(f"config key backend.lora.target_modules: {error}") from None
     print(format_plan(plan))
     return 0 if plan.fits else 1
 

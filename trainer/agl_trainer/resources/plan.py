@@ -20,6 +20,22 @@ default, or the verl override fsdp_config.model_dtype). Activations are an estim
 inputs plus one layer), fp32 logits and their gradient, for backend.options.micro_batch_tokens
 tokens (divided by Ulysses sequence parallelism). The engine's KV cache is what is left of its
 budget after its weights (bf16, split by tensor parallelism) and a reserve for its activations.
+
+The torch backend (one process, nothing offloaded) keeps AdamW's state through forward and backward,
+gives a sample longer than micro_batch_tokens a micro-batch of its own (so the activations are
+counted for max(micro_batch_tokens, engine.options.max_model_len) tokens), keeps a KL reference model
+(kl_coef > 0, full training) and never empties PyTorch's caching allocator: beside a vLLM process,
+its training peak stays reserved while vLLM generates.
+
+LoRA (backend.lora.rank > 0, resources/lora.py): the base is frozen in the master dtype
+(backend.options.param_dtype; bfloat16 is the choice for LoRA), once: the KL reference is the base
+with the adapters off. The adapters (rank x (in + out) per adapted linear layer), their gradients
+and AdamW's two moments are float32 (peft keeps adapters float32 over a bf16 base). vLLM loads its
+own copy of the base in its own process: trainer and engine never share it (collocated, vLLM moves
+its copy to CPU memory while it sleeps). An engine that takes adapters (resources/settings.py
+engine_takes_adapters) gets the adapter alone each step, and vLLM reserves LoRA buffers at the
+adapter's rank for every linear layer; otherwise the trainer merges: lora.merged_state_dict holds the
+float32 update of every adapted weight on the GPU at once, after training, with the engine asleep.
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ from agl_trainer.resources.architecture import (
     read_architecture,
     safetensors_parameters,
 )
+from agl_trainer.resources.lora import AdaptedLayer, adapted_layers, linear_layers, short_names
 
 GIB = 1024**3
 CUDA_CONTEXT_GIB = 1.0  # per process on a GPU: CUDA context, NCCL buffers, allocator slack
@@ -43,6 +60,23 @@ VLLM_DEFAULT_UTILIZATION = 0.9
 DEFAULT_MICRO_BATCH_TOKENS = 8192  # the backends' default (TorchBackendConfig.micro_batch_tokens)
 MAX_GPUS_SEARCHED = 4096
 GPUS_PER_NODE = 8  # the usual node; more GPUs on one node come before more nodes
+ADAPTER_BYTES = 4  # peft keeps adapters (and so their gradients and AdamW state) float32
+
+
+@dataclass(frozen=True)
+class LoraPlan:
+    rank: int
+    alpha: float
+    modules: tuple[str, ...]  # q_proj, k_proj, ... (the adapted linear layers' names)
+    layers: int  # adapted linear layers in the model
+    parameters: int  # the adapters': all that trains
+    adapted_weights: int  # parameters of the base weights the adapters update
+    largest_weight: int  # the largest adapted weight's parameters
+    engine_takes_adapter: bool  # else the trainer merges and the engine gets full weights
+
+    @property
+    def adapter_bytes(self) -> float:
+        return float(self.parameters * ADAPTER_BYTES)
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,9 @@ class EnginePlan:
     weights_bytes: float  # per GPU
     budget_bytes: float  # per GPU: what the engine claims (vLLM) or holds (embedded)
     kv_bytes: float  # per GPU, <= 0 when the weights leave no room
+    # LoRA: vLLM's adapter buffers (rank x (in + out) of every linear layer, in its dtype), or the
+    # embedded engine's float32 copies of the adapted base weights (each adapter merges into those)
+    adapter_bytes: float = 0.0
     # loop.switch: keep: calls frozen across an update hold the engine's KV cache, so vLLM cannot
     # sleep while the trainer trains, collocated or not (the loop skips the sleep)
     holds_frozen_calls: bool = False
@@ -92,17 +129,36 @@ class TrainerPlan:
     optimizer_offload: bool
     gradient_checkpointing: bool
     sequence_parallel: int
+    trainable_parameters: int = 0
+    # weights that do not train, always on the GPU: the LoRA base, or full training's KL reference model
+    frozen_bytes: float = 0.0
+    reference_model: bool = False  # frozen_bytes is a second model (kl_coef > 0 without LoRA)
+    longest_sample: int = 0  # engine.options.max_model_len: such a sample is one micro-batch
+    sync_bytes: float = 0.0  # held on top while the trainer merges for an engine that takes no adapter
+    retains_peak: bool = False  # the torch backend beside a vLLM process: its peak stays reserved
+    lora: LoraPlan | None = None
 
     @property
     def resident_bytes(self) -> float:
         """Held on the GPU while the engine generates."""
-        kept = 0.0 if self.param_offload else self.params_bytes + self.grads_bytes
-        return kept + (0.0 if self.optimizer_offload else self.optimizer_bytes)
+        kept = self.frozen_bytes + (0.0 if self.param_offload else self.params_bytes + self.grads_bytes)
+        kept += 0.0 if self.optimizer_offload else self.optimizer_bytes
+        if self.retains_peak:  # PyTorch's caching allocator keeps what the process once held
+            return max(kept, self.training_peak_bytes, self.sync_peak_bytes)
+        return kept
 
     @property
     def training_peak_bytes(self) -> float:
-        base = self.params_bytes + self.grads_bytes
+        base = self.frozen_bytes + self.params_bytes + self.grads_bytes
+        if self.backend == "torch":  # nothing offloaded: AdamW's state stays through forward and backward
+            return base + self.optimizer_bytes + self.activation_bytes
         return base + max(self.activation_bytes + self.gathered_bytes, self.optimizer_bytes)
+
+    @property
+    def sync_peak_bytes(self) -> float:
+        """While the trainer hands over weights (after the step: no activations; the gradients stay)."""
+        state = self.frozen_bytes + self.params_bytes + self.grads_bytes + self.optimizer_bytes
+        return state + self.sync_bytes if self.sync_bytes else 0.0
 
 
 @dataclass
@@ -117,6 +173,7 @@ class ResourcePlan:
     gpu_memory_gib: float
     generating_bytes: float = 0.0
     training_bytes: float = 0.0
+    syncing_bytes: float = 0.0  # LoRA merged for an engine that takes no adapter; 0 otherwise
     problems: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -127,11 +184,19 @@ class ResourcePlan:
 
     @property
     def peak_bytes(self) -> float:
-        return max(self.generating_bytes, self.training_bytes)
+        return max(self.generating_bytes, self.training_bytes, self.syncing_bytes)
 
 
-def plan_resources(config: Config, gpu_memory_gib: float = 80.0, *, base: Path | None = None) -> ResourcePlan:
-    """The per-GPU arithmetic for `config` on GPUs of `gpu_memory_gib` (see the module docstring)."""
+def plan_resources(
+    config: Config,
+    gpu_memory_gib: float = 80.0,
+    *,
+    base: Path | None = None,
+    takes_adapters: bool | None = None,
+) -> ResourcePlan:
+    """The per-GPU arithmetic for `config` on GPUs of `gpu_memory_gib` (see the module docstring).
+    `takes_adapters`: whether the engine gets a LoRA run's adapter alone (default: as the run's engine
+    answers, resources/settings.py)."""
     if gpu_memory_gib <= 0:
         raise ValueError(f"--gpu-memory-gib must be positive, got {gpu_memory_gib}")
     assert config.model.path is not None, "load_config checks model.path"
@@ -141,7 +206,11 @@ def plan_resources(config: Config, gpu_memory_gib: float = 80.0, *, base: Path |
     arch = read_architecture(model_dir)
     stored = safetensors_parameters(model_dir)
     parameters = stored if stored is not None else arch.parameters
-    plan = _plan(config, arch, parameters, gpu_memory_gib)
+    if takes_adapters is None:
+        from agl_trainer.resources.settings import engine_takes_adapters
+
+        takes_adapters = engine_takes_adapters(config)
+    plan = _plan(config, arch, parameters, gpu_memory_gib, takes_adapters)
     plan.model_path = str(config.model.path)
     plan.parameters_source = "safetensors" if stored is not None else "config.json"
     plan.has_weights = stored is not None or any(model_dir.glob("*.bin"))
@@ -158,9 +227,11 @@ def plan_resources(config: Config, gpu_memory_gib: float = 80.0, *, base: Path |
     return plan
 
 
-def _plan(config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float) -> ResourcePlan:
-    trainer = _trainer_plan(config, arch, parameters)
-    engine = _engine_plan(config, arch, parameters, gpu_memory_gib)
+def _plan(
+    config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float, takes_adapters: bool = False
+) -> ResourcePlan:
+    trainer = _trainer_plan(config, arch, parameters, takes_adapters)
+    engine = _engine_plan(config, arch, parameters, gpu_memory_gib, trainer.lora)
     plan = ResourcePlan(
         model_path="", architecture=arch, parameters=parameters, parameters_source="", has_weights=False,
         trainer=trainer, engine=engine, gpu_memory_gib=gpu_memory_gib,
@@ -169,7 +240,23 @@ def _plan(config: Config, arch: Architecture, parameters: int, gpu_memory_gib: f
     return plan
 
 
-def _trainer_plan(config: Config, arch: Architecture, parameters: int) -> TrainerPlan:
+def _lora_plan(config: Config, arch: Architecture, takes_adapters: bool) -> LoraPlan:
+    lora = config.backend.lora
+    targets = lora.target_modules
+    names = tuple(n.strip() for n in targets.split(",") if n.strip()) if isinstance(targets, str) else targets
+    layers = adapted_layers(arch, tuple(names))
+    return LoraPlan(
+        rank=lora.rank, alpha=lora.alpha, modules=tuple(short_names(layers)), layers=len(layers),
+        parameters=sum(layer.adapter_parameters(lora.rank) for layer in layers),
+        adapted_weights=sum(layer.weight_parameters for layer in layers),
+        largest_weight=max(layer.weight_parameters for layer in layers),
+        engine_takes_adapter=takes_adapters,
+    )  # fmt: skip
+
+
+def _trainer_plan(
+    config: Config, arch: Architecture, parameters: int, takes_adapters: bool = False
+) -> TrainerPlan:
     backend, verl, options = config.backend, config.backend.verl, config.backend.options
     if backend.name == "verl":
         world, nnodes, per_node = verl.nnodes * verl.n_gpus_per_node, verl.nnodes, verl.n_gpus_per_node
@@ -187,7 +274,8 @@ def _trainer_plan(config: Config, arch: Architecture, parameters: int) -> Traine
         checkpointing, sp = bool(options.get("gradient_checkpointing", False)), 1
     param_bytes = dtype_bytes(master, 4)
     tokens = int(options.get("micro_batch_tokens", DEFAULT_MICRO_BATCH_TOKENS))
-    local_tokens = max(1, tokens // sp)
+    longest = int(config.engine.options.get("max_model_len") or 0) if backend.name == "torch" else 0
+    local_tokens = max(1, max(tokens, longest) // sp)
     layer_tensors = 6 * arch.hidden_size + 4 * arch.intermediate_size  # bf16 elements kept per token
     if checkpointing:
         per_token = 2 * (arch.num_hidden_layers * arch.hidden_size + layer_tensors)
@@ -196,6 +284,23 @@ def _trainer_plan(config: Config, arch: Architecture, parameters: int) -> Traine
     logits = 8 * arch.vocab_size  # fp32 logits and their gradient
     activations = float(local_tokens * (per_token + logits))
     gathered = 2 * 2.0 * arch.layer_parameters if world > 1 else 0.0  # bf16, current + prefetched layer
+    torch_backend = backend.name == "torch"
+    lora = _lora_plan(config, arch, takes_adapters) if torch_backend and backend.lora.rank > 0 else None
+    retains = torch_backend and config.engine.name == "vllm"
+    if lora is not None:  # the adapters train, float32; the base is frozen in the master dtype, once
+        adapter = lora.adapter_bytes
+        # merged_state_dict: every adapted weight's float32 update at once, then one merged weight
+        merging = 0.0 if lora.engine_takes_adapter else 4.0 * (lora.adapted_weights + lora.largest_weight)
+        return TrainerPlan(
+            backend=backend.name, world_size=1, nnodes=1, gpus_per_node=1, param_bytes=param_bytes,
+            params_bytes=adapter, grads_bytes=adapter, optimizer_bytes=2 * adapter,
+            activation_bytes=activations, gathered_bytes=0.0, micro_batch_tokens=tokens,
+            param_offload=False, optimizer_offload=False, gradient_checkpointing=checkpointing,
+            sequence_parallel=1, trainable_parameters=lora.parameters,
+            frozen_bytes=float(parameters * param_bytes), longest_sample=longest, sync_bytes=merging,
+            retains_peak=retains, lora=lora,
+        )  # fmt: skip
+    reference = torch_backend and float(config.backend.algorithm.get("kl_coef", 0.0) or 0.0) > 0
     return TrainerPlan(
         backend=backend.name, world_size=world, nnodes=nnodes, gpus_per_node=per_node,
         param_bytes=param_bytes,
@@ -205,10 +310,14 @@ def _trainer_plan(config: Config, arch: Architecture, parameters: int) -> Traine
         activation_bytes=activations, gathered_bytes=gathered, micro_batch_tokens=tokens,
         param_offload=param_offload, optimizer_offload=optimizer_offload,
         gradient_checkpointing=checkpointing, sequence_parallel=sp,
+        trainable_parameters=parameters, frozen_bytes=float(parameters * param_bytes) if reference else 0.0,
+        reference_model=reference, longest_sample=longest, retains_peak=retains,
     )  # fmt: skip
 
 
-def _engine_plan(config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float) -> EnginePlan:
+def _engine_plan(
+    config: Config, arch: Architecture, parameters: int, gpu_memory_gib: float, lora: LoraPlan | None = None
+) -> EnginePlan:
     options = config.engine.options
     gpu = gpu_memory_gib * GIB
     max_len = int(options.get("max_model_len") or arch.max_position_embeddings or 4096)
@@ -222,20 +331,26 @@ def _engine_plan(config: Config, arch: Architecture, parameters: int, gpu_memory
         utilization = float(options.get("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION)
         weights = parameters * weight_bytes / tp
         budget = utilization * gpu
+        slots = 0.0
+        if lora is not None and lora.engine_takes_adapter:  # --enable-lora --max-loras 1: every linear layer
+            every = linear_layers(arch)[:-1]
+            slots = sum(layer.adapter_parameters(lora.rank) for layer in every) * weight_bytes / tp
         return EnginePlan(
             name="vllm", replicas=config.engine.replicas, tensor_parallel=tp, dtype_bytes=weight_bytes,
             utilization=utilization, max_model_len=max_len,
             kv_bytes_per_token=arch.kv_bytes_per_token(kv_bytes), collocated=bool(options.get("collocated", False)),
-            weights_bytes=weights, budget_bytes=budget, kv_bytes=budget - weights - ENGINE_RESERVE_GIB * GIB,
-            holds_frozen_calls=config.loop.switch == "keep",
+            weights_bytes=weights, budget_bytes=budget,
+            kv_bytes=budget - weights - slots - ENGINE_RESERVE_GIB * GIB,
+            holds_frozen_calls=config.loop.switch == "keep", adapter_bytes=slots,
         )  # fmt: skip
     # The embedded engine keeps its own fp32 copy of the weights in the trainer's process; its KV
     # cache grows with the batch (engine.max_batch), not from a preallocated budget.
     weights = parameters * 4.0
+    pristine = 4.0 * lora.adapted_weights if lora is not None else 0.0  # AdapterMerger's base copies
     return EnginePlan(
         name="embedded", replicas=1, tensor_parallel=1, dtype_bytes=4, utilization=None, max_model_len=max_len,
         kv_bytes_per_token=arch.kv_bytes_per_token(4), collocated=False,
-        weights_bytes=weights, budget_bytes=weights, kv_bytes=0.0,
+        weights_bytes=weights, budget_bytes=weights + pristine, kv_bytes=0.0, adapter_bytes=pristine,
     )  # fmt: skip
 
 
@@ -247,6 +362,13 @@ def _check(plan: ResourcePlan, config: Config) -> None:
     if engine.asleep_while_training:
         engine_while_training = 0.0  # asleep: level 1 moves weights to CPU, drops the KV cache
     plan.training_bytes = trainer.training_peak_bytes + engine_while_training + context
+    if trainer.sync_bytes:  # after training, before update_weights wakes the engine
+        plan.syncing_bytes = trainer.sync_peak_bytes + engine_while_training + context
+    if trainer.lora is not None and trainer.param_bytes > 2:
+        plan.fixes.append(
+            f"set backend.options.param_dtype: bfloat16 (the frozen base in {trainer.param_bytes * 8}-bit "
+            "gains nothing; the adapters stay float32)"
+        )
     if engine.name == "vllm":
         if trainer.backend == "verl" and engine.gpus > trainer.world_size:
             plan.notes.append(
@@ -289,12 +411,26 @@ def _check(plan: ResourcePlan, config: Config) -> None:
             if not trainer.gradient_checkpointing:
                 key = "backend.verl.gradient_checkpointing" if trainer.backend == "verl" else "backend.options.gradient_checkpointing"
                 plan.fixes.append(f"set {key}: true (recompute activations in backward)")
-            plan.fixes.append(
-                f"lower backend.options.micro_batch_tokens (now {trainer.micro_batch_tokens}: activations "
-                f"{_gib(trainer.activation_bytes)} per GPU)"
-            )
-        if trainer.backend == "torch":
+            if trainer.longest_sample > trainer.micro_batch_tokens:
+                plan.fixes.append(
+                    f"lower engine.options.max_model_len (now {trainer.longest_sample}: a sample that long "
+                    f"is a micro-batch of its own, activations {_gib(trainer.activation_bytes)} per GPU)"
+                )
+            else:
+                plan.fixes.append(
+                    f"lower backend.options.micro_batch_tokens (now {trainer.micro_batch_tokens}: "
+                    f"activations {_gib(trainer.activation_bytes)} per GPU)"
+                )
+        if trainer.backend == "torch" and trainer.lora is None:
             plan.fixes.append("use backend.name: verl to shard the model over several GPUs (FSDP2)")
+    if plan.syncing_bytes > gpu:
+        plan.problems.append(
+            f"while merging the adapter for the engine: {_gib(plan.syncing_bytes)} per GPU > "
+            f"{plan.gpu_memory_gib:g} GiB"
+        )
+        plan.fixes.append(
+            "adapt fewer layers (backend.lora.target_modules), or an engine that takes the adapter alone"
+        )
 
 
 def _suggest_scale(
@@ -366,14 +502,18 @@ def format_plan(plan: ResourcePlan) -> str:
             f"optimizer {_yes(trainer.optimizer_offload)}; gradient checkpointing {_yes(trainer.gradient_checkpointing)}"
             + (f"; Ulysses SP {trainer.sequence_parallel}" if trainer.sequence_parallel > 1 else "")
         )
+    elif trainer.lora is not None:
+        lines += _lora_lines(plan, trainer.lora)
     else:
         lines.append(f"training: torch backend, one device, master weights {trainer.param_bytes * 8}-bit, AdamW")
-    lines.append(
-        f"  per GPU: weights {_gib(trainer.params_bytes)}, gradients {_gib(trainer.grads_bytes)}, "
-        f"AdamW {_gib(trainer.optimizer_bytes)}, activations ~{_gib(trainer.activation_bytes)} "
-        f"({trainer.micro_batch_tokens} tokens a micro-batch)"
-        + (f", gathered layers {_gib(trainer.gathered_bytes)}" if trainer.gathered_bytes else "")
-    )
+    if trainer.lora is None:
+        lines.append(
+            f"  per GPU: weights {_gib(trainer.params_bytes)}, gradients {_gib(trainer.grads_bytes)}, "
+            f"AdamW {_gib(trainer.optimizer_bytes)}, activations ~{_gib(trainer.activation_bytes)} "
+            f"({_micro_batch(trainer)})"
+            + (f", gathered layers {_gib(trainer.gathered_bytes)}" if trainer.gathered_bytes else "")
+            + (f", KL reference model {_gib(trainer.frozen_bytes)}" if trainer.reference_model else "")
+        )
     kv_token = f"{engine.kv_bytes_per_token / 1024:.0f} KiB/token"
     if engine.name == "vllm":
         lines.append(
@@ -382,19 +522,37 @@ def format_plan(plan: ResourcePlan) -> str:
             f"max_model_len {engine.max_model_len}, {_while_training(engine)}"
         )
         sequences = engine.kv_tokens // engine.max_model_len
+        slots = f", LoRA buffers {_gib(engine.adapter_bytes)}" if engine.adapter_bytes else ""
         lines.append(
-            f"  per GPU: weights {_gib(engine.weights_bytes)}, KV cache {_gib(max(engine.kv_bytes, 0))} = "
-            f"{engine.kv_tokens:,} tokens at {kv_token} ({sequences} sequence(s) of max_model_len)"
+            f"  per GPU: weights {_gib(engine.weights_bytes)}{slots}, "
+            f"KV cache {_gib(max(engine.kv_bytes, 0))} = {engine.kv_tokens:,} tokens at {kv_token} "
+            f"({sequences} sequence(s) of max_model_len)"
         )
+        if trainer.lora is not None:
+            asleep = "one while training (vLLM sleeps, its copy in CPU memory)"
+            lines.append(
+                "  base: vLLM's process loads its own copy, not shared with the trainer's: two on the GPU "
+                f"while generating, {asleep if engine.asleep_while_training else 'two while training'}"
+            )
     else:
+        copies = _gib(engine.adapter_bytes)
+        pristine = f", copies of the adapted weights {copies}" if engine.adapter_bytes else ""
         lines.append(
-            f"engine: embedded (in the trainer's process), fp32 weights {_gib(engine.weights_bytes)}; "
-            f"KV cache grows with the batch at {kv_token}"
+            f"engine: embedded (in the trainer's process), fp32 weights {_gib(engine.weights_bytes)}"
+            f"{pristine}; KV cache grows with the batch at {kv_token}"
         )
+    syncing = f", merging {_gib(plan.syncing_bytes)}" if plan.syncing_bytes else ""
     lines.append(
-        f"per GPU of {gpu:g} GiB: generating {_gib(plan.generating_bytes)}, training {_gib(plan.training_bytes)} "
+        f"per GPU of {gpu:g} GiB: generating {_gib(plan.generating_bytes)}, "
+        f"training {_gib(plan.training_bytes)}{syncing} "
         f"(incl. {CUDA_CONTEXT_GIB:g} GiB CUDA context per process)"
     )
+    if trainer.retains_peak:
+        lines.append(
+            "note: the torch backend does not hand memory back between phases (PyTorch's caching allocator): "
+            f"while vLLM generates, the trainer's process still holds its peak, "
+            f"{_gib(trainer.resident_bytes)}"
+        )
     for note in plan.notes:
         lines.append(f"note: {note}")
     if plan.fits:
@@ -404,6 +562,39 @@ def format_plan(plan: ResourcePlan) -> str:
         lines += [f"  - {problem}" for problem in plan.problems]
         lines += [f"  fix: {fix}" for fix in dict.fromkeys(plan.fixes)]
     return "\n".join(lines)
+
+
+def _lora_lines(plan: ResourcePlan, lora: LoraPlan) -> list[str]:
+    trainer = plan.trainer
+    share = 100.0 * lora.parameters / plan.parameters
+    if lora.engine_takes_adapter:
+        sync = f"the adapter alone, {lora.adapter_bytes / 1024**2:.0f} MiB a step (the engine loads adapters)"
+    else:
+        merged = plan.parameters * (plan.engine.dtype_bytes if plan.engine.name == "vllm" else 4)
+        sync = (
+            f"the merged weights, {_gib(merged)} a step (the engine takes no adapter); merging holds the "
+            f"float32 updates of all {lora.layers} adapted weights on the GPU at once, "
+            f"{_gib(trainer.sync_bytes)}"
+        )
+    return [
+        f"training: torch backend, one device, LoRA rank {lora.rank} (alpha {lora.alpha:g}) on "
+        f"{', '.join(lora.modules)}: {lora.layers} linear layers, {lora.parameters / 1e6:.2f} M trainable "
+        f"parameters ({share:.2f}% of the model), AdamW on the adapters only",
+        f"  per GPU: frozen base {_gib(trainer.frozen_bytes)} ({trainer.param_bytes * 8}-bit, once: the KL "
+        f"reference is the base, adapters off), adapters {_gib(trainer.params_bytes)} (32-bit), gradients "
+        f"{_gib(trainer.grads_bytes)}, AdamW {_gib(trainer.optimizer_bytes)}, activations "
+        f"~{_gib(trainer.activation_bytes)} ({_micro_batch(trainer)})",
+        f"  sync: {sync}",
+    ]
+
+
+def _micro_batch(trainer: TrainerPlan) -> str:
+    if trainer.longest_sample > trainer.micro_batch_tokens:
+        return (
+            f"{trainer.longest_sample} tokens: a sample up to max_model_len gets a micro-batch of its own, "
+            f"micro_batch_tokens is {trainer.micro_batch_tokens}"
+        )
+    return f"{trainer.micro_batch_tokens} tokens a micro-batch"
 
 
 def _while_training(engine: EnginePlan) -> str:

@@ -26,3 +26,23 @@ def check_settings(config: Config) -> None:
             resolve_weight_sync(engine, "cpu" if config.backend.device == "cpu" else "cuda")
         except ValueError as error:
             raise vllm_error(error) from None
+
+
+def engine_takes_adapters(config: Config) -> bool:
+    """Will a LoRA run hand the engine the adapter alone (else the merged weights)? What the run's
+    engine answers as accepts_adapters: the embedded engine always; vLLM when its settings, as the run
+    builds them, serve LoRA (engine.vllm.lora_rank > 0)."""
+    if config.backend.lora.rank <= 0:
+        return False
+    if config.engine.name != "vllm":
+        return True
+    from agl_trainer.engines.vllm_config import vllm_config
+    from agl_trainer.run.settings import vllm_settings
+
+    assert config.model.path is not None
+    settings = {"model": config.model.path, "replicas": config.engine.replicas}
+    settings.update(vllm_settings(config, str(config.model.path)))
+    try:
+        return int(getattr(vllm_config(settings), "lora_rank", 0)) > 0
+    except ValueError:
+        return False  # check_settings reports it
