@@ -75,8 +75,7 @@ def export(
             size = write_model(base_dir, tmp, state, torch_dtype)
             what = "merged model (base + adapter)" if state else "model"
             base_note = f", base {base_dir}" if state else ""
-            gib = size / 1024**3
-            lines.append(f"{what} -> {out} ({gib:.2f} GiB{base_note}): transformers and vllm serve load it")
+            lines.append(f"{what} -> {out} ({_size(size)}{base_note}): transformers and vllm serve load it")
         if with_adapter:
             target = tmp / "adapter" if merged else tmp
             target.mkdir(parents=True, exist_ok=True)
@@ -85,12 +84,17 @@ def export(
                     shutil.copy2(file, target / file.name)
             assert state is not None
             lines.append(
-                f"adapter -> {adapter_dir} ({state.nbytes / 1024**2:.1f} MiB, peft format): "
-                "PeftModel.from_pretrained(base, it), or vllm serve BASE --enable-lora --lora-modules NAME=it"
+                f"adapter (peft format) -> {adapter_dir} ({_size(state.nbytes)}): "
+                "PeftModel.from_pretrained(base, path), "
+                "or vllm serve BASE --enable-lora --lora-modules NAME=path"
             )
 
     atomic_directory(out, write)
     return lines
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1024**3:.2f} GiB" if nbytes >= 1024**3 else f"{nbytes / 1024**2:.1f} MiB"
 
 
 # ------------------------------------------------------------------------------------ the source
