@@ -51,7 +51,7 @@ from agl_trainer.resources.architecture import (
     read_architecture,
     safetensors_parameters,
 )
-from agl_trainer.resources.lora import AdaptedLayer, adapted_layers, linear_layers, short_names
+from agl_trainer.resources.lora import adapted_layers, linear_layers, short_names
 
 GIB = 1024**3
 CUDA_CONTEXT_GIB = 1.0  # per process on a GPU: CUDA context, NCCL buffers, allocator slack
