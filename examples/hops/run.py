@@ -6,6 +6,7 @@ and plot every seed's held-out curves together.
     python -m examples.hops.run                       # seeds 0 1 2, 15 minutes of RL each
     python -m examples.hops.run --seeds 0 --budget-s 120 --out runs/hops-smoke
     python -m examples.hops.run --seeds 2 --set backend.lr=1e-3 --out runs/hops-lr   # a config override
+    python -m examples.hops.run --combine runs/hops-a runs/hops-b --out runs/hops    # seeds run apart
 
 Writes OUT/seed-N/ (model, tasks, the run: metrics.jsonl, reward.png), OUT/hops.json, OUT/hops.png.
 Run from the repository root.
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="runs/hops")
     parser.add_argument(
+        "--combine", nargs="+", metavar="DIR", default=None,
+        help="train nothing: merge the hops.json of runs made apart (e.g. one seed each) into OUT's numbers and plot",
+    )  # fmt: skip
+    parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="a config override for every seed's `agl train` (e.g. backend.lr=1e-3); repeatable",
     )  # fmt: skip
@@ -151,19 +156,44 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.combine:
+        results = combined(parser, [Path(d) for d in args.combine])
+        print("\n".join(describe(result) for result in results))
+        return summarize(results, out)
     results = []
     for seed in args.seeds:
         result = train_seed(out, seed, args.budget_s, tuple(args.overrides))
         results.append(result)
         (out / "hops.json").write_text(json.dumps(results, indent=1))
-        print(
-            f"hops seed {seed}: {result['steps']} steps in {result['rl_seconds']:.0f} s (load average "
-            f"{result['load_average']['mean']:.1f}, max {result['load_average']['max']:.1f}); held-out greedy "
-            f"{result['warm']['greedy']:.3f} -> {result['final']['greedy']:.3f}, sampled mean@4 "
-            f"{result['warm']['sampled']:.3f} -> {result['final']['sampled']:.3f}; pipeline rounds greedy "
-            f"{result['val'][0][1]:.3f} -> {result['val'][-1][1]:.3f}",
-            flush=True,
-        )
+        print(describe(result), flush=True)
+    return summarize(results, out)
+
+
+def describe(result: dict[str, Any]) -> str:
+    return (
+        f"hops seed {result['seed']}: {result['steps']} steps in {result['rl_seconds']:.0f} s (load average "
+        f"{result['load_average']['mean']:.1f}, max {result['load_average']['max']:.1f}); held-out greedy "
+        f"{result['warm']['greedy']:.3f} -> {result['final']['greedy']:.3f}, sampled mean@4 "
+        f"{result['warm']['sampled']:.3f} -> {result['final']['sampled']:.3f}; pipeline rounds greedy "
+        f"{result['val'][0][1]:.3f} -> {result['val'][-1][1]:.3f}"
+    )
+
+
+def combined(parser: argparse.ArgumentParser, folders: list[Path]) -> list[dict[str, Any]]:
+    results: dict[int, dict[str, Any]] = {}
+    for folder in folders:
+        numbers = folder / "hops.json"
+        if not numbers.is_file():
+            parser.error(f"--combine: {numbers} does not exist (fix: a folder a `python -m examples.hops.run` wrote)")
+        for result in json.loads(numbers.read_text()):
+            if result["seed"] in results:
+                parser.error(f"--combine: seed {result['seed']} is in two of the folders; give each seed once")
+            results[result["seed"]] = result
+    return [results[seed] for seed in sorted(results)]
+
+
+def summarize(results: list[dict[str, Any]], out: Path) -> int:
+    (out / "hops.json").write_text(json.dumps(results, indent=1))
     for key in ("greedy", "sampled"):
         gains = [r["final"][key] - r["warm"][key] for r in results]
         print(f"hops: held-out {key} gain over {len(results)} seed(s): {statistics.fmean(gains):+.3f} "

@@ -243,3 +243,32 @@ def test_the_seed_runner_passes_config_overrides_to_agl_train(tmp_path: Path, mo
     (command,) = commands
     assert command[1:3] == ["train", str(hops_run.CONFIG)]
     assert "--seed=2" in command and command[-2:] == ["--backend.lr=1e-3", "--loop.group_size=16"]
+
+
+def test_runs_made_apart_combine_into_one_table_and_plot(tmp_path: Path, capsys) -> None:
+    """`--combine` merges the seeds of separate runs (sorted by seed) without training; a seed given
+    twice or a folder without numbers is refused."""
+    import json
+
+    from examples.hops import run as hops_run
+
+    def result(seed: int, warm: float, final: float) -> dict:
+        return {
+            "seed": seed, "steps": 10, "rl_seconds": 60.0, "load_average": {"mean": 1.0, "max": 2.0},
+            "warm": {"greedy": warm, "sampled": warm}, "final": {"greedy": final, "sampled": final + 0.1},
+            "val": [[0, warm], [10, final]], "val_sampled": [[0, warm], [10, final]], "train": [[1, 0.1], [10, 0.5]],
+        }  # fmt: skip
+
+    for name, results in {"a": [result(2, 0.1, 0.2)], "b": [result(0, 0.1, 0.6), result(1, 0.2, 0.5)]}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "hops.json").write_text(json.dumps(results))
+    out = tmp_path / "all"
+    assert hops_run.main(["--combine", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert [r["seed"] for r in json.loads((out / "hops.json").read_text())] == [0, 1, 2]
+    printed = capsys.readouterr().out
+    assert "held-out greedy gain over 3 seed(s): +0.300 (min +0.100, max +0.500)" in printed
+    assert (out / "hops.png").read_bytes()[:4] == b"\x89PNG"
+    for folders, message in (([tmp_path / "a", tmp_path / "a"], "seed 2 is in two"), ([tmp_path], "does not exist")):
+        with pytest.raises(SystemExit) as refused:
+            hops_run.main(["--combine", *map(str, folders), "--out", str(tmp_path / "x")])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
