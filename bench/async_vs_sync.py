@@ -1,20 +1,22 @@
 """sync vs collocated-async on the same task, the same number of trained samples, with long-tailed
 tool time in the harness (most rollouts wait 0.1 s on their tool, a few 1-4 s); then the policy
-switch of collocated-async, drain vs keep, with long-tailed generation lengths (each rollout first
+switch of collocated-async, drain vs keep vs partial (#29: no step waits for a running group, whose
+stale tokens leave the loss, and generation goes on while the trainer trains), and sync, with
+long-tailed generation lengths (each rollout first
 makes a "thinking" call of 4 tokens mostly, 40 or 90 for a few; EOS ignored) on an engine whose
 every batched step also waits DEVICE_STEP_MS, as a host waits on an accelerator's kernels (the
 tiny model's CPU step alone is too cheap for the longest generation to cost what it costs on a GPU;
 `--device-step-ms 0` measures the CPU-bound case).
 
-    python bench/async_vs_sync.py [--quick] [--engine vllm]
+    python bench/async_vs_sync.py [--quick] [--engine vllm] [--loops drain keep partial]
 
 Every run goes through the whole pipeline (runner workers, agl-sidecar, embedded engine, receiver,
 store, assembly, torch backend) from the same warm-started demo model. Prints wall-clock of the
 training loop in each mode, their ratios (targets: async >= 1.8x faster than sync; keep >= 1.3x
-drain's throughput), the engine's idle fraction (no call in flight, or paused for training), and
+drain's throughput; partial >= 1.5x drain's at 60 ms, >= 3x sync's), the engine's idle fraction (no call in flight, or paused for training), and
 the mean reward per trained sample in each mode.
 
-`--engine vllm` runs the drain vs keep comparison only, on vLLM's CPU build (.venv-vllm, built by
+`--engine vllm` runs the drain, keep and partial runs only, on vLLM's CPU build (.venv-vllm, built by
 scripts/setup_vllm_venv.sh) with the same simulated device time per step
 (`engine.options.device_step_ms`, a sleep in vLLM's worker): keep is then vLLM's
 `/pause?mode=keep` with the frozen requests' prefix recomputed on resume (switch_kv: recompute).
@@ -82,13 +84,16 @@ def run_mode(
     name: str = "harness",
     device_step_ms: float = 0.0,
     engine: str = "embedded",
+    label: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
+    label = label or f"{mode}-{switch}-{name}"
     rows = run_demo(
         [
-            *engine_overrides(engine, work / f"{mode}-{switch}-{name}-vllm-logs"),
+            *engine_overrides(engine, work / f"{label}-vllm-logs"),
             f"--engine.options.device_step_ms={device_step_ms}",
             f"--tasks={tasks}",
-            f"--output_dir={work / (mode + '-' + switch + '-' + name)}",
+            f"--output_dir={work / label}",
             f"--model.path={model}",
             f"--harness.function=async_vs_sync:{name}",
             f"--loop.mode={mode}",
@@ -101,6 +106,7 @@ def run_mode(
             f"--loop.max_steps={steps}",
             "--loop.max_train_s=0",
             f"--loop.checkpoint_every={steps + 10}",
+            *extra,
         ]
     )
     wall = sum(row["time/step_s"] for row in rows)
@@ -108,7 +114,12 @@ def run_mode(
     samples = sum(row["rollouts/trained"] for row in rows)
     reward = sum(row["reward/mean"] * row["rollouts/trained"] for row in rows) / samples
     draining = sum(row["time/draining_s"] for row in rows)
-    return {"wall": wall, "idle": idle, "samples": samples, "reward": reward, "draining": draining}
+    trained = sum(row.get("tokens/trained", 0.0) for row in rows)
+    masked = sum(row.get("staleness/masked_tokens", 0.0) for row in rows)
+    return {
+        "wall": wall, "idle": idle, "samples": samples, "reward": reward, "draining": draining,
+        "masked": masked / (masked + trained) if masked + trained else 0.0,
+    }  # fmt: skip
 
 
 def engine_overrides(engine: str, log_dir: Path) -> list[str]:
@@ -128,6 +139,18 @@ def engine_overrides(engine: str, log_dir: Path) -> list[str]:
     ]
 
 
+# name -> (loop.mode, loop.switch, more overrides). partial: no step waits for a running group (its stale
+# tokens leave the loss), and rollouts go on generating while the trainer trains (#29's scheduling).
+LOOPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "sync": ("sync", "drain", ()),
+    "drain": ("collocated-async", "drain", ()),
+    "keep": ("collocated-async", "keep", ()),
+    "partial": (
+        "collocated-async", "keep", ("--loop.stale_policy=mask", "--loop.generate_during_training=true"),
+    ),  # fmt: skip
+}
+
+
 def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-step-ms", type=float, default=DEVICE_STEP_MS,
@@ -135,7 +158,11 @@ def options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--engine", choices=("embedded", "vllm"), default="embedded",
-        help="vllm: only the drain vs keep runs, on vLLM's CPU build (.venv-vllm)",
+        help="vllm: only the drain, keep and partial runs, on vLLM's CPU build (.venv-vllm)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loops", nargs="+", choices=tuple(LOOPS), default=None,
+        help="only these loops, on the long-tailed generation workload (skips the tool-time comparison)",
     )  # fmt: skip
 
 
@@ -146,8 +173,9 @@ def main() -> int:
 
     work = demo_work("agl-bench-async-")
     tasks = write_tasks(work.folder / "tasks.jsonl", 256, 0)
-    if args.engine == "vllm":
-        return compare_switches(work, tasks, steps, device_step_ms, ("drain", "keep"), "vllm")
+    if args.engine == "vllm" or args.loops:
+        names = tuple(args.loops or ("drain", "keep", "partial"))
+        return compare_switches(work, tasks, steps, device_step_ms, names, args.engine)
     results = {mode: run_mode(mode, work.model, tasks, work.folder, steps) for mode in ("sync", "collocated-async")}
     sync, fast = results["sync"], results["collocated-async"]
     for mode, r in results.items():
@@ -159,26 +187,33 @@ def main() -> int:
     speedup = (fast["samples"] / fast["wall"]) / (sync["samples"] / sync["wall"])
     print(f"speed-up collocated-async vs sync (trained rollouts/s): {speedup:.2f}x  (target >= 1.8x)")
 
-    return compare_switches(work, tasks, steps, device_step_ms, ("sync", "drain", "keep"), "embedded")
+    return compare_switches(work, tasks, steps, device_step_ms, ("sync", "drain", "keep", "partial"), "embedded")
 
 
 def compare_switches(work: Any, tasks: Path, steps: int, device_step_ms: float, names: tuple[str, ...], engine: str) -> int:
     print(f"long-tailed generation lengths, {device_step_ms:g} ms of device time per engine step ({engine} engine):")
-    loops = {"sync": ("sync", "drain"), "drain": ("collocated-async", "drain"), "keep": ("collocated-async", "keep")}
     switches = {}
     for name in names:
-        mode, switch = loops[name]
+        mode, switch, extra = LOOPS[name]
         switches[name] = run_mode(
-            mode, work.model, tasks, work.folder, steps, switch, "thinking_harness", device_step_ms, engine
-        )
+            mode, work.model, tasks, work.folder, steps, switch, "thinking_harness", device_step_ms, engine,
+            label=name, extra=extra,
+        )  # fmt: skip
     for name, r in switches.items():
         print(
             f"{name:17} {r['wall']:7.1f} s for {r['samples']:.0f} trained rollouts; engine idle {r['idle']:5.1%};"
             f" reward/sample {r['reward']:.3f}; draining {r['draining']:5.1f} s"
+            + (f"; stale tokens masked {r['masked']:.1%}" if name == "partial" else "")
         )
-    drain, keep = switches["drain"], switches["keep"]
-    ratio = (keep["samples"] / keep["wall"]) / (drain["samples"] / drain["wall"])
-    print(f"speed-up keep vs drain switch (trained rollouts/s): {ratio:.2f}x  (goal >= 1.3x)")
+
+    def rate(name: str) -> float:
+        return switches[name]["samples"] / switches[name]["wall"]
+
+    goals = {("keep", "drain"): ">= 1.3x", ("partial", "drain"): ">= 1.5x at 60 ms, >= 1.2x at 20 ms",
+             ("partial", "sync"): ">= 3x", ("partial", "keep"): ""}  # fmt: skip
+    for (new, old), goal in goals.items():
+        if new in switches and old in switches:
+            print(f"{new} vs {old}: {rate(new) / rate(old):.2f}x  (trained rollouts/s" + (f"; goal {goal})" if goal else ")"))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import time
 import urllib.request
@@ -77,12 +78,18 @@ def calls(task: dict[str, Any], base_url: str) -> float:
 
 def spanning(task: dict[str, Any], base_url: str) -> float:
     """One call; for tasks with `release`, wait for that file (the test creates it after a training
-    step) before the second call, so the rollout's calls are served by two policy versions."""
+    step) before the second call, so the rollout's calls are served by two policy versions. Those
+    rollouts mark their first call done in the folder task['firsts']; tasks with `after_firsts` (N)
+    make their second call only once N are marked, so no step comes before the first calls."""
     first = _chat(base_url)
     release = task.get("release")
     if release:
+        rollout_id = base_url.split("/rollouts/")[1].split("/")[0]
+        open(os.path.join(task["firsts"], rollout_id), "w").close()
+        _wait_for([release])
+    elif task.get("after_firsts"):
         deadline = time.monotonic() + 120
-        while not os.path.exists(release) and time.monotonic() < deadline:
+        while len(os.listdir(task["firsts"])) < task["after_firsts"] and time.monotonic() < deadline:
             time.sleep(0.02)
     second = _chat(base_url)
     return float(len(first["choices"][0]["message"]["content"] or "") % 2) + float(
@@ -108,3 +115,41 @@ def die_mid_traffic(task: dict[str, Any], base_url: str) -> None:
         time.sleep(0.05)  # let the other threads get to their results
         os._exit(9)
     raise ValueError("x" * task["error_bytes"])
+
+
+def group_of(base_url: str) -> int:
+    """The launch index of the rollout's group, from its id in the URL (`...-g000003-1/...`)."""
+    return int(re.search(r"-g(\d{6})-\d+", base_url).group(1))  # type: ignore[union-attr]
+
+
+def reward_of(rollout_id_or_url: str) -> float:
+    """A reward that differs within and across groups, derived from the rollout id alone: a test compares
+    it with the rewards each step trained."""
+    group, member = re.search(r"-g(\d{6})-(\d+)", rollout_id_or_url).groups()  # type: ignore[union-attr]
+    return (int(member) % 2) * 0.5 + (int(group) % 2) * 0.25
+
+
+def across_steps(task: dict[str, Any], base_url: str) -> float:
+    """The first group (launch index 0) makes a call under each of the first three policy versions: one
+    call, then one after each of the files `release`/r1 and r2 appears (the test writes them after steps
+    1 and 2). Every other group makes two calls at once; with task['gate'], groups from index 3 on
+    first wait for the first group's harnesses to end (so that it completes before them)."""
+    release, group = task["release"], group_of(base_url)
+    if group == 0:
+        _chat(base_url)
+        for name in ("r1", "r2"):
+            _wait_for([os.path.join(release, name)])
+            _chat(base_url)
+        open(os.path.join(release, f"done-{base_url.split('-g000000-')[1].split('/')[0]}"), "w").close()
+    else:
+        if task.get("gate") and group >= 3:
+            _wait_for([os.path.join(release, f"done-{member}") for member in range(4)])
+        _chat(base_url)
+        _chat(base_url)
+    return reward_of(base_url)
+
+
+def _wait_for(paths: list[str], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.02)

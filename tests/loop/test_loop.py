@@ -54,9 +54,14 @@ def store_of(config: Any) -> RolloutStore:
 
 
 def test_rollout_spanning_a_weight_update_is_trained_with_importance_weights(tmp_path: Path, model_dir: Path) -> None:
-    release = tmp_path / "release"
-    # Both groups launch under version 0; the slow one can finish only after step 1 trained the fast one.
-    tasks = [{"id": "fast"}, {"id": "slow", "release": str(release)}]
+    release, firsts = tmp_path / "release", tmp_path / "firsts"
+    firsts.mkdir()
+    # Both groups launch under version 0; the slow one can finish only after step 1 trained the fast one,
+    # which waits for the slow one's first calls (under version 0, however loaded the machine).
+    tasks = [
+        {"id": "fast", "firsts": str(firsts), "after_firsts": 4},
+        {"id": "slow", "release": str(release), "firsts": str(firsts)},
+    ]
     config = make_config(
         tmp_path, model_dir, tasks, "tests.loop.harnesses:spanning",
         mode="collocated-async", batch_rollouts=4, group_size=4, staleness=1, concurrency=8, max_steps=3,

@@ -233,6 +233,11 @@ def check_config(config: Config, base: Path) -> None:
             "config key loop.switch: keep freezes calls in flight across an update, which only "
             "loop.mode=collocated-async has (fix: loop.switch=drain, or loop.mode=collocated-async)"
         )
+    if loop.generate_during_training and loop.switch != "keep":
+        raise ConfigError(
+            "config key loop.generate_during_training: generation goes on while the trainer trains only if "
+            "the weight load can freeze the calls in flight (fix: loop.switch=keep, or set it false)"
+        )
     if config.model.path is None:
         raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
     if not Path(config.model.path).exists():

@@ -287,9 +287,20 @@ class LoopConfig(_Section):
     group_size: Annotated[int, _doc("rollouts per task in a step (the advantage group)", ge=1)] = 8
     staleness: Annotated[int, _doc("most policy versions a trained call may lag behind", ge=0)] = 1
     stale_policy: Annotated[
-        Literal["wait", "drop"],
-        _doc("a rollout about to exceed the staleness bound: wait for it before updating, or drop it"),
+        Literal["wait", "drop", "mask"],
+        _doc(
+            "a rollout about to exceed the staleness bound: wait for it before updating, drop it, or mask "
+            "(it runs on across updates; its tokens older than the bound get no loss, the rest train)"
+        ),
     ] = "wait"
+    max_span: Annotated[
+        int,
+        _doc(
+            "stale_policy=mask: most updates one rollout may run across; one still running at that update "
+            "is dropped (its harness killed)",
+            ge=1,
+        ),
+    ] = 4
     concurrency: Annotated[int, _doc("most rollouts in flight at once", ge=1)] = 64
     max_steps: Annotated[int, _doc("stop after this many training steps", ge=1)] = 100
     max_train_s: Annotated[float, _doc("stop after this many seconds of training (0: no limit)", ge=0)] = 0.0
@@ -302,6 +313,13 @@ class LoopConfig(_Section):
             "freezes them, new weights load, they continue; tokens carry their versions; collocated-async only)"
         ),
     ] = "drain"
+    generate_during_training: Annotated[
+        bool,
+        _doc(
+            "switch=keep: rollouts keep generating under the current weights while the trainer trains; "
+            "generation pauses only for the weight load (for an engine on other devices than the trainer)"
+        ),
+    ] = False
     completion_grace_s: Annotated[float, _doc("after a harness exits, wait this long for late spans", ge=0)] = 2.0
     failed_rollouts: Annotated[
         Literal["drop", "zero"], _doc("failed rollouts (harness error, timeout): drop them or train with reward 0")

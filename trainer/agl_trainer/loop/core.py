@@ -11,8 +11,13 @@
 Staleness: a group launched under version v may be trained by a step running version c only if
 c - v <= loop.staleness. Before an update, groups that would break the bound are waited for
 (stale_policy=wait: the batch takes them) or dropped (stale_policy=drop: their harnesses are
-killed). Calls a rollout made under older weights keep their engine logprobs and versions; the
-algorithms correct them with truncated importance weights.
+killed). stale_policy=mask bounds each token instead: no step waits for a running group, which
+runs on across updates (up to loop.max_span) and trains later; its tokens sampled by a version
+older than c - loop.staleness get no loss. Calls a rollout made under older weights keep their
+engine logprobs and versions; the algorithms correct them with truncated importance weights.
+
+loop.generate_during_training (with switch=keep): the rollouts in flight go on, and new ones
+launch, while the trainer trains; the pause is only the weight load's (freeze, load, thaw).
 
 Per step the loop records time generating, draining, training, syncing, checkpointing, and idle
 (no call in flight at the sidecar while generating), and the engine's idle fraction.
@@ -75,7 +80,8 @@ class _StepNotes:
     undelivered: int = 0  # call spans the drain could not deliver
     assembly_s: float = 0.0
     assembly: dict[str, float] = field(default_factory=dict)  # assembly/... counts
-    too_stale: int = 0
+    too_stale: int = 0  # rollouts left with no trainable token by the staleness bound
+    masked_tokens: int = 0  # stale_policy=mask: tokens past the bound taken out of the loss
     metrics: dict[str, float] = field(default_factory=dict)
     frozen: dict[str, int] | None = None  # loop.switch=keep: engine request id -> tokens at the freeze
 
@@ -271,15 +277,27 @@ class TrainingLoop:
     # --- updating ------------------------------------------------------------------------------
     async def _update(self, batch: list[Group]) -> None:
         """One training step on `batch`, top to bottom."""
+        overlap = self.config.generate_during_training
         step = _StepNotes(in_flight_at_pause=len(self.inflight.tasks))
-        await self._pause_and_drain(step)
-        if self.config.stale_policy == "drop":
-            self._dropped_stale += await self.inflight.drop_stale(self.version, exclude=batch)
+        if not overlap:
+            await self._pause_and_drain(step)
+        self._dropped_stale += await self.inflight.drop_overdue(self.version, exclude=batch)
         keys = self.inflight.trainable_keys(batch)
         started = time.monotonic()
         results = await self._assemble(batch, keys, step)
-        await self._train(results, step)
+        training_since = time.monotonic()
+        generating = asyncio.create_task(self._keep_generating()) if overlap else None
+        try:
+            await self._train(results, step)
+        finally:
+            if generating is not None:
+                generating.cancel()
+                await asyncio.gather(generating, return_exceptions=True)
         self._times.training = time.monotonic() - started
+        self._times.overlapped = time.monotonic() - training_since if overlap else 0.0
+        if overlap:  # the pause is the weight load's alone
+            step.in_flight_at_pause = len(self.inflight.tasks)
+            await self._pause_and_drain(step)
         new_version = await self._sync_weights(step)
         self._advance(batch, keys, results, new_version)
         keep = self.config.switch == "keep"
@@ -293,6 +311,14 @@ class TrainingLoop:
             step.metrics.update(canary.metrics())
         self._report(batch, results, step)
         self._act_on(canary)
+
+    async def _keep_generating(self) -> None:
+        """loop.generate_during_training: while the trainer trains, rollouts end and new ones launch
+        (under the current version; they train at a later step, importance-corrected)."""
+        while True:
+            self.inflight.poll_completion()
+            self.inflight.launch_what_fits(self.version)
+            await asyncio.sleep(POLL_S)
 
     async def _check_canary(self) -> CanaryResult | None:
         """The probes scored by the engine and the trainer, both at the current version (loop/canary.py)."""
@@ -357,7 +383,10 @@ class TrainingLoop:
         if assembled is not None:
             step.assembly = {f"assembly/{k}": float(v) for k, v in assembled.report.items() if number(v)}
         results = self._apply_failed_policy(batch, assembled.results if assembled else [])
-        results, step.too_stale = self._filter_stale(results)
+        results, too_stale, step.masked_tokens = self._filter_stale(results)
+        if too_stale:
+            step.too_stale = len(too_stale)
+            self.data.mark_dropped([RolloutKey(r.rollout_id, r.attempt) for r in too_stale], "stale tokens")
         return results
 
     async def _train(self, results: list[RolloutResult], step: _StepNotes) -> None:
@@ -417,6 +446,7 @@ class TrainingLoop:
                 "rollouts/trained": float(len(results)),
                 "rollouts/failed": float(sum(len(g.ids_in(Member.FAILED)) for g in batch)),
                 "rollouts/dropped_stale": float(self._dropped_stale + step.too_stale),
+                "staleness/masked_tokens": float(step.masked_tokens),
                 "rollouts/in_flight_at_pause": float(step.in_flight_at_pause),
             }
         )
@@ -441,16 +471,36 @@ class TrainingLoop:
                 result.reward = 0.0
         return results
 
-    def _filter_stale(self, results: list[RolloutResult]) -> tuple[list[RolloutResult], int]:
-        """Safety net for the staleness bound: drop rollouts with tokens older than allowed."""
+    def _filter_stale(
+        self, results: list[RolloutResult]
+    ) -> tuple[list[RolloutResult], list[RolloutResult], int]:
+        """The staleness bound on what trains: tokens sampled by a version older than allowed. With
+        stale_policy=mask they leave the loss (a rollout left with none is dropped); otherwise (a
+        safety net: the scheduling already keeps them out) their rollout is dropped. Returns the
+        results kept, those dropped, the tokens masked."""
         oldest_allowed = self.version - self.config.staleness
-        kept = []
+        masking = self.config.stale_policy == "mask"
+        kept: list[RolloutResult] = []
+        dropped: list[RolloutResult] = []
+        masked = 0
         for result in results:
-            versions = [v for s in result.samples for v, m in zip(s.policy_versions, s.loss_mask) if m]
-            if versions and min(versions) < oldest_allowed:
+            stale = [
+                (sample, i)
+                for sample in result.samples
+                for i, (v, m) in enumerate(zip(sample.policy_versions, sample.loss_mask))
+                if m and v < oldest_allowed
+            ]
+            if stale and not masking:
+                dropped.append(result)
                 continue
-            kept.append(result)
-        return kept, len(results) - len(kept)
+            for sample, i in stale:
+                sample.loss_mask[i] = 0
+            masked += len(stale)
+            if not stale or any(sample.num_trained_tokens for sample in result.samples):
+                kept.append(result)
+            else:
+                dropped.append(result)
+        return kept, dropped, masked
 
     def _checkpoint(self) -> None:
         self.state.next_group_index = self.schedule.next_index

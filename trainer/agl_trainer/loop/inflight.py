@@ -8,7 +8,9 @@ rollout's end means for its group.
                   exited well but whose data never arrived is failed (no_data)
     batch         complete groups, oldest first, once they hold loop.batch_rollouts; groups that
                   would be too stale after the update (launched under v <= version - staleness) go
-                  into it: with stale_policy=wait the batch waits for them, with drop they are killed
+                  into it: with stale_policy=wait the batch waits for them, with drop they are killed;
+                  with mask no step waits for a running group: it runs on across updates (its tokens
+                  past the bound get no loss, core.py) until loop.max_span updates, then it is killed
     retire        groups trained (or dropped) leave
 
 The loop (core.py) asks; this unit keeps the groups and the harness tasks and counts failures by
@@ -74,7 +76,7 @@ class InFlight:
             untrained = sum(len(g.rollout_ids) for g in self.groups.values())
             if self.running() + size > max(self.config.concurrency, size) or untrained + size > cap:
                 return
-            if self.config.stale_policy == "wait" and any(not g.done for g in self.must_wait_for(version)):
+            if self._waits(version):
                 return  # groups that must be trained next are still running: more would only compete
             self.launch(version)
 
@@ -115,9 +117,9 @@ class InFlight:
         self.progress.rollouts(min(ready, self.config.batch_rollouts), self.running())
         if ready < self.config.batch_rollouts:
             return None
-        must = self.must_wait_for(version)
-        if self.config.stale_policy == "wait" and any(not g.done for g in must):
+        if self._waits(version):
             return None
+        must = self.must_wait_for(version)  # complete ones train now, past batch_rollouts if need be
         batch: list[Group] = []
         count = 0
         for group in complete:
@@ -150,11 +152,26 @@ class InFlight:
                 self.count("no_data")
                 self.progress.log(f"agl: rollout {rid}: harness exited but no complete data arrived; skipped")
 
-    async def drop_stale(self, version: int, exclude: list[Group]) -> int:
-        """stale_policy=drop: kill groups that would exceed the bound after this update; how many rollouts."""
+    def _waits(self, version: int) -> bool:
+        return self.config.stale_policy == "wait" and any(not g.done for g in self.must_wait_for(version))
+
+    def overdue(self, version: int) -> list[Group]:
+        """Running groups the update from `version` ends: past the staleness bound (stale_policy=drop)
+        or about to run across more than loop.max_span updates (mask); none for wait."""
+        policy = self.config.stale_policy
+        if policy == "drop":
+            groups = self.must_wait_for(version)
+        elif policy == "mask":  # after this update a group launched under v has run across version + 1 - v
+            groups = [g for g in self.groups.values() if version + 1 - g.launched_version >= self.config.max_span]
+        else:
+            groups = []
+        return [g for g in groups if not g.done]
+
+    async def drop_overdue(self, version: int, exclude: list[Group]) -> int:
+        """Kill the groups `overdue` names (not those in the batch); how many rollouts."""
         keep = {g.index for g in exclude}
         dropped = 0
-        for group in [g for g in self.must_wait_for(version) if g.index not in keep and not g.done]:
+        for group in [g for g in self.overdue(version) if g.index not in keep]:
             for rid in group.rollout_ids:
                 task = self.tasks.get(rid)
                 if task is not None:
@@ -163,7 +180,8 @@ class InFlight:
             for rid in group.rollout_ids:
                 if group.states.get(rid) not in DONE:
                     group.states[rid] = Member.DROPPED
-            self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], "stale")
+            reason = "stale" if self.config.stale_policy == "drop" else f"over loop.max_span={self.config.max_span}"
+            self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], reason)
             dropped += len(group.rollout_ids)
             self.groups.pop(group.index, None)
         return dropped

@@ -19,9 +19,10 @@ class StepTimes:
     checkpoint: float = 0.0
     idle: float = 0.0
     canary: float = 0.0
+    overlapped: float = 0.0  # of training, time the engine went on generating (loop.generate_during_training)
 
     def metrics(self) -> dict[str, float]:
-        busy = max(0.0, self.generating - self.idle) + self.draining
+        busy = max(0.0, self.generating + self.overlapped - self.idle) + self.draining
         wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint + self.canary
         return {
             "time/generating_s": self.generating,
@@ -30,6 +31,7 @@ class StepTimes:
             "time/syncing_s": self.syncing,
             "time/checkpoint_s": self.checkpoint,
             "time/idle_s": self.idle,
+            "time/generating_during_training_s": self.overlapped,
             "time/step_s": wall,
             "engine/idle_fraction": 1.0 - busy / wall if wall > 0 else 0.0,
         }
