@@ -39,7 +39,6 @@ import json
 import random
 import secrets
 import struct
-import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from typing import Any
 from aiohttp import web
 
 from agl_testing.captures import VLLM_CAPTURES
+from agl_trainer.background_loop import BackgroundLoop
 
 IM_START = 1
 IM_END = 2  # EOS
@@ -203,8 +203,7 @@ class FakeVLLM:
         self.cancelled = 0
         self.active = 0
         self._failures: list[tuple[int, Any]] = []
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._serving = BackgroundLoop("fake-vllm")
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -219,34 +218,18 @@ class FakeVLLM:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> FakeVLLM:
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="fake-vllm", daemon=True)
-        self._thread.start()
-        if not ready.wait(10) or errors:
-            raise RuntimeError(f"fake vLLM did not start: {errors}")
+        try:
+            self._serving.start(self._start, self._cleanup, timeout_s=10)
+        except Exception as error:
+            raise RuntimeError(f"fake vLLM did not start: {error!r}") from error
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+        self._serving.stop(timeout_s=10)
+
+    async def _cleanup(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(self.build_app(), access_log=None, handler_cancellation=True)

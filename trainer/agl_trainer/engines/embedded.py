@@ -38,7 +38,6 @@ each adapter replacing the last. `last_update_bytes` is what the latest update o
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from agl_trainer.background_loop import BackgroundLoop
 from agl_trainer.backends.lora import AdapterMerger, AdapterState
 from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.embedded_batching import BatchScheduler, Sequence
@@ -98,8 +98,7 @@ class EmbeddedEngine:
         self.created = int(time.time())
         self.reader: RequestReader | None = None  # set by start(), once the model is loaded
         self._scheduler: BatchScheduler | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._http = BackgroundLoop("agl-embedded-http")
         self._runner: Any = None
         self._port = 0
         self._adapters = AdapterMerger()
@@ -118,31 +117,9 @@ class EmbeddedEngine:
         return self._scheduler
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._http.started:
             return
         self._load()
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._start_http())
-            except BaseException as error:  # noqa: BLE001 (reported to start()'s caller)
-                failure.append(error)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            leftover = asyncio.all_tasks(loop)  # handlers of clients that never read their answer
-            for task in leftover:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
-            loop.close()
-
         self._scheduler = BatchScheduler(
             self.model,
             self.tokenizer,
@@ -152,23 +129,21 @@ class EmbeddedEngine:
             device_step_s=self.config.device_step_ms / 1000.0,
         )
         self._scheduler.start()
-        self._thread = threading.Thread(target=serve, name="agl-embedded-http", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
+        try:
+            self._http.start(self._start_http, lambda: self._runner.cleanup())
+        except BaseException as error:
             self.stop()
+            if not isinstance(error, Exception):  # Ctrl-C while it started: not a listen failure
+                raise
             raise RuntimeError(
-                f"EmbeddedEngine: could not listen on {self.config.host}:{self.config.port}: {failure[0]}"
-            )
+                f"EmbeddedEngine: could not listen on {self.config.host}:{self.config.port}: {error}"
+            ) from error
 
     def stop(self) -> None:
         if self._scheduler is not None:  # first, while the loop runs: requests in flight end aborted
             self._scheduler.stop()
-        if self._loop is not None and self._thread is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        self._thread, self._loop, self._scheduler, self._port = None, None, None, 0
+        self._http.stop(timeout_s=30)
+        self._scheduler, self._port = None, 0
 
     def update_weights(self, update: WeightUpdate) -> float:
         if update.adapter is not None:
@@ -249,7 +224,7 @@ class EmbeddedEngine:
 
     def _on_update(self, updates: list[tuple[Sequence, int, bool]]) -> None:
         """Called on the scheduler thread after each step: hand the updates to the event loop."""
-        loop = self._loop
+        loop = self._http.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(deliver, updates)
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Self
 
 import msgspec
 
+from agl_trainer.background_loop import BackgroundLoop
 from agl_trainer.receiver.deadlines import ByteBudget, DeadlineSite, HeaderDeadline
 from agl_trainer.receiver.payload import (
     JSON,
@@ -89,8 +89,7 @@ class Receiver:
         self._counter = StatsCounter()
         self._decoders = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-otlp-decode")
         self._warned: dict[str, int] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._http = BackgroundLoop("agl-receiver")
         self._runner = None
         self._grpc = None
         self.url: str | None = None
@@ -99,16 +98,11 @@ class Receiver:
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> Receiver:
         self._writer.start()
-        ready = threading.Event()
-        failure: list[BaseException] = []
-        self._thread = threading.Thread(
-            target=self._serve, args=(ready, failure), name="agl-receiver", daemon=True
-        )
-        self._thread.start()
-        ready.wait()
-        if failure:
+        try:
+            self._http.start(self._start_http, lambda: self._runner.cleanup())
+        except BaseException:
             self._writer.stop()
-            raise failure[0]
+            raise
         if self.config.grpc_port is not None:
             self._start_grpc()
         return self
@@ -117,11 +111,7 @@ class Receiver:
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait()
             self._grpc = None
-        if self._loop is not None and self._thread is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop = None
+        self._http.stop(timeout_s=10)  # the HTTP server is cleaned up on its loop first
         self._writer.stop()
         self._decoders.shutdown(wait=True)
         if self._owns_store:
@@ -180,23 +170,6 @@ class Receiver:
             )
 
     # --- OTLP/HTTP ----------------------------------------------------------------------------
-    def _serve(self, ready: threading.Event, failure: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._start_http())
-        except BaseException as error:  # noqa: BLE001 (handed to start(), which raises it)
-            failure.append(error)
-            ready.set()
-            loop.close()
-            return
-        self._loop = loop
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
-
     async def _start_http(self) -> None:
         from aiohttp import web
 

@@ -15,7 +15,6 @@ the package (no build step, no CDN), served with a CSP that allows only this ori
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -29,6 +28,7 @@ from aiohttp import web
 
 from agl_trainer.addresses import is_loopback
 from agl_trainer.assembly import AssemblyConfig
+from agl_trainer.background_loop import BackgroundLoop
 from agl_trainer.receiver.client_errors import quiet_client_errors
 from agl_trainer.store import queries
 from agl_trainer.store.records import RolloutKey
@@ -338,37 +338,17 @@ class ViewerServer:
         access.check_listen(self.host, viewer.token, allow_no_token, token_hint)
         viewer.loopback_only = is_loopback(self.host)
         self.url = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
+        self._serving = BackgroundLoop("agl-viewer")
 
     def start(self) -> ViewerServer:
-        if self._thread is not None:  # already serving (e.g. `with serve(...) as server`)
+        if self._serving.started:  # already serving (e.g. `with serve(...) as server`)
             return self
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._bind())
-            except BaseException as error:  # noqa: BLE001 (reported to start()'s caller)
-                failure.append(error)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="agl-viewer", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
+        try:
+            self._serving.start(self._bind, lambda: self._runner.cleanup())  # type: ignore[union-attr]
+        except BaseException:
             self.viewer.close()
-            raise failure[0]
+            raise
         self.viewer.start()
         return self
 
@@ -383,9 +363,7 @@ class ViewerServer:
         self.url = f"http://{host}:{port}/"
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        self._serving.stop(timeout_s=10)
         self.viewer.close()
 
     def __enter__(self) -> ViewerServer:
