@@ -284,3 +284,33 @@ def test_without_a_running_builder_spans_are_built_at_once():
     recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
     recorder.finish(_call("r1", [1, 2, 3], [4]))
     assert len(exporter.spans) == 1
+
+
+@pytest.mark.parametrize(
+    ("progress", "version", "runs"),
+    [
+        ([{"chatcmpl-z": 0}], 1, None),  # frozen before its first token: all of it version 1's
+        ([{"chatcmpl-z": 0}, {"chatcmpl-z": 2}], 1, [0, 1, 2, 2]),  # then a second switch inside it
+        ([{"chatcmpl-z": 2}], 0, [0, 0, 2, 1]),  # a switch inside: the span keeps its entry version
+    ],
+)
+async def test_a_call_whose_first_token_came_after_a_switch_is_spanned_under_that_version(progress, version, runs):
+    """The span contract: `agl.completion.policy_versions` starts with the span's `agl.policy.version`. A call
+    that entered under version 0 but was frozen before its first token has none of version 0's tokens, so
+    its span names the version that sampled its first token."""
+    from agl_sidecar.calls.switches import SwitchLog
+
+    exporter = RecorderSpans()
+    recorder = SpanRecorder(exporter)  # type: ignore[arg-type]
+    recorder.start()
+    call = _call("r-switch", list(range(8)), [5, 6, 7, 8])
+    call.choice(0).logprobs = msgspec.Raw(b'{"content":[' + b",".join([b'{"logprob":-0.5}'] * 4) + b"]}")
+    call.seq, call.response_id, call.policy_version = recorder.next_seq(call.identity), "chatcmpl-z", 0
+    call.switches = SwitchLog()
+    for new_version, report in enumerate(progress, start=1):
+        call.switches.record(new_version, report)
+    recorder.finish(call)
+    assert await recorder.drain(5)
+    (name, attrs), = exporter.decoded()
+    assert attrs[semconv.POLICY_VERSION] == version
+    assert attrs.get(semconv.COMPLETION_POLICY_VERSIONS) == runs

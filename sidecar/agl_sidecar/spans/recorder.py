@@ -289,6 +289,15 @@ class SpanRecorder:
             ])
             if len(self._static) < 1024:
                 self._static[static_key] = static
+        entry_version, runs = call.policy_version, None
+        if has_tokens and completions and completions[0][0] == 0:
+            runs = version_runs(
+                call.switches, entry_version, call.response_id, call.switch_marks, completions[0][2].length
+            )
+            if runs is not None and runs[1] != entry_version:
+                # The first switch came before the call's first token: every token is a later version's,
+                # as if the call had entered under it (the span's version is its first token's).
+                entry_version, runs = runs[1], runs if len(runs) > 2 else None
         attrs: list[tuple[str, Any]] = [
             (semconv.GEN_AI_REQUEST_TEMPERATURE, _float(call.temperature)),
             (semconv.GEN_AI_REQUEST_TOP_P, _float(call.top_p)),
@@ -304,7 +313,7 @@ class SpanRecorder:
             (semconv.CALL_AGENT_ID, identity.agent_id),
             (semconv.CALL_PARENT_AGENT_ID, identity.parent_agent_id),
             (semconv.CALL_COMPACTION, True if identity.compaction else None),
-            (semconv.POLICY_VERSION, call.policy_version),
+            (semconv.POLICY_VERSION, entry_version),
             (semconv.ERROR_TYPE, call.error_type),
             (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
             (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
@@ -324,7 +333,7 @@ class SpanRecorder:
         attrs.append((semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens))
         if has_tokens:
             assert prompt is not None
-            attrs.extend(self._token_attributes(call, prompt, completions))
+            attrs.extend(self._token_attributes(call, prompt, completions, runs))
         status = otlp.STATUS_ERROR if call.error_type else otlp.STATUS_UNSET
         parent = call.trace_parent
         span = otlp.span(
@@ -344,7 +353,11 @@ class SpanRecorder:
         self.exporter.submit(span)
 
     def _token_attributes(
-        self, call: CallRecord, prompt: otlp.IntArray, completions: list[tuple[int, Choice, otlp.IntArray]]
+        self,
+        call: CallRecord,
+        prompt: otlp.IntArray,
+        completions: list[tuple[int, Choice, otlp.IntArray]],
+        runs: list[int] | None,
     ) -> list[tuple[str, Any]]:
         attrs: list[tuple[str, Any]] = [(semconv.PROMPT_LENGTH, prompt.length)]
         rollout_id = call.identity.rollout_id
@@ -375,10 +388,8 @@ class SpanRecorder:
                 attrs.append((semconv.completion_logprobs_key(index), otlp.DoubleArray(logprobs)))
             if index > 0:
                 attrs.append((semconv.completion_finish_reason_key(index), choice.finish_reason or ""))
-        if first is not None:
-            runs = version_runs(call.switches, call.policy_version, call.response_id, call.switch_marks, first.length)
-            if runs is not None:
-                attrs.append((semconv.COMPLETION_POLICY_VERSIONS, otlp.IntArray.of(runs)))
+        if runs is not None:
+            attrs.append((semconv.COMPLETION_POLICY_VERSIONS, otlp.IntArray.of(runs)))
         if rollout_id and call.seq is not None and first is not None:
             self._last.put(rollout_id, (call.seq, prompt + first))
         return attrs
