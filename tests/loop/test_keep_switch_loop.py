@@ -48,6 +48,8 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     crossed = 0
     with store_of(config) as store:
         assert set(store.stats().by_cause) <= {"ok"}
+        assert store.stats().violations == {}  # every span met the contract (a call frozen before its
+        # first token is spanned under the version that sampled it, not refused)
         for info in store.find(""):
             for call in store.load(info.key).calls:
                 if call.completion_ids is None or call.completion_ids.size == 0:

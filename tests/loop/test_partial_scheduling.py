@@ -147,6 +147,8 @@ def test_generation_goes_on_while_the_trainer_trains_only_when_asked(
     assert seen == [during] * 3, [{k: v for k, v in m.items() if k.startswith(("rollouts/", "assembly/"))} for m in steps]
     assert all((m["time/generating_during_training_s"] > 0) == during for m in steps)
     assert all(m["staleness/max"] <= 3 for m in steps if "staleness/max" in m)
+    with store_of(config) as store:
+        assert store.stats().violations == {}  # calls across the weight loads meet the span contract
 
 
 def test_generate_during_training_needs_the_keep_switch(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
