@@ -11,6 +11,7 @@ import threading
 
 from agl import semconv
 
+from agl_trainer.addresses import is_loopback
 from agl_trainer.cli import CLIError
 
 TOKEN_ENV = semconv.ENV_RECEIVER_TOKEN
@@ -70,15 +71,6 @@ def parse_address(value: str, flag: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import StoreError
@@ -94,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         if not (math.isfinite(value) and 0 < value <= 86_400):
             raise CLIError(f"{flag} {value}: expected seconds, > 0 and at most 86400")
     token = os.environ.get(args.token_env) or None
-    if token is None and not args.no_token and not (_loopback(host) and (grpc_host == "" or _loopback(grpc_host))):
+    if token is None and not args.no_token and not (is_loopback(host) and (grpc_host == "" or is_loopback(grpc_host))):
         raise CLIError(
             f"--listen {args.listen}{' / --grpc-listen ' + args.grpc_listen if args.grpc_listen else ''} is not "
             f"loopback and {args.token_env} is not set: anyone who reaches the port could write training data "
