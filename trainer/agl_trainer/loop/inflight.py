@@ -4,6 +4,7 @@ rollout's end means for its group.
     launch        a group of loop.group_size rollouts of the next task, journalled before any
                   harness starts; async mode launches while in-flight rollouts stay under
                   loop.concurrency and launched-but-untrained ones under (staleness + 1) batches
+                  (stale_policy=mask: loop.max_span batches: a group may train that late)
     complete      a member whose harness exited is complete once the store says so; one that
                   exited well but whose data never arrived is failed (no_data)
     batch         complete groups, oldest first, once they hold loop.batch_rollouts; groups that
@@ -71,7 +72,10 @@ class InFlight:
 
     def launch_what_fits(self, version: int) -> None:
         size = self.config.group_size
-        cap = (self.config.staleness + 1) * self.config.batch_rollouts
+        # Launched and untrained: at most the batches that may train before a group breaks its bound
+        # (staleness + 1 steps; with stale_policy=mask, loop.max_span steps).
+        batches = self.config.max_span if self.config.stale_policy == "mask" else self.config.staleness + 1
+        cap = batches * self.config.batch_rollouts
         while True:
             untrained = sum(len(g.rollout_ids) for g in self.groups.values())
             if self.running() + size > max(self.config.concurrency, size) or untrained + size > cap:
