@@ -198,6 +198,9 @@ class LoopSpec:
     # partial, a running group at the staleness bound: wait for it (the loop keeps launching meanwhile),
     # drop it (killed at the update), or mask (it runs on; tokens older than the bound get no loss)
     overdue: Literal["wait", "drop", "mask"] = "wait"
+    # overdue=mask (agl's loop.stale_policy=mask): the loop launches up to max_span batches ahead, and a
+    # group still running when it would run across max_span updates is dropped at that update
+    max_span: int = 4
 
 
 @dataclass(frozen=True)
@@ -567,7 +570,8 @@ class Simulation:
             self.pump()
 
     def drop(self, group: Group) -> None:
-        """partial, overdue=drop: the group's harnesses are killed; its tokens so far are wasted."""
+        """partial, overdue=drop (or mask, past max_span): the group's harnesses are killed; its tokens
+        so far are wasted."""
         for r in group.members:
             if r.alive and not r.seen:
                 self.running -= 1
@@ -618,6 +622,10 @@ class Simulation:
             if dropping:  # at the update, as agl's stale_policy=drop: never while generating
                 for g in [g for g in overdue if not g.done]:
                     self.drop(g)
+            if self.mode == "partial" and loop.overdue == "mask":  # over loop.max_span after this update
+                for g in [g for g in self.groups.values() if not g.done]:
+                    if self.version + 1 - g.launched_version >= loop.max_span:
+                        self.drop(g)
             batch, count = [], 0
             for g in self.groups.values():
                 if g.done and (count < loop.batch_rollouts or g in overdue):
@@ -630,11 +638,12 @@ class Simulation:
         self.launch_what_fits(waiting)
 
     def launch_what_fits(self, waiting: bool) -> None:
-        """Under loop.concurrency and (staleness + 1) batches launched and untrained. Drain and keep launch
-        nothing while a group they must wait for runs (agl's loop: it would only compete); partial keeps
-        the engine full."""
+        """Under loop.concurrency and (staleness + 1) batches launched and untrained (overdue=mask:
+        max_span batches, as agl's loop). Drain and keep launch nothing while a group they must wait for
+        runs (agl's loop: it would only compete); partial keeps the engine full."""
         loop = self.sc.loop
-        cap = (loop.staleness + 1) * loop.batch_rollouts
+        masking = self.mode == "partial" and loop.overdue == "mask"
+        cap = (loop.max_span if masking else loop.staleness + 1) * loop.batch_rollouts
         size = loop.group_size
         if waiting and self.mode != "partial":
             return
