@@ -166,9 +166,9 @@ def test_two_different_lora_ranks_are_refused(tmp_path: Path) -> None:
         vllm_settings(config, str(tmp_path))
 
 
-def test_verl_with_lora_is_still_refused(tmp_path: Path) -> None:
+def test_verl_with_lora_trains_the_adapter_the_engine_takes(tmp_path: Path) -> None:
     from agl_trainer.run.settings import backend_settings
 
     config = _config(tmp_path, backend={"name": "verl", "lora": {"rank": 8}}, engine={"name": "vllm"})
-    with pytest.raises(ConfigError, match="verl backend does not train adapters"):
-        backend_settings(config, str(tmp_path))
+    assert backend_settings(config, str(tmp_path), cuda_available=False).training.lora.rank == 8
+    assert vllm_settings(config, str(tmp_path))["lora_rank"] == 8

@@ -7,6 +7,9 @@ loads them as full weights) or the adapter alone (`adapter_state`: peft's format
 engine's weights after an adapter sync are the trainer's merged weights (bit for bit in one dtype on
 one kind of device).
 
+The trainer-side functions also take a peft model sharded by FSDP2 (the verl workers): its DTensors
+are gathered whole, a collective, so there every rank calls them, in the same order.
+
 peft is imported inside the functions that wrap: an engine applying adapters needs only torch.
 """
 
@@ -16,6 +19,7 @@ import enum
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,9 +46,11 @@ class AdapterState:
 
 
 # ------------------------------------------------------------------------------------- trainer side
-def wrap(model: torch.nn.Module, config: LoraConfig) -> Any:
+def wrap(model: torch.nn.Module, config: LoraConfig, seed: int | None = None) -> Any:
     """The model as a peft model with fresh adapters (B = 0: the same function as the base) on the
-    configured linear layers; every base parameter is frozen, in place."""
+    configured linear layers; every base parameter is frozen, in place. A is drawn from `seed` (by
+    default the one torch was last seeded with), not from wherever the RNG stands after loading and
+    probing the model: the torch backend and every verl worker start from the same adapter."""
     import peft
 
     targets = resolve_targets(model, config.target_modules)
@@ -56,8 +62,10 @@ def wrap(model: torch.nn.Module, config: LoraConfig) -> Any:
         target_modules=targets,
         bias="none",
     )
-    # autocast_adapter_dtype: adapters stay float32 over a bfloat16 base (their master weights)
-    return peft.get_peft_model(model, peft_config, autocast_adapter_dtype=True)
+    with torch.random.fork_rng(devices=[]):  # peft initialises the adapter on the CPU, then moves it
+        torch.manual_seed(torch.initial_seed() if seed is None else seed)
+        # autocast_adapter_dtype: adapters stay float32 over a bfloat16 base (their master weights)
+        return peft.get_peft_model(model, peft_config, autocast_adapter_dtype=True)
 
 
 def resolve_targets(model: torch.nn.Module, names: tuple[str, ...]) -> list[str]:
@@ -112,13 +120,25 @@ def adapter_state(peft_model: Any, dtype: torch.dtype | None = None) -> AdapterS
     return AdapterState(weights, live.config)
 
 
+def adapter_config(peft_model: Any) -> dict[str, Any]:
+    """The adapter's peft LoraConfig as a dict, as adapter_config.json holds it."""
+    return {key: _plain(value) for key, value in peft_model.peft_config["default"].to_dict().items()}
+
+
+@torch.no_grad()
 def _live_adapter(peft_model: Any) -> AdapterState:
-    """The adapter's own tensors (detached, where they train) and its config."""
+    """The adapter's own tensors (detached, where they train; gathered whole where sharded) and its config."""
     import peft
 
-    weights = {name: t.detach() for name, t in peft.get_peft_model_state_dict(peft_model).items()}
-    config = {key: _plain(value) for key, value in peft_model.peft_config["default"].to_dict().items()}
-    return AdapterState(weights, config)
+    weights = {name: _whole(t).detach() for name, t in peft.get_peft_model_state_dict(peft_model).items()}
+    return AdapterState(weights, adapter_config(peft_model))
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor FSDP2 shards (a DTensor) gathered whole on every rank; any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def _plain(value: Any) -> Any:
@@ -151,24 +171,27 @@ def load_adapter_weights(peft_model: Any, weights: dict[str, torch.Tensor]) -> N
 def merged_state_dict(peft_model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Base + adapter as plain weights (CPU copies) under the base model's Hugging Face names, as
     save_pretrained writes them (a tied output embedding once, under the input embedding's name)."""
+    return {name: tensor.to("cpu", copy=True) for name, tensor in merged_tensors(peft_model, dtype)}
+
+
+@torch.no_grad()
+def merged_tensors(peft_model: Any, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """merged_state_dict's weights one at a time, where they live (an unmerged one may be the model's
+    own tensor: copy it). Sharded by FSDP2, every rank walks it whole: each weight is gathered."""
     base = peft_model.get_base_model()
     deltas = adapter_deltas(_live_adapter(peft_model))  # on the adapter's device: an 8B's are many matmuls
     seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
-            continue
-        key = tensor.data_ptr()
-        if key in seen and tensor.numel() > 0:
-            continue  # tied to a tensor already included
-        seen.add(key)
+    for name, tensor in base.state_dict(keep_vars=True).items():
+        if ".lora_" in name or id(tensor) in seen:
+            continue  # an adapter weight, or tied to a weight already given (the output embedding)
+        seen.add(id(tensor))
+        whole = _whole(tensor).detach()
         hf_name = name.replace(".base_layer.", ".")
-        target = dtype or tensor.dtype
+        target = dtype or whole.dtype
         if hf_name in deltas:
-            out[hf_name] = _merge(tensor, deltas[hf_name]).to("cpu", dtype=target)
+            yield hf_name, _merge(whole, deltas[hf_name]).to(dtype=target)
         else:
-            out[hf_name] = tensor.detach().to("cpu", dtype=target, copy=True)
-    return out
+            yield hf_name, whole.to(dtype=target)
 
 
 def check_same_adapter(current: dict[str, Any], saved: dict[str, Any]) -> None:
@@ -189,6 +212,18 @@ def check_same_adapter(current: dict[str, Any], saved: dict[str, Any]) -> None:
 def save_adapter(peft_model: Any, directory: Path) -> None:
     """The bare adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
     peft_model.save_pretrained(directory)
+
+
+def write_adapter(state: AdapterState, directory: Path) -> None:
+    """An AdapterState in the files save_adapter writes (the verl backend holds no peft model)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {name: t.contiguous() for name, t in state.weights.items()}
+    save_file(weights, directory / ADAPTER_WEIGHTS, {"format": "pt"})
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(state.config, indent=2, sort_keys=True))
 
 
 def read_adapter(directory: Path) -> AdapterState:

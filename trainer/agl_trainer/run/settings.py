@@ -34,11 +34,6 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
         )
         if config.backend.name != "verl":
             return training
-        if training.lora.enabled:  # verl's LoRA is the next slice of #28: never train every weight silently
-            raise ConfigError(
-                "config key backend.lora.rank: the verl backend does not train adapters yet "
-                "(fix: backend.name: torch, or backend.lora.rank: 0)"
-            )
         from agl_trainer.backends.verl import VerlBackendConfig
 
         verl = config.backend.verl

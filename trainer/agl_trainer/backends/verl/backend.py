@@ -3,6 +3,8 @@
 `train_step` reads like `TorchBackend.train_step`: advantages per rollout and per-token weights are
 computed here, on the driver, over the whole batch (step_plan, shared with the torch backend); each
 mini-batch (whole rollouts) is dealt to the data-parallel ranks and is one optimizer step on the workers.
+With `lora.rank` > 0 the workers train a peft adapter over the frozen base (worker.py), as the torch
+backend does: engines get the adapter alone (`adapter_for_engine`) or the merged weights.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 
+from agl_trainer.backends import lora
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
 from agl_trainer.backends.agreement import PREFIX as AGREE
@@ -39,11 +42,10 @@ DROPOUT_KEYS = (
     "attention_probs_dropout_prob",
 )
 CHECKPOINT_STATE = "agl_state.json"
+CHECKPOINT_ADAPTER = "adapter"  # with LoRA: the adapter in peft's format, as the torch backend writes it
 
 
 class VerlBackend:
-    uses_lora = False  # every weight trains (backend.lora is refused for verl until its adapters are wired)
-
     def __init__(self, config: VerlBackendConfig) -> None:
         self.config = config
         self.training = config.training
@@ -66,6 +68,10 @@ class VerlBackend:
         self._answering = {}
         for info in self.ranks:
             self._answering.setdefault(int(info["dp_rank"]), int(info["rank"]))
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.training.lora.enabled
 
     def _worker_settings(self):
         from agl_trainer.backends.verl.worker import WorkerSettings
@@ -102,6 +108,7 @@ class VerlBackend:
             algorithm=t.algorithm,
             dist_backend="cpu:gloo" if not on_gpu else None,
             override=dict(self.config.override),
+            lora=t.lora if t.lora.enabled else None,
         )
 
     # ----------------------------------------------------------------------------------- training
@@ -202,14 +209,26 @@ class VerlBackend:
     # ------------------------------------------------------------------------------------ weights
     def state_dict_for_engine(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The policy's full weights as CPU tensors under Hugging Face names, gathered from the FSDP
-        shards (every rank takes part; rank 0's copy comes back); a tied output embedding appears once."""
+        shards (every rank takes part; rank 0's copy comes back); a tied output embedding appears once.
+        With LoRA: base + adapter merged, under the base model's names, so any engine loads them."""
         answers = self._workers.agl_state_dict(dtype)
         return answers[0]
 
-    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> Any:
-        """Never called: the verl backend trains every weight (`uses_lora` is False), so the loop syncs
-        state_dict_for_engine."""
-        raise ValueError("adapter_for_engine: the verl backend trains every weight (no backend.lora yet)")
+    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
+        """The adapter alone (peft's names and config, CPU copies gathered from the shards): what an
+        adapter-only sync moves."""
+        if not self.uses_lora:
+            raise ValueError("adapter_for_engine: this backend trains every weight (backend.lora.rank is 0)")
+        return self._workers.agl_adapter(dtype)[0]
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """The bare adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
+        if not self.uses_lora:
+            raise ValueError("save_adapter: this backend trains every weight (backend.lora.rank is 0)")
+        state = self.adapter_for_engine()
+        directory = Path(directory)
+        atomic_directory(directory, lambda tmp: lora.write_adapter(state, tmp))
+        return directory
 
     def save_hf(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """The policy as a Hugging Face directory (safetensors + config + the source's tokenizer files),
@@ -236,12 +255,17 @@ class VerlBackend:
     # -------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str | Path) -> Path:
         """verl's sharded checkpoint (model, optimizer, scheduler + RNG per rank) in verl/, and
-        agl_state.json (step; the policy version is the loop's, in its own checkpoint). Every node writes its ranks' shards into `directory`:
-        on several nodes it must be a shared filesystem."""
+        agl_state.json (step; the policy version is the loop's, in its own checkpoint). With LoRA the
+        model shards hold the adapter only (the base is model_path's), and adapter/ the whole adapter
+        in peft's format. Every node writes its ranks' shards into `directory`: on several nodes it
+        must be a shared filesystem."""
         directory = Path(directory)
+        adapter = self.adapter_for_engine() if self.uses_lora else None
 
         def write(tmp: Path) -> None:
             self._workers.agl_save_checkpoint(str((tmp / "verl").resolve()))
+            if adapter is not None:
+                lora.write_adapter(adapter, tmp / CHECKPOINT_ADAPTER)
             state = {
                 "format": 1,
                 "step": self.step,
@@ -268,6 +292,17 @@ class VerlBackend:
                 f"backend.verl.n_gpus_per_node: the checkpoint in {directory} has {state['world_size']} shards, "
                 f"this run has {self.config.world_size} workers; resume with the same nnodes x n_gpus_per_node"
             )
+        adapter_dir = directory / CHECKPOINT_ADAPTER
+        if self.uses_lora != adapter_dir.is_dir():
+            kinds = ("full weights", "an adapter")
+            held, wanted = kinds[adapter_dir.is_dir()], kinds[self.uses_lora]
+            raise ValueError(
+                f"{directory} holds {held} but this backend trains {wanted}: resume with the backend.lora "
+                "settings the run was started with"
+            )
+        if self.uses_lora:
+            saved = lora.read_adapter(adapter_dir)
+            lora.check_same_adapter(self.ranks[0]["adapter_config"], saved.config)
         self._workers.agl_load_checkpoint(str((directory / "verl").resolve()))
         self.step = int(state["step"])  # older checkpoints also carry a policy_version: the loop's is used
         self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -49,6 +49,12 @@ class VerlBackendConfig:
                 fail(f"verl.{key}", f"{getattr(self, key)} must be >= 1")
         if self.weight_sync not in WEIGHT_SYNCS:
             fail("verl.weight_sync", f"{self.weight_sync!r} is not one of {list(WEIGHT_SYNCS)}")
+        if t.lora.enabled and self.weight_sync in ("nccl", "cuda_ipc"):
+            fail(
+                "verl.weight_sync",
+                f"{self.weight_sync!r} moves full weights, but with backend.lora the engine takes the "
+                "adapter alone (megabytes, in place); set weight_sync: auto",
+            )
         if t.packing != "auto" or t.max_row_tokens is not None:
             fail(
                 "options.packing",

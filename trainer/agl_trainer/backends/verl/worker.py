@@ -17,6 +17,11 @@ the torch backend does (`head_sees_only`). Both of verl's input layouts take thi
 (`use_remove_padding`, flash-attn on GPUs: hidden states [1, total, H]) and padded (CPU, sdpa:
 [rows, longest, H]). Ulysses sequence parallelism (hidden states sharded across ranks), the
 reference model and `agl_logprobs` keep verl's own forward.
+
+With `lora` set, verl's engine is told it trains LoRA (so it builds the optimizer over a peft model and
+checkpoints the adapter alone), but the adapter is agl's (`backends/lora.py`, as the torch backend's,
+drawn from the run's seed), placed between loading the model and sharding it. The KL reference is the
+same model with the adapter switched off (peft's `disable_adapter`): no second model is loaded.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ from verl.utils.distributed import initialize_global_process_group_ray
 from verl.workers.engine_workers import TrainingWorker
 
 from agl_trainer.algorithms import AlgorithmConfig, token_entropy, token_logprobs
+from agl_trainer.backends import lora
 from agl_trainer.backends.hf_model import head_sees_only
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
+from agl_trainer.backends.torch_config import LoraConfig
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
 SHIFTED_FIELDS = (
@@ -72,6 +79,7 @@ class WorkerSettings:
     algorithm: AlgorithmConfig
     dist_backend: str | None  # "cpu:gloo" on the CPU platform; None lets verl choose (nccl on GPUs)
     override: dict[str, Any] = field(default_factory=dict)  # dotted verl keys, applied last
+    lora: LoraConfig | None = None  # adapters over a frozen base; None: every weight trains
 
 
 def build_training_worker_config(settings: WorkerSettings):
@@ -87,6 +95,8 @@ def build_training_worker_config(settings: WorkerSettings):
         override_config={"attn_implementation": settings.attn_implementation, **settings.model_override},
         use_remove_padding=settings.use_remove_padding,
         enable_gradient_checkpointing=settings.gradient_checkpointing,
+        # > 0: verl's engine builds and checkpoints a peft model (the adapter itself is agl's, see the worker)
+        lora_rank=settings.lora.rank if settings.lora is not None else 0,
     )
     precision = {"param_dtype": settings.compute_dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     engine = FSDPEngineConfig(
@@ -111,7 +121,9 @@ def build_training_worker_config(settings: WorkerSettings):
         total_training_steps=settings.total_steps or 1,
     )
     checkpoint = CheckpointConfig(
-        save_contents=["model", "optimizer", "extra"], load_contents=["model", "optimizer", "extra"]
+        save_contents=["model", "optimizer", "extra"],
+        load_contents=["model", "optimizer", "extra"],
+        save_lora_only=settings.lora is not None,  # the base is model_path's: shards of the adapter only
     )
     apply_overrides(
         {"model": model, "engine": engine, "optim": optim, "checkpoint": checkpoint}, settings.override
@@ -159,6 +171,8 @@ class AglTrainingWorker(TrainingWorker):
         use_vectorised_logprobs()
         super().__init__(build_training_worker_config(settings))
         self.settings = settings
+        if settings.lora is not None:  # verl's engine calls it between loading the model and sharding it
+            self.engine._build_lora_module = self._with_adapter
         self._verl_forward_step = self.engine.forward_step
         if settings.ulysses_sequence_parallel_size == 1:
             # forward_backward_batch calls self.forward_step: this engine instance takes agl's
@@ -170,6 +184,14 @@ class AglTrainingWorker(TrainingWorker):
         self.ref_engine = None
 
     # ---------------------------------------------------------------------------------- set-up
+    def _with_adapter(self, module: torch.nn.Module) -> Any:
+        """The torch backend's adapter (TorchBackend._with_adapters), on every rank from the same seed."""
+        assert self.settings.lora is not None
+        model = lora.wrap(module, self.settings.lora, seed=self.settings.seed)
+        if self.settings.gradient_checkpointing:  # checkpointed blocks over a frozen base need an input grad
+            model.enable_input_require_grads()
+        return model
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def agl_init(self) -> dict[str, Any]:
         """Build model, optimizer and agl's LR schedule (warmup + constant/linear/cosine, stepped
@@ -188,7 +210,7 @@ class AglTrainingWorker(TrainingWorker):
             group.pop("initial_lr", None)
         self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.engine.optimizer, schedule)
         self.engine.checkpoint_manager.lr_scheduler = self.engine.lr_scheduler
-        if self.settings.algorithm.kl_coef > 0:
+        if self.settings.algorithm.kl_coef > 0 and self.settings.lora is None:  # with LoRA: the base
             self.ref_engine = self._build_reference()
         return {
             "rank": torch.distributed.get_rank(),
@@ -196,6 +218,7 @@ class AglTrainingWorker(TrainingWorker):
             "dp_size": self.engine.get_data_parallel_size(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "vocab_size": int(self.engine.model_config.hf_config.vocab_size),
+            "adapter_config": lora.adapter_config(self.engine.module) if self.settings.lora else None,
         }
 
     def _build_reference(self):
@@ -219,9 +242,14 @@ class AglTrainingWorker(TrainingWorker):
         return engine
 
     def _reference_logprobs(self, data) -> torch.Tensor:
-        """Log-probs of the reference model on this micro-batch (logit positions, concatenated)."""
-        with torch.no_grad(), self.ref_engine.eval_mode():
-            _, output = self.ref_engine.forward_step(data, loss_function=None, forward_only=True)
+        """Log-probs of the reference model on this micro-batch (logit positions, concatenated): the
+        frozen initial model, or with LoRA this model with its adapter off (the base never trains)."""
+        if self.ref_engine is None:
+            with torch.no_grad(), self.engine.module.disable_adapter():
+                _, output = self._verl_forward_step(data, loss_function=None, forward_only=True)
+        else:
+            with torch.no_grad(), self.ref_engine.eval_mode():
+                _, output = self.ref_engine.forward_step(data, loss_function=None, forward_only=True)
         return output["model_output"]["log_probs"].values()
 
     # -------------------------------------------------------------------------------- training
@@ -329,7 +357,7 @@ class AglTrainingWorker(TrainingWorker):
             switched=data["switched"].values()[keep],
             old_logprobs=kept("old_logprobs"),
             before_logprobs=kept("before_logprobs"),
-            ref_logprobs=self._reference_logprobs(data)[keep].float() if self.ref_engine is not None else None,
+            ref_logprobs=self._reference_logprobs(data)[keep].float() if algo.kl_coef > 0 else None,
         )
         out = micro_batch_loss(algo, log_prob, entropy, tokens, self._current_version)
         for key, value in out.sums.items():
@@ -425,10 +453,16 @@ class AglTrainingWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def agl_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
         """Full tensors under HF names on rank 0 (None elsewhere). Every rank walks the generator:
-        each tensor's gather is a collective. A tied output embedding appears once."""
+        each tensor's gather is a collective. A tied output embedding appears once. With LoRA: base +
+        adapter merged, as the torch backend merges them (lora.merged_tensors)."""
         from verl.utils.model import convert_weight_keys
 
         module = self.engine.module
+        is_rank0 = torch.distributed.get_rank() == 0
+        if self.settings.lora is not None:
+            merged = lora.merged_tensors(module, dtype)
+            out = {name: tensor.to("cpu", copy=True) for name, tensor in merged if is_rank0}
+            return out if is_rank0 else None
         seen: set[int] = set()
         duplicates = {}
         for name, parameter in module.named_parameters(remove_duplicate=False):
@@ -436,13 +470,18 @@ class AglTrainingWorker(TrainingWorker):
                 duplicates[name] = None  # tied to a parameter listed before it (lm_head to embed_tokens)
             seen.add(id(parameter))
         tied = set(convert_weight_keys(duplicates, getattr(module, "_fsdp_wrapped_module", module)))
-        is_rank0 = torch.distributed.get_rank() == 0
         out: dict[str, torch.Tensor] = {}
         per_tensor, _ = self.engine.get_per_tensor_param()
         for name, tensor in per_tensor:
             if is_rank0 and name not in tied:
                 out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
         return out if is_rank0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agl_adapter(self, dtype: torch.dtype | None = None) -> lora.AdapterState | None:
+        """The adapter, gathered from the shards (every rank takes part), on rank 0; None elsewhere."""
+        state = lora.adapter_state(self.engine.module, dtype)
+        return state if torch.distributed.get_rank() == 0 else None
 
     # ----------------------------------------------------------------------------- checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
