@@ -53,6 +53,14 @@ def evaluate(demo: dict[str, Path], name: str, checkpoint: Path, *extra: str) ->
     return out
 
 
+def unrewarded(out: Path) -> str:
+    """Why an evaluation's attempts have no reward: each one's cause, and the end of the sidecar's log."""
+    _, results = read_result(out)
+    rows = [row for row in results["rollouts"] if row["reward"] is None]
+    log = (out / "sidecar.log").read_text(errors="replace")[-3000:] if (out / "sidecar.log").exists() else ""
+    return f"no reward: {rows}\nsidecar.log (end): {log}"
+
+
 def rollout_rewards(out: Path) -> dict[str, Any]:
     _, results = read_result(out)
     return {row["rollout_id"]: row["reward"] for row in results["rollouts"]}
@@ -87,7 +95,7 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     assert receipt["machine"]["host"] and receipt["machine"]["python"] and receipt["machine"]["torch"]
 
     # The same seed: the same reward for every attempt; the traces are in a store the viewer reads.
-    assert rollout_rewards(again) == rewards
+    assert rollout_rewards(again) == rewards, unrewarded(again)
     assert main(["traces", "ls", "--store", str(warm / "rollouts.db"), "--all"]) == 0
     assert "eval-00005-2" in capsys.readouterr().out
 
@@ -97,7 +105,7 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     with EmbeddedEngine(EmbeddedEngineConfig(model_path=str(demo["warm"]), served_model_name="tiny")) as engine:
         url = f"{engine.urls[0]}/v1"
         served = evaluate(demo, "served", demo["warm"], f"--model-url={url}")
-    assert rollout_rewards(served) == rewards
+    assert rollout_rewards(served) == rewards, unrewarded(served)
     assert read_result(served)[0]["model"] == {"url": url, "name": "tiny", "sha256": None}
 
     # The trained checkpoint is other weights; the two compare side by side.
