@@ -48,12 +48,6 @@ def test_the_engine_serves_the_adapter_the_workers_trained(first_run, demo_model
     assert list((tmp_path / "run" / "checkpoints").rglob("adapter/adapter_model.safetensors"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run/session.py's resume pushes the merged weights as full weights: the engine takes them as its "
-    "new base and every later adapter is merged on top (gap ~5e-3, the torch backend too); the fix sends "
-    "backend.adapter_for_engine() when backend.uses_lora and engine.accepts_adapters",
-)
 def test_resume_continues_from_the_checkpoints_adapter(first_run, demo_model: Path) -> None:  # noqa: F811
     tmp_path, _, _ = first_run
     result, checks = run(lora_config(tmp_path, demo_model, max_steps=4), resume=True)

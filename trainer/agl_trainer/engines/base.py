@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -35,6 +35,25 @@ class WeightUpdate:
         if self.adapter is not None:
             return self.adapter.nbytes
         return sum(t.numel() * t.element_size() for t in (self.state_dict or {}).values())
+
+
+class PolicySource(Protocol):
+    """What a training backend hands an engine (the loop's Backend has these)."""
+
+    uses_lora: bool
+
+    def adapter_for_engine(self) -> AdapterState: ...
+
+    def state_dict_for_engine(self) -> Mapping[str, Any]: ...
+
+
+def policy_update(backend: PolicySource, engine: InferenceEngine, version: int) -> WeightUpdate:
+    """The backend's policy as `engine` takes it: a LoRA run sends the adapter alone to an engine that
+    serves a base with adapters (merged weights would become its base, and every later adapter would
+    stack on them: after a resume too), else the whole (merged) model."""
+    if backend.uses_lora and engine.accepts_adapters:
+        return WeightUpdate(version, adapter=backend.adapter_for_engine())
+    return WeightUpdate(version, state_dict=backend.state_dict_for_engine())
 
 
 class InferenceEngine(Protocol):

@@ -34,7 +34,7 @@ from typing import Any
 
 from agl_trainer.batch import RolloutResult, TrainingBatch
 from agl_trainer.config import LoopConfig
-from agl_trainer.engines.base import InferenceEngine, WeightUpdate
+from agl_trainer.engines.base import InferenceEngine, policy_update
 from agl_trainer.loop.agreement_log import AgreementLog
 from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
@@ -408,17 +408,11 @@ class TrainingLoop:
         sends the adapter alone where the engine takes one, else the merged weights."""
         started = time.monotonic()
         new_version = self.version + 1
-        adapter_only = self.backend.uses_lora and self.engine.accepts_adapters
-        if adapter_only:
-            adapter = await asyncio.to_thread(self.backend.adapter_for_engine)
-            update = WeightUpdate(new_version, adapter=adapter)
-        else:
-            weights = await asyncio.to_thread(self.backend.state_dict_for_engine)
-            update = WeightUpdate(new_version, state_dict=weights)
+        update = await asyncio.to_thread(policy_update, self.backend, self.engine, new_version)
         await asyncio.to_thread(self.engine.update_weights, update)
         self._times.syncing = time.monotonic() - started
         step.metrics["sync/bytes"] = float(update.nbytes)
-        step.metrics["sync/adapter_only"] = float(adapter_only)
+        step.metrics["sync/adapter_only"] = float(update.adapter is not None)
         return new_version
 
     def _advance(

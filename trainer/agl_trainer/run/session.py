@@ -113,11 +113,11 @@ class Session:
         from agl_trainer.run.serving import start_serving
 
         async def load_checkpointed(engine: Any) -> None:
-            if latest is not None:
-                from agl_trainer.engines.base import WeightUpdate
+            if latest is not None:  # the engine serves the checkpoint's policy (a LoRA run: its adapter)
+                from agl_trainer.engines.base import policy_update
 
-                weights = backend.state_dict_for_engine()
-                await asyncio.to_thread(engine.update_weights, WeightUpdate(state.policy_version, state_dict=weights))
+                update = await asyncio.to_thread(policy_update, backend, engine, state.policy_version)
+                await asyncio.to_thread(engine.update_weights, update)
 
         serving = await start_serving(
             config, out, self._stack, model_path, topology=topology, after_engine=load_checkpointed
