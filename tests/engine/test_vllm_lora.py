@@ -84,23 +84,15 @@ def test_lora_settings_that_cannot_work_are_refused(settings: dict, message: str
         VLLMConfig(model="m", **settings)
 
 
-def test_attached_lora_servers_need_the_adapters_name() -> None:
-    with pytest.raises(ValueError, match="served_model_name"):
-        VLLMEngine(VLLMConfig(urls=["http://127.0.0.1:9"], lora_rank=8))
-
-
 # --- files ---------------------------------------------------------------------------------------
-def test_the_adapter_files_start_empty_and_follow_the_latest_version(tmp_path: Path, peft_model) -> None:  # type: ignore[no-untyped-def]
-    files = AdapterFiles(tmp_path / "lora", rank=4)
+def test_the_adapter_files_start_at_the_base_and_follow_the_latest_version(  # type: ignore[no-untyped-def]
+    tmp_path: Path, peft_model, bpe_model_dir: Path
+) -> None:
+    files = AdapterFiles(tmp_path / "lora", rank=4, model_dir=bpe_model_dir)
     (tmp_path / "lora").mkdir()
     (tmp_path / "lora" / "v9").mkdir()  # an earlier run's version: not served after a fresh start
     files.prepare()
     assert files.current.resolve() == files.empty.resolve() and files.versions() == ["v0-empty"]
-    empty = json.loads((files.empty / ADAPTER_CONFIG).read_text())
-    assert empty["r"] == 4 and empty["target_modules"] == [] and empty["bias"] == "none"
-    from safetensors.torch import load_file
-
-    assert load_file(files.empty / ADAPTER_WEIGHTS) == {}  # no weights: every LoRA slot stays zero
 
     state = lora.adapter_state(peft_model)
     first, seconds = files.write(1, state.weights, state.config)
@@ -122,7 +114,7 @@ def test_a_written_adapter_is_the_trainers_for_peft_itself(tmp_path: Path, peft_
     import peft
     from transformers import AutoModelForCausalLM
 
-    files = AdapterFiles(tmp_path, rank=4)
+    files = AdapterFiles(tmp_path, rank=4, model_dir=bpe_model_dir)
     state = lora.adapter_state(peft_model)
     directory, _ = files.write(3, state.weights, state.config)
     config = json.loads((directory / ADAPTER_CONFIG).read_text())
@@ -141,7 +133,7 @@ def test_a_written_adapter_is_the_trainers_for_peft_itself(tmp_path: Path, peft_
 
 
 def test_an_adapter_above_the_servers_rank_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    files = AdapterFiles(tmp_path, rank=8)  # --max-lora-rank 8
+    files = AdapterFiles(tmp_path, rank=8, model_dir=tmp_path)  # --max-lora-rank 8
     files.write(1, {}, {"r": 8})
     with pytest.raises(ValueError, match="rank 16.*lora_rank"):
         files.write(2, {}, {"r": 16})
@@ -149,6 +141,34 @@ def test_an_adapter_above_the_servers_rank_is_refused_before_anything_is_written
 
 
 # --- run settings --------------------------------------------------------------------------------
+def test_the_base_only_adapter_is_zeros_that_peft_and_vllm_load(tmp_path: Path, bpe_model_dir: Path) -> None:
+    """vLLM 0.32 refuses an adapter without weights; this one has zeros on one layer: peft loads it and
+    computes the base's logits exactly."""
+    import peft
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    files = AdapterFiles(tmp_path, rank=4, model_dir=bpe_model_dir)
+    files.prepare()
+    weights = load_file(files.empty / ADAPTER_WEIGHTS)
+    assert weights and all(not t.any() for t in weights.values())
+    config = json.loads((files.empty / ADAPTER_CONFIG).read_text())
+    assert config["r"] == 4 and config["target_modules"] == ["o_proj"] and config["bias"] == "none"
+    base = AutoModelForCausalLM.from_pretrained(bpe_model_dir, dtype=torch.float32).eval()
+    tokens = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.no_grad():
+        expected = base(tokens).logits
+        served = peft.PeftModel.from_pretrained(base, files.empty).eval()
+        assert torch.equal(served(tokens).logits, expected)
+
+
+def test_lora_needs_the_bases_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="local directory"):
+        AdapterFiles(tmp_path / "lora", rank=4, model_dir=tmp_path / "hub-name").prepare()
+    with pytest.raises(ValueError, match="served_model_name.*and model"):
+        VLLMEngine(VLLMConfig(urls=["http://127.0.0.1:9"], served_model_name="tiny", lora_rank=8))
+
+
 def _config(tmp_path: Path, **sections):  # type: ignore[no-untyped-def]
     return validate({"model": {"path": str(tmp_path), "name": "served"}, **sections})
 

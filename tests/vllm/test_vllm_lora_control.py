@@ -36,8 +36,16 @@ def forget_calls(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").unlink(missing_ok=True)
 
 
+def model_config(tmp_path: Path) -> None:
+    """The model directory's config.json: it sizes the base-only adapter (nothing else is read here)."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    config = {"hidden_size": 8, "num_attention_heads": 1, "head_dim": 8}
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+
+
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[VLLMEngine]:
+    model_config(tmp_path)
     config = fake_config(tmp_path, served_model_name="tiny", lora_rank=4, weights_dir=str(tmp_path / "w"))
     engine = VLLMEngine(config)
     try:
@@ -129,7 +137,8 @@ def test_a_restarted_server_gets_the_latest_adapter(tmp_path: Path, engine: VLLM
 def test_a_server_that_does_not_serve_the_adapter_is_refused_with_the_flags(tmp_path: Path) -> None:
     plain = VLLMEngine(fake_config(tmp_path, served_model_name="tiny"))
     with plain:
-        config = fake_config(tmp_path, urls=plain.urls, model=None, served_model_name="tiny", lora_rank=8)
+        model_config(tmp_path)
+        config = fake_config(tmp_path, urls=plain.urls, served_model_name="tiny", lora_rank=8)
         attached = VLLMEngine(config)
         refused = "does not serve the LoRA adapter 'tiny'.*--enable-lora.*--lora-modules"
         with pytest.raises(VLLMError, match=refused):

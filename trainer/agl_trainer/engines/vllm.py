@@ -149,8 +149,11 @@ class VLLMEngine:
         # vLLM's id of the served adapter on each server (by URL)
         self.accepts_adapters = config.lora_rank > 0
         self.adapter_name = config.served_model_name or config.model or ""
-        if self.accepts_adapters and not self.adapter_name:
-            raise ValueError("engine.vllm: lora_rank > 0 with urls needs served_model_name (the adapter)")
+        if self.accepts_adapters and not (self.adapter_name and config.model):
+            raise ValueError(
+                "engine.vllm: lora_rank > 0 with urls needs served_model_name (the adapter's name) and model "
+                "(the base's local directory: its config.json sizes the adapter that serves the base alone)"
+            )
         self._adapters: AdapterFiles | None = None
         self._latest_adapter: tuple[int, Path] | None = None
         self._adapter_ids: dict[str, int] = {}
@@ -628,7 +631,8 @@ class VLLMEngine:
 
     def _adapter_files(self) -> AdapterFiles:
         if self._adapters is None:
-            self._adapters = AdapterFiles(self._weights_dir() / "lora", self.config.lora_rank)
+            model = Path(self.config.model or "")
+            self._adapters = AdapterFiles(self._weights_dir() / "lora", self.config.lora_rank, model)
         return self._adapters
 
     def _no_adapter(self) -> Path | None:

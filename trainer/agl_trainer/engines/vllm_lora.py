@@ -7,7 +7,7 @@ With `engine.vllm.lora_rank > 0` (the loop sets it from backend.lora.rank) a ser
 
 so the harness's model name is the adapter and no request is rewritten. `<root>/current` is a
 symlink to the latest version's directory (peft's adapter_config.json + adapter_model.safetensors);
-it starts at an adapter with no weights (the base itself, policy version 0), which the server
+it starts at an adapter of zeros (the base itself, policy version 0), which the server
 registers at start under a vLLM id (1 on a fresh server; the engine asks the workers). An update
 writes `<root>/v<N>`, has every worker load it in place under that id (agl_load_adapter in
 vllm_worker.py, through /collective_rpc, with the server paused as for full weights), points
@@ -86,24 +86,43 @@ def write_adapter(weights: dict[str, Any], config: dict[str, Any], directory: Pa
     return directory
 
 
-def empty_adapter_config(rank: int) -> dict[str, Any]:
-    """An adapter with no weights: every LoRA slot of the model stays zero, so it serves the base."""
-    return {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": [], "bias": "none"}
+def empty_adapter(model_dir: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An adapter that changes nothing: A = B = 0 on layer 0's attention output projection, sized from
+    the model's config.json (vLLM 0.32 fails on an adapter without weights: StopIteration in
+    LoRAModelManager._create_merged_loras_inplace)."""
+    import torch
+
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(
+            f"engine.vllm.lora_rank: {model_dir} has no config.json; with LoRA, engine.vllm.model must be "
+            "the base model's local directory (it sizes the adapter that serves the base alone)"
+        )
+    config = json.loads(path.read_text())
+    config = config.get("text_config") or config
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    module = "base_model.model.model.layers.0.self_attn.o_proj"
+    weights = {f"{module}.lora_A.weight": torch.zeros(rank, heads * head_dim),
+               f"{module}.lora_B.weight": torch.zeros(hidden, rank)}  # fmt: skip
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": ["o_proj"], "bias": "none"}
+    return weights, config
 
 
 class AdapterFiles:
     """The adapter directories one engine writes under `root` (every replica reads the same files)."""
 
-    def __init__(self, root: Path, rank: int) -> None:
+    def __init__(self, root: Path, rank: int, model_dir: Path) -> None:
         self.root = root
         self.rank = rank
+        self.model_dir = model_dir
         self.current = root / CURRENT
         self.empty = root / EMPTY
 
     def prepare(self) -> None:
         """A fresh start: `current` at the empty adapter (none of an earlier run's versions)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        write_adapter({}, empty_adapter_config(self.rank), self.empty)
+        write_adapter(*empty_adapter(self.model_dir, self.rank), self.empty)
         self.reset()
 
     def write(self, version: int, weights: dict[str, Any], config: dict[str, Any]) -> tuple[Path, float]:
