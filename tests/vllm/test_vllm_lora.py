@@ -161,22 +161,28 @@ def token_ids(events: list[dict]) -> list[int]:
     return [t for e in events for c in e["choices"] for t in c["token_ids"] or []]
 
 
-def test_calls_frozen_or_held_across_an_adapter_update_continue_under_it(engine, trainer) -> None:  # type: ignore[no-untyped-def]
-    """loop.switch keep: a generation frozen mid-way (switch_kv recompute: its prefix is recomputed)
-    and a call that arrived during the freeze (vLLM holds it) both finish under the new adapter."""
+@pytest.mark.parametrize("switch_kv", ["recompute", "keep"])
+def test_calls_frozen_or_held_across_an_adapter_update_continue_under_it(engine, trainer, switch_kv: str) -> None:  # type: ignore[no-untyped-def]
+    """loop.switch keep: a generation frozen mid-way and a call that arrived during the freeze (vLLM
+    holds it) both finish under the new adapter; the frozen one's prefix recomputed by it
+    (switch_kv recompute) or its KV cache kept from the old adapter (keep), as with full weights."""
     (url,) = engine.urls
     old = set_adapter(trainer, seed=3)
     engine.update_weights(WeightUpdate(version=3, adapter=old))
     new = set_adapter(trainer, seed=4)
     events: list[dict] = []
     held: list[Sample] = []
+    # a prompt no earlier call cached: with switch_kv keep the prefix cache cannot be emptied while the
+    # frozen call holds blocks (VLLMConfig.switch_kv), for adapters as for full weights
+    fresh = [random.Random(7).randrange(3, 380) for _ in range(40)]
+    engine.config.switch_kv = switch_kv
     engine.set_device_step_ms(DEVICE_STEP_MS)
     try:
         frozen = threading.Thread(target=stream, args=(url, PROMPT[:20], 200, events))
         frozen.start()
         wait_until(lambda: len(token_ids(events)) >= 60, "60 tokens", 300)
         progress = engine.freeze()
-        arriving = threading.Thread(target=lambda: held.append(complete(url, PROMPT, max_tokens=8)))
+        arriving = threading.Thread(target=lambda: held.append(complete(url, fresh, max_tokens=8)))
         arriving.start()
         time.sleep(1.0)  # it reaches vLLM, which holds it while paused
         assert not held
@@ -186,6 +192,7 @@ def test_calls_frozen_or_held_across_an_adapter_update_continue_under_it(engine,
         arriving.join(300)
     finally:
         engine.set_device_step_ms(0.0)
+        engine.config.switch_kv = "recompute"
 
     (boundary,) = [n for rid, n in progress.items() if rid.startswith(events[0]["id"] + "-")]
     tokens = token_ids(events)
@@ -195,9 +202,30 @@ def test_calls_frozen_or_held_across_an_adapter_update_continue_under_it(engine,
     assert len(tokens) == len(logprobs) == 200 and 60 <= boundary < 200
     before = _with_adapter(trainer, old, prompt, tokens[:boundary])
     assert logprobs[:boundary] == pytest.approx(before, abs=ATOL)
-    assert logprobs[boundary:] == pytest.approx(logprobs_of(trainer, prompt, tokens)[boundary:], abs=ATOL)
+    recomputed = logprobs_of(trainer, prompt, tokens)[boundary:]  # the new adapter over everything
+    if switch_kv == "recompute":
+        assert logprobs[boundary:] == pytest.approx(recomputed, abs=ATOL)
+    else:
+        after = _over_old_kv(trainer, old, new, prompt, tokens, boundary)
+        assert logprobs[boundary:] == pytest.approx(after, abs=ATOL)
+        assert far(logprobs[boundary:], recomputed) > 10 * ATOL  # the old KV mattered
     (late,) = held
-    assert late.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, late.tokens), abs=ATOL)
+    assert late.logprobs == pytest.approx(logprobs_of(trainer, fresh, late.tokens), abs=ATOL)
+
+
+def _over_old_kv(model, old, new, prompt: list[int], tokens: list[int], boundary: int) -> list[float]:  # type: ignore[no-untyped-def]
+    """The old adapter's KV cache up to the last old token, then the new adapter (switch_kv keep)."""
+    try:
+        with torch.no_grad():
+            lora.load_adapter_weights(model, old.weights)
+            cache = model(torch.tensor([prompt + tokens[: boundary - 1]]), use_cache=True).past_key_values
+            lora.load_adapter_weights(model, new.weights)
+            rest = torch.tensor([tokens[boundary - 1 : -1]])
+            logits = model(rest, past_key_values=cache, use_cache=True).logits
+    finally:
+        lora.load_adapter_weights(model, new.weights)
+    chosen = torch.tensor(tokens[boundary:])[:, None]
+    return logits.float().log_softmax(-1)[0].gather(1, chosen)[:, 0].tolist()
 
 
 def test_full_weights_on_a_lora_engine_are_the_base_again(engine, trainer, tiny_model_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -226,3 +254,22 @@ def test_vllms_own_load_inplace_would_reread_the_adapter_every_step(engine, trai
     sample = complete(url, PROMPT, max_tokens=20)
     assert sample.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, sample.tokens), abs=ATOL)
     assert loads(engine) - before >= 19  # one read per engine step of the 20-token call
+
+
+def test_a_restarted_server_serves_the_latest_adapter(engine, trainer) -> None:  # type: ignore[no-untyped-def]
+    """Last: it costs a second server start. The new server registers `current` (the latest adapter)
+    at its start and is given it again under its new vLLM id."""
+    import os
+    import signal
+
+    (url,) = engine.urls
+    latest = set_adapter(trainer, seed=6)
+    engine.update_weights(WeightUpdate(version=7, adapter=latest))
+    process = engine._servers[0].process
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+    assert engine.ensure_alive() == [url]
+    sample = complete(url, PROMPT)
+    assert sample.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, sample.tokens), abs=ATOL)
+    assert httpx.get(f"{url}/weight_info").json() == {"weight_version": "7"}
