@@ -41,3 +41,14 @@ def test_rl_lifts_the_reward_after_the_warm_start(prepared) -> None:
     rewards = [rl.step().reward for _ in range(120)]
     start, end = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert end > 0.75 and end > start + 0.2, (start, end)
+
+
+@pytest.mark.parametrize("train_head", [False, True])
+def test_lora_trains_the_adapters_and_with_train_head_the_output_head_alone(prepared, train_head) -> None:
+    rl = InProcessRL(prepared.path, tasks_per_step=4, episodes_per_task=4, seed=1, lora_rank=4, train_head=train_head)
+    before = {k: v.clone() for k, v in rl.model.state_dict().items()}
+    rl.step()
+    changed = {k for k, v in rl.model.state_dict().items() if not (v == before[k]).all()}
+    assert changed and all("lora_" in k or "modules_to_save" in k for k in changed), changed
+    assert any("lora_B" in k for k in changed)  # B starts at 0 and moves first
+    assert any("modules_to_save" in k for k in changed) == train_head
