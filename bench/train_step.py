@@ -21,11 +21,25 @@ a tiny batch (two one-sample rollouts) minus the torch backend's, and verl's own
 within 1.5x of the torch backend's step time.
 
     python bench/train_step.py --backend verl --quick
+
+`--lora 8,32` measures LoRA instead: the torch backend (packed) training every weight (the reference)
+vs adapters of each rank over the frozen base (backend.lora: the default targets, or --lora-targets
+all-linear), interleaved on the same batch, on a larger model by default (hidden 256, 4 layers: at
+hidden 128 a rank-32 adapter is hardly low-rank). Memory, per mode:
+  state MB   what stays resident between steps for training: the trainable parameters' gradients and
+             AdamW's two moments, summed over those tensors (exact; the frozen weights are shared)
+  peak MB    the process's peak resident set during the step above its resident set just before it
+             (VmHWM reset through /proc/self/clear_refs; glibc's mmap threshold is pinned at 128 KiB so
+             freed tensors leave the resident set): activations, logits and other transients
+The ratio against full training is of state + peak.
+
+    python bench/train_step.py --lora 8,32 --quick
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import random
 import statistics
@@ -257,13 +271,105 @@ def verl_main(args: argparse.Namespace, tasks: int, per_task: int, repeats: int,
     return 0 if ratio <= 1.5 else 1
 
 
+def pin_malloc() -> None:
+    """glibc raises its mmap threshold as large blocks are freed, so a freed tensor's memory would stay in
+    the heap and in the resident set; a fixed threshold returns every tensor above 128 KiB to the system."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixing it also stops the dynamic adjustment)
+    libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: give freed heap tops back too
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(key + ":"))
+
+
+def step_peak_mb(step: Any) -> Any:
+    """`step` that records the resident set's rise during each call (MB) in `.peaks`."""
+    peaks: list[float] = []
+
+    def measured(batch: TrainingBatch) -> float:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # VmHWM := VmRSS
+        before = _status_kb("VmRSS")
+        padding = step(batch)
+        peaks.append((_status_kb("VmHWM") - before) / 1024)
+        return padding
+
+    measured.peaks = peaks  # type: ignore[attr-defined]
+    return measured
+
+
+def training_state_mb(backend: TorchBackend) -> float:
+    """Gradients of the trainable parameters plus AdamW's state: what training keeps beside the weights."""
+    trainable = [p for p in backend.model.parameters() if p.requires_grad]
+    grads = sum(p.numel() * p.element_size() for p in trainable)  # allocated by every step's backward
+    moments = sum(t.numel() * t.element_size() for state in backend.optimizer.state.values()
+                  for t in state.values() if torch.is_tensor(t) and t.dim() > 0)  # fmt: skip
+    return (grads + moments) / 2**20
+
+
+def lora_main(args: argparse.Namespace, tasks: int, per_task: int, repeats: int, max_len: int) -> int:
+    from agl_trainer.backends.torch_config import LoraConfig
+
+    ranks = [int(r) for r in args.lora.split(",")]
+    pin_malloc()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model(Path(tmp) / "model", args.vocab, args.hidden, args.layers)
+        batch = ragged_batch(tasks, per_task, args.vocab, max_len)
+        algorithm = AlgorithmConfig(advantage_estimator="grpo", loss_agg_mode="rollout-mean")
+        targets = tuple(args.lora_targets.split(",")) if args.lora_targets else None
+        backends = {}
+        for rank in [0, *ranks]:
+            adapters = LoraConfig(rank=rank, **({"target_modules": targets} if targets and rank else {}))
+            backends["full" if rank == 0 else f"lora-{rank}"] = TorchBackend(
+                TorchBackendConfig(model_path=model_dir, device="cpu", lr=1e-5, packing="packed",
+                                   micro_batch_tokens=args.token_budget, algorithm=algorithm, lora=adapters)
+            )  # fmt: skip
+        steps = {
+            name: step_peak_mb(lambda b, backend=backend: backend.train_step(b, 1)["perf/padding_frac"])
+            for name, backend in backends.items()
+        }
+        full = backends["full"].model
+        weights = sum(p.numel() * p.element_size() for p in full.parameters()) / 2**20
+        parameters = sum(p.numel() for p in full.parameters())
+        tokens = int(batch.attention_mask.sum())
+        print(
+            f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
+            f"{parameters / 1e6:.2f}M parameters ({weights:.1f} MB float32); batch: "
+            f"{batch.num_rollouts} rollouts, {batch.num_samples} samples, {tokens} tokens "
+            f"({int(batch.loss_mask.sum())} trained); targets {args.lora_targets or 'the default'}; "
+            f"torch threads {args.threads}"
+        )
+        results = measure_interleaved(steps, batch, repeats)
+        trainable = {n: sum(p.numel() for p in b.model.parameters() if p.requires_grad)
+                     for n, b in backends.items()}  # fmt: skip
+        state = {name: training_state_mb(backend) for name, backend in backends.items()}
+    wall = {name: statistics.median(m.wall) for name, m in results.items()}
+    cpu = {name: statistics.median(m.cpu) for name, m in results.items()}
+    peak = {name: statistics.median(step.peaks[1:]) for name, step in steps.items()}  # [0]: warm-up
+    total = {name: state[name] + peak[name] for name in steps}
+    print(f"{'mode':<9}{'trainable':>11}{'step s':>8}{'vs full':>9}{'cpu s':>8}{'vs full':>9}"
+          f"{'state MB':>10}{'peak MB':>9}{'state+peak':>12}{'vs full':>9}")  # fmt: skip
+    for name in steps:
+        print(
+            f"{name:<9}{trainable[name] / 1e6:>10.3f}M{wall[name]:>8.3f}{wall[name] / wall['full']:>8.2f}x"
+            f"{cpu[name]:>8.3f}{cpu[name] / cpu['full']:>8.2f}x{state[name]:>10.1f}{peak[name]:>9.1f}"
+            f"{total[name]:>12.1f}{total[name] / total['full']:>8.2f}x"
+        )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a smaller batch and fewer repeats (< 1 minute)")
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=None, help="default 128 (--lora: 256)")
+    parser.add_argument("--layers", type=int, default=None, help="default 2 (--lora: 4)")
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--token-budget", type=int, default=4096, help="positions per micro-batch")
     parser.add_argument(
@@ -271,9 +377,16 @@ def main() -> int:
     )
     parser.add_argument("--backend", choices=["torch", "verl"], default="torch",
                         help="torch: packing vs padding (default); verl: the verl backend vs the torch backend")  # fmt: skip
+    parser.add_argument("--lora", default=None, metavar="RANKS",
+                        help="LoRA ranks (8,32): full training vs adapters of each")  # fmt: skip
+    parser.add_argument("--lora-targets", default=None, help="with --lora: all-linear, or module names")
     args = parser.parse_args()
+    args.hidden = args.hidden or (256 if args.lora else 128)
+    args.layers = args.layers or (4 if args.lora else 2)
     torch.set_num_threads(args.threads)
     tasks, per_task, repeats, max_len = (3, 4, 2, 384) if args.quick else (8, 4, 3, 1024)
+    if args.lora:
+        return lora_main(args, tasks, per_task, repeats, max_len)
     if args.backend == "verl":
         return verl_main(args, tasks, per_task, repeats, max_len)
 
