@@ -228,9 +228,25 @@ def _over_old_kv(model, old, new, prompt: list[int], tokens: list[int], boundary
     return logits.float().log_softmax(-1)[0].gather(1, chosen)[:, 0].tolist()
 
 
+def test_prompt_logprobs_on_the_adapter_are_the_trainers(engine, trainer) -> None:  # type: ignore[no-untyped-def]
+    """The canary's request (loop/canary.py): several prompts scored with prompt_logprobs. vLLM 0.32 with
+    LoRA on dies on it unless the worker skips the output head's zero LoRA delta (vllm_worker.py)."""
+    (url,) = engine.urls
+    engine.update_weights(WeightUpdate(version=5, adapter=set_adapter(trainer, seed=8)))
+    probes = [PROMPT[:24], PROMPT[10:40], PROMPT[5:12]]
+    body = {"model": SERVED_NAME, "prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=300.0)
+    assert reply.status_code == 200, reply.text
+    for choice in reply.json()["choices"]:
+        probe, scored = probes[choice["index"]], choice["prompt_logprobs"]
+        got = [scored[i][str(probe[i])]["logprob"] for i in range(1, len(probe))]
+        assert got == pytest.approx(logprobs_of(trainer, probe[:1], probe[1:]), abs=ATOL)
+    assert len(complete(url, PROMPT).tokens) == 8  # and the server lives on
+
+
 def test_full_weights_on_a_lora_engine_are_the_base_again(engine, trainer, tiny_model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     (url,) = engine.urls
-    engine.update_weights(WeightUpdate(version=5, directory=tiny_model_dir))
+    engine.update_weights(WeightUpdate(version=6, directory=tiny_model_dir))
     sample = complete(url, PROMPT)
     with trainer.disable_adapter():
         assert sample.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, sample.tokens), abs=ATOL)

@@ -71,6 +71,7 @@ from agl_trainer.backends.lora import AdapterState
 from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.vllm_config import (
     ADAPTER_IDS_METHOD,
+    LORA_LOGITS_METHOD,
     DEFAULT_VENV_PYTHON,
     KEEP_ALIVE_S,
     LOAD_METHOD,
@@ -663,6 +664,7 @@ class VLLMEngine:
                     f"({self.adapter_name!r}, --max-loras 1)"
                 )
             self._adapter_ids[server.url] = next(iter(held))[0]
+            self._post(server, "/collective_rpc", json={"method": LORA_LOGITS_METHOD})
 
     def _load_adapter(self, server: Server, directory: Path) -> list[dict]:
         """Every worker of `server` loads the adapter in `directory` in place of the served one."""

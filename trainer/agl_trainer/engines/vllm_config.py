@@ -20,6 +20,7 @@ WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
 LORA_METHOD = "agl_load_adapter"  # (directory, vLLM's adapter id): LoRA sync, vllm_lora.py
 ADAPTER_IDS_METHOD = "agl_adapter_ids"
+LORA_LOGITS_METHOD = "agl_patch_lora_logits"  # vLLM 0.32's LoRA + prompt_logprobs crash: vllm_worker.py
 PROGRESS_METHOD = "agl_request_progress"  # while paused with mode=keep: request id -> output tokens
 STEP_DELAY_METHOD = "agl_set_step_delay"  # device_step_ms, in seconds
 MAX_DEVICE_STEP_MS = 10_000.0

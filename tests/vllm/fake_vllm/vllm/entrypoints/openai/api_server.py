@@ -126,7 +126,7 @@ class Handler(BaseHTTPRequestHandler):
             # one request frozen 5 tokens in, as the worker extension reports it (vLLM's internal id)
             self.reply(200, json.dumps({"results": [{f"cmpl-{os.getpid()}-0-1a2b3c4d": 5}]}).encode())
             return
-        lora_methods = ("agl_adapter_ids", "agl_load_adapter")
+        lora_methods = ("agl_adapter_ids", "agl_load_adapter", "agl_patch_lora_logits")
         if body["method"] in lora_methods and not os.environ.get("FAKE_VLLM_NO_EXTENSION"):
             self.lora_rpc(body)
             return
@@ -167,6 +167,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(500, json.dumps({"error": {"message": message, "code": 500}}).encode())
         elif body["method"] == "agl_adapter_ids":
             self.reply(200, json.dumps({"results": [[1]]}).encode())
+        elif body["method"] == "agl_patch_lora_logits":
+            self.reply(200, json.dumps({"results": [{"patched": 1}]}).encode())
         else:
             directory, lora_id = body["args"]
             files = [Path(directory) / name for name in ("adapter_config.json", "adapter_model.safetensors")]
