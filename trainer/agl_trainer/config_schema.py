@@ -296,8 +296,8 @@ class LoopConfig(_Section):
     max_span: Annotated[
         int,
         _doc(
-            "stale_policy=mask: most updates one rollout may run across; one still running at that update "
-            "is dropped (its harness killed)",
+            "stale_policy=mask: a rollout still running at its max_span-th update since its launch is "
+            "dropped there (its harness killed); the loop launches up to max_span batches ahead",
             ge=1,
         ),
     ] = 4

@@ -161,7 +161,7 @@ class InFlight:
 
     def overdue(self, version: int) -> list[Group]:
         """Running groups the update from `version` ends: past the staleness bound (stale_policy=drop)
-        or about to run across more than loop.max_span updates (mask); none for wait."""
+        or at their loop.max_span-th update since launch (mask); none for wait."""
         policy = self.config.stale_policy
         if policy == "drop":
             groups = self.must_wait_for(version)
