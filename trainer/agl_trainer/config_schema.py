@@ -313,6 +313,13 @@ class LoopConfig(_Section):
             "freezes them, new weights load, they continue; tokens carry their versions; collocated-async only)"
         ),
     ] = "drain"
+    oldest_first: Annotated[
+        bool,
+        _doc(
+            "a step trains the complete groups launched earliest (long rollouts first: they are the nearest "
+            "to the staleness bound); false: those that completed first"
+        ),
+    ] = True
     generate_during_training: Annotated[
         bool,
         _doc(

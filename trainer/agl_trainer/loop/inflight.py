@@ -7,11 +7,12 @@ rollout's end means for its group.
                   (stale_policy=mask: loop.max_span batches: a group may train that late)
     complete      a member whose harness exited is complete once the store says so; one that
                   exited well but whose data never arrived is failed (no_data)
-    batch         complete groups, oldest first, once they hold loop.batch_rollouts; groups that
-                  would be too stale after the update (launched under v <= version - staleness) go
-                  into it: with stale_policy=wait the batch waits for them, with drop they are killed;
-                  with mask no step waits for a running group: it runs on across updates (its tokens
-                  past the bound get no loss, core.py) until loop.max_span updates, then it is killed
+    batch         complete groups, oldest first (loop.oldest_first; else in the order they
+                  completed), once they hold loop.batch_rollouts; groups that would be too stale
+                  after the update (launched under v <= version - staleness) go into it: with
+                  stale_policy=wait the batch waits for them, with drop they are killed; with mask
+                  no step waits for a running group: it runs on across updates (its tokens past the
+                  bound get no loss, core.py) until its loop.max_span-th update, where it is killed
     retire        groups trained (or dropped) leave
 
 The loop (core.py) asks; this unit keeps the groups and the harness tasks and counts failures by
@@ -116,7 +117,7 @@ class InFlight:
         return [g for g in self.groups.values() if g.launched_version <= version - self.config.staleness]
 
     def ready_batch(self, version: int) -> list[Group] | None:
-        complete = sorted((g for g in self.groups.values() if g.done), key=lambda g: g.index)
+        complete = sorted((g for g in self.groups.values() if g.done), key=self._batch_order)
         ready = sum(len(g.rollout_ids) for g in complete)
         self.progress.rollouts(min(ready, self.config.batch_rollouts), self.running())
         if ready < self.config.batch_rollouts:
@@ -155,6 +156,13 @@ class InFlight:
                 group.states[rid] = Member.FAILED
                 self.count("no_data")
                 self.progress.log(f"agl: rollout {rid}: harness exited but no complete data arrived; skipped")
+
+    def _batch_order(self, group: Group) -> tuple[float, int]:
+        """loop.oldest_first: by launch (the long rollouts, launched earliest, first); else by when
+        the group's last member ended (a member with no end time, failed at launch, counts as 0)."""
+        if self.config.oldest_first:
+            return (0.0, group.index)
+        return (max(group.exited_at.values(), default=0.0), group.index)
 
     def _waits(self, version: int) -> bool:
         return self.config.stale_policy == "wait" and any(not g.done for g in self.must_wait_for(version))
