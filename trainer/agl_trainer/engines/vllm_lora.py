@@ -28,6 +28,12 @@ same across versions: the engine empties the cache after each update, as it does
 A full-weight update replaces the base and resets the adapter to the empty one, loaded in the same
 pause (vLLM's reload_weights drops the workers' adapters), as the embedded engine treats full
 weights as the new base for the next adapter.
+
+Two vLLM 0.32 faults worked around (tests/vllm/test_vllm_lora.py checks both): an adapter without
+weights fails to load (so the base-only adapter holds zeros on one layer, sized from the model's
+config.json), and prompt_logprobs with LoRA on kill the engine (so the workers skip the output head's
+zero LoRA delta: agl_patch_lora_logits in vllm_worker.py). The runtime /v1/load_lora_adapter
+endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING) are not needed and stay off.
 """
 
 from __future__ import annotations
