@@ -134,3 +134,30 @@ def test_bad_canary_settings_are_named(tmp_path: Path, override: str, named: str
 
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config(None, [f"--tasks={write_tasks(tmp_path / 't.jsonl', TASKS)}", override])
+
+
+@pytest.mark.parametrize(
+    ("cards", "probed"),
+    [
+        ([{"id": "tiny", "parent": None}], "tiny"),  # one served model: it is the policy
+        # a LoRA run on vLLM: the base under an internal name, then the adapter the harness calls
+        ([{"id": "tiny-base", "parent": None}, {"id": "tiny", "parent": "tiny-base"}], "tiny"),
+    ],
+)
+def test_the_canary_probes_the_policy_the_harness_calls(cards: list, probed: str) -> None:
+    import httpx
+
+    from agl_trainer.loop.canary import Canary, CanarySettings
+
+    asked: list[str] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": cards})
+        asked.append(json.loads(request.content)["model"])
+        return httpx.Response(200, json={"choices": []})
+
+    canary = Canary(CanarySettings(), engine_url="http://engine", vocab_size=32, backend=None)
+    canary._client = httpx.Client(transport=httpx.MockTransport(engine))
+    canary._post({"prompt": [[1, 2]], "max_tokens": 1})
+    assert asked == [probed]

@@ -63,15 +63,11 @@ def test_every_step_syncs_the_adapter_alone_into_one_vllm_server(lora_run: Path)
           f"(model {full} bytes), {metrics[-1]['time/syncing_s']:.3f} s")  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loop/canary.py probes /v1/models data[0], which with LoRA is the base (<name>-base), not the "
-    "adapter the harness calls: it must probe the run's model name (or the card with a parent)",
-)
 def test_the_canary_agrees_after_every_adapter_sync(lora_run: Path) -> None:
     """The canary scores its probes on the engine and the trainer after each sync: equal under LoRA.
     Measured with the canary on the base: max |delta| 0.37 after step 1, growing to 0.99 by step 6."""
     metrics = steps(lora_run)
+    assert any("agreement/canary/ok" in m for m in metrics)  # the canary ran
     assert all(m["agreement/canary/ok"] == 1.0 for m in metrics if "agreement/canary/ok" in m), [
         (m["policy_version"], m.get("agreement/canary/max_abs_delta")) for m in metrics
     ]

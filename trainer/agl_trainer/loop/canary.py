@@ -152,7 +152,11 @@ class Canary:
         if self._model is None:
             models = self._client.get(f"{self.url}/v1/models")
             models.raise_for_status()
-            self._model = str(models.json()["data"][0]["id"])
+            cards = models.json()["data"]
+            # A LoRA run's vLLM lists the base and the adapter (the card with a parent): the policy is
+            # the adapter, the name the harness calls
+            adapters = [card for card in cards if card.get("parent")]
+            self._model = str((adapters or cards)[0]["id"])
         answer = self._client.post(f"{self.url}/v1/completions", json={"model": self._model, **body})
         if answer.status_code != 200:
             raise RuntimeError(f"/v1/completions answered {answer.status_code}: {answer.text[:300]}")
