@@ -194,6 +194,17 @@ def merged_tensors(peft_model: Any, dtype: torch.dtype | None = None) -> Iterato
             yield hf_name, whole.to(dtype=target)
 
 
+def check_checkpoint_kind(directory: Path, holds_adapter: bool, uses_lora: bool) -> None:
+    """Refuse a checkpoint of the other kind: full weights for a LoRA backend, or an adapter for one
+    that trains every weight."""
+    if uses_lora != holds_adapter:
+        kinds = ("full weights", "an adapter")
+        raise ValueError(
+            f"{directory} holds {kinds[holds_adapter]} but this backend trains {kinds[uses_lora]}: resume "
+            "with the backend.lora settings the run was started with"
+        )
+
+
 def check_same_adapter(current: dict[str, Any], saved: dict[str, Any]) -> None:
     """Refuse an adapter saved with other LoRA settings (its weights would mean another update)."""
     keys = ("r", "lora_alpha", "target_modules", "use_rslora", "fan_in_fan_out")

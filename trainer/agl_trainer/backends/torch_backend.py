@@ -400,13 +400,7 @@ class TorchBackend:
                 f"{directory} is not an agl checkpoint (want model/*.safetensors or adapter/, and "
                 "trainer_state.pt, as written by save_checkpoint)"
             )
-        if self.uses_lora != adapter_dir.is_dir():
-            kinds = ("full weights", "an adapter")
-            held, wanted = kinds[adapter_dir.is_dir()], kinds[self.uses_lora]
-            raise ValueError(
-                f"{directory} holds {held} but this backend trains {wanted}: resume with the backend.lora "
-                "settings the run was started with"
-            )
+        lora.check_checkpoint_kind(directory, adapter_dir.is_dir(), self.uses_lora)
         if self.uses_lora:
             saved = lora.read_adapter(adapter_dir)
             lora.check_same_adapter(lora.adapter_state(self.model).config, saved.config)

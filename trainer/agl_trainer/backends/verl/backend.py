@@ -293,13 +293,7 @@ class VerlBackend:
                 f"this run has {self.config.world_size} workers; resume with the same nnodes x n_gpus_per_node"
             )
         adapter_dir = directory / CHECKPOINT_ADAPTER
-        if self.uses_lora != adapter_dir.is_dir():
-            kinds = ("full weights", "an adapter")
-            held, wanted = kinds[adapter_dir.is_dir()], kinds[self.uses_lora]
-            raise ValueError(
-                f"{directory} holds {held} but this backend trains {wanted}: resume with the backend.lora "
-                "settings the run was started with"
-            )
+        lora.check_checkpoint_kind(directory, adapter_dir.is_dir(), self.uses_lora)
         if self.uses_lora:
             saved = lora.read_adapter(adapter_dir)
             lora.check_same_adapter(self.ranks[0]["adapter_config"], saved.config)
