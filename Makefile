@@ -55,4 +55,4 @@ clean:
 # Real vLLM (the CPU build, in its own venv: it conflicts with verl's pins) under the `vllm` marker.
 test-vllm: $(STAMP)
 	bash scripts/setup_vllm_venv.sh
-	$(BIN)/python -m pytest -q -m vllm tests/vllm
+	$(BIN)/python -m pytest -q -m vllm tests/vllm tests/export
