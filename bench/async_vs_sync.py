@@ -13,7 +13,8 @@ tiny model's CPU step alone is too cheap for the longest generation to cost what
 Every run goes through the whole pipeline (runner workers, agl-sidecar, embedded engine, receiver,
 store, assembly, torch backend) from the same warm-started demo model. Prints wall-clock of the
 training loop in each mode, their ratios (targets: async >= 1.8x faster than sync; keep >= 1.3x
-drain's throughput; partial >= 1.5x drain's at 60 ms, >= 3x sync's), the engine's idle fraction (no call in flight, or paused for training), and
+drain's throughput; partial >= 1.5x drain's at 60 ms, >= 3x sync's), the engine's idle fraction
+(no call in flight, or paused for training), and
 the mean reward per trained sample in each mode.
 
 `--engine vllm` runs the drain, keep and partial runs only, on vLLM's CPU build (.venv-vllm, built by
@@ -187,7 +188,8 @@ def main() -> int:
     speedup = (fast["samples"] / fast["wall"]) / (sync["samples"] / sync["wall"])
     print(f"speed-up collocated-async vs sync (trained rollouts/s): {speedup:.2f}x  (target >= 1.8x)")
 
-    return compare_switches(work, tasks, steps, device_step_ms, ("sync", "drain", "keep", "partial"), "embedded")
+    names = ("sync", "drain", "keep", "partial")
+    return compare_switches(work, tasks, steps, device_step_ms, names, "embedded")
 
 
 def compare_switches(work: Any, tasks: Path, steps: int, device_step_ms: float, names: tuple[str, ...], engine: str) -> int:
@@ -213,7 +215,8 @@ def compare_switches(work: Any, tasks: Path, steps: int, device_step_ms: float, 
              ("partial", "sync"): ">= 3x", ("partial", "keep"): ""}  # fmt: skip
     for (new, old), goal in goals.items():
         if new in switches and old in switches:
-            print(f"{new} vs {old}: {rate(new) / rate(old):.2f}x  (trained rollouts/s" + (f"; goal {goal})" if goal else ")"))
+            target = f"; goal {goal})" if goal else ")"
+            print(f"{new} vs {old}: {rate(new) / rate(old):.2f}x  (trained rollouts/s{target}")
     return 0
 
 

@@ -362,7 +362,9 @@ def calibrate(seeds: int = CALIBRATION_SEEDS, fit: bool = False) -> dict:
         "20": run_modes(this_machine(20, host_scale=scale), MODES, seeds),
         "tools": run_modes(this_machine(0, TOOLS, host_scale=scale), MODES, seeds),
         # the loop's partial scheduling as bench/async_vs_sync.py runs it: loop.stale_policy=mask
-        "60-mask": run_modes(masking(this_machine(60, host_scale=scale)), ("sync", "drain", "partial"), seeds),
+        "60-mask": run_modes(
+            masking(this_machine(60, host_scale=scale)), ("sync", "drain", "partial"), seeds
+        ),
         "20-mask": run_modes(masking(this_machine(20, host_scale=scale)), ("drain", "partial"), seeds),
     }
     predicted = {
@@ -380,7 +382,9 @@ def calibrate(seeds: int = CALIBRATION_SEEDS, fit: bool = False) -> dict:
         p = predicted[m.name]
         low, high = min(m.values), max(m.values)
         off = 0.0 if low <= p <= high else min(abs(p - low) / low, abs(p - high) / high)
-        rows.append({"comparison": m.name, "predicted": p, "measured": list(m.values), "off": off, "fitted": m.fitted})
+        rows.append(
+            {"comparison": m.name, "predicted": p, "measured": list(m.values), "off": off, "fitted": m.fitted}
+        )
     walls = {mode: runs["60"][mode]["seconds"] for mode in ("sync", "drain", "keep")}
     draining = {key: runs[key]["drain"]["draining_s"] for key in ("60", "20")}
     return {
@@ -413,7 +417,8 @@ def print_calibration(cal: dict) -> None:
     )
     titles = (
         ("60", "60 ms a step"), ("20", "20 ms a step"), ("tools", "tool-time harness, 0 ms"),
-        ("60-mask", "60 ms a step, partial with overdue=mask"), ("20-mask", "20 ms a step, partial with overdue=mask"),
+        ("60-mask", "60 ms a step, partial with overdue=mask"),
+        ("20-mask", "20 ms a step, partial with overdue=mask"),
     )  # fmt: skip
     for key, title in titles:
         print_table(f"this machine, {title}:", cal["runs"][key])

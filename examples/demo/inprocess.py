@@ -173,10 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="RL steps (default 200)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank")
     parser.add_argument(
-        "--train-head", action="store_true", help="with --lora: the output head trains whole too (not an adapter)"
+        "--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank"
     )
+    head = "with --lora: the output head trains whole too (not an adapter)"
+    parser.add_argument("--train-head", action="store_true", help=head)
     args = parser.parse_args(argv)
     if args.train_head and not args.lora:
         parser.error("--train-head goes with --lora RANK")
@@ -184,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prepared = prepare_demo_model(args.workdir, seed=args.seed)
     print(f"reward: random init {prepared.reward_init:.3f}, after warm start {prepared.reward_warm:.3f}")
-    rl = InProcessRL(prepared.path, lr=args.lr, seed=args.seed, lora_rank=args.lora, train_head=args.train_head)
+    rl = InProcessRL(
+        prepared.path, lr=args.lr, seed=args.seed, lora_rank=args.lora, train_head=args.train_head
+    )
     for step in range(1, args.steps + 1):
         stats = rl.step()
         if step % 10 == 0 or step == 1:

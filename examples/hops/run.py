@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/hops")
     parser.add_argument(
         "--combine", nargs="+", metavar="DIR", default=None,
-        help="train nothing: merge the hops.json of runs made apart (e.g. one seed each) into OUT's numbers and plot",
+        help="train nothing: merge the hops.json of runs made apart (e.g. one seed each) into OUT's "
+        "numbers and plot",
     )  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -184,10 +185,14 @@ def combined(parser: argparse.ArgumentParser, folders: list[Path]) -> list[dict[
     for folder in folders:
         numbers = folder / "hops.json"
         if not numbers.is_file():
-            parser.error(f"--combine: {numbers} does not exist (fix: a folder a `python -m examples.hops.run` wrote)")
+            parser.error(
+                f"--combine: {numbers} does not exist (fix: a folder a `python -m examples.hops.run` wrote)"
+            )
         for result in json.loads(numbers.read_text()):
             if result["seed"] in results:
-                parser.error(f"--combine: seed {result['seed']} is in two of the folders; give each seed once")
+                parser.error(
+                    f"--combine: seed {result['seed']} is in two of the folders; give each seed once"
+                )
             results[result["seed"]] = result
     return [results[seed] for seed in sorted(results)]
 
