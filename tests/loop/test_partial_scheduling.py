@@ -17,6 +17,20 @@ from tests.loop.harnesses import reward_of
 from tests.loop.test_loop import make_config, model_dir, run_session, store_of  # noqa: F401 (fixture)
 
 
+def across_steps(tmp_path: Path, model_dir: Path, *, gate: bool, max_steps: int, max_span: int) -> tuple:
+    """4 tasks for tests.loop.harnesses:across_steps (its first group waits for release/r1 and r2), groups
+    of 4, a step a group, staleness 1 per token (stale_policy=mask); returns (the release folder, config)."""
+    release = tmp_path / "release"
+    release.mkdir()
+    tasks = [{"id": f"t{i}", "release": str(release), "gate": gate} for i in range(4)]
+    config = make_config(
+        tmp_path, model_dir, tasks, "tests.loop.harnesses:across_steps",
+        mode="collocated-async", batch_rollouts=4, group_size=4, staleness=1, concurrency=8,
+        max_steps=max_steps, stale_policy="mask", max_span=max_span,
+    )  # fmt: skip
+    return release, config
+
+
 def test_a_group_runs_across_updates_and_trains_later_with_stale_tokens_masked(
     tmp_path: Path,
     model_dir: Path,  # noqa: F811
@@ -25,14 +39,7 @@ def test_a_group_runs_across_updates_and_trains_later_with_stale_tokens_masked(
     # completes only after step 2: with stale_policy=wait, step 2 (which must train it at staleness 1)
     # would wait for it; with mask, steps 1 and 2 train the other groups and it trains at step 3 or later,
     # its tokens older than the bound left out of the loss.
-    release = tmp_path / "release"
-    release.mkdir()
-    tasks = [{"id": f"t{i}", "release": str(release), "gate": True} for i in range(4)]
-    config = make_config(
-        tmp_path, model_dir, tasks, "tests.loop.harnesses:across_steps",
-        mode="collocated-async", batch_rollouts=4, group_size=4, staleness=1, concurrency=8, max_steps=4,
-        stale_policy="mask", max_span=8,
-    )  # fmt: skip
+    release, config = across_steps(tmp_path, model_dir, gate=True, max_steps=4, max_span=8)
     steps: dict[int, dict[str, float]] = {}
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -74,20 +81,13 @@ def test_a_group_runs_across_updates_and_trains_later_with_stale_tokens_masked(
     assert steps[first_step]["staleness/masked_tokens"] > 0  # the version-0 tokens (lag >= 2) left out
 
 
-def test_mask_trains_across_more_updates_than_the_launch_bound_then_max_span_drops(
+def test_a_group_still_running_at_its_max_span_th_update_is_dropped_there(
     tmp_path: Path,
     model_dir: Path,  # noqa: F811
 ) -> None:
-    # The first group never gets its second release file: with max_span=2 it is dropped at the update
-    # it would run across a second time, its harnesses killed and the store told why.
-    release = tmp_path / "release"
-    release.mkdir()
-    tasks = [{"id": f"t{i}", "release": str(release)} for i in range(4)]
-    config = make_config(
-        tmp_path, model_dir, tasks, "tests.loop.harnesses:across_steps",
-        mode="collocated-async", batch_rollouts=4, group_size=4, staleness=1, concurrency=8, max_steps=3,
-        stale_policy="mask", max_span=2,
-    )  # fmt: skip
+    # The first group never gets its release file r1: with max_span=2 it is dropped at its second
+    # update, its harnesses killed and the store told why.
+    _, config = across_steps(tmp_path, model_dir, gate=False, max_steps=3, max_span=2)
     steps: dict[int, dict[str, float]] = {}
     result = run_session(config, lambda step, metrics: steps.__setitem__(step, metrics))
     assert result.summary.steps == 3
@@ -144,7 +144,8 @@ def test_generation_goes_on_while_the_trainer_trains_only_when_asked(
     steps: list[dict[str, float]] = []
     result = run_session(config, lambda _, metrics: steps.append(metrics))
     assert result.summary.steps == 3 and result.summary.failures == {}
-    assert seen == [during] * 3, [{k: v for k, v in m.items() if k.startswith(("rollouts/", "assembly/"))} for m in steps]
+    counts = [{k: v for k, v in m.items() if k.startswith(("rollouts/", "assembly/"))} for m in steps]
+    assert seen == [during] * 3, counts
     assert all((m["time/generating_during_training_s"] > 0) == during for m in steps)
     assert all(m["staleness/max"] <= 3 for m in steps if "staleness/max" in m)
     with store_of(config) as store:

@@ -17,7 +17,11 @@ from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
 from transformers import AutoModelForCausalLM
 
 from tests.algorithms.tiny import training_config
-from tests.verl.test_parity import _assert_same_update, parity_batch
+from tests.verl.test_parity import (
+    _assert_same_update,
+    assert_save_hf_serves_the_policy,
+    parity_batch,
+)
 
 ADAPTER = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "up_proj"))
 # test_parity's off-policy update (stale tokens, two mini-batches, an entropy bonus) plus a KL term:
@@ -130,18 +134,7 @@ def test_a_checkpoint_of_other_settings_is_refused(pair, tmp_path):
 def test_save_hf_holds_the_merged_weights(pair, tmp_path):
     verl, _, initial = pair
     verl.load_checkpoint(initial)
-    batch = parity_batch()
-    verl.train_step(batch, 0)
-    out = verl.save_hf(tmp_path / "hf")
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    expected = torch.zeros_like(batch.loss_mask, dtype=torch.float32)
-    expected[:, 1:] = (
-        torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
-    )
-    expected = expected * (batch.loss_mask != 0)
-    torch.testing.assert_close(verl.compute_logprobs(batch), expected, atol=1e-5, rtol=0)
+    assert_save_hf_serves_the_policy(verl, tmp_path / "hf")  # base + adapter, merged
 
 
 def test_lora_with_a_full_weight_gpu_transfer_is_refused(tiny_model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,14 +173,13 @@ def test_checkpoint_resumes_exactly(pair, tmp_path):
     assert not math.isnan(again["actor/entropy"])
 
 
-def test_save_hf_loads_in_transformers(pair, tmp_path):
+def assert_save_hf_serves_the_policy(verl, out: Path) -> Path:  # type: ignore[no-untyped-def]
+    """After one step, `save_hf` writes a model transformers loads whose log-probs are the backend's."""
     from transformers import AutoModelForCausalLM
 
-    verl, _, initial = pair
-    verl.load_checkpoint(initial)
     batch = parity_batch()
     verl.train_step(batch, 0)
-    out = verl.save_hf(tmp_path / "hf")
+    out = verl.save_hf(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -189,6 +189,13 @@ def test_save_hf_loads_in_transformers(pair, tmp_path):
     )
     expected = expected * (batch.loss_mask != 0)
     torch.testing.assert_close(verl.compute_logprobs(batch), expected, atol=1e-5, rtol=0)
+    return out
+
+
+def test_save_hf_loads_in_transformers(pair, tmp_path):
+    verl, _, initial = pair
+    verl.load_checkpoint(initial)
+    out = assert_save_hf_serves_the_policy(verl, tmp_path / "hf")
     assert (out / "tokenizer.json").is_file()
 
 

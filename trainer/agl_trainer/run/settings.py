@@ -65,25 +65,22 @@ def vllm_settings(config: Config, model_path: str) -> dict[str, Any]:
     names when verl trains and the LoRA rank backend.lora.rank names (the engine then serves the base
     once and takes adapter-only syncs); one key for one choice: setting both differently is refused."""
     settings: dict[str, Any] = {"served_model_name": config.model.name, **config.engine.options}
-    rank = config.backend.lora.rank
-    if rank > 0:
-        given = settings.get("lora_rank")
-        if given is not None and given != rank:
-            raise ConfigError(
-                f"config key engine.options.lora_rank: {given!r} but backend.lora.rank is {rank} "
-                "(fix: set only backend.lora.rank)"
-            )
-        settings["lora_rank"] = rank
+    if config.backend.lora.rank > 0:
+        _one_choice(settings, "lora_rank", config.backend.lora.rank, "backend.lora.rank", "")
     if config.backend.name == "verl":
         chosen = config.backend.verl.weight_sync
-        given = settings.get("weight_sync")
-        if given is not None and given != chosen:
-            raise ConfigError(
-                f"config key engine.options.weight_sync: {given!r} but backend.verl.weight_sync is {chosen!r} "
-                "(fix: set only backend.verl.weight_sync when verl trains)"
-            )
-        settings["weight_sync"] = chosen
+        _one_choice(settings, "weight_sync", chosen, "backend.verl.weight_sync", " when verl trains")
     return settings
+
+
+def _one_choice(settings: dict[str, Any], key: str, chosen: Any, owner: str, when: str) -> None:
+    """engine.options.`key` takes `owner`'s value; the same key set otherwise there is refused."""
+    given = settings.get(key)
+    if given is not None and given != chosen:
+        raise ConfigError(
+            f"config key engine.options.{key}: {given!r} but {owner} is {chosen!r} (fix: set only {owner}{when})"
+        )
+    settings[key] = chosen
 
 
 def vllm_error(error: ValueError) -> ConfigError:
