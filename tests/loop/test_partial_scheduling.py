@@ -17,7 +17,7 @@ from tests.loop.harnesses import reward_of
 from tests.loop.test_loop import make_config, model_dir, run_session, store_of  # noqa: F401 (fixture)
 
 
-def across_steps(tmp_path: Path, model_dir: Path, *, gate: bool, max_steps: int, max_span: int) -> tuple:
+def across_steps_run(tmp_path: Path, model_dir: Path, *, gate: bool, max_steps: int, max_span: int) -> tuple:  # noqa: F811
     """4 tasks for tests.loop.harnesses:across_steps (its first group waits for release/r1 and r2), groups
     of 4, a step a group, staleness 1 per token (stale_policy=mask); returns (the release folder, config)."""
     release = tmp_path / "release"
@@ -39,7 +39,7 @@ def test_a_group_runs_across_updates_and_trains_later_with_stale_tokens_masked(
     # completes only after step 2: with stale_policy=wait, step 2 (which must train it at staleness 1)
     # would wait for it; with mask, steps 1 and 2 train the other groups and it trains at step 3 or later,
     # its tokens older than the bound left out of the loss.
-    release, config = across_steps(tmp_path, model_dir, gate=True, max_steps=4, max_span=8)
+    release, config = across_steps_run(tmp_path, model_dir, gate=True, max_steps=4, max_span=8)
     steps: dict[int, dict[str, float]] = {}
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -87,7 +87,7 @@ def test_a_group_still_running_at_its_max_span_th_update_is_dropped_there(
 ) -> None:
     # The first group never gets its release file r1: with max_span=2 it is dropped at its second
     # update, its harnesses killed and the store told why.
-    _, config = across_steps(tmp_path, model_dir, gate=False, max_steps=3, max_span=2)
+    _, config = across_steps_run(tmp_path, model_dir, gate=False, max_steps=3, max_span=2)
     steps: dict[int, dict[str, float]] = {}
     result = run_session(config, lambda step, metrics: steps.__setitem__(step, metrics))
     assert result.summary.steps == 3
