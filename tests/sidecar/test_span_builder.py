@@ -1,5 +1,6 @@
 """Span building off the hot path: token arrays decoded in slices (with a cache of repeated
-slices), jobs built in order in a background task that defers to active calls."""
+slices), jobs bigger than a slice built in order in a background task that defers to active calls,
+one-slice jobs at once."""
 
 from __future__ import annotations
 
@@ -197,13 +198,14 @@ async def test_the_span_being_built_is_counted_until_it_is_handed_on():
 
 
 def _after_one_call(settle_s: float) -> tuple[Foreground, RecorderSpans, SpanRecorder]:
-    """A running builder and one call answered (nothing else in flight), its span queued."""
+    """A running builder and one call answered (nothing else in flight), its span (more than one
+    slice of JSON) queued."""
     foreground = Foreground(settle_s=settle_s)
     exporter = RecorderSpans()
     recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
     recorder.start()
     foreground.begin()
-    recorder.finish(_call("r1", list(range(3_000)), [1]))
+    recorder.finish(_call("r1", list(range(10_000)), [1]))
     foreground.end()
     return foreground, exporter, recorder
 
@@ -277,6 +279,27 @@ async def test_close_builds_what_is_still_queued():
         recorder.finish(_call(f"r{i}", list(range(10_000)), [1]))
     await recorder.close(timeout_s=0.05)  # the drain times out behind the active call
     assert len(exporter.spans) == 3 and recorder.backlog == 0
+
+
+async def test_a_span_of_one_slice_is_built_at_once_unless_spans_are_queued_before_it():
+    """Small spans skip the builder task (its turns of the loop cost more than the slice); order
+    still holds: behind a queued span, a small one waits its turn."""
+    foreground = Foreground()
+    exporter = RecorderSpans()
+    recorder = SpanRecorder(exporter, foreground=foreground, max_defer_s=60)  # type: ignore[arg-type]
+    recorder.start()
+    one_slice = token_arrays.SLICE_JSON_BYTES // 10  # IDs of 8 JSON bytes ("1000000,"): a slice holds more
+    recorder.finish(_call("small", list(range(1_000_000, 1_000_000 + one_slice)), [1]))
+    assert len(exporter.spans) == 1 and recorder.backlog == 0  # built inside finish()
+    foreground.enter()  # an active call: the builder puts queued work off
+    recorder.finish(_call("big", list(range(1_000_000, 1_000_000 + 2 * one_slice)), [1]))
+    recorder.finish(_call("small-after", [1, 2, 3], [4]))
+    assert len(exporter.spans) == 1 and recorder.backlog == 2  # the small one waits behind the big one
+    foreground.leave()
+    assert await recorder.drain(5)
+    rollouts = [attrs[semconv.ROLLOUT_ID] for _, attrs in exporter.decoded()]
+    assert rollouts == ["small", "big", "small-after"]
+    await recorder.close()
 
 
 def test_without_a_running_builder_spans_are_built_at_once():

@@ -1,12 +1,14 @@
 """Spans the sidecar makes: one per model call, plus reward and rollout-end spans.
 
-`CallRecord` collects what one call observed; `SpanRecorder.finish` queues it and a background task
-turns it into an encoded OTLP span (attribute names from agl.semconv only) for the exporter. The
-hot path keeps the engine's token arrays as their JSON bytes (msgspec `Raw`); the builder decodes
-and encodes them (token_arrays.py) in slices while no call is active (foreground.py: while calls
-wait on the engine, or once the last call has settled), so the time a span costs is spent while the
-proxy waits on the engine, not before the next call. Jobs run in order (a rollout's spans leave in
-the order its calls and rewards ended).
+`CallRecord` collects what one call observed; `SpanRecorder.finish` turns it into an encoded OTLP
+span (attribute names from agl.semconv only) for the exporter. The hot path keeps the engine's token
+arrays as their JSON bytes (msgspec `Raw`). A span whose arrays fit in one slice (a few thousand
+token IDs) is built as its call ends, after its response went out: tens of microseconds, less than
+handing it to a task costs. Bigger ones are queued, and a background task decodes and encodes them
+(token_arrays.py) in slices while no call is active (foreground.py: while calls wait on the engine,
+or once the last call has settled), so the time a span costs is spent while the proxy waits on the
+engine, not before the next call. Jobs run in order (a rollout's spans leave in the order its calls
+and rewards ended): a small span is built at once only when nothing is queued before it.
 
 It also numbers the calls of each rollout (agl.call.seq: increasing in arrival order, unique without
 shared state so a restarted sidecar or a second one serving the rollout numbers on; see
@@ -39,7 +41,7 @@ from agl_sidecar.spans.call_seq import CallSeqs
 from agl_sidecar.spans.exporter import SpanExporter
 from agl_sidecar.spans.foreground import Foreground
 from agl_sidecar.spans.lru import BytesLRU
-from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
+from agl_sidecar.spans.token_arrays import SLICE_JSON_BYTES, SliceCache, encode_token_ids
 
 log = logging.getLogger("agl_sidecar.spans")
 
@@ -232,7 +234,11 @@ class SpanRecorder:
         call.finished = True
         call.end_ns = time.time_ns()
         call.origin = self.traces.origin(call.identity, call.trace_parent)
-        self._defer(self._build_call(call))
+        job = self._build_call(call)
+        if self._current is None and not self._backlog and _fits_one_slice(call):
+            self._run_job(job)  # one slice: queueing it costs more loop turns than the slice itself
+        else:
+            self._defer(job)
 
     def persister(self, call: CallRecord) -> Callable[[], Awaitable[None]] | None:
         """Durable mode: what the response awaits before its final bytes (the call's span built and
@@ -463,6 +469,23 @@ class SpanRecorder:
         if then is not None:
             then()
         yield from ()
+
+
+def _json_bytes(value: list[int] | list[float] | msgspec.Raw | None) -> int:
+    """About the JSON size of a token or logprob array (a decoded list: about 6 bytes an element)."""
+    if value is None:
+        return 0
+    return 6 * len(value) if isinstance(value, list) else len(value)
+
+
+def _fits_one_slice(call: CallRecord) -> bool:
+    """The call's arrays are at most one builder slice of JSON (token_arrays.SLICE_JSON_BYTES)."""
+    size = _json_bytes(call.prompt_ids)
+    for choice in call.choices.values():
+        size += _json_bytes(choice.token_ids) + _json_bytes(choice.logprobs)
+        if size > SLICE_JSON_BYTES:
+            return False
+    return size <= SLICE_JSON_BYTES
 
 
 def _float(value: float | None) -> float | None:
