@@ -127,6 +127,11 @@ async def read_body(request: web.Request, limit: int, timeout_s: float | None = 
     encoding = request.headers.get("Content-Encoding")
     if declared is not None and declared > limit:
         raise inputs.TooLarge(limit)
+    if request.content.is_eof() and (not encoding or encoding.strip().lower() == "identity"):
+        try:  # the whole body arrived with the headers (the usual case): no wait, so no timer
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise inputs.TooLarge(limit) from None
     try:
         async with asyncio.timeout(timeout_s):
             if not encoding or encoding.strip().lower() == "identity":
