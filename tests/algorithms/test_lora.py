@@ -69,6 +69,64 @@ def test_base_plus_adapter_equals_the_merged_weights(model_dir: Path, tmp_path: 
     assert names == set(AutoModelForCausalLM.from_pretrained(model_dir).state_dict()) - {"lm_head.weight"}
 
 
+HEAD_TARGETS = (*DEFAULT_LORA_TARGETS, "lm_head")
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")  # PeftModel.from_pretrained's
+def test_an_adapter_on_the_tied_output_head_merges_into_an_untied_head(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """peft adapts the tied head's output alone (the embedding lookup stays the base's); merged, the
+    head is a weight of its own and the saved config unties it, so transformers loads the policy."""
+    import json
+
+    backend = trained(model_dir, lora={"target_modules": HEAD_TARGETS})
+    adapter = backend.adapter_for_engine()
+    assert all(".lora_A." in n or ".lora_B." in n for n in adapter.weights)  # no embedding copied in
+    head_b = adapter.weights["base_model.model.lm_head.lora_B.weight"]
+    assert head_b.abs().max() > 0  # trained
+    peft_logits = logits(backend.model)
+    merged = backend.state_dict_for_engine()
+    base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert set(merged) == set(base)  # lm_head.weight too, beside the unchanged embedding
+    assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    untied = AutoModelForCausalLM.from_pretrained(model_dir, tie_word_embeddings=False)
+    untied.load_state_dict(merged, strict=True)
+    torch.testing.assert_close(logits(untied), peft_logits, atol=1e-5, rtol=1e-5)
+    saved_dir = backend.save_hf(tmp_path / "hf")
+    assert json.loads((saved_dir / "config.json").read_text())["tie_word_embeddings"] is False
+    saved = AutoModelForCausalLM.from_pretrained(saved_dir)
+    torch.testing.assert_close(logits(saved), peft_logits, atol=1e-5, rtol=1e-5)
+    from peft import PeftModel
+
+    adapter_dir = backend.save_adapter(tmp_path / "a")
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter_dir)
+    torch.testing.assert_close(logits(loaded), peft_logits, atol=1e-6, rtol=1e-6)
+
+
+def test_the_engine_serves_an_adapter_on_the_tied_output_head(model_dir: Path) -> None:
+    """The embedded engine unties its head for the adapter (its logits are peft's); the base's tied
+    full weights tie it back, a merged policy's untied ones untie it again."""
+    from agl_trainer.engines.base import WeightUpdate
+
+    backend = trained(model_dir, lora={"target_modules": HEAD_TARGETS})
+    peft_logits = logits(backend.model)
+    tied_base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    del tied_base["lm_head.weight"]  # as save_pretrained writes a tied model
+    with EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir)) as engine:
+        model = engine.model
+        engine.update_adapter(1, backend.adapter_for_engine())
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
+        torch.testing.assert_close(logits(model), peft_logits, atol=1e-5, rtol=1e-5)
+        engine.update_weights(WeightUpdate(2, state_dict=tied_base))
+        assert model.lm_head.weight is model.model.embed_tokens.weight  # the base again, tied
+        with backend.model.disable_adapter():
+            torch.testing.assert_close(logits(model), logits(backend.model), atol=1e-5, rtol=1e-5)
+        engine.update_weights(WeightUpdate(3, state_dict=backend.state_dict_for_engine()))
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
+        torch.testing.assert_close(logits(model), peft_logits, atol=1e-5, rtol=1e-5)
+
+
 def test_a_step_changes_only_the_adapter(model_dir: Path) -> None:
     backend = lora_backend(model_dir)
     trainable = {id(p) for p in backend.model.parameters() if p.requires_grad}
@@ -219,8 +277,13 @@ def test_targets_are_checked_against_the_model(model_dir: Path) -> None:
     )
     with pytest.raises(BackendConfigError, match=unknown):
         lora_backend(model_dir, lora={"target_modules": ("q_proj", "qkv", "c_fc")})
-    with pytest.raises(BackendConfigError, match="lm_head of Qwen2ForCausalLM shares its weight"):
-        lora_backend(model_dir, lora={"target_modules": ("q_proj", "lm_head")})
+    head = lora_backend(model_dir, lora={"target_modules": ("q_proj", "lm_head")})  # tied: its output only
+    assert {n.split(".lora_")[0] for n in head.adapter_for_engine().weights} >= {"base_model.model.lm_head"}
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    layers = model.model.layers
+    layers[1].self_attn.q_proj.weight = layers[0].self_attn.q_proj.weight  # another tied pair: ambiguous
+    with pytest.raises(BackendConfigError, match=r"layers\.0\.self_attn\.q_proj, .*shares its weight"):
+        lora.resolve_targets(model, ("q_proj",))
     everything = lora_backend(model_dir, lora={"target_modules": ("all-linear",)})
     assert sorted(everything.adapter_for_engine().config["target_modules"]) == sorted(DEFAULT_LORA_TARGETS)
     from_flag = LoraConfig(rank=8, target_modules="q_proj, v_proj")  # type: ignore[arg-type]

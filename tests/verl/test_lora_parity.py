@@ -145,3 +145,30 @@ def test_lora_with_a_full_weight_gpu_transfer_is_refused(tiny_model):
 
 def _model_path(verl: VerlBackend) -> Path:
     return Path(verl.training.model_path)
+
+
+def test_an_adapter_on_the_tied_output_head_equals_the_torch_backend(local_ray, tiny_model, tmp_path):
+    """lm_head adapted on the tied model (its output alone, backends/lora.py): the same start and update
+    as the torch backend, merged weights with the head as a weight of its own (the embedding the base's),
+    and save_hf untied, so transformers serves the policy."""
+    import json
+
+    head = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "lm_head"))
+    config = training_config(tiny_model, algorithm=ALGORITHM, lr=LR, lora=head, **OPTIONS)
+    verl = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=1))
+    try:
+        torch_backend = TorchBackend(config)
+        _assert_same_adapter(verl.adapter_for_engine(), torch_backend.adapter_for_engine(), exact=True)
+        base, embedding = torch_backend.state_dict_for_engine(), "model.embed_tokens.weight"
+        assert torch.equal(base["lm_head.weight"], base[embedding])  # B = 0: a head of its own, the base's
+        batch = parity_batch()
+        want = torch_backend.train_step(batch, policy_version=1)
+        got = verl.train_step(batch, policy_version=1)
+        merged = _assert_same_update(verl, got, torch_backend, want)
+        _assert_same_adapter(verl.adapter_for_engine(), torch_backend.adapter_for_engine())
+        assert torch.equal(merged[embedding], base[embedding])
+        assert float((merged["lm_head.weight"] - base[embedding]).abs().max()) > 1e-4
+        out = assert_save_hf_serves_the_policy(verl, tmp_path / "hf")
+        assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    finally:
+        verl.close()

@@ -7,6 +7,11 @@ loads them as full weights) or the adapter alone (`adapter_state`: peft's format
 engine's weights after an adapter sync are the trainer's merged weights (bit for bit in one dtype on
 one kind of device).
 
+An adapter on a tied output head (lm_head sharing the input embedding's weight, as small models
+have) changes the head's output only: peft wraps the head's Linear, the embedding lookup stays the
+base's. Merged, such a policy is no longer tied: its lm_head is written as a weight of its own
+(HEAD_WEIGHT, beside the embedding) and a saved config says tie_word_embeddings false.
+
 The trainer-side functions also take a peft model sharded by FSDP2 (the verl workers): its DTensors
 are gathered whole, a collective, so there every rank calls them, in the same order.
 
@@ -17,9 +22,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,6 +56,8 @@ def wrap(model: torch.nn.Module, config: LoraConfig, seed: int | None = None) ->
     configured linear layers; every base parameter is frozen, in place. A is drawn from `seed` (by
     default the one torch was last seeded with), not from wherever the RNG stands after loading and
     probing the model: the torch backend and every verl worker start from the same adapter."""
+    import warnings
+
     import peft
 
     targets = resolve_targets(model, config.target_modules)
@@ -64,17 +71,20 @@ def wrap(model: torch.nn.Module, config: LoraConfig, seed: int | None = None) ->
     )
     with torch.random.fork_rng(devices=[]):  # peft initialises the adapter on the CPU, then moves it
         torch.manual_seed(torch.initial_seed() if seed is None else seed)
-        # autocast_adapter_dtype: adapters stay float32 over a bfloat16 base (their master weights)
-        return peft.get_peft_model(model, peft_config, autocast_adapter_dtype=True)
+        with warnings.catch_warnings():  # peft warns of merging a tied head in place; agl merges it untied
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*")
+            # autocast_adapter_dtype: adapters stay float32 over a bfloat16 base (their master weights)
+            return peft.get_peft_model(model, peft_config, autocast_adapter_dtype=True)
 
 
 def resolve_targets(model: torch.nn.Module, names: tuple[str, ...]) -> list[str]:
     """The target names, checked against the model: each must match a linear layer (as peft matches:
-    the module's name or its last parts), none may share its weight (a tied output head would
-    change the input embedding too). all-linear: every linear layer but the output head."""
+    the module's name or its last parts). The output head may be one, tied to the input embedding or
+    not (its adapter changes the head's output only); no other layer may share its weight. all-linear:
+    every linear layer but the output head, as peft reads it."""
     linear = _linear_layers(model)
+    head = model.get_output_embeddings()
     if tuple(names) == (ALL_LINEAR,):
-        head = model.get_output_embeddings()
         return sorted({name.rsplit(".", 1)[-1] for name, module in linear.items() if module is not head})
     kind = type(model).__name__
     unmatched = [target for target in names if not any(_matches(name, target) for name in linear)]
@@ -86,11 +96,14 @@ def resolve_targets(model: torch.nn.Module, names: tuple[str, ...]) -> list[str]
             f"its linear layers are {', '.join(known)} (or give {ALL_LINEAR})"
         )
     shared = _shared_weights(model)
-    tied = sorted({n for n in linear if n in shared and any(_matches(n, t) for t in names)})
+    tied = sorted(
+        n for n in linear if n in shared and linear[n] is not head and any(_matches(n, t) for t in names)
+    )
     if tied:
         raise BackendConfigError(
             f"backend.lora.target_modules: {', '.join(tied)} of {kind} shares its weight with another "
-            "module (tied embeddings); an adapter on it would change both: leave it out"
+            "module, and an adapter on it would change both: leave it out (only the output head, lm_head, "
+            "may be adapted while tied: its adapter changes the head's output alone)"
         )
     return list(names)
 
@@ -128,10 +141,16 @@ def adapter_config(peft_model: Any) -> dict[str, Any]:
 @torch.no_grad()
 def _live_adapter(peft_model: Any) -> AdapterState:
     """The adapter's own tensors (detached, where they train; gathered whole where sharded) and its config."""
+    weights = {name: _whole(t).detach() for name, t in _peft_state(peft_model).items()}
+    return AdapterState(weights, adapter_config(peft_model))
+
+
+def _peft_state(peft_model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's A and B under peft's names. save_embedding_layers off: with lm_head a target, peft
+    would add the whole embedding and head weights (the base's, megabytes to gigabytes) to it."""
     import peft
 
-    weights = {name: _whole(t).detach() for name, t in peft.get_peft_model_state_dict(peft_model).items()}
-    return AdapterState(weights, adapter_config(peft_model))
+    return peft.get_peft_model_state_dict(peft_model, save_embedding_layers=False)
 
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -156,7 +175,7 @@ def load_adapter_weights(peft_model: Any, weights: dict[str, torch.Tensor]) -> N
     """Set the adapter to `weights` (peft's names), all of them: a missing or unknown name refuses."""
     import peft
 
-    expected = set(peft.get_peft_model_state_dict(peft_model))
+    expected = set(_peft_state(peft_model))
     missing, unknown = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unknown:
         raise ValueError(
@@ -170,7 +189,8 @@ def load_adapter_weights(peft_model: Any, weights: dict[str, torch.Tensor]) -> N
 
 def merged_state_dict(peft_model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Base + adapter as plain weights (CPU copies) under the base model's Hugging Face names, as
-    save_pretrained writes them (a tied output embedding once, under the input embedding's name)."""
+    save_pretrained writes them (a tied output embedding once, under the input embedding's name; an
+    adapted tied head as a weight of its own, HEAD_WEIGHT: see unties_head)."""
     return {name: tensor.to("cpu", copy=True) for name, tensor in merged_tensors(peft_model, dtype)}
 
 
@@ -182,16 +202,32 @@ def merged_tensors(peft_model: Any, dtype: torch.dtype | None = None) -> Iterato
     deltas = adapter_deltas(_live_adapter(peft_model))  # on the adapter's device: an 8B's are many matmuls
     seen: set[int] = set()
     for name, tensor in base.state_dict(keep_vars=True).items():
-        if ".lora_" in name or id(tensor) in seen:
-            continue  # an adapter weight, or tied to a weight already given (the output embedding)
-        seen.add(id(tensor))
-        whole = _whole(tensor).detach()
         hf_name = name.replace(".base_layer.", ".")
+        if ".lora_" in name or (id(tensor) in seen and hf_name not in deltas):
+            continue  # an adapter weight, or tied to a weight already given (an unadapted output head)
+        whole = _whole(tensor).detach()
         target = dtype or whole.dtype
-        if hf_name in deltas:
+        if hf_name in deltas:  # an adapted tied head too: its own weight, the embedding stays as it is
             yield hf_name, _merge(whole, deltas[hf_name]).to(dtype=target)
         else:
+            seen.add(id(tensor))
             yield hf_name, whole.to(dtype=target)
+
+
+HEAD_WEIGHT = "lm_head.weight"  # the output head's weight (Llama/Qwen-style names), as merged
+
+
+def config_for_weights(config: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """A model's config.json (a dict) for weights under `names`: where they hold an output head of
+    their own (an untied model's, or a tied one's merged with its adapter) it says tie_word_embeddings
+    false (a multimodal one's text_config too), so transformers and vLLM load that head instead of
+    tying it to the embedding. Weights without one: the config as it is."""
+    if HEAD_WEIGHT not in set(names):
+        return config
+    out = {**config, "tie_word_embeddings": False}
+    if isinstance(config.get("text_config"), dict):
+        out["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    return out
 
 
 def check_checkpoint_kind(directory: Path, holds_adapter: bool, uses_lora: bool) -> None:
@@ -222,7 +258,7 @@ def check_same_adapter(current: dict[str, Any], saved: dict[str, Any]) -> None:
 
 def save_adapter(peft_model: Any, directory: Path) -> None:
     """The bare adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
-    peft_model.save_pretrained(directory)
+    peft_model.save_pretrained(directory, save_embedding_layers=False)  # A and B only, as _peft_state
 
 
 def write_adapter(state: AdapterState, directory: Path) -> None:
@@ -281,7 +317,8 @@ def _merge(base: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 class AdapterMerger:
     """Applies successive adapters to a served model: each one replaces the last, merged into the
     base weights the model had before the first (a copy of the adapted ones is kept), so neither
-    rounding nor old adapters accumulate."""
+    rounding nor old adapters accumulate. An adapter on a tied output head unties it first (untie_weight):
+    the head gets a weight of its own, the embedding stays the base's."""
 
     def __init__(self) -> None:
         self._pristine: dict[str, torch.Tensor] = {}  # HF weight name -> the base weight, as loaded
@@ -289,17 +326,22 @@ class AdapterMerger:
     def apply(self, model: torch.nn.Module, state: AdapterState) -> None:
         """Set the model's weights to base + this adapter; checked whole before anything changes."""
         deltas = adapter_deltas(state)
-        params = dict(model.named_parameters())
-        unknown = sorted(name for name in deltas if name not in params)
+        every = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
+        unknown = sorted(name for name in deltas if name not in every)
         if unknown:
             raise KeyError(f"update_adapter: weights the model does not have: {unknown[:5]}")
         for name, delta in deltas.items():
-            if tuple(delta.shape) != tuple(params[name].shape):
+            if tuple(delta.shape) != tuple(every[name].shape):
                 raise ValueError(
                     f"update_adapter: {name}'s update has shape {tuple(delta.shape)}, the model "
-                    f"{tuple(params[name].shape)}"
+                    f"{tuple(every[name].shape)}"
                 )
         with torch.no_grad():
+            params = dict(model.named_parameters())
+            for name in deltas:
+                if name not in params:  # tied: it shares the weight it is listed with
+                    untie_weight(model, name)
+            params = dict(model.named_parameters())
             for name in deltas:
                 self._pristine.setdefault(name, params[name].detach().clone())
             for name, base in self._pristine.items():  # a module the new adapter leaves out: back to base
@@ -309,3 +351,36 @@ class AdapterMerger:
     def forget(self) -> None:
         """Full weights were loaded: they are the new base (a later adapter merges into them)."""
         self._pristine.clear()
+
+
+# ------------------------------------------------------------------ a served model's tied output head
+def untie_weight(model: torch.nn.Module, name: str) -> None:
+    """Give the module that holds weight `name` (a tied output head: lm_head.weight) a weight of its
+    own, a copy of the one it shared; the model's config then says tie_word_embeddings false, so
+    transformers does not tie it back. retie_weights undoes it."""
+    module_name, _, attribute = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    shared = getattr(module, attribute)
+    untied = getattr(model, "_agl_untied", {})
+    owner = next(n for n, p in model.named_parameters() if p is shared)
+    own = torch.nn.Parameter(shared.detach().clone(), requires_grad=shared.requires_grad)
+    setattr(module, attribute, own)
+    untied[name] = owner
+    model._agl_untied = untied  # type: ignore[assignment]
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "tie_word_embeddings"):
+        config.tie_word_embeddings = False
+
+
+def retie_weights(model: torch.nn.Module, names: set[str] | None = None) -> list[str]:
+    """Tie back what untie_weight untied (those of `names`, or all): each shares its owner's weight
+    again. Returns the names retied."""
+    untied: dict[str, str] = getattr(model, "_agl_untied", {})
+    done = [name for name in untied if names is None or name in names]
+    params = dict(model.named_parameters())
+    for name in done:
+        module_name, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(module_name), attribute, params[untied.pop(name)])
+    if done and not untied and getattr(model, "config", None) is not None:
+        model.config.tie_word_embeddings = True
+    return done

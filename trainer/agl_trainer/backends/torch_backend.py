@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -341,6 +342,9 @@ class TorchBackend:
             model = self.model.get_base_model() if self.uses_lora else self.model
             with quiet_progress():  # no "Writing model shards" bar per save
                 model.save_pretrained(tmp, state_dict=state)
+            if state is not None and lora.HEAD_WEIGHT in state:  # a tied head merged with its adapter: untied
+                config = json.loads((tmp / "config.json").read_text())
+                (tmp / "config.json").write_text(json.dumps(lora.config_for_weights(config, state), indent=2))
             copy_tokenizer_files(Path(self.config.model_path), tmp)
 
         atomic_directory(directory, write)

@@ -5,34 +5,52 @@ from __future__ import annotations
 
 from typing import Any
 
+from agl_trainer.backends.lora import retie_weights, untie_weight
+
 
 def load_in_place(model: Any, state: Any) -> None:
     """Copy `state` into the model's parameters: every parameter must be given once (a tied weight
     under either of its names), with its shape, and no unknown name is accepted. Everything is
-    checked before anything is copied, so a refused update leaves the old weights whole."""
+    checked before anything is copied, so a refused update leaves the old weights whole.
+
+    Ties follow the state: a tied pair given as two different tensors (a LoRA policy's merged head,
+    backends/lora.py) unties the model's head; a head an adapter untied (AdapterMerger) is tied back
+    when the state gives only the weight it shared (a tied model's full weights)."""
     import torch
 
-    params = dict(model.named_parameters())  # tied weights appear once here
-    tied_aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(params)
-    unknown = [name for name in state if name not in params and name not in tied_aliases]
+    every = dict(model.named_parameters(remove_duplicate=False))
+    unknown = [name for name in state if name not in every]
     if unknown:
         raise KeyError(
             f"update_weights: names the model does not have: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}"
         )
+    untied: dict[str, str] = getattr(model, "_agl_untied", {})
+    retie = {name for name, owner in untied.items() if name not in state and owner in state}
     alias_of = _tied_aliases(model)
+    untie = {
+        alias for owner, aliases in alias_of.items() for alias in aliases
+        if alias in state and owner in state and not torch.equal(state[alias], state[owner])
+    }  # fmt: skip
+    params = dict(model.named_parameters())  # tied weights appear once here
     missing = [
-        name for name in params if name not in state and not any(a in state for a in alias_of.get(name, ()))
-    ]
+        name for name in params
+        if name not in state and name not in retie and not any(a in state for a in alias_of.get(name, ()))
+    ]  # fmt: skip
     if missing:
         raise KeyError(
             f"update_weights: the state_dict lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}"
         )
-    target = {**params, **{alias: params[name] for name, aliases in alias_of.items() for alias in aliases}}
     for name, source in state.items():
-        if tuple(source.shape) != tuple(target[name].shape):
+        if tuple(source.shape) != tuple(every[name].shape):
             raise ValueError(
-                f"update_weights: {name} has shape {tuple(source.shape)}, the model {tuple(target[name].shape)}"
+                f"update_weights: {name} has shape {tuple(source.shape)}, "
+                f"the model {tuple(every[name].shape)}"
             )
+    with torch.no_grad():
+        retie_weights(model, retie)
+        for name in sorted(untie):
+            untie_weight(model, name)
+    params, alias_of = dict(model.named_parameters()), _tied_aliases(model)
     pairs = [
         (param, state[name] if name in state else next(state[a] for a in alias_of[name] if a in state))
         for name, param in params.items()

@@ -241,7 +241,7 @@ class VerlBackend:
 
         def write(tmp: Path) -> None:
             save_torch_state_dict(state, tmp)
-            config = json.loads((source / "config.json").read_text())
+            config = lora.config_for_weights(json.loads((source / "config.json").read_text()), state)
             if dtype is not None:
                 config["torch_dtype"] = str(dtype).removeprefix("torch.")
             (tmp / "config.json").write_text(json.dumps(config, indent=2))
