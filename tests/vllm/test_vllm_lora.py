@@ -244,9 +244,41 @@ def test_prompt_logprobs_on_the_adapter_are_the_trainers(engine, trainer) -> Non
     assert len(complete(url, PROMPT).tokens) == 8  # and the server lives on
 
 
+def test_an_adapter_on_the_tied_output_head_gives_the_trainers_logprobs(  # type: ignore[no-untyped-def]
+    engine, trainer, tiny_model_dir: Path
+) -> None:
+    """lm_head adapted on the tied model (backends/lora.py: the head's output alone): sampled and prompt
+    logprobs (several prompts, as the canary's; the worker gives each prompt row its token's LoRA slot)
+    are peft's; the next adapter, without the head, leaves the head's slot at zero again."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    targets = (*LoraConfig().target_modules, "lm_head")
+    headed = lora.wrap(base, LoraConfig(rank=RANK, alpha=16.0, target_modules=targets)).eval()
+    adapter = set_adapter(headed, seed=9)
+    assert any(".lm_head.lora_B" in name for name in adapter.weights)
+    (url,) = engine.urls
+    engine.update_weights(WeightUpdate(version=7, adapter=adapter))
+    sample = complete(url, PROMPT, max_tokens=16)
+    assert sample.logprobs == pytest.approx(logprobs_of(headed, PROMPT, sample.tokens), abs=ATOL)
+    with headed.disable_adapter():  # the head adapter moves the logprobs well past the tolerance
+        assert far(sample.logprobs, logprobs_of(headed, PROMPT, sample.tokens)) > 100 * ATOL
+    probes = [PROMPT[:24], PROMPT[10:40], PROMPT[5:12]]
+    body = {"model": SERVED_NAME, "prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=300.0)
+    assert reply.status_code == 200, reply.text
+    for choice in reply.json()["choices"]:
+        probe, scored = probes[choice["index"]], choice["prompt_logprobs"]
+        got = [scored[i][str(probe[i])]["logprob"] for i in range(1, len(probe))]
+        assert got == pytest.approx(logprobs_of(headed, probe[:1], probe[1:]), abs=ATOL)
+    engine.update_weights(WeightUpdate(version=8, adapter=set_adapter(trainer, seed=10)))  # no head
+    again = complete(url, PROMPT)
+    assert again.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, again.tokens), abs=ATOL)
+
+
 def test_full_weights_on_a_lora_engine_are_the_base_again(engine, trainer, tiny_model_dir: Path) -> None:  # type: ignore[no-untyped-def]
     (url,) = engine.urls
-    engine.update_weights(WeightUpdate(version=6, directory=tiny_model_dir))
+    engine.update_weights(WeightUpdate(version=9, directory=tiny_model_dir))
     sample = complete(url, PROMPT)
     with trainer.disable_adapter():
         assert sample.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, sample.tokens), abs=ATOL)
@@ -280,7 +312,7 @@ def test_a_restarted_server_serves_the_latest_adapter(engine, trainer) -> None: 
 
     (url,) = engine.urls
     latest = set_adapter(trainer, seed=6)
-    engine.update_weights(WeightUpdate(version=7, adapter=latest))
+    engine.update_weights(WeightUpdate(version=10, adapter=latest))
     process = engine._servers[0].process
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
@@ -288,4 +320,4 @@ def test_a_restarted_server_serves_the_latest_adapter(engine, trainer) -> None: 
     assert engine.ensure_alive() == [url]
     sample = complete(url, PROMPT)
     assert sample.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, sample.tokens), abs=ATOL)
-    assert httpx.get(f"{url}/weight_info").json() == {"weight_version": "7"}
+    assert httpx.get(f"{url}/weight_info").json() == {"weight_version": "10"}

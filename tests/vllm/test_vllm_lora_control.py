@@ -62,7 +62,7 @@ def test_start_serves_the_adapter_under_the_model_name_and_learns_its_id(tmp_pat
     current = tmp_path / "w" / "lora" / "current"
     assert json.loads(argv[argv.index("--lora-modules") + 1])["path"] == str(current)
     assert current.resolve().name == "v0-empty"  # version 0 is the base: the empty adapter
-    # its id, and the output head's zero LoRA delta skipped (vLLM 0.32 dies on prompt_logprobs otherwise)
+    # its id, and the LoRA head patched for prompt_logprobs (vLLM 0.32 dies on them otherwise)
     methods = [c["body"]["method"] for c in calls(tmp_path)]
     assert methods == ["agl_adapter_ids", "agl_patch_lora_logits"]
     assert engine._adapter_ids == {engine.urls[0]: 1}

@@ -29,11 +29,16 @@ A full-weight update replaces the base and resets the adapter to the empty one, 
 pause (vLLM's reload_weights drops the workers' adapters), as the embedded engine treats full
 weights as the new base for the next adapter.
 
+An adapter may cover the output head (lm_head), tied to the input embedding or not: vLLM wraps the
+head with LogitsProcessorWithLoRA, which adds the head's delta to the logits alone (the embedding
+lookup stays the base's), as peft does.
+
 Two vLLM 0.32 faults worked around (tests/vllm/test_vllm_lora.py checks both): an adapter without
 weights fails to load (so the base-only adapter holds zeros on one layer, sized from the model's
-config.json), and prompt_logprobs with LoRA on kill the engine (so the workers skip the output head's
-zero LoRA delta: agl_patch_lora_logits in vllm_worker.py). The runtime /v1/load_lora_adapter
-endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING) are not needed and stay off.
+config.json), and prompt_logprobs of two prompts or more with LoRA on kill the engine (vLLM adds the
+head's delta with one LoRA index per request, not per prompt row: agl_patch_lora_logits in
+vllm_worker.py gives each prompt row its token's index, and skips a head delta of zeros). The runtime
+/v1/load_lora_adapter endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING) are not needed and stay off.
 """
 
 from __future__ import annotations

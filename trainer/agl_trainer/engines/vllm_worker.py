@@ -75,12 +75,19 @@ class _Timed:
             yield name, tensor
 
 
-def _logits_without_head_delta(
+_STEP_HIDDEN: list[torch.Tensor | None] = [None]  # the step's hidden states while prompt logprobs are scored
+
+
+def _lora_logits(
     module: Any, hidden_states: torch.Tensor, lm_head: Any, embedding_bias: Any = None,
     skip_gather: bool = False,
 ) -> torch.Tensor | None:
-    """LogitsProcessorWithLoRA._get_logits (vLLM 0.32) without add_lora_logits, while it would add zeros."""
-    if skip_gather or bool(module.lora_b_stacked.any()):
+    """LogitsProcessorWithLoRA._get_logits (vLLM 0.32), also for prompt logprobs: vLLM adds the head's
+    LoRA delta with one LoRA index per request (punica's sampler_indices), which fits the sampled rows
+    but not prompt logprobs (one row per prompt token of one request). Those rows get their tokens'
+    indices here (_prompt_row_slots), and a head without an adapter (every slot zero) adds nothing."""
+    has_delta = bool(module.lora_b_stacked.any())
+    if skip_gather or (has_delta and _STEP_HIDDEN[0] is None):  # sampled rows: vLLM's own path
         return module._agl_lora_logits(hidden_states, lm_head, embedding_bias, skip_gather)
     head = lm_head.base_layer if hasattr(lm_head, "base_layer") else lm_head
     logits = module.base_layer._apply_head(head, hidden_states, embedding_bias)
@@ -89,7 +96,30 @@ def _logits_without_head_delta(
         return None
     if module.sharded_to_full_mapping_gpu is not None:
         logits = logits[:, module.sharded_to_full_mapping_gpu]
+    if has_delta:
+        slots = _prompt_row_slots(module.punica_wrapper, hidden_states)
+        for slot in slots.unique().tolist():
+            if slot < 0:
+                continue  # rows of a request without an adapter
+            rows = slots == slot
+            a, b = module.lora_a_stacked[slot, 0], module.lora_b_stacked[slot, 0]
+            delta = (hidden_states[rows].float() @ a.float().T) @ b.float().T  # as punica: float32
+            logits[rows, : delta.shape[1]] += delta.to(logits.dtype)
     return logits[:, : module.base_layer.vocab_size]
+
+
+def _prompt_row_slots(punica: Any, rows: torch.Tensor) -> torch.Tensor:
+    """The LoRA slot of each row of `rows`, a slice of the step's hidden states (the model runner's
+    _get_prompt_logprobs_dict cuts one request's rows out of them): its tokens' slots, which punica
+    holds per token of the step in the same order."""
+    step = _STEP_HIDDEN[0]
+    if step is None or rows.untyped_storage().data_ptr() != step.untyped_storage().data_ptr():
+        raise RuntimeError("agl: LoRA logits for rows that are neither the sampled ones nor a prompt's")
+    start = (rows.storage_offset() - step.storage_offset()) // step.stride(0)
+    slots = punica.token_lora_indices[start : start + rows.shape[0]]
+    if slots.shape[0] != rows.shape[0]:
+        raise RuntimeError(f"agl: prompt rows {start}..{start + rows.shape[0]} past the step's LoRA indices")
+    return slots
 
 
 class WeightSyncExtension:
@@ -140,22 +170,35 @@ class WeightSyncExtension:
         }
 
     def agl_patch_lora_logits(self) -> dict[str, int]:
-        """Skip the LoRA delta of the output head while the adapter has none, so prompt_logprobs work.
+        """Make vLLM 0.32's LoRA output head serve prompt_logprobs (_lora_logits).
 
-        vLLM 0.32 applies a LoRA's head delta with one LoRA index per request, also to prompt logprobs,
+        vLLM applies a LoRA's head delta with one LoRA index per request, also to prompt logprobs,
         which have one row per prompt token: the CPU build fails (einsum size mismatch) and the engine
-        dies on the first such call (the canary's probes), as vllm-project/vllm#29955 / #16668 report.
-        agl's adapters leave the output head alone (backends/lora.py), so its slots hold zeros and the
-        delta adds nothing: the head's logits are computed as vLLM's LoRA path does, without it. An
-        adapter on lm_head (any slot not zero) keeps vLLM's path. Idempotent."""
+        dies on the first such call with two prompts or more (the canary's probes), as
+        vllm-project/vllm#29955 / #16668 report. Patched, the prompt rows get their tokens' indices
+        (the model runner's prompt-logprob pass is wrapped to note the step's hidden states), and a
+        head without an adapter skips the delta. Idempotent."""
         from vllm.lora.layers.logits_processor import LogitsProcessorWithLoRA
 
         patched = 0
         for module in self.model_runner.get_model().modules():  # type: ignore[attr-defined]
             if isinstance(module, LogitsProcessorWithLoRA) and not hasattr(module, "_agl_lora_logits"):
                 module._agl_lora_logits = module._get_logits
-                module._get_logits = functools.partial(_logits_without_head_delta, module)
+                module._get_logits = functools.partial(_lora_logits, module)
                 patched += 1
+        runner = self.model_runner
+        if patched and not hasattr(runner, "_agl_prompt_logprobs"):
+            runner._agl_prompt_logprobs = runner._get_prompt_logprobs_dict  # type: ignore[attr-defined]
+
+            def noted(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                _STEP_HIDDEN[0] = hidden_states
+                score = runner._agl_prompt_logprobs  # type: ignore[attr-defined]
+                try:
+                    return score(hidden_states, *args, **kwargs)
+                finally:
+                    _STEP_HIDDEN[0] = None
+
+            runner._get_prompt_logprobs_dict = noted  # type: ignore[attr-defined]
         return {"patched": patched}
 
     def agl_adapter_ids(self) -> list[int]:
