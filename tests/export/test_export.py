@@ -72,6 +72,28 @@ def test_merged_model_equals_base_plus_adapter(
     assert "merged model (base + adapter)" in out and "peft format" in out and "rank 4" in out
 
 
+def test_an_adapted_tied_head_is_exported_untied(
+    capsys: pytest.CaptureFixture[str], model_dir: Path, tmp_path: Path
+) -> None:
+    """lm_head adapted on the tied model: the merged model holds the head as a weight of its own (the
+    embedding unchanged) and its config unties it, so transformers loads exactly the policy."""
+    targets = ("q_proj", "v_proj", "lm_head")
+    backend = trained(model_dir, steps=2, lora={"target_modules": targets})
+    save_run(backend, tmp_path / "run")
+    code, _, err = export(capsys, tmp_path / "run", "--out", tmp_path / "out", "--merged")
+    assert code == 0, err
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    got, base = weights(tmp_path / "out"), weights(model_dir)
+    assert set(got) == set(base) | {"lm_head.weight"}
+    assert torch.equal(got["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert merged.lm_head.weight is not merged.model.embed_tokens.weight
+    torch.testing.assert_close(logits(merged), logits(backend.model), atol=ATOL, rtol=ATOL)
+    original = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert not torch.allclose(logits(original), logits(merged), atol=1e-3)
+
+
 def test_adapter_only_and_merged_only(
     capsys: pytest.CaptureFixture[str], lora_run: tuple[Path, torch.Tensor], tmp_path: Path
 ) -> None:

@@ -1,9 +1,11 @@
 """Real vLLM (CPU build, marker `vllm`): the merged model `agl export` writes from a LoRA checkpoint is
 served by vLLM with the log-probs of base + adapter (transformers on the exported directory, which
-tests/export/test_export.py checks against peft's forward)."""
+tests/export/test_export.py checks against peft's forward). The adapter covers the tied output head
+too: the export unties it, and vLLM must load that head, not the embedding."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -32,11 +34,13 @@ def test_vllm_serves_the_merged_export(tmp_path: Path) -> None:
         pytest.fail(f"{VLLM_PYTHON} is missing: run `bash scripts/setup_vllm_venv.sh` (or `make test-vllm`)")
     spec = TinyModelSpec(hidden=128, heads=2, kv_heads=2, layers=2, tie_embeddings=True, seed=0)
     base = build_bpe_model(tmp_path / "base", spec=spec)
-    backend = TorchBackend(training_config(base, lr=3e-2, lora=LoraConfig(rank=8)))
+    targets = (*LoraConfig().target_modules, "lm_head")  # the tied head too: exported untied
+    backend = TorchBackend(training_config(base, lr=3e-2, lora=LoraConfig(rank=8, target_modules=targets)))
     for version in range(3):
         backend.train_step(random_batch(2, 2, seed=version), version)
     Checkpoints(tmp_path / "run" / "checkpoints").save(LoopState(step=3, policy_version=3), backend)
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--merged"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
 
     engine = start_engine(tmp_path / "out", str(VLLM_PYTHON), tmp_path / "logs")
     try:

@@ -212,6 +212,9 @@ def write_model(
     for shard in shards:
         with safe_open(str(shard), framework="pt") as handle:
             shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()})
+    tied_to = _tied_head_source(source, shapes) if lora.HEAD_WEIGHT in adapted else None
+    if tied_to is not None:  # a tied head merged with its adapter: a weight of its own, beside the embedding
+        shapes[lora.HEAD_WEIGHT] = shapes[tied_to]
     missing = sorted(set(adapted) - set(shapes))
     if missing:
         raise ExportError(
@@ -219,8 +222,12 @@ def write_model(
             "(fix: --base the model the run trained)"
         )
     total = 0
+    head_shard = None
     for shard in shards:
         tensors = load_file(shard)
+        if tied_to in tensors:
+            tensors[lora.HEAD_WEIGHT] = tensors[tied_to]
+            head_shard = shard.name
         for name, tensor in tensors.items():
             if name in adapted:
                 (delta,) = lora.adapter_deltas(adapted[name]).values()
@@ -235,8 +242,24 @@ def write_model(
             total += tensors[name].numel() * tensors[name].element_size()
         save_file(tensors, str(target / shard.name), metadata={"format": "pt"})
         del tensors
-    _copy_metadata(source, target, dtype, total)
+    _copy_metadata(source, target, dtype, total, head_shard)
     return total
+
+
+def _tied_head_source(source: Path, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """The weight a tied output head shares (the input embedding), where the model ties its head and
+    so stores no lm_head; None where the head is a weight of its own."""
+    if lora.HEAD_WEIGHT in shapes:
+        return None
+    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
+    tied = config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings"))
+    embeddings = [name for name in shapes if name.endswith("embed_tokens.weight")]
+    if not tied or len(embeddings) != 1:
+        raise ExportError(
+            f"the adapter adapts {lora.HEAD_WEIGHT}, which {source} neither has nor ties to one input "
+            "embedding (fix: --base the model the run trained)"
+        )
+    return embeddings[0]
 
 
 def _per_weight(adapter: lora.AdapterState) -> dict[str, lora.AdapterState]:
@@ -249,10 +272,18 @@ def _per_weight(adapter: lora.AdapterState) -> dict[str, lora.AdapterState]:
     return {weight: lora.AdapterState(part, adapter.config) for weight, part in pairs.items()}
 
 
-def _copy_metadata(source: Path, target: Path, dtype: torch.dtype | None, total: int) -> None:
+def _copy_metadata(
+    source: Path, target: Path, dtype: torch.dtype | None, total: int, head_shard: str | None = None
+) -> None:
+    """config.json and the rest beside the weights; `head_shard`: the shard a tied head, merged with its
+    adapter, went to (the config then unties it, the index lists it)."""
     for name in MODEL_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, target / name)
+    if head_shard is not None and (target / "config.json").is_file():
+        config = json.loads((target / "config.json").read_text())
+        config = lora.config_for_weights(config, [lora.HEAD_WEIGHT])
+        (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if dtype is not None and (target / "config.json").is_file():
         config = json.loads((target / "config.json").read_text())
         keys = [key for key in ("torch_dtype", "dtype") if key in config] or ["torch_dtype"]
@@ -261,5 +292,7 @@ def _copy_metadata(source: Path, target: Path, dtype: torch.dtype | None, total:
     if (source / INDEX).is_file():
         index = json.loads((source / INDEX).read_text())
         index.setdefault("metadata", {})["total_size"] = total
+        if head_shard is not None:
+            index.setdefault("weight_map", {})[lora.HEAD_WEIGHT] = head_shard
         (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     copy_tokenizer_files(source, target)
