@@ -182,3 +182,28 @@ def test_embedded_engine_keeps_copies_of_the_adapted_weights(
     plan = plan_resources(load_config(CONFIG, overrides, check_paths=False))
     assert plan.engine.adapter_bytes == copies
     assert plan.engine.budget_bytes == plan.engine.weights_bytes + copies
+
+
+def test_an_adapter_on_a_tied_output_head_is_counted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """lm_head adapted on the (tied) demo model, as the backend allows it: its adapter trains rank x
+    (hidden + vocab) more; the embedded engine holds the head's pristine copy and its own untied head."""
+    from examples.demo.model import build_demo_model
+    from agl_trainer.resources import architecture_from_dict
+
+    model = build_demo_model(tmp_path / "tiny")
+    arch = architecture_from_dict(json.loads((model / "config.json").read_text()))
+    assert arch.tie_word_embeddings
+    base = [f"--model.path={model}", "--engine.name=embedded", "--backend.lora.rank=4"]
+    only_q, both = ["--backend.lora.target_modules=q_proj"], ["--backend.lora.target_modules=q_proj,lm_head"]
+    plain = plan_resources(load_config(CONFIG, [*base, *only_q], check_paths=False))
+    headed = plan_resources(load_config(CONFIG, [*base, *both], check_paths=False))
+    head = arch.hidden_size * arch.vocab_size
+    assert plain.trainer.lora is not None and headed.trainer.lora is not None
+    added = headed.trainer.lora.parameters - plain.trainer.lora.parameters
+    assert added == 4 * (arch.hidden_size + arch.vocab_size)  # rank x (in + out)
+    assert headed.trainer.lora.modules == ("q_proj", "lm_head") and headed.trainer.lora.untied_head == head
+    assert headed.engine.adapter_bytes - plain.engine.adapter_bytes == 4 * 2 * head  # pristine + untied copy
+    code, out, err = dry_run(capsys, *base, "--backend.device=cpu", *both)
+    assert code == 0 and "on q_proj, lm_head:" in out, out + err

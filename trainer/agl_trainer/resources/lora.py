@@ -18,7 +18,7 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 class LoraTargetError(ValueError):
-    """A target that matches no linear layer, or one that would adapt a tied weight; says the fix."""
+    """A target that matches no linear layer; says the fix."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ def linear_layers(arch: Architecture) -> list[AdaptedLayer]:
 
 
 def adapted_layers(arch: Architecture, targets: tuple[str, ...]) -> list[AdaptedLayer]:
-    """The linear layers `targets` adapt; an unmatched target or a tied head is refused, as the backend
-    refuses it when the model loads (so the dry run fails where the run would)."""
+    """The linear layers `targets` adapt; an unmatched target is refused, as the backend refuses it
+    when the model loads (so the dry run fails where the run would). A tied lm_head counts as adapted:
+    its adapter is hidden x rank + rank x vocab, and merged it is a weight of its own."""
     every = linear_layers(arch)
     if tuple(targets) == (ALL_LINEAR,):
         return every[:-1]
@@ -67,13 +68,8 @@ def adapted_layers(arch: Architecture, targets: tuple[str, ...]) -> list[Adapted
             f"{', '.join(unmatched)} match no linear layer of {arch.model_type}; its linear layers are "
             f"{known} (or give {ALL_LINEAR})"
         )
-    chosen = [layer for layer in every if any(_matches(layer.name, target) for target in targets)]
-    if arch.tie_word_embeddings and chosen and chosen[-1].name == "lm_head":
-        raise LoraTargetError(
-            "lm_head shares its weight with the input embedding (tied embeddings); an adapter on it would "
-            "change both: leave it out"
-        )
-    return chosen
+    # lm_head is adapted tied or not (backends/lora.py: the adapter changes the head's output alone)
+    return [layer for layer in every if any(_matches(layer.name, target) for target in targets)]
 
 
 def _matches(module_name: str, target: str) -> bool:

@@ -73,6 +73,7 @@ class LoraPlan:
     adapted_weights: int  # parameters of the base weights the adapters update
     largest_weight: int  # the largest adapted weight's parameters
     engine_takes_adapter: bool  # else the trainer merges and the engine gets full weights
+    untied_head: int = 0  # an adapted tied lm_head: merged, a weight of its own (vocab x hidden) more
 
     @property
     def adapter_bytes(self) -> float:
@@ -245,12 +246,14 @@ def _lora_plan(config: Config, arch: Architecture, takes_adapters: bool) -> Lora
     targets = lora.target_modules
     names = tuple(n.strip() for n in targets.split(",") if n.strip()) if isinstance(targets, str) else targets
     layers = adapted_layers(arch, tuple(names))
+    tied_head = arch.tie_word_embeddings and any(layer.name == "lm_head" for layer in layers)
     return LoraPlan(
         rank=lora.rank, alpha=lora.alpha, modules=tuple(short_names(layers)), layers=len(layers),
         parameters=sum(layer.adapter_parameters(lora.rank) for layer in layers),
         adapted_weights=sum(layer.weight_parameters for layer in layers),
         largest_weight=max(layer.weight_parameters for layer in layers),
         engine_takes_adapter=takes_adapters,
+        untied_head=arch.embedding_parameters if tied_head else 0,
     )  # fmt: skip
 
 
@@ -346,7 +349,8 @@ def _engine_plan(
     # The embedded engine keeps its own fp32 copy of the weights in the trainer's process; its KV
     # cache grows with the batch (engine.max_batch), not from a preallocated budget.
     weights = parameters * 4.0
-    pristine = 4.0 * lora.adapted_weights if lora is not None else 0.0  # AdapterMerger's base copies
+    # AdapterMerger's base copies, and an adapted tied head's weight of its own (it unties the head)
+    pristine = 4.0 * (lora.adapted_weights + lora.untied_head) if lora is not None else 0.0
     return EnginePlan(
         name="embedded", replicas=1, tensor_parallel=1, dtype_bytes=4, utilization=None, max_model_len=max_len,
         kv_bytes_per_token=arch.kv_bytes_per_token(4), collocated=False,
@@ -570,7 +574,8 @@ def _lora_lines(plan: ResourcePlan, lora: LoraPlan) -> list[str]:
     if lora.engine_takes_adapter:
         sync = f"the adapter alone, {lora.adapter_bytes / 1024**2:.0f} MiB a step (the engine loads adapters)"
     else:
-        merged = plan.parameters * (plan.engine.dtype_bytes if plan.engine.name == "vllm" else 4)
+        weight_bytes = plan.engine.dtype_bytes if plan.engine.name == "vllm" else 4
+        merged = (plan.parameters + lora.untied_head) * weight_bytes  # an adapted tied head: untied
         sync = (
             f"the merged weights, {_gib(merged)} a step (the engine takes no adapter); merging holds the "
             f"float32 updates of all {lora.layers} adapted weights on the GPU at once, "
