@@ -368,6 +368,10 @@ def test_only_the_choices_member_of_that_name_is_nulled(message, spacing):
     out = record_unary(CHAT, body, _flags(CHAT, {}), call, False)
     assert out == b'{"choices":[{"index":0,"message":%s,"token_ids"%snull}]}' % (message, spacing)
     assert _recorded(CHAT, call)["choices"][0][0] == [5]
+    # The stream's one-search locator finds what the general one finds, decoys first or not.
+    five = msgspec.Raw(b"[5]")
+    located = wire.value_at(body, b'"token_ids":', five)
+    assert located == body.rindex(b"[5]") and wire.first_value_at(body, b'"token_ids":', five) == located
 
 
 @pytest.mark.parametrize(
@@ -379,6 +383,7 @@ def test_only_the_choices_member_of_that_name_is_nulled(message, spacing):
 )
 def test_locating_a_value_in_a_cut_or_odd_body_finds_nothing_and_raises_nothing(body):
     assert wire.value_at(body, b'"token_ids":', msgspec.Raw(b"[5]")) == -1
+    assert wire.first_value_at(body, b'"token_ids":', msgspec.Raw(b"[5]")) == -1
     assert wire.null_out(body, [(b'"token_ids":', msgspec.Raw(b"[5]"))]) is None
     assert wire.lift_int_array(body, b'"token_ids":') == (body, None)
 

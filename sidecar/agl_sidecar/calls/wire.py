@@ -403,6 +403,24 @@ def value_at(body: bytes, key: bytes, value: Raw | bytes, taken: set[int] | None
     return -1
 
 
+def first_value_at(body: bytes, key: bytes, value: Raw | bytes) -> int:
+    """`value_at(body, key, value)`, one search when the first `key` in `body` is a member's key
+    with `value` right after its colon (vLLM's compact spelling: the stream's hot path)."""
+    at = body.find(key)
+    if at > 0 and body[at - 1] in _BEFORE_KEY and body.startswith(value, at + len(key)):
+        return at + len(key)
+    return value_at(body, key, value)
+
+
+def chat_logprob_values(raw: Raw) -> list[float] | None:
+    """`chat_logprobs(raw)` for a strict spelling; raises msgspec.MsgspecError for any other (the
+    caller's slow path then reads it with chat_logprobs)."""
+    parsed = _chat_logprobs.decode(raw)
+    if parsed is None or parsed.content is None:
+        return None
+    return [entry.logprob if entry.logprob is not None else float("nan") for entry in parsed.content]
+
+
 def disjoint(cuts: list[tuple[int, int]]) -> bool:
     """Sort the (begin, end) spans; False when one lies inside another (a member named as the one
     sought, nested in another value sought): then they are not the members decoded."""

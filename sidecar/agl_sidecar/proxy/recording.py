@@ -215,49 +215,57 @@ class StreamRecorder:
 
     def _chat_fast(self, payload: bytes) -> bytes | None:
         """The common chat chunk (at most one choice) in one typed decode, the values to strip found
-        by their keys in any spacing (wire.value_at) and confirmed against the decoded values. None:
-        use the general path."""
+        by their keys in any spacing (wire.first_value_at: one search for vLLM's compact spelling)
+        and confirmed against the decoded values. None: use the general path. It runs for every
+        token of every stream, so it is written for few calls per chunk."""
         try:
-            chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
+            if len(payload) < wire.LIFT_MIN_BYTES:
+                chunk = _TYPED_CHAT_CHUNK(payload)
+            else:  # the first chunk, with the prompt's IDs
+                chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
         except msgspec.MsgspecError:
             return None
-        if chunk.error is not None or len(chunk.choices) > 1:
+        choices = chunk.choices
+        if chunk.error is not None or len(choices) > 1:
             return None
         call = self.call
         flags = self.flags
-        c = chunk.choices[0] if chunk.choices else None
+        c = choices[0] if choices else None
         # Locate every value to strip before recording anything: on a miss (an escaped key, a value
         # another spelling moved) the general path handles the chunk from scratch.
         cuts: list[tuple[int, int]] = []
-        has_prompt = chunk.prompt_token_ids != wire.NULL
+        prompt_ids = chunk.prompt_token_ids
+        has_prompt = prompt_ids != wire.NULL
         if has_prompt and not flags.token_ids:
-            at = wire.value_at(payload, K_PROMPT_TOKEN_IDS, chunk.prompt_token_ids)
+            at = wire.first_value_at(payload, K_PROMPT_TOKEN_IDS, prompt_ids)
             if at < 0:
                 return None
-            cuts.append((at, at + len(chunk.prompt_token_ids)))
+            cuts.append((at, at + len(prompt_ids)))
         logprobs = None
         if c is not None:
-            if c.token_ids is not None and not flags.token_ids:
-                encoded = wire.encode(c.token_ids)  # an int array without whitespace, as vLLM writes it
-                at = wire.value_at(payload, K_TOKEN_IDS, encoded)
+            ids = c.token_ids
+            if ids is not None and not flags.token_ids:
+                encoded = _ENCODE(ids)  # an int array without whitespace, as vLLM writes it
+                at = wire.first_value_at(payload, K_TOKEN_IDS, encoded)
                 span = _spaced_int_array(payload, K_TOKEN_IDS, encoded) if at < 0 else (at, at + len(encoded))
                 if span is None:
                     return None
                 cuts.append(span)
-            if c.logprobs != wire.NULL:
+            raw_logprobs = c.logprobs
+            if raw_logprobs != wire.NULL:
                 if not flags.logprobs:
-                    at = wire.value_at(payload, K_LOGPROBS, c.logprobs)
+                    at = wire.first_value_at(payload, K_LOGPROBS, raw_logprobs)
                     if at < 0:
                         return None
-                    cuts.append((at, at + len(c.logprobs)))
+                    cuts.append((at, at + len(raw_logprobs)))
                 try:
-                    logprobs = wire.chat_logprobs(c.logprobs)
+                    logprobs = wire.chat_logprob_values(raw_logprobs)
                 except msgspec.MsgspecError:
                     return None
         if len(cuts) > 1 and not wire.disjoint(cuts):
             return None
         if has_prompt and call.prompt_ids is None:
-            call.prompt_ids = chunk.prompt_token_ids
+            call.prompt_ids = prompt_ids
         if c is not None:
             choice = call.choice(c.index)
             if c.finish_reason is not None:
@@ -272,6 +280,10 @@ class StreamRecorder:
         if chunk.usage is not None:
             record_usage(call, chunk.usage)
         return wire.splice_nulls(payload, cuts, DATA) if cuts else DATA + payload
+
+
+_TYPED_CHAT_CHUNK = wire.typed_chat_chunk.decode
+_ENCODE = msgspec.json.encode
 
 
 def _spaced_int_array(payload: bytes, key: bytes, encoded: bytes) -> tuple[int, int] | None:
