@@ -6,7 +6,7 @@
     seconds = time_step("runs/demo/model-warm")   # mean seconds of one step (after a warm-up step)
 
     python -m examples.demo.inprocess --steps 200       # train and print reward per step
-    python -m examples.demo.inprocess --steps 80 --lora 8 --lr 3e-3 [--train-head]   # LoRA (peft) instead
+    python -m examples.demo.inprocess --steps 100 --lora 8 --lr 3e-3   # LoRA (peft) instead
 
 A step: sample 16 tasks x 8 episodes (two batched calls each, as the harness makes them), reward
 them, GRPO advantages per task group (agl_trainer.algorithms), one on-policy policy-gradient update
@@ -53,8 +53,7 @@ class InProcessRL:
         seed: int = 0,
         num_tasks: int = 4096,
         torch_threads: int | None = 1,  # as the embedded engine: tiny ops are faster on one thread
-        lora_rank: int = 0,  # > 0: train LoRA adapters (the backend's default targets) over a frozen base
-        train_head: bool = False,  # with LoRA: the output head trains whole too (peft's modules_to_save)
+        lora_rank: int = 0,  # > 0: train LoRA adapters (the demo config's targets) over a frozen base
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -66,7 +65,7 @@ class InProcessRL:
         self.tokens = DemoTokens(self.tokenizer)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if lora_rank:
-            self.model = _with_lora(self.model, lora_rank, train_head, seed)
+            self.model = _with_lora(self.model, lora_rank, seed)
         trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
         self.tasks = make_tasks(num_tasks, seed)
@@ -126,21 +125,23 @@ class InProcessRL:
         return float(loss.detach())
 
 
-def _with_lora(model: Any, rank: int, train_head: bool, seed: int) -> Any:
-    """The model with LoRA adapters as the torch backend builds them (rank, its default alpha 16 and
-    targets); `train_head` also trains the output head whole, which the backend's adapters cannot (the
-    demo model ties it to the input embedding)."""
-    import peft
-    import torch
+def _with_lora(model: Any, rank: int, seed: int) -> Any:
+    """The model with LoRA adapters as the torch backend builds them (backends/lora.py: rank, its
+    default alpha 16) on the demo config's targets: the projections and the output head."""
+    from agl_trainer.backends import lora
+    from agl_trainer.backends.torch_config import LoraConfig
 
-    from agl_trainer.backends.torch_config import DEFAULT_LORA_TARGETS
+    return lora.wrap(model, LoraConfig(rank=rank, target_modules=demo_lora_targets()), seed=seed)
 
-    config = peft.LoraConfig(
-        r=rank, lora_alpha=16, target_modules=list(DEFAULT_LORA_TARGETS), lora_dropout=0.0, bias="none",
-        modules_to_save=["lm_head"] if train_head else None,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    return peft.get_peft_model(model, config)
+
+DEMO_CONFIG = Path(__file__).with_name("config.yaml")
+
+
+def demo_lora_targets(config: str | Path = DEMO_CONFIG) -> tuple[str, ...]:
+    """backend.lora.target_modules of the demo's config (the default projections plus lm_head)."""
+    import yaml
+
+    return tuple(yaml.safe_load(Path(config).read_text())["backend"]["lora"]["target_modules"])
 
 
 def _rows(episode: Episode) -> list[tuple[list[int], list[int]]]:
@@ -174,20 +175,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--lora", type=int, default=0, metavar="RANK", help="train LoRA adapters of this rank"
+        "--lora", type=int, default=0, metavar="RANK",
+        help="train LoRA adapters of this rank (the demo config's targets: the projections and lm_head)",
     )
-    head = "with --lora: the output head trains whole too (not an adapter)"
-    parser.add_argument("--train-head", action="store_true", help=head)
     args = parser.parse_args(argv)
-    if args.train_head and not args.lora:
-        parser.error("--train-head goes with --lora RANK")
     from examples.demo.prepare import prepare_demo_model
 
     prepared = prepare_demo_model(args.workdir, seed=args.seed)
     print(f"reward: random init {prepared.reward_init:.3f}, after warm start {prepared.reward_warm:.3f}")
-    rl = InProcessRL(
-        prepared.path, lr=args.lr, seed=args.seed, lora_rank=args.lora, train_head=args.train_head
-    )
+    rl = InProcessRL(prepared.path, lr=args.lr, seed=args.seed, lora_rank=args.lora)
     for step in range(1, args.steps + 1):
         stats = rl.step()
         if step % 10 == 0 or step == 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from examples.demo.inprocess import InProcessRL, _rows, time_step
+from examples.demo.inprocess import InProcessRL, _rows, demo_lora_targets, time_step
 
 
 def test_a_step_samples_rewards_and_updates(prepared) -> None:
@@ -43,12 +43,11 @@ def test_rl_lifts_the_reward_after_the_warm_start(prepared) -> None:
     assert end > 0.75 and end > start + 0.2, (start, end)
 
 
-@pytest.mark.parametrize("train_head", [False, True])
-def test_lora_trains_the_adapters_and_with_train_head_the_output_head_alone(prepared, train_head) -> None:
-    rl = InProcessRL(prepared.path, tasks_per_step=4, episodes_per_task=4, seed=1, lora_rank=4, train_head=train_head)
+def test_lora_trains_the_adapters_on_the_demo_configs_targets(prepared) -> None:
+    rl = InProcessRL(prepared.path, tasks_per_step=4, episodes_per_task=4, seed=1, lora_rank=4)
+    assert "lm_head" in demo_lora_targets()  # the tiny model's skill is in its (tied) output head
     before = {k: v.clone() for k, v in rl.model.state_dict().items()}
     rl.step()
     changed = {k for k, v in rl.model.state_dict().items() if not (v == before[k]).all()}
-    assert changed and all("lora_" in k or "modules_to_save" in k for k in changed), changed
-    assert any("lora_B" in k for k in changed)  # B starts at 0 and moves first
-    assert any("modules_to_save" in k for k in changed) == train_head
+    assert changed and all("lora_" in k for k in changed), changed  # the tied embedding stays the base's
+    assert "base_model.model.lm_head.lora_B.default.weight" in changed  # B starts at 0 and moves first

@@ -61,6 +61,33 @@ def test_demo_reward_rises(tmp_path: Path, capfd: pytest.CaptureFixture[str]) ->
     assert len(trained) == sum(row["rollouts/trained"] for row in train)
 
 
+LORA_STEPS = 60
+
+
+@pytest.mark.slow
+def test_demo_with_lora_rank_8_learns(tmp_path: Path) -> None:
+    """`agl demo --backend.lora.rank 8`: adapters over the frozen warm-started model, on the demo
+    config's targets (the projections and the tied output head, where the tiny model's skill is),
+    synced to the engine as the adapter alone, at the demo's learning rate; reward and held-out rise."""
+    from agl_trainer.loop.checkpoint import Checkpoints
+    from examples.demo.run import run_demo
+
+    out = tmp_path / "demo"
+    summary = run_demo(
+        out, seed=0, budget_s=3600, max_steps=LORA_STEPS, quiet=True, val_every=LORA_STEPS // 2,
+        overrides=["--backend.lora.rank=8"],
+    )  # fmt: skip
+    assert summary["steps"] == LORA_STEPS
+    assert summary["reward_rl_last"] >= summary["reward_rl_first"] + 0.08, summary
+    assert summary["val_sampled_last"] >= summary["val_sampled_first"] + 0.1, summary
+    latest = Checkpoints(out / "checkpoints").latest()
+    assert latest is not None
+    backend = latest / "backend"
+    adapter = json.loads((backend / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 8 and "lm_head" in adapter["target_modules"]
+    assert not (backend / "model").exists()  # the base stays the warm start's: only the adapter trained
+
+
 def test_demo_config_overrides_are_checked_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:
     """`agl demo --backend.lora.rank 8` passes config keys through; a misspelled key or a value out of
     range is a clear error before the warm start, and nothing is written."""
@@ -75,3 +102,22 @@ def test_demo_config_overrides_are_checked_before_anything_runs(tmp_path: Path, 
     assert main(["demo", "--output-dir", str(out), "extra.yaml"]) == 2
     assert "takes no config file" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_valid_override_reaches_the_demo_before_its_files_exist(tmp_path: Path, monkeypatch) -> None:
+    """The config check before the warm start skips the config's paths (runs/demo/tasks.jsonl, the warm
+    model): the demo writes them itself, so a fresh checkout runs `agl demo --backend.lora.rank 8`."""
+    import examples.demo.run
+    from agl_trainer.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    calls: list[dict] = []
+
+    def recorded(out: Path, **kwargs: object) -> dict:
+        calls.append({"out": out, **kwargs})
+        return {"steps": 1}
+
+    monkeypatch.setattr(examples.demo.run, "run_demo", recorded)
+    out = tmp_path / "demo"
+    assert main(["demo", "--output-dir", str(out), "--backend.lora.rank", "8"]) == 0
+    assert calls and calls[0]["overrides"] == ["--backend.lora.rank", "8"]
