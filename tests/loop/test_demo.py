@@ -16,6 +16,7 @@ STEPS = 40
 @pytest.mark.slow
 def test_demo_reward_rises(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from agl_trainer.store import RolloutStore
+
     from examples.demo.run import run_demo
 
     # max_train_s far above what 40 steps take anywhere: it only guards against a hang
@@ -70,6 +71,7 @@ def test_demo_with_lora_rank_8_learns(tmp_path: Path) -> None:
     config's targets (the projections and the tied output head, where the tiny model's skill is),
     synced to the engine as the adapter alone, at the demo's learning rate; reward and held-out rise."""
     from agl_trainer.loop.checkpoint import Checkpoints
+
     from examples.demo.run import run_demo
 
     out = tmp_path / "demo"
@@ -107,8 +109,9 @@ def test_demo_config_overrides_are_checked_before_anything_runs(tmp_path: Path, 
 def test_a_valid_override_reaches_the_demo_before_its_files_exist(tmp_path: Path, monkeypatch) -> None:
     """The config check before the warm start skips the config's paths (runs/demo/tasks.jsonl, the warm
     model): the demo writes them itself, so a fresh checkout runs `agl demo --backend.lora.rank 8`."""
-    import examples.demo.run
     from agl_trainer.cli import main
+
+    import examples.demo.run
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     calls: list[dict] = []

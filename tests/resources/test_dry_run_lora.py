@@ -189,8 +189,9 @@ def test_an_adapter_on_a_tied_output_head_is_counted(
 ) -> None:
     """lm_head adapted on the (tied) demo model, as the backend allows it: its adapter trains rank x
     (hidden + vocab) more; the embedded engine holds the head's pristine copy and its own untied head."""
-    from examples.demo.model import build_demo_model
     from agl_trainer.resources import architecture_from_dict
+
+    from examples.demo.model import build_demo_model
 
     model = build_demo_model(tmp_path / "tiny")
     arch = architecture_from_dict(json.loads((model / "config.json").read_text()))
