@@ -11,6 +11,11 @@ A prompt is also kept whole, found again by its first bytes: the same prompt aga
 of a task, a retry, a benchmark) costs one comparison of its JSON text, and a conversation's next
 turn (the last prompt and more) a comparison plus its new IDs, where the slices would hash every
 slice and decode the last partial one again.
+
+A slice the cache misses is read by agl_sidecar._token_elements (C, built by the package's install)
+when it is there: the JSON text straight to the encoded entries, about 20x faster than decoding to
+Python ints and encoding them. It answers only the common case (IDs below 2**21, plain integers);
+anything else, and every slice where the extension is not built, takes the pure-Python path.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ from msgspec import Raw
 from agl_sidecar.spans import otlp
 from agl_sidecar.calls import wire
 from agl_sidecar.spans.lru import BytesLRU
+
+try:
+    from agl_sidecar._token_elements import int_array_elements
+except ImportError:  # not built (no compiler where it was installed): the pure-Python path
+    int_array_elements = None
 
 SLICE_TOKENS = 2048  # ~0.15 ms to decode and encode
 SLICE_JSON_BYTES = 12 * 1024  # about 2k token IDs of JSON text
@@ -129,10 +139,14 @@ def _encode_json(value: Raw | bytes, cache: SliceCache) -> Generator[None, None,
     for text, full_size in wire.int_array_pieces(value, SLICE_JSON_BYTES):
         encoded = cache.get(text) if full_size else None
         if encoded is None:
-            ids = wire.token_ids(text)
-            if ids is None:
-                return None
-            encoded = otlp.IntArray.of(ids)
+            fast = int_array_elements(text) if int_array_elements is not None else None
+            if fast is not None:
+                encoded = otlp.IntArray(*fast)
+            else:
+                ids = wire.token_ids(text)
+                if ids is None:
+                    return None
+                encoded = otlp.IntArray.of(ids)
             if full_size:
                 cache.put(text, encoded)
             yield
