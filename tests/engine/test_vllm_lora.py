@@ -192,3 +192,21 @@ def test_verl_with_lora_trains_the_adapter_the_engine_takes(tmp_path: Path) -> N
     config = _config(tmp_path, backend={"name": "verl", "lora": {"rank": 8}}, engine={"name": "vllm"})
     assert backend_settings(config, str(tmp_path), cuda_available=False).training.lora.rank == 8
     assert vllm_settings(config, str(tmp_path))["lora_rank"] == 8
+
+
+def test_merged_weights_with_an_untied_head_are_refused_for_a_tied_served_model(
+    tmp_path: Path, bpe_model_dir: Path
+) -> None:
+    """A LoRA policy whose adapter covers the tied lm_head, merged, holds lm_head.weight of its own: a
+    vLLM serving the tied model would load the embedding in its place, so the update is refused."""
+    from agl_trainer.engines.base import WeightUpdate
+
+    assert json.loads((bpe_model_dir / "config.json").read_text())["tie_word_embeddings"]
+    engine = VLLMEngine(VLLMConfig(model=str(bpe_model_dir), served_model_name="tiny", python=sys.executable,
+                                   weights_dir=str(tmp_path), device="cpu"))  # fmt: skip
+    head = {"lm_head.weight": torch.zeros(2, 2), "model.embed_tokens.weight": torch.ones(2, 2)}
+    with pytest.raises(ValueError, match=r"lm_head\.weight of their own .* engine\.vllm\.lora_rank > 0"):
+        engine.update_weights(WeightUpdate(version=1, state_dict=head))
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+    tied = {**head, "lm_head.weight": head["model.embed_tokens.weight"].clone()}  # as transformers lists it
+    engine._check_head(WeightUpdate(version=1, state_dict=tied))  # the embedding itself: fine

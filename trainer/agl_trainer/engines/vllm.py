@@ -52,6 +52,7 @@ sleep/wake).
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import shutil
@@ -63,11 +64,11 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import httpx
 
-from agl_trainer.backends.lora import AdapterState
+from agl_trainer.backends.lora import HEAD_WEIGHT, AdapterState
 from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.vllm_config import (
     ADAPTER_IDS_METHOD,
@@ -125,6 +126,10 @@ class SyncReport:
     nbytes: int = 0  # what the update carried: the adapter's tensors (LoRA) or the weights'
     adapter: bool = False  # an adapter-only update
 
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (tuple(a.shape) == tuple(b.shape) and bool((a == b).all()))
 
 
 class VLLMEngine:
@@ -479,6 +484,7 @@ class VLLMEngine:
                     "(state_dict_for_engine)"
                 )
             return self.update_adapter(update.version, update.adapter)
+        self._check_head(update)
         if self._transfer is not None:
             return self._update_weights_gpu(update)
         started = time.perf_counter()
@@ -498,6 +504,27 @@ class VLLMEngine:
         self._report(update.version, seconds, write_seconds, results, restarted, nbytes, adapter=False)
         self._prune_weights(keep=directory)
         return seconds
+
+    def _check_head(self, update: WeightUpdate) -> None:
+        """Refuse weights with an output head of their own (a LoRA policy whose adapter covers a tied
+        lm_head, merged: backends/lora.py) for a served model that ties its head: vLLM would load the
+        embedding in its place and silently serve another policy."""
+        state = update.state_dict
+        if state is None or HEAD_WEIGHT not in state or not self.config.model:
+            return
+        head = state[HEAD_WEIGHT]
+        if any(n.endswith("embed_tokens.weight") and _same(t, head) for n, t in state.items()):
+            return  # the tied head under its own name too (a transformers state_dict): the embedding
+        path = Path(self.config.model) / "config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        if config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)):
+            raise ValueError(
+                f"VLLMEngine.update_weights: these weights hold {HEAD_WEIGHT} of their own (a LoRA adapter "
+                f"on the tied output head, merged), but vLLM serves {self.config.model} with its head tied "
+                "to the input embedding and would not load it (fix: start vLLM with engine.vllm.lora_rank "
+                "> 0, the loop's default with backend.lora.rank, so it takes the adapter alone)"
+            )
 
     def update_adapter(self, version: int, adapter: AdapterState) -> float:
         """The LoRA sync (vllm_lora.py): write the adapter (peft's format) under the weights directory,
