@@ -147,7 +147,8 @@ def _model_path(verl: VerlBackend) -> Path:
     return Path(verl.training.model_path)
 
 
-def test_an_adapter_on_the_tied_output_head_equals_the_torch_backend(local_ray, tiny_model, tmp_path):
+@pytest.mark.parametrize("world", [1, 2])
+def test_an_adapter_on_the_tied_output_head_equals_the_torch_backend(local_ray, tiny_model, tmp_path, world):
     """lm_head adapted on the tied model (its output alone, backends/lora.py): the same start and update
     as the torch backend, merged weights with the head as a weight of its own (the embedding the base's),
     and save_hf untied, so transformers serves the policy."""
@@ -155,7 +156,7 @@ def test_an_adapter_on_the_tied_output_head_equals_the_torch_backend(local_ray, 
 
     head = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "lm_head"))
     config = training_config(tiny_model, algorithm=ALGORITHM, lr=LR, lora=head, **OPTIONS)
-    verl = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=1))
+    verl = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=world))
     try:
         torch_backend = TorchBackend(config)
         _assert_same_adapter(verl.adapter_for_engine(), torch_backend.adapter_for_engine(), exact=True)
