@@ -279,6 +279,9 @@ def test_targets_are_checked_against_the_model(model_dir: Path) -> None:
         lora_backend(model_dir, lora={"target_modules": ("q_proj", "qkv", "c_fc")})
     head = lora_backend(model_dir, lora={"target_modules": ("q_proj", "lm_head")})  # tied: its output only
     assert {n.split(".lora_")[0] for n in head.adapter_for_engine().weights} >= {"base_model.model.lm_head"}
+    embedding = r"embed_tokens match no linear layer .* input embedding, which agl does not adapt .* lm_head"
+    with pytest.raises(BackendConfigError, match=embedding):
+        lora_backend(model_dir, lora={"target_modules": ("q_proj", "embed_tokens")})
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     layers = model.model.layers
     layers[1].self_attn.q_proj.weight = layers[0].self_attn.q_proj.weight  # another tied pair: ambiguous

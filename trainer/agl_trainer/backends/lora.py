@@ -91,9 +91,16 @@ def resolve_targets(model: torch.nn.Module, names: tuple[str, ...]) -> list[str]
     if unmatched:
         default = " (the default, for Qwen2/Llama-style models)" if names == DEFAULT_LORA_TARGETS else ""
         known = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        embedding = next((n for n, m in model.named_modules() if m is model.get_input_embeddings()), "")
+        hint = (
+            f"; {embedding} is the input embedding, which agl does not adapt (tied to the output head, an "
+            "adapter there would change both): adapt lm_head, the output head, instead"
+            if embedding and any(_matches(embedding, target) for target in unmatched)
+            else ""
+        )
         raise BackendConfigError(
             f"backend.lora.target_modules{default}: {', '.join(unmatched)} match no linear layer of {kind}; "
-            f"its linear layers are {', '.join(known)} (or give {ALL_LINEAR})"
+            f"its linear layers are {', '.join(known)} (or give {ALL_LINEAR}){hint}"
         )
     shared = _shared_weights(model)
     tied = sorted(
