@@ -336,3 +336,30 @@ def test_bfloat16_base_on_cpu(model_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_bfloat16_base_on_cuda(model_dir: Path, tmp_path: Path) -> None:
     check_bfloat16_base(model_dir, tmp_path, "cuda")
+
+
+@pytest.mark.parametrize("fan_in_fan_out", [False, True])
+def test_adapter_updates_are_computed_when_read_and_checked_without_computing(monkeypatch, fan_in_fan_out):
+    """A merge reads one weight's float32 update at a time (an 8B's together are 26 GiB): membership and
+    shapes come without a matmul, and each update is scaling x B @ A (transposed for fan-in-first)."""
+    a, b = torch.randn(4, 6), torch.randn(10, 4)
+    state = lora.AdapterState(
+        {"base_model.model.layer.q_proj.lora_A.weight": a, "base_model.model.layer.q_proj.lora_B.weight": b},
+        {"r": 4, "lora_alpha": 8, "fan_in_fan_out": fan_in_fan_out},
+    )
+    deltas = lora.adapter_deltas(state)
+    computed = 0
+    real_getitem = lora.AdapterDeltas.__getitem__
+
+    def counted(self, name):
+        nonlocal computed
+        computed += 1
+        return real_getitem(self, name)
+
+    monkeypatch.setattr(lora.AdapterDeltas, "__getitem__", counted)
+    name = "layer.q_proj.weight"
+    assert name in deltas and "layer.k_proj.weight" not in deltas and list(deltas) == [name]
+    expected = (b @ a) * 2.0
+    expected = expected.T if fan_in_fan_out else expected
+    assert deltas.shape(name) == tuple(expected.shape) and computed == 0
+    assert torch.allclose(deltas[name], expected) and computed == 1

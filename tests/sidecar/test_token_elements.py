@@ -7,12 +7,10 @@ import random
 
 import msgspec
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from agl_sidecar.spans import otlp, token_arrays
 from agl_sidecar.spans.token_arrays import SliceCache, encode_token_ids
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_the_extension_is_built_by_the_install():

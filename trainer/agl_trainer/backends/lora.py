@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,7 +206,7 @@ def merged_tensors(peft_model: Any, dtype: torch.dtype | None = None) -> Iterato
     """merged_state_dict's weights one at a time, where they live (an unmerged one may be the model's
     own tensor: copy it). Sharded by FSDP2, every rank walks it whole: each weight is gathered."""
     base = peft_model.get_base_model()
-    deltas = adapter_deltas(_live_adapter(peft_model))  # on the adapter's device: an 8B's are many matmuls
+    deltas = adapter_deltas(_live_adapter(peft_model))  # on the adapter's device, one weight's at a time
     seen: set[int] = set()
     for name, tensor in base.state_dict(keep_vars=True).items():
         hf_name = name.replace(".base_layer.", ".")
@@ -293,9 +293,11 @@ def read_adapter(directory: Path) -> AdapterState:
 
 
 # ------------------------------------------------------------------------------- both sides: merging
-def adapter_deltas(state: AdapterState) -> dict[str, torch.Tensor]:
+def adapter_deltas(state: AdapterState) -> AdapterDeltas:
     """Each adapted weight's update, float32 on the weights' device, by the base model's Hugging Face
-    weight name: scaling x B @ A (transposed where the layer stores its weight fan-in first)."""
+    weight name: scaling x B @ A (transposed where the layer stores its weight fan-in first). Checked
+    whole here; each update is computed when it is read, so a merge holds one at a time (an 8B's
+    float32 updates of every linear layer together are 26 GiB)."""
     config = state.config
     if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
         raise ValueError("adapter_deltas: DoRA and per-layer rank or alpha patterns are not supported")
@@ -305,15 +307,45 @@ def adapter_deltas(state: AdapterState) -> dict[str, torch.Tensor]:
         if part not in ("A.weight", "B.weight"):
             raise ValueError(f"adapter_deltas: {name} is not a LoRA A or B weight")
         pairs.setdefault(module, {})[part[0]] = tensor
-    rank, alpha = int(config["r"]), float(config["lora_alpha"])
-    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    out = {}
     for module, pair in pairs.items():
         if set(pair) != {"A", "B"}:
             raise ValueError(f"adapter_deltas: {module} has lora_{''.join(pair)} only")
-        delta = (pair["B"].float() @ pair["A"].float()) * scaling
-        out[f"{module}.weight"] = delta.T if config.get("fan_in_fan_out") else delta
-    return out
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return AdapterDeltas(
+        {f"{module}.weight": (pair["A"], pair["B"]) for module, pair in pairs.items()},
+        scaling,
+        bool(config.get("fan_in_fan_out")),
+    )
+
+
+class AdapterDeltas(Mapping[str, torch.Tensor]):
+    """Weight name -> its update, computed when read (not kept)."""
+
+    def __init__(self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float, fan_in_fan_out: bool):
+        self._pairs = pairs
+        self._scaling = scaling
+        self._transposed = fan_in_fan_out
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        a, b = self._pairs[name]
+        delta = (b.float() @ a.float()) * self._scaling
+        return delta.T if self._transposed else delta
+
+    def __contains__(self, name: object) -> bool:  # Mapping's own would compute the update
+        return name in self._pairs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def shape(self, name: str) -> tuple[int, int]:
+        """The update's shape, without computing it."""
+        a, b = self._pairs[name]
+        out, fan_in = int(b.shape[0]), int(a.shape[1])
+        return (fan_in, out) if self._transposed else (out, fan_in)
 
 
 def _merge(base: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -337,10 +369,10 @@ class AdapterMerger:
         unknown = sorted(name for name in deltas if name not in every)
         if unknown:
             raise KeyError(f"update_adapter: weights the model does not have: {unknown[:5]}")
-        for name, delta in deltas.items():
-            if tuple(delta.shape) != tuple(every[name].shape):
+        for name in deltas:
+            if deltas.shape(name) != tuple(every[name].shape):
                 raise ValueError(
-                    f"update_adapter: {name}'s update has shape {tuple(delta.shape)}, the model "
+                    f"update_adapter: {name}'s update has shape {deltas.shape(name)}, the model "
                     f"{tuple(every[name].shape)}"
                 )
         with torch.no_grad():
