@@ -374,6 +374,37 @@ def test_only_the_choices_member_of_that_name_is_nulled(message, spacing):
     assert located == body.rindex(b"[5]") and wire.first_value_at(body, b'"token_ids":', five) == located
 
 
+_CHUNK = (
+    b'{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":%s,'
+    b'"logprobs"%s{"content":[{"token":"a","logprob":-0.5,"bytes":[97],"top_logprobs":[]}]},'
+    b'"finish_reason":null,"token_ids"%s[5]}]}'
+)
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        b'{"content":"a"}',
+        # members of those names nested before the choice's, with other values: found past them
+        b'{"content":"a","extra":{"token_ids":[9],"logprobs":null}}',
+        b'{"content":"\\"token_ids\\":[5] \\"logprobs\\":","extra":{"logprobs":{"content":[]}}}',
+    ],
+)
+@pytest.mark.parametrize("spacing", [b":", b" : ", b": "])
+def test_a_stream_chunk_is_stripped_at_its_choices_members_whatever_comes_before_them(delta, spacing):
+    """The stream's inline locator (vLLM's compact spelling, one search a value) and the general one
+    it falls back to cut the same members: the choice's, not a decoy of the same name."""
+    payload = _CHUNK % (delta, spacing, spacing)
+    call = _call()
+    out = StreamRecorder(CHAT, _flags(CHAT, {}), call).event(b"data: " + payload)
+    expected = payload.replace(b"%s{" % spacing + b'"content":[{"token"', b"%snull,@" % spacing, 1)
+    expected = expected[: expected.index(b"@")] + expected[expected.index(b'"finish_reason"'):]
+    expected = expected.replace(b'"token_ids"%s[5]}]}' % spacing, b'"token_ids"%snull}]}' % spacing)
+    assert out == b"data: " + expected
+    recorded = _recorded(CHAT, call)["choices"][0]
+    assert recorded[0] == [5] and recorded[1] == [-0.5]
+
+
 @pytest.mark.parametrize(
     "body",
     [

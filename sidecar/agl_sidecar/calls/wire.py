@@ -153,6 +153,7 @@ _ints = msgspec.json.Decoder(list[int] | None)
 _numbers = msgspec.json.Decoder(list[int | float] | None)
 # Lax: a logprob may arrive as the string "NaN" / "-Infinity" (tolerant_json's spelling of them).
 _chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None, strict=False)
+chat_logprobs_decoder = _chat_logprobs  # the stream fast path's (Python's bare NaN refuses: its slow path reads it)
 _legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None, strict=False)
 
 
@@ -344,6 +345,7 @@ def strip_decoded(body: bytes, token_ids: bool, logprobs: bool) -> bytes:
 WS = b" \t\n\r"
 _WS_BYTES = (b" ", b"\t", b"\n", b"\r")
 _BEFORE_KEY = b"{," + WS
+BEFORE_KEY = _BEFORE_KEY  # for the stream's inlined locator (proxy/recording.py)
 
 
 def skip_ws(body: bytes, at: int) -> int:
@@ -410,15 +412,6 @@ def first_value_at(body: bytes, key: bytes, value: Raw | bytes) -> int:
     if at > 0 and body[at - 1] in _BEFORE_KEY and body.startswith(value, at + len(key)):
         return at + len(key)
     return value_at(body, key, value)
-
-
-def chat_logprob_values(raw: Raw) -> list[float] | None:
-    """`chat_logprobs(raw)` for a strict spelling; raises msgspec.MsgspecError for any other (the
-    caller's slow path then reads it with chat_logprobs)."""
-    parsed = _chat_logprobs.decode(raw)
-    if parsed is None or parsed.content is None:
-        return None
-    return [entry.logprob if entry.logprob is not None else float("nan") for entry in parsed.content]
 
 
 def disjoint(cuts: list[tuple[int, int]]) -> bool:
