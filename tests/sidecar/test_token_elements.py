@@ -30,13 +30,15 @@ def _spell(ids: list[int], rng: random.Random) -> bytes:
     """`ids` as JSON with whitespace wherever JSON allows it."""
     ws = [b"", b" ", b"\n", b"\t", b"\r\n  "]
     parts = [rng.choice(ws) + str(i).encode() + rng.choice(ws) for i in ids]
-    return rng.choice(ws) + b"[" + b",".join(parts) + (rng.choice(ws) if not ids else b"") + b"]" + rng.choice(ws)
+    inside = b",".join(parts) + (rng.choice(ws) if not ids else b"")
+    return rng.choice(ws) + b"[" + inside + b"]" + rng.choice(ws)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 511, 512, 5000])
 def test_the_same_bytes_as_the_python_encoder(n):
     rng = random.Random(n)
-    ids = [rng.randrange(0, 1 << 21) for _ in range(n)] + ([0, (1 << 21) - 1, 127, 128, 16383, 16384] if n else [])
+    edges = [0, (1 << 21) - 1, 127, 128, 16383, 16384] if n else []
+    ids = [rng.randrange(0, 1 << 21) for _ in range(n)] + edges
     expected = otlp.IntArray.of(ids)
     for data in (msgspec.json.encode(ids), _spell(ids, rng)):
         assert _c(data) == (expected.elements, len(ids))

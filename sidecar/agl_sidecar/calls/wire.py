@@ -153,7 +153,8 @@ _ints = msgspec.json.Decoder(list[int] | None)
 _numbers = msgspec.json.Decoder(list[int | float] | None)
 # Lax: a logprob may arrive as the string "NaN" / "-Infinity" (tolerant_json's spelling of them).
 _chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None, strict=False)
-chat_logprobs_decoder = _chat_logprobs  # the stream fast path's (Python's bare NaN refuses: its slow path reads it)
+# The stream fast path's (Python's bare NaN refuses: its slow path reads it).
+chat_logprobs_decoder = _chat_logprobs
 _legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None, strict=False)
 
 

@@ -252,7 +252,8 @@ class StreamRecorder:
             if raw_logprobs != wire.NULL:
                 if not flags.logprobs:
                     at = payload.find(K_LOGPROBS)
-                    if at > 0 and payload[at - 1] in _BEFORE_KEY and payload.startswith(raw_logprobs, at + _LP):
+                    compact = at > 0 and payload[at - 1] in _BEFORE_KEY
+                    if compact and payload.startswith(raw_logprobs, at + _LP):
                         at += _LP
                     else:
                         at = wire.value_at(payload, K_LOGPROBS, raw_logprobs)
@@ -274,7 +275,10 @@ class StreamRecorder:
                     cuts.append((at, at + len(encoded)))
                 else:
                     at = wire.value_at(payload, K_TOKEN_IDS, encoded)
-                    span = _spaced_int_array(payload, K_TOKEN_IDS, encoded) if at < 0 else (at, at + len(encoded))
+                    if at >= 0:
+                        span = (at, at + len(encoded))
+                    else:
+                        span = _spaced_int_array(payload, K_TOKEN_IDS, encoded)
                     if span is None:
                         return None
                     cuts.append(span)

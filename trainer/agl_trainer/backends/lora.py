@@ -322,7 +322,9 @@ def adapter_deltas(state: AdapterState) -> AdapterDeltas:
 class AdapterDeltas(Mapping[str, torch.Tensor]):
     """Weight name -> its update, computed when read (not kept)."""
 
-    def __init__(self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float, fan_in_fan_out: bool):
+    def __init__(
+        self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float, fan_in_fan_out: bool
+    ) -> None:
         self._pairs = pairs
         self._scaling = scaling
         self._transposed = fan_in_fan_out

@@ -33,7 +33,8 @@ There is no prefix cache, so no stale KV survives an update between requests; a 
 generating across an update (the loop drains the sidecar first, so normally none) keeps the KV of
 its earlier tokens and continues with the new weights. `update_adapter` is the LoRA sync: only the
 adapter comes (peft's format, backends/lora.py), merged into the base weights the engine loaded,
-each adapter replacing the last (an adapter on a tied output head unties the served head first). `last_update_bytes` is what the latest update of either kind moved.
+each adapter replacing the last (an adapter on a tied output head unties the served head first).
+`last_update_bytes` is what the latest update of either kind moved.
 """
 
 from __future__ import annotations
