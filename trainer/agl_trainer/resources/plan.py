@@ -93,7 +93,7 @@ class EnginePlan:
     weights_bytes: float  # per GPU
     budget_bytes: float  # per GPU: what the engine claims (vLLM) or holds (embedded)
     kv_bytes: float  # per GPU, <= 0 when the weights leave no room
-    # LoRA: vLLM's adapter buffers (rank x (in + out) of every linear layer, in its dtype), or the
+    # LoRA: vLLM's adapter buffers (rank x (in + out) of every linear layer and the head, in its dtype), or the
     # embedded engine's float32 copies of the adapted base weights (each adapter merges into those)
     adapter_bytes: float = 0.0
     # loop.switch: keep: calls frozen across an update hold the engine's KV cache, so vLLM cannot
@@ -335,9 +335,9 @@ def _engine_plan(
         weights = parameters * weight_bytes / tp
         budget = utilization * gpu
         slots = 0.0
-        if lora is not None and lora.engine_takes_adapter:  # --enable-lora --max-loras 1: every linear layer
-            every = linear_layers(arch)[:-1]
-            slots = sum(layer.adapter_parameters(lora.rank) for layer in every) * weight_bytes / tp
+        if lora is not None and lora.engine_takes_adapter:  # --enable-lora --max-loras 1: every linear layer,
+            # the output head's too (vLLM wraps it whatever the adapter targets)
+            slots = sum(layer.adapter_parameters(lora.rank) for layer in linear_layers(arch)) * weight_bytes / tp
         return EnginePlan(
             name="vllm", replicas=config.engine.replicas, tensor_parallel=tp, dtype_bytes=weight_bytes,
             utilization=utilization, max_model_len=max_len,
