@@ -13,8 +13,8 @@ turn (the last prompt and more) a comparison plus its new IDs, where the slices 
 slice and decode the last partial one again.
 
 A slice the cache misses is read by agl_sidecar._token_elements (C, built by the package's install)
-when it is there: the JSON text straight to the encoded entries, about 20x faster than decoding to
-Python ints and encoding them. It answers only the common case (IDs below 2**21, plain integers);
+when it is there: the JSON text straight to the encoded entries (2k IDs: 9 us against 68 us to decode
+them to Python ints and encode those). It answers only the common case (IDs below 2**21, plain integers);
 anything else, and every slice where the extension is not built, takes the pure-Python path.
 """
 
