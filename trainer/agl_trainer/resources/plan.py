@@ -34,8 +34,9 @@ and AdamW's two moments are float32 (peft keeps adapters float32 over a bf16 bas
 own copy of the base in its own process: trainer and engine never share it (collocated, vLLM moves
 its copy to CPU memory while it sleeps). An engine that takes adapters (resources/settings.py
 engine_takes_adapters) gets the adapter alone each step, and vLLM reserves LoRA buffers at the
-adapter's rank for every linear layer; otherwise the trainer merges: lora.merged_state_dict holds the
-float32 update of every adapted weight on the GPU at once, after training, with the engine asleep.
+adapter's rank for every linear layer and the output head; otherwise the trainer merges, after
+training with the engine asleep: lora.merged_state_dict merges one adapted weight at a time on the GPU
+(its float32 update, the base's float32 copy and their sum), the merged weights going to CPU memory.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class EnginePlan:
     weights_bytes: float  # per GPU
     budget_bytes: float  # per GPU: what the engine claims (vLLM) or holds (embedded)
     kv_bytes: float  # per GPU, <= 0 when the weights leave no room
-    # LoRA: vLLM's adapter buffers (rank x (in + out) of every linear layer and the head, in its dtype), or the
-    # embedded engine's float32 copies of the adapted base weights (each adapter merges into those)
+    # LoRA: vLLM's adapter buffers (rank x (in + out) of every linear layer and the head, in its dtype),
+    # or the embedded engine's float32 copies of the adapted base weights (each adapter merges into those)
     adapter_bytes: float = 0.0
     # loop.switch: keep: calls frozen across an update hold the engine's KV cache, so vLLM cannot
     # sleep while the trainer trains, collocated or not (the loop skips the sleep)
@@ -292,8 +293,8 @@ def _trainer_plan(
     retains = torch_backend and config.engine.name == "vllm"
     if lora is not None:  # the adapters train, float32; the base is frozen in the master dtype, once
         adapter = lora.adapter_bytes
-        # merged_state_dict: every adapted weight's float32 update at once, then one merged weight
-        merging = 0.0 if lora.engine_takes_adapter else 4.0 * (lora.adapted_weights + lora.largest_weight)
+        # merged_state_dict, one weight at a time: the largest one's float32 update, base copy and sum
+        merging = 0.0 if lora.engine_takes_adapter else 3 * 4.0 * lora.largest_weight
         return TrainerPlan(
             backend=backend.name, world_size=1, nnodes=1, gpus_per_node=1, param_bytes=param_bytes,
             params_bytes=adapter, grads_bytes=adapter, optimizer_bytes=2 * adapter,
@@ -335,9 +336,10 @@ def _engine_plan(
         weights = parameters * weight_bytes / tp
         budget = utilization * gpu
         slots = 0.0
-        if lora is not None and lora.engine_takes_adapter:  # --enable-lora --max-loras 1: every linear layer,
-            # the output head's too (vLLM wraps it whatever the adapter targets)
-            slots = sum(layer.adapter_parameters(lora.rank) for layer in linear_layers(arch)) * weight_bytes / tp
+        if lora is not None and lora.engine_takes_adapter:  # --enable-lora --max-loras 1: every linear
+            # layer, the output head's too (vLLM wraps it whatever the adapter targets)
+            every = linear_layers(arch)
+            slots = sum(layer.adapter_parameters(lora.rank) for layer in every) * weight_bytes / tp
         return EnginePlan(
             name="vllm", replicas=config.engine.replicas, tensor_parallel=tp, dtype_bytes=weight_bytes,
             utilization=utilization, max_model_len=max_len,
@@ -577,9 +579,8 @@ def _lora_lines(plan: ResourcePlan, lora: LoraPlan) -> list[str]:
         weight_bytes = plan.engine.dtype_bytes if plan.engine.name == "vllm" else 4
         merged = (plan.parameters + lora.untied_head) * weight_bytes  # an adapted tied head: untied
         sync = (
-            f"the merged weights, {_gib(merged)} a step (the engine takes no adapter); merging holds the "
-            f"float32 updates of all {lora.layers} adapted weights on the GPU at once, "
-            f"{_gib(trainer.sync_bytes)}"
+            f"the merged weights, {_gib(merged)} a step (the engine takes no adapter); merging holds one "
+            f"adapted weight's float32 update, base copy and sum on the GPU at a time, {_gib(trainer.sync_bytes)}"
         )
     return [
         f"training: torch backend, one device, LoRA rank {lora.rank} (alpha {lora.alpha:g}) on "
