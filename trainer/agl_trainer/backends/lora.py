@@ -224,6 +224,13 @@ def merged_tensors(peft_model: Any, dtype: torch.dtype | None = None) -> Iterato
 HEAD_WEIGHT = "lm_head.weight"  # the output head's weight (Llama/Qwen-style names), as merged
 
 
+def ties_head(config: dict[str, Any]) -> bool:
+    """A model's config.json (a dict) ties its output head to the input embedding (a multimodal one's
+    text_config says so where the top level does not)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+
+
 def config_for_weights(config: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     """A model's config.json (a dict) for weights under `names`: where they hold an output head of
     their own (an untied model's, or a tied one's merged with its adapter) it says tie_word_embeddings

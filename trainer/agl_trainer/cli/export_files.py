@@ -252,9 +252,8 @@ def _tied_head_source(source: Path, shapes: dict[str, tuple[int, ...]]) -> str |
     if lora.HEAD_WEIGHT in shapes:
         return None
     config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
-    tied = config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings"))
     embeddings = [name for name in shapes if name.endswith("embed_tokens.weight")]
-    if not tied or len(embeddings) != 1:
+    if not lora.ties_head(config) or len(embeddings) != 1:
         raise ExportError(
             f"the adapter adapts {lora.HEAD_WEIGHT}, which {source} neither has nor ties to one input "
             "embedding (fix: --base the model the run trained)"

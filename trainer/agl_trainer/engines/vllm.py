@@ -68,7 +68,7 @@ from typing import Any, Literal, Self
 
 import httpx
 
-from agl_trainer.backends.lora import HEAD_WEIGHT, AdapterState
+from agl_trainer.backends.lora import HEAD_WEIGHT, AdapterState, ties_head
 from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.vllm_config import (
     ADAPTER_IDS_METHOD,
@@ -517,8 +517,7 @@ class VLLMEngine:
             return  # the tied head under its own name too (a transformers state_dict): the embedding
         path = Path(self.config.model) / "config.json"
         config = json.loads(path.read_text()) if path.is_file() else {}
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        if config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)):
+        if ties_head(config):
             raise ValueError(
                 f"VLLMEngine.update_weights: these weights hold {HEAD_WEIGHT} of their own (a LoRA adapter "
                 f"on the tied output head, merged), but vLLM serves {self.config.model} with its head tied "
