@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -228,11 +229,8 @@ def _over_old_kv(model, old, new, prompt: list[int], tokens: list[int], boundary
     return logits.float().log_softmax(-1)[0].gather(1, chosen)[:, 0].tolist()
 
 
-def test_prompt_logprobs_on_the_adapter_are_the_trainers(engine, trainer) -> None:  # type: ignore[no-untyped-def]
-    """The canary's request (loop/canary.py): several prompts scored with prompt_logprobs. vLLM 0.32 with
-    LoRA on dies on it unless the worker skips the output head's zero LoRA delta (vllm_worker.py)."""
-    (url,) = engine.urls
-    engine.update_weights(WeightUpdate(version=5, adapter=set_adapter(trainer, seed=8)))
+def assert_prompt_logprobs_are(url: str, model: Any) -> None:
+    """The canary's request (several prompts scored with prompt_logprobs) answers `model`'s logprobs."""
     probes = [PROMPT[:24], PROMPT[10:40], PROMPT[5:12]]
     body = {"model": SERVED_NAME, "prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
     reply = httpx.post(f"{url}/v1/completions", json=body, timeout=300.0)
@@ -240,7 +238,15 @@ def test_prompt_logprobs_on_the_adapter_are_the_trainers(engine, trainer) -> Non
     for choice in reply.json()["choices"]:
         probe, scored = probes[choice["index"]], choice["prompt_logprobs"]
         got = [scored[i][str(probe[i])]["logprob"] for i in range(1, len(probe))]
-        assert got == pytest.approx(logprobs_of(trainer, probe[:1], probe[1:]), abs=ATOL)
+        assert got == pytest.approx(logprobs_of(model, probe[:1], probe[1:]), abs=ATOL)
+
+
+def test_prompt_logprobs_on_the_adapter_are_the_trainers(engine, trainer) -> None:  # type: ignore[no-untyped-def]
+    """The canary's request (loop/canary.py): several prompts scored with prompt_logprobs. vLLM 0.32 with
+    LoRA on dies on it unless the worker skips the output head's zero LoRA delta (vllm_worker.py)."""
+    (url,) = engine.urls
+    engine.update_weights(WeightUpdate(version=5, adapter=set_adapter(trainer, seed=8)))
+    assert_prompt_logprobs_are(url, trainer)
     assert len(complete(url, PROMPT).tokens) == 8  # and the server lives on
 
 
@@ -263,14 +269,7 @@ def test_an_adapter_on_the_tied_output_head_gives_the_trainers_logprobs(  # type
     assert sample.logprobs == pytest.approx(logprobs_of(headed, PROMPT, sample.tokens), abs=ATOL)
     with headed.disable_adapter():  # the head adapter moves the logprobs well past the tolerance
         assert far(sample.logprobs, logprobs_of(headed, PROMPT, sample.tokens)) > 100 * ATOL
-    probes = [PROMPT[:24], PROMPT[10:40], PROMPT[5:12]]
-    body = {"model": SERVED_NAME, "prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=300.0)
-    assert reply.status_code == 200, reply.text
-    for choice in reply.json()["choices"]:
-        probe, scored = probes[choice["index"]], choice["prompt_logprobs"]
-        got = [scored[i][str(probe[i])]["logprob"] for i in range(1, len(probe))]
-        assert got == pytest.approx(logprobs_of(headed, probe[:1], probe[1:]), abs=ATOL)
+    assert_prompt_logprobs_are(url, headed)
     engine.update_weights(WeightUpdate(version=8, adapter=set_adapter(trainer, seed=10)))  # no head
     again = complete(url, PROMPT)
     assert again.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, again.tokens), abs=ATOL)
