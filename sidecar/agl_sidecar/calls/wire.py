@@ -153,8 +153,6 @@ _ints = msgspec.json.Decoder(list[int] | None)
 _numbers = msgspec.json.Decoder(list[int | float] | None)
 # Lax: a logprob may arrive as the string "NaN" / "-Infinity" (tolerant_json's spelling of them).
 _chat_logprobs = msgspec.json.Decoder(ChatLogprobs | None, strict=False)
-# The stream fast path's (Python's bare NaN refuses: its slow path reads it).
-chat_logprobs_decoder = _chat_logprobs
 _legacy_logprobs = msgspec.json.Decoder(LegacyLogprobs | None, strict=False)
 
 
@@ -279,7 +277,16 @@ def decode_tolerant(decode: Callable[[Raw | bytes], T], raw: Raw | bytes) -> T:
 
 
 def chat_logprobs(raw: Raw) -> list[float] | None:
-    parsed = decode_tolerant(_chat_logprobs.decode, raw)
+    return _chat_logprob_list(decode_tolerant(_chat_logprobs.decode, raw))
+
+
+def chat_logprob_values(raw: Raw) -> list[float] | None:
+    """`chat_logprobs(raw)` for the spellings msgspec reads; raises msgspec.MsgspecError for Python's
+    bare NaN (the stream fast path's caller then takes its general path, which reads it)."""
+    return _chat_logprob_list(_chat_logprobs.decode(raw))
+
+
+def _chat_logprob_list(parsed: ChatLogprobs | None) -> list[float] | None:
     if parsed is None or parsed.content is None:
         return None
     return [entry.logprob if entry.logprob is not None else float("nan") for entry in parsed.content]
@@ -346,7 +353,6 @@ def strip_decoded(body: bytes, token_ids: bool, logprobs: bool) -> bytes:
 WS = b" \t\n\r"
 _WS_BYTES = (b" ", b"\t", b"\n", b"\r")
 _BEFORE_KEY = b"{," + WS
-BEFORE_KEY = _BEFORE_KEY  # for the stream's inlined locator (proxy/recording.py)
 
 
 def skip_ws(body: bytes, at: int) -> int:

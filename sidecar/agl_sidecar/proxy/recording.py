@@ -99,10 +99,6 @@ class StreamRecorder:
         switches = self.call.switches
         if switches is not None and switches.version > self._seen_version:
             self._mark_switches(switches)
-        if self.kind == CHAT and event[:6] == DATA and event[6:] != DONE:  # the usual event, at once
-            fast = self._chat_fast(event[6:])
-            if fast is not None:
-                return fast
         return self._event(event)
 
     def _mark_switches(self, switches: SwitchLog) -> None:
@@ -220,14 +216,10 @@ class StreamRecorder:
     def _chat_fast(self, payload: bytes) -> bytes | None:
         """The common chat chunk (at most one choice) in one typed decode, the values to strip found
         by their keys in any spacing and confirmed against the decoded values. None: use the general
-        path. It runs for every token of every stream, so vLLM's spelling (each value right after the
-        first `"key":`) is checked inline, one search a value, and anything else goes through
-        wire.value_at."""
+        path. It runs for every token of every stream: vLLM's spelling (each value right after the first
+        `"key":`) costs one search a value (wire.first_value_at), anything else goes through value_at."""
         try:
-            if len(payload) < wire.LIFT_MIN_BYTES:
-                chunk = _TYPED_CHAT_CHUNK(payload)
-            else:  # the first chunk, with the prompt's IDs
-                chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
+            chunk = wire.decode_lifted(wire.typed_chat_chunk, payload, "prompt_token_ids")
         except msgspec.MsgspecError:
             return None
         choices = chunk.choices
@@ -251,37 +243,23 @@ class StreamRecorder:
             raw_logprobs = c.logprobs
             if raw_logprobs != wire.NULL:
                 if not flags.logprobs:
-                    at = payload.find(K_LOGPROBS)
-                    compact = at > 0 and payload[at - 1] in _BEFORE_KEY
-                    if compact and payload.startswith(raw_logprobs, at + _LP):
-                        at += _LP
-                    else:
-                        at = wire.value_at(payload, K_LOGPROBS, raw_logprobs)
-                        if at < 0:
-                            return None
+                    at = wire.first_value_at(payload, K_LOGPROBS, raw_logprobs)
+                    if at < 0:
+                        return None
                     cuts.append((at, at + len(raw_logprobs)))
                 try:
-                    parsed = _CHAT_LOGPROBS(raw_logprobs)
+                    logprobs = wire.chat_logprob_values(raw_logprobs)
                 except msgspec.MsgspecError:
                     return None  # NaN spelled as Python writes it: the general path reads it
-                if parsed is not None and parsed.content is not None:
-                    logprobs = [e.logprob if e.logprob is not None else _NAN for e in parsed.content]
             ids = c.token_ids
             if ids is not None and not flags.token_ids:
-                encoded = _ENCODE(ids)  # an int array without whitespace, as vLLM writes it
-                at = payload.find(K_TOKEN_IDS)
-                if at > 0 and payload[at - 1] in _BEFORE_KEY and payload.startswith(encoded, at + _IDS):
-                    at += _IDS
-                    cuts.append((at, at + len(encoded)))
-                else:
-                    at = wire.value_at(payload, K_TOKEN_IDS, encoded)
-                    if at >= 0:
-                        span = (at, at + len(encoded))
-                    else:
-                        span = _spaced_int_array(payload, K_TOKEN_IDS, encoded)
-                    if span is None:
-                        return None
-                    cuts.append(span)
+                encoded = wire.encode(ids)  # an int array without whitespace, as vLLM writes it
+                at = wire.first_value_at(payload, K_TOKEN_IDS, encoded)
+                spaced = at < 0  # `[1, 2]`, as other servers write it
+                span = _spaced_int_array(payload, K_TOKEN_IDS, encoded) if spaced else (at, at + len(encoded))
+                if span is None:
+                    return None
+                cuts.append(span)
         if len(cuts) > 1 and not wire.disjoint(cuts):
             return None
         if has_prompt and call.prompt_ids is None:
@@ -299,20 +277,7 @@ class StreamRecorder:
             call.response_model = chunk.model
         if chunk.usage is not None:
             record_usage(call, chunk.usage)
-        if not cuts:
-            return DATA + payload
-        if len(cuts) == 2:  # vLLM's chunk: logprobs, then token_ids (sorted by disjoint)
-            (a, b), (d, e) = cuts
-            return b"".join((DATA, payload[:a], b"null", payload[b:d], b"null", payload[e:]))
-        return wire.splice_nulls(payload, cuts, DATA)
-
-
-_TYPED_CHAT_CHUNK = wire.typed_chat_chunk.decode
-_CHAT_LOGPROBS = wire.chat_logprobs_decoder.decode
-_ENCODE = msgspec.json.encode
-_BEFORE_KEY = wire.BEFORE_KEY
-_NAN = float("nan")
-_LP, _IDS = len(K_LOGPROBS), len(K_TOKEN_IDS)
+        return wire.splice_nulls(payload, cuts, DATA) if cuts else DATA + payload
 
 
 def _spaced_int_array(payload: bytes, key: bytes, encoded: bytes) -> tuple[int, int] | None:
