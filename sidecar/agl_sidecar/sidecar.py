@@ -1,5 +1,6 @@
 """Shared state of one sidecar process: config, gate, router, metrics, exporter, span recorder, proxy,
-the client session to the engines; startup and shutdown."""
+the client to the engines (proxy/engine_client.py) and an aiohttp session for their probes and
+pass-through routes; startup and shutdown."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from agl_sidecar import __version__
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.metrics import Metrics
 from agl_sidecar.calls.attribution import Identity, bearer_token
+from agl_sidecar.proxy.engine_client import EngineClient
 from agl_sidecar.proxy.gate import Gate
 from agl_sidecar.proxy.handler import Proxy
 from agl_sidecar.proxy.request import identity_from
@@ -59,9 +61,10 @@ class Sidecar:
             durable=config.durable_spans,
         )
         self.proxy = Proxy(
-            ProxyParts(config, self.gate, self.router, self.recorder, self.metrics, self.foreground, lambda: self.session)
+            ProxyParts(config, self.gate, self.router, self.recorder, self.metrics, self.foreground, lambda: self.engines)
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # health probes, /v1/models, /tokenize
+        self._engines: EngineClient | None = None  # the calls themselves (proxy/engine_client.py)
         self._health_task: asyncio.Task[None] | None = None
 
     @property
@@ -69,7 +72,13 @@ class Sidecar:
         assert self._session is not None, "sidecar not started"
         return self._session
 
+    @property
+    def engines(self) -> EngineClient:
+        assert self._engines is not None, "sidecar not started"
+        return self._engines
+
     async def start(self) -> None:
+        self._engines = EngineClient(self.config.upstream_timeout_s)
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, sock_connect=10)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         # Accept-Encoding: identity: the answers are read (token IDs) and passed on as they came, so an
@@ -91,6 +100,8 @@ class Sidecar:
         await self.exporter.close()
         if self._session is not None:
             await self._session.close()
+        if self._engines is not None:
+            await self._engines.close()
 
     async def flush_spans(self, timeout_s: float) -> bool:
         """Build the queued spans and deliver them; True once the endpoint acknowledged every one

@@ -11,7 +11,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import msgspec
 from aiohttp import web
 
@@ -19,6 +18,13 @@ from agl import semconv
 from agl_sidecar import inputs
 from agl_sidecar.calls import wire
 from agl_sidecar.calls.attribution import parse_traceparent
+from agl_sidecar.proxy.engine_client import (
+    EngineBrokeOff,
+    EngineDisconnected,
+    EngineResponse,
+    EngineUnreachable,
+    ResponseTooLarge,
+)
 from agl_sidecar.proxy.failures import client_gone, end_call
 from agl_sidecar.proxy.gate import HeldTooLong
 from agl_sidecar.proxy.litellm_upstream import complete_via_litellm
@@ -50,25 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agl_sidecar.proxy")
 
-
-class ResponseTooLarge(Exception):
-    pass
-
-
-async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The whole (decompressed) body, or ResponseTooLarge past `limit` bytes."""
-    if response.content_length is not None and response.content_length > limit and not response.headers.get(
-        "Content-Encoding"
-    ):
-        raise ResponseTooLarge
-    parts: list[bytes] = []
-    size = 0
-    async for part in response.content.iter_any():
-        size += len(part)
-        if size > limit:
-            raise ResponseTooLarge
-        parts.append(part)
-    return b"".join(parts)
 
 class Proxy:
     def __init__(self, parts: ProxyParts) -> None:
@@ -190,9 +177,9 @@ class Proxy:
             upstream.in_flight += 1
             try:
                 upstream_response = await parts.foreground.waiting(
-                    parts.session().post(upstream.url + UPSTREAM_PATHS[kind], data=out_body, headers=headers)
+                    parts.engines().post(upstream.url, UPSTREAM_PATHS[kind], out_body, headers)
                 )
-            except aiohttp.ClientConnectorError as exc:
+            except EngineUnreachable as exc:
                 upstream.in_flight -= 1
                 parts.router.mark_down(upstream, f"connection failed: {exc}")
                 tried += (upstream,)
@@ -203,15 +190,15 @@ class Proxy:
                         call, front, 502, f"upstream {upstream.url} is unreachable ({exc})", "upstream_unreachable"
                     )
                 continue
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            except EngineDisconnected as exc:
                 upstream.in_flight -= 1
                 if stale_connection_retries:
                     stale_connection_retries -= 1
                     continue
-                return self._fail(call, front, 502, f"upstream {upstream.url} failed: {exc!r}", "upstream_error")
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                return self._fail(call, front, 502, f"upstream {upstream.url} failed: {exc}", "upstream_error")
+            except (EngineBrokeOff, TimeoutError) as exc:
                 upstream.in_flight -= 1
-                return self._fail(call, front, 502, f"upstream {upstream.url} failed: {exc!r}", "upstream_error")
+                return self._fail(call, front, 502, f"upstream {upstream.url} failed: {exc}", "upstream_error")
             except BaseException:  # cancelled: the client went away before the engine answered
                 upstream.in_flight -= 1
                 raise
@@ -219,15 +206,17 @@ class Proxy:
         try:
             if upstream_response.status != 200:
                 try:
-                    data = await read_bounded(upstream_response, self.parts.config.max_response_bytes)
+                    data = await upstream_response.read(self.parts.config.max_response_bytes)
                 except ResponseTooLarge:
                     data = b"(an error body over max_response_bytes)"
+                except (EngineBrokeOff, TimeoutError) as exc:
+                    data = f"(the error body broke off: {exc})".encode()
                 message = data[:500].decode(errors="replace")
                 end_call(
                     parts, call, semconv.END_UPSTREAM_ERROR, str(upstream_response.status), message, upstream_error=True
                 )
                 return front.upstream_error(
-                    upstream_response.status, data, upstream_response.headers.get("Content-Type")
+                    upstream_response.status, data, upstream_response.headers.get("content-type")
                 )
             flags = Flags(kind, parsed)
             if parsed.stream:
@@ -247,18 +236,18 @@ class Proxy:
         request: web.Request,
         kind: str,
         front: Front,
-        upstream_response: aiohttp.ClientResponse,
+        upstream_response: EngineResponse,
         flags: Flags,
         call: CallRecord,
     ) -> web.StreamResponse:
         limit = self.parts.config.max_response_bytes
         try:
-            data = await read_bounded(upstream_response, limit)  # the engine is done: a transfer, not a wait
+            data = await upstream_response.read(limit)  # the engine is done: a transfer, not a wait
         except asyncio.CancelledError:
             client_gone(self.parts, call)
             raise
-        except aiohttp.ClientError as exc:
-            return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc!r}", "upstream_error")
+        except (EngineBrokeOff, TimeoutError) as exc:
+            return self._fail(call, front, 502, f"upstream {call.upstream} broke off: {exc}", "upstream_error")
         except ResponseTooLarge:
             message = f"upstream {call.upstream} answered a body over {limit} bytes (sidecar max_response_bytes)"
             return self._fail(call, front, 502, message, "upstream_error")
@@ -276,7 +265,7 @@ class Proxy:
             self.parts.recorder.persister(call),
             status=200,
             body=translated,
-            headers={"Content-Type": upstream_response.headers.get("Content-Type", "application/json")},
+            headers={"Content-Type": upstream_response.headers.get("content-type", "application/json")},
         )
         try:
             await response.prepare(request)
@@ -297,11 +286,11 @@ class Proxy:
         request: web.Request,
         kind: str,
         front: Front,
-        upstream_response: aiohttp.ClientResponse,
+        upstream_response: EngineResponse,
         flags: Flags,
         call: CallRecord,
     ) -> web.StreamResponse:
-        content_type = upstream_response.headers.get("Content-Type", "text/event-stream; charset=utf-8")
+        content_type = upstream_response.headers.get("content-type", "text/event-stream; charset=utf-8")
         response = durable.stream_response(  # durable mode: the last chunk waits for the span
             self.parts.recorder.persister(call), status=200, headers={"Content-Type": content_type}
         )
@@ -309,13 +298,12 @@ class Proxy:
         front.start_stream()
         splitter = EventSplitter()
         foreground = self.parts.foreground
-        content = upstream_response.content
         try:
             await response.prepare(request)
             while True:
                 foreground.leave()  # Foreground.waiting inlined: a coroutine less per read of a stream
                 try:
-                    data = await content.readany()
+                    data = await upstream_response.readany()
                 finally:
                     foreground.enter()
                 if not data:
@@ -340,9 +328,9 @@ class Proxy:
         except asyncio.CancelledError:  # counted by handle()
             client_gone(self.parts, call)
             raise
-        except (aiohttp.ClientError, TimeoutError, EventTooLarge) as exc:
+        except (EngineBrokeOff, TimeoutError, EventTooLarge) as exc:
             if isinstance(exc, EventTooLarge):
-                exc = aiohttp.ClientPayloadError(f"upstream sent an SSE event over {sse.MAX_EVENT_BYTES} bytes")
+                exc = EngineBrokeOff(f"upstream sent an SSE event over {sse.MAX_EVENT_BYTES} bytes")
             end_call(self.parts, call, semconv.END_UPSTREAM_ERROR, "upstream_stream_broken", repr(exc), upstream_error=True)
             # The engine broke off: the harness must see a broken stream too, as it would talking
             # to the engine directly, never a clean end. Closing the connection without the chunked

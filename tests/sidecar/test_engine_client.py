@@ -1,0 +1,442 @@
+"""The sidecar's client to its engines (proxy/engine_client.py), against real servers on loopback:
+a scripted raw socket server for the byte-level cases (how an answer is framed, closes, breaks,
+lies), aiohttp for an ordinary engine, and aiohttp over TLS for the https:// path."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+from collections.abc import Awaitable, Callable
+
+import pytest
+from agl_sidecar.proxy.engine_client import (
+    HIGH_WATER,
+    EngineBrokeOff,
+    EngineClient,
+    EngineDisconnected,
+    EngineUnreachable,
+    ResponseTooLarge,
+)
+from aiohttp import web
+
+JSON = {"Content-Type": "application/json"}
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and body (by its Content-Length)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+class RawEngine:
+    """A TCP server whose every connection is handled by `serve`; counts connections."""
+
+    def __init__(self, serve: Serve) -> None:
+        self.serve = serve
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                await self.serve(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                pass  # the client left, or the test ended
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+def answer(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        len(body), extra, body
+    )
+
+
+async def test_a_content_length_answer_is_read_whole_and_the_connection_reused() -> None:
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, body = await read_request(reader)
+            heads.append(head)
+            writer.write(answer(b'{"echo":' + body + b"}"))
+
+    engine = RawEngine(serve)
+    async with engine as url:
+        client = EngineClient(timeout_s=None)
+        for i in range(3):
+            response = await client.post(url, "/v1/chat/completions", b'{"n":%d}' % i, JSON)
+            assert response.status == 200
+            assert response.headers["content-type"] == "application/json"
+            assert response.content_length == len(b'{"echo":{"n":0}}')
+            assert await response.read(1 << 20) == b'{"echo":{"n":%d}}' % i
+            response.close()
+        await client.close()
+    assert engine.connections == 1 and client.connections_made == 1
+    request_line, *header_lines = heads[0].split(b"\r\n")
+    assert request_line == b"POST /v1/chat/completions HTTP/1.1"
+    sent = {line.split(b": ")[0].lower(): line.split(b": ", 1)[1] for line in header_lines if line}
+    assert sent[b"host"] == url.split("//")[1].encode()
+    assert sent[b"accept-encoding"] == b"identity"  # the answer is read, so never compressed
+    assert sent[b"content-length"] == b"7" and sent[b"content-type"] == b"application/json"
+
+
+async def test_a_chunked_stream_arrives_as_it_is_sent_and_ends_the_message() -> None:
+    second_chunk = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b"d\r\ndata: first\n\n\r\n")
+        await second_chunk.wait()  # nothing more until the client has read the first event
+        writer.write(b"e\r\ndata: second\n\n\r\n0\r\n\r\n")
+        await reader.read()  # keep the connection: the message's end is the terminator, not a close
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        assert await response.readany() == b"data: first\n\n"
+        second_chunk.set()
+        assert await response.readany() == b"data: second\n\n"
+        assert await response.readany() == b""
+        assert client._idle  # the terminated message handed its connection back for reuse
+        await client.close()
+
+
+async def test_an_answer_delimited_by_the_close_is_complete_and_not_reused() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + b"x" * 70_000)
+        await writer.drain()
+
+    engine = RawEngine(serve)
+    async with engine as url:
+        client = EngineClient(timeout_s=None)
+        for _ in range(2):
+            response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+            assert response.content_length is None
+            assert await response.read(1 << 20) == b"x" * 70_000
+        await client.close()
+    assert engine.connections == 2
+
+
+async def test_connection_close_and_http_1_0_answers_are_not_pooled() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}").replace(b"HTTP/1.1", b"HTTP/1.0"))
+        await reader.read()
+
+    engine = RawEngine(serve)
+    async with engine as url:
+        client = EngineClient(timeout_s=None)
+        for _ in range(2):
+            response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+            assert await response.read(100) == b"{}"
+        await client.close()
+    assert engine.connections == 2
+
+
+async def test_an_interim_100_continue_is_skipped() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b'{"ok":1}'))
+        await reader.read()
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        assert response.status == 200 and await response.read(100) == b'{"ok":1}'
+        await client.close()
+
+
+async def test_a_refused_port_is_unreachable() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    client = EngineClient(timeout_s=None)
+    with pytest.raises(EngineUnreachable, match=f"127.0.0.1:{port}"):
+        await client.post(f"http://127.0.0.1:{port}", "/v1/chat/completions", b"{}", JSON)
+    await client.close()
+
+
+async def test_a_close_before_the_status_line_is_a_disconnect_the_proxy_may_resend() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)  # and close without answering
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        with pytest.raises(EngineDisconnected):
+            await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        await client.close()
+
+
+async def test_a_close_mid_body_breaks_the_answer_off() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 10)
+        await writer.drain()
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        assert await response.readany() == b"x" * 10
+        with pytest.raises(EngineBrokeOff, match="mid-answer"):
+            await response.readany()
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        with pytest.raises(EngineBrokeOff):
+            await response.read(1000)
+        await client.close()
+
+
+async def test_an_answer_that_is_not_http_is_refused() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhelloHTTP/9.9 nonsense\r\n\r\n")
+        await reader.read()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+        await reader.read()
+
+    async with RawEngine(garbage) as url:
+        client = EngineClient(timeout_s=None)
+        with pytest.raises(EngineBrokeOff, match="not valid HTTP"):
+            await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        await client.close()
+    engine = RawEngine(serve)
+    async with engine as url:  # bytes after a complete answer that nobody asked for: never reused
+        client = EngineClient(timeout_s=None)
+        for _ in range(2):
+            response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+            assert await response.read(100) == b"hello"
+        await client.close()
+    assert engine.connections == 2
+
+
+async def test_headers_past_the_limit_are_refused() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-filler: " + b"a" * 70_000 + b"\r\ncontent-length: 0\r\n\r\n")
+        await reader.read()
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        with pytest.raises(EngineBrokeOff, match="headers are over"):
+            await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        await client.close()
+
+
+async def test_repeated_headers_are_joined_and_names_read_in_any_case() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}", b"X-Thing: a\r\nx-THING: b\r\nCONTENT-TYPE: text/plain\r\n"))
+        await reader.read()
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        assert response.headers["x-thing"] == "a, b"
+        assert response.headers.get("content-type") == "application/json, text/plain"
+        await client.close()
+
+
+async def test_the_timeout_covers_the_whole_answer() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()
+
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nx\r\n")
+        await reader.read()
+
+    for serve in (silent, stalls):
+        async with RawEngine(serve) as url:
+            client = EngineClient(timeout_s=0.2)
+            with pytest.raises(TimeoutError):
+                response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+                assert await response.readany() == b"x"
+                await response.readany()
+            await client.close()
+
+
+async def test_an_unread_stream_pauses_the_engine_and_resumes_when_read() -> None:
+    total = 16 * HIGH_WATER
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        for _ in range(total // 65536):
+            writer.write(b"y" * 65536)
+            await writer.drain()
+        await reader.read()
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+
+        async def paused() -> None:  # the engine sends all it can while nothing is read
+            while not response._paused:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(paused(), 30)
+        await asyncio.sleep(0.05)  # what the engine still sends now piles up only if reading goes on
+        assert response._size < 2 * HIGH_WATER  # type: ignore[attr-defined]
+        received = 0
+        while data := await response.readany():
+            received += len(data)
+        assert received == total
+        await client.close()
+
+
+async def test_read_refuses_an_answer_over_its_limit() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, _ = await read_request(reader)
+            if b"/declared" in head:
+                writer.write(answer(b"z" * 5000))
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1388\r\n" + b"z" * 5000 + b"\r\n0\r\n\r\n")
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        for path in ("/declared", "/chunked"):
+            response = await client.post(url, path, b"{}", JSON)
+            with pytest.raises(ResponseTooLarge):
+                await response.read(4000)
+            response.close()
+        await client.close()
+
+
+async def test_leaving_before_the_answer_closes_the_connection() -> None:
+    asked, closed = asyncio.Event(), asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        asked.set()
+        await reader.read()  # until the client closes: what vLLM takes as an abort
+        closed.set()
+
+    engine = RawEngine(serve)
+    async with engine as url:
+        client = EngineClient(timeout_s=None)
+        task = asyncio.create_task(client.post(url, "/v1/chat/completions", b"{}", JSON))
+        await asyncio.wait_for(asked.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(closed.wait(), 5)
+        assert not client._idle.get(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        await client.close()
+
+
+async def test_a_path_prefix_and_credentials_free_host_are_sent() -> None:
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await read_request(reader)
+        heads.append(head)
+        writer.write(answer(b"{}"))
+        await reader.read()
+
+    async with RawEngine(serve) as url:
+        client = EngineClient(timeout_s=None)
+        await (await client.post(url + "/engine/a", "/v1/completions", b"{}", {"Authorization": "Bearer k"})).read(10)
+        with pytest.raises(ValueError, match="line break"):
+            await client.post(url, "/v1/completions", b"{}", {"Authorization": "Bearer k\r\nX-Evil: 1"})
+        await client.close()
+    assert heads[0].startswith(b"POST /engine/a/v1/completions HTTP/1.1\r\n")
+    assert b"\r\nAuthorization: Bearer k\r\n" in heads[0]
+
+
+def self_signed() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "engine")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".pem") as cert_file, tempfile.NamedTemporaryFile(suffix=".key") as key_file:
+        cert_file.write(pem)
+        cert_file.flush()
+        key_file.write(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))  # fmt: skip
+        key_file.flush()
+        server.load_cert_chain(cert_file.name, key_file.name)
+    client = ssl.create_default_context(cadata=pem.decode())
+    return server, client
+
+
+async def test_an_https_engine_is_reached_through_aiohttp_with_the_same_interface() -> None:
+    server_tls, client_tls = self_signed()
+    finish = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        assert request.headers["Accept-Encoding"] == "identity"
+        if request.path.endswith("/broken"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            response.content_length = 100
+            await response.prepare(request)
+            await response.write(b"data: 1\n\n")
+            await finish.wait()
+            request.transport.close()  # type: ignore[union-attr]
+            return response
+        return web.Response(body=b'{"tls":true}' + await request.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        client = EngineClient(timeout_s=None, ssl_context=client_tls)
+        response = await client.post(f"https://127.0.0.1:{port}", "/v1/chat/completions", b"!", JSON)
+        assert response.status == 200 and response.headers.get("content-type") == "application/json"
+        assert await response.read(100) == b'{"tls":true}!'
+        with pytest.raises(ResponseTooLarge):
+            await (await client.post(f"https://127.0.0.1:{port}", "/x", b"!" * 200, JSON)).read(100)
+        stream = await client.post(f"https://127.0.0.1:{port}", "/broken", b"", JSON)
+        assert await stream.readany() == b"data: 1\n\n"
+        finish.set()
+        with pytest.raises(EngineBrokeOff):
+            await stream.readany()
+        await client.close()
+        plain = EngineClient(timeout_s=None)  # the system's trust store does not know this certificate
+        with pytest.raises(EngineUnreachable):
+            await plain.post(f"https://127.0.0.1:{port}", "/v1/chat/completions", b"!", JSON)
+        await plain.close()
+    finally:
+        await runner.cleanup()
