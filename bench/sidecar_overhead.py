@@ -312,7 +312,12 @@ async def main(
                 floor_added, floor_rps = added["floor"]
                 agl_added, agl_rps = added["agl-sidecar"]
                 ratio = agl_added / floor_added if floor_added > 0 else float("nan")
-                target = "target <= 1.3x" if concurrency == 1 else "target >= 80%"
+                # The targets: at c=1 no more added than the floor's (1.2x on the slow path an
+                # engine spelled otherwise takes), at c=64 at least 90% of its throughput.
+                if concurrency == 1:
+                    target = "target <= 1.2x" if spelling == "spaced" else "target <= 1.0x"
+                else:
+                    target = "target >= 90%"
                 print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
                       f"{agl_rps / floor_rps:.0%} ({target})")
                 declared_added, declared_rps = added["agl-declared"]
@@ -334,6 +339,7 @@ async def main(
                 calls = calls_made[name] + (calls_made["agl-declared"] if name == "agl-sidecar" else 0)
                 per_call_ms[name] = used / max(calls, 1) * 1e3
                 print(f"CPU per call, whole run: {name} {per_call_ms[name]:.3f} ms")
+            print(f"=> CPU per call / floor's: {per_call_ms['agl-sidecar'] / per_call_ms['floor']:.2f}x (target <= 1.2x)")
             plain_us, declared_us = declared_structure_cpu_us()
             print(f"reading a call's identity (attribution.resolve, in process): {plain_us:.2f} us plain, "
                   f"{declared_us:.2f} us with declared structure (+{declared_us - plain_us:.2f} us = "

@@ -440,3 +440,27 @@ async def test_an_https_engine_is_reached_through_aiohttp_with_the_same_interfac
         await plain.close()
     finally:
         await runner.cleanup()
+
+
+async def test_an_answer_before_the_whole_request_went_out_is_not_followed_on_its_connection() -> None:
+    big = b"{" + b" " * (32 << 20) + b"}"  # more than the socket buffers hold while the engine reads none
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b"/early" in head:  # answered from the head alone: the body is still on its way
+            writer.write(answer(b'{"error":"too large"}'))
+            await asyncio.sleep(3600)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(answer(b"{}"))
+        await reader.read()
+
+    engine = RawEngine(serve)
+    async with engine as url:
+        client = EngineClient(timeout_s=30)  # reusing the connection would wait on the first answer's
+        response = await client.post(url, "/early", big, JSON)
+        assert await response.read(100) == b'{"error":"too large"}'
+        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        assert await response.read(100) == b"{}"
+        await client.close()
+    assert engine.connections == 2

@@ -294,7 +294,9 @@ class _Connection(asyncio.Protocol):
         answer, self.answer = self.answer, None
         if answer is None:
             return
-        keep = self.parser.should_keep_alive() and not self.closed
+        # An answer that came before the whole request went out (an early error) leaves the
+        # connection mid-request: never reused.
+        keep = self.parser.should_keep_alive() and not self.closed and not self.transport.get_write_buffer_size()
         answer._finish()
         if keep:
             self.client._release(self)
@@ -402,7 +404,7 @@ class EngineClient:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < self.keepalive_s:
                 return conn
             conn.closed = True
             conn.transport.close()
