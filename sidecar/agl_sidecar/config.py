@@ -187,6 +187,12 @@ def validate(config: SidecarConfig) -> None:
             "or set AGL_SIDECAR_API_KEY, and give harnesses 'Authorization: Bearer KEY'; or pass --no-api-key "
             "on a private network)"
         )
+    key = config.upstream_api_key
+    if key and not (key.isascii() and key.isprintable()):  # it goes out as a header ("" is no key)
+        raise ConfigError(
+            "setting 'upstream_api_key' must be printable ASCII (no line breaks or control characters): it is "
+            "sent to the engine as 'Authorization: Bearer KEY'"
+        )
     if config.otlp_endpoint is not None and not config.otlp_endpoint.startswith(("http://", "https://")):
         raise ConfigError(
             f"setting 'otlp_endpoint': {config.otlp_endpoint!r} must be a URL such as http://127.0.0.1:4318"

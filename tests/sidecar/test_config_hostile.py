@@ -19,6 +19,8 @@ UPSTREAM = {"upstream": ["http://127.0.0.1:1"]}
         ({"upstream_timeout_s": -1.0}, "'upstream_timeout_s' must be a number of seconds > 0"),  # was unchecked
         ({"sampling": {"train": {"temperature": float("nan")}}}, "'sampling.train.temperature': nan must be a finite"),
         ({"sampling": {"val": {"top_p": float("inf")}}}, "'sampling.val.top_p': inf must be a finite"),
+        ({"upstream_api_key": "k\r\nX-Evil: 1"}, "'upstream_api_key' must be printable ASCII"),  # a header
+        ({"upstream_api_key": "kéy"}, "'upstream_api_key' must be printable ASCII"),
     ],
 )
 def test_non_finite_and_negative_durations_and_sampling_values_are_refused(settings, message):
