@@ -49,7 +49,10 @@ class Metrics:
         self.requests[(api, status)] += 1
         self.latency[api].observe(seconds)
 
-    def render(self, gauges: dict[str, float], exporter: dict[str, int]) -> str:
+    def render(
+        self, gauges: dict[str, float], exporter: dict[str, int], counters: dict[str, tuple[int, str]] | None = None
+    ) -> str:
+        """`counters`: more counters, name (without `_total`) -> (value, help text)."""
         lines = [
             "# HELP agl_sidecar_requests_total Model calls answered, by API and HTTP status.",
             "# TYPE agl_sidecar_requests_total counter",
@@ -66,6 +69,7 @@ class Metrics:
             ("held_timeouts_total", self.held_timeouts, "Calls refused after being held too long."),
             ("client_disconnects_total", self.client_disconnects, "Calls whose client went away."),
             ("upstream_errors_total", self.upstream_errors, "Calls the upstream failed or could not be reached."),
+            *((f"{name}_total", value, help_text) for name, (value, help_text) in (counters or {}).items()),
         ):
             lines += [f"# HELP agl_sidecar_{name} {help_text}", f"# TYPE agl_sidecar_{name} counter"]
             lines.append(f"agl_sidecar_{name} {value}")

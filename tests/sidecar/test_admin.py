@@ -176,3 +176,8 @@ def test_metrics_and_healthz(fake, make_sidecar):
     for name in ("agl_sidecar_in_flight", "agl_sidecar_held", "agl_sidecar_spans_exported_total",
                  "agl_sidecar_spans_spooled_total", "agl_sidecar_spans_failed_total", "agl_sidecar_bytes_exported_total"):
         assert name in text
+    for _ in range(3):  # more calls, one after another: the engine's keep-alive connection is reused
+        httpx.post(sidecar.url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
+    text = httpx.get(sidecar.url + "/metrics").text
+    assert "# TYPE agl_sidecar_engine_connections_opened_total counter\nagl_sidecar_engine_connections_opened_total 1\n" in text
+    assert "agl_sidecar_engine_connections_idle 1\n" in text

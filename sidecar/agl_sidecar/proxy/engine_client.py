@@ -365,7 +365,7 @@ class EngineClient:
         self._targets: dict[str, _Target] = {}
         self._session: aiohttp.ClientSession | None = None
         self._ssl = ssl_context  # None: the system's trust store, as aiohttp's default
-        self.connections_made = 0  # counted for the tests and /metrics readers: reuse is the point
+        self.connections_made = 0  # to http:// engines; /metrics shows it beside the calls made
 
     async def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> EngineResponse:
         """POST `body` to `url` + `path` with `headers` (Host, Content-Length and Accept-Encoding:
@@ -421,6 +421,11 @@ class EngineClient:
             raise EngineUnreachable(f"Cannot connect to host {host}:{port} ({exc})") from exc
         self.connections_made += 1
         return conn
+
+    @property
+    def idle_connections(self) -> int:
+        """Pooled connections waiting for a call (some may have been closed by their engine since)."""
+        return sum(len(idle) for idle in self._idle.values())
 
     def _release(self, conn: _Connection) -> None:
         conn.idle_since = asyncio.get_running_loop().time()

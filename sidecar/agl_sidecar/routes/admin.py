@@ -169,7 +169,11 @@ async def metrics(request: web.Request) -> web.Response:
         "paused": int(gate.paused),
         "policy_version": gate.policy_version,
         "healthy_upstreams": sum(1 for u in sidecar.router.upstreams if u.healthy),
+        "engine_connections_idle": sidecar.engines.idle_connections,
     }
     exporter = {k: v for k, v in vars(sidecar.exporter.counters).items() if k != "extra"}
-    text = sidecar.metrics.render(gauges, exporter)
+    counters = {  # calls over connections made: how well keep-alive reuse works
+        "engine_connections_opened": (sidecar.engines.connections_made, "Connections opened to http:// engines."),
+    }
+    text = sidecar.metrics.render(gauges, exporter, counters)
     return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Version": "0.0.4"})
