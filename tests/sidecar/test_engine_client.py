@@ -464,3 +464,35 @@ async def test_an_answer_before_the_whole_request_went_out_is_not_followed_on_it
         assert await response.read(100) == b"{}"
         await client.close()
     assert engine.connections == 2
+
+
+async def test_an_ipv6_literal_and_a_host_name_are_reached_with_their_host_header() -> None:
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await read_request(reader)
+        heads.append(head)
+        writer.write(answer(b"{}"))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "::1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(f"http://[::1]:{port}", "/v1/completions", b"{}", JSON)
+        assert await response.read(10) == b"{}"
+        await client.close()
+    finally:
+        server.close()
+    assert f"\r\nHost: [::1]:{port}\r\n".encode() in heads[0]
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = EngineClient(timeout_s=None)
+        response = await client.post(f"http://localhost:{port}", "/v1/completions", b"{}", JSON)
+        assert await response.read(10) == b"{}"
+        await client.close()
+    finally:
+        server.close()
+    assert f"\r\nHost: localhost:{port}\r\n".encode() in heads[1]
