@@ -1,6 +1,6 @@
 """What agl-sidecar adds to a model call, against a minimal pass-through proxy (the floor).
 
-    python bench/sidecar_overhead.py [--quick] [--peers] [--case TEXT]... [--blocks N] [--spelling S]
+    python bench/sidecar_overhead.py [--quick] [--peers] [--lean-floor] [--case TEXT]... [--blocks N] [--spelling S]
 
 Over loopback, in one run: a fake vLLM upstream (testing/agl_testing/fake_vllm.py, vLLM's wire format);
 "direct" (the client asks the engine for token IDs itself); the floor (aiohttp + uvloop + orjson,
@@ -10,6 +10,10 @@ OTLP receiver); "agl-declared", the same sidecar called with the structure a har
 of 2k and 30k characters, streaming and not, concurrency 1 and 64. Targets are interleaved in small
 blocks, since a call right after a slow one runs slow on a shared machine. Prints added p50/p99 latency
 against direct, throughput, RSS, the ratios against the floor, and declared structure's cost.
+
+With --lean-floor, "floor-lean" joins: the floor with its upstream call made by agl-sidecar's own engine
+client (agl_sidecar/proxy/engine_client.py) instead of aiohttp's ClientSession, so what the sidecar's
+own work costs shows apart from what its leaner client saves.
 
 With --spelling spaced, the fake vLLM writes its JSON as other servers and re-serializing gateways do
 (`{"id": "x", "choices": [...]}`: a space after every colon and comma) instead of vLLM's compact
@@ -120,6 +124,23 @@ app.on_cleanup.append(stop)
 web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
 """
 
+# The same floor with its upstream call made by agl-sidecar's own engine client
+# (agl_sidecar/proxy/engine_client.py) instead of aiohttp's ClientSession (--lean-floor): what the
+# sidecar's own work costs over a pass-through that reaches the engine the same way.
+FLOOR_LEAN = FLOOR.replace(
+    'app["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))',
+    "from agl_sidecar.proxy.engine_client import EngineClient\n    app['s'] = EngineClient(timeout_s=None)",
+).replace(
+    """    async with request.app["s"].post(UP + "/v1/chat/completions", data=orjson.dumps(body),
+                                     headers={{"Content-Type": "application/json"}}) as up:""",
+    """    up = await request.app["s"].post(UP, "/v1/chat/completions", orjson.dumps(body),
+                                     {{"Content-Type": "application/json"}})
+    if True:  # the floor's `async with` block, as it is""",
+).replace("await up.read()", "await up.read(1 << 28)").replace(
+    "async for part in up.content.iter_any():", "while part := await up.readany():"
+)
+assert "EngineClient" in FLOOR_LEAN and "readany" in FLOOR_LEAN and "read(1 << 28)" in FLOOR_LEAN
+
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (its threads included)."""
@@ -187,6 +208,7 @@ async def main(
     only: list[str] | None = None,
     blocks: int | None = None,
     spelling: str = "vllm",
+    lean_floor: bool = False,
 ) -> None:
     import aiohttp
     import msgspec
@@ -196,6 +218,7 @@ async def main(
     peer_dir = _peers.scratch_dir()  # configs and logs of the peers
     fake_port, floor_port, sidecar_port, sink_port = free_port(), free_port(), free_port(), free_port()
     quiet_port = free_port()
+    lean_port = free_port()
     upstream = f"http://127.0.0.1:{fake_port}"
     spool = tempfile.mkdtemp(prefix="agl-bench-spool-")
     try:
@@ -204,6 +227,9 @@ async def main(
         procs.append(subprocess.Popen([PY, "-c", FAKE.format(root=str(ROOT), port=fake_port, spaced=spaced)]))
         procs.append(subprocess.Popen([PY, "-c", FLOOR.format(upstream=upstream, port=floor_port)]))
         procs.append(subprocess.Popen([PY, "-c", SINK.format(port=sink_port)]))
+        lean = subprocess.Popen([PY, "-c", FLOOR_LEAN.format(upstream=upstream, port=lean_port)]) if lean_floor else None
+        if lean is not None:
+            procs.append(lean)
         time.sleep(1.0)  # let the other processes finish importing before timing the sidecar's start
         started = time.perf_counter()
         sidecar = subprocess.Popen(
@@ -233,8 +259,9 @@ async def main(
             await wait_up(f"http://127.0.0.1:{sidecar_port}/healthz", session)
             await wait_up(f"http://127.0.0.1:{quiet_port}/healthz", session)
             idle_rss = rss_mb(sidecar.pid)
-            cpu_before = {name: cpu_s(p.pid) for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar))}
-            calls_made = {"floor": 0, "agl-sidecar": 0, "agl-declared": 0}
+            measured = [("floor", procs[1]), ("agl-sidecar", sidecar)] + ([("floor-lean", lean)] if lean else [])
+            cpu_before = {name: cpu_s(p.pid) for name, p in measured}
+            calls_made = {"floor": 0, "agl-sidecar": 0, "agl-declared": 0, "floor-lean": 0}
             targets = {
                 "direct": upstream + "/v1/chat/completions",
                 "floor": f"http://127.0.0.1:{floor_port}/v1/chat/completions",
@@ -242,6 +269,9 @@ async def main(
                 "agl-noexport": f"http://127.0.0.1:{quiet_port}/v1/chat/completions",
                 "agl-declared": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
             }
+            if lean is not None:
+                targets["floor-lean"] = f"http://127.0.0.1:{lean_port}/v1/chat/completions"
+                await wait_up(targets["floor-lean"], session)
             headers = {name: JSON for name in targets}
             headers["agl-declared"] = {**JSON, **DECLARED}
             for peer in peers:
@@ -278,6 +308,7 @@ async def main(
                             plain = {**plain, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
                         bodies[name].append(msgspec.json.encode(plain))
                 bodies["agl-sidecar"] = bodies["agl-noexport"] = bodies["agl-declared"] = bodies["floor"]
+                bodies["floor-lean"] = bodies["floor"]
                 # litellm forwards what the client asks for; Agent Lightning adds token IDs itself.
                 bodies["litellm"] = bodies["direct"]
                 bodies["agentlightning"] = bodies["floor"]
@@ -320,6 +351,12 @@ async def main(
                     target = "target >= 90%"
                 print(f"{'':<24}=> agl-sidecar added p50 / floor's {ratio:.2f}x; throughput / floor's "
                       f"{agl_rps / floor_rps:.0%} ({target})")
+                if "floor-lean" in added:
+                    lean_added, lean_rps = added["floor-lean"]
+                    print(f"{'':<24}=> floor-lean (the floor on agl's engine client) added p50 / floor's "
+                          f"{lean_added / floor_added if floor_added > 0 else float('nan'):.2f}x, throughput / "
+                          f"floor's {lean_rps / floor_rps:.0%}; agl-sidecar / floor-lean: added p50 "
+                          f"{agl_added / lean_added if lean_added > 0 else float('nan'):.2f}x, throughput {agl_rps / lean_rps:.0%}")
                 declared_added, declared_rps = added["agl-declared"]
                 print(f"{'':<24}=> declared structure: added p50 {(declared_added - agl_added) * 1e3:+.2f} ms, "
                       f"throughput {declared_rps / agl_rps:.0%} of agl-sidecar's")
@@ -334,12 +371,15 @@ async def main(
                           f"throughput {agl_rps / peer_rps:.2f}x")
             busy_rss = rss_mb(sidecar.pid)
             per_call_ms = {}
-            for name, p in (("floor", procs[1]), ("agl-sidecar", sidecar)):
+            for name, p in measured:
                 used = cpu_s(p.pid) - cpu_before[name]
                 calls = calls_made[name] + (calls_made["agl-declared"] if name == "agl-sidecar" else 0)
                 per_call_ms[name] = used / max(calls, 1) * 1e3
                 print(f"CPU per call, whole run: {name} {per_call_ms[name]:.3f} ms")
             print(f"=> CPU per call / floor's: {per_call_ms['agl-sidecar'] / per_call_ms['floor']:.2f}x (target <= 1.2x)")
+            if lean is not None:
+                print(f"=> CPU per call / floor-lean's: {per_call_ms['agl-sidecar'] / per_call_ms['floor-lean']:.2f}x "
+                      "(what the sidecar's own work costs over a pass-through on the same client)")
             plain_us, declared_us = declared_structure_cpu_us()
             print(f"reading a call's identity (attribution.resolve, in process): {plain_us:.2f} us plain, "
                   f"{declared_us:.2f} us with declared structure (+{declared_us - plain_us:.2f} us = "
@@ -383,6 +423,9 @@ if __name__ == "__main__":
                         help="run only the cases whose name contains TEXT, e.g. --case '30k unary c=1' "
                              "(repeatable: the cases any of them names)")
     parser.add_argument("--blocks", type=int, metavar="N", help="interleaved blocks per case (default 8, 3 with --quick)")
+    parser.add_argument("--lean-floor", action="store_true",
+                        help="also run the floor with its upstream call made by agl-sidecar's own engine client "
+                             "(floor-lean): the sidecar's own work against a pass-through on the same client")
     parser.add_argument("--spelling", choices=(*SPELLINGS, "both"), default="vllm",
                         help="how the fake engine spells its JSON: vLLM's compact bytes (default), with "
                              "spaces (as other servers write it), or a run of each")
@@ -396,4 +439,4 @@ if __name__ == "__main__":
     import uvloop
 
     for spelling in SPELLINGS if args.spelling == "both" else (args.spelling,):
-        uvloop.run(main(args.quick, args.peers, args.case, args.blocks, spelling))
+        uvloop.run(main(args.quick, args.peers, args.case, args.blocks, spelling, args.lean_floor))
