@@ -496,3 +496,14 @@ async def test_an_ipv6_literal_and_a_host_name_are_reached_with_their_host_heade
     finally:
         server.close()
     assert f"\r\nHost: localhost:{port}\r\n".encode() in heads[1]
+
+
+def test_an_internationalized_host_and_path_are_sent_in_ascii() -> None:
+    from agl_sidecar.proxy.engine_client import _Target
+
+    target = _Target("http://bücher.example:8000/prefix ä/")
+    assert target.key == ("bücher.example", 8000)  # getaddrinfo encodes the name itself
+    assert target.host_header == b"xn--bcher-kva.example:8000"
+    assert target.prefix == b"/prefix%20%C3%A4"
+    plain = _Target("http://user:pw@10.0.0.1/v1%2Fx")
+    assert (plain.key, plain.host_header, plain.prefix) == (("10.0.0.1", 80), b"10.0.0.1", b"/v1%2Fx")

@@ -19,7 +19,7 @@ import asyncio
 import ssl
 from collections.abc import Mapping
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import httptools
@@ -313,9 +313,13 @@ class _Target:
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         self.tls = parts.scheme == "https"
-        self.key = (parts.hostname or "", parts.port or (443 if self.tls else 80))
-        self.host_header = parts.netloc.rpartition("@")[2].encode("ascii")
-        self.prefix = parts.path.rstrip("/").encode("ascii")
+        host = parts.hostname or ""
+        self.key = (host, parts.port or (443 if self.tls else 80))
+        netloc = parts.netloc.rpartition("@")[2]
+        if not netloc.isascii():  # an internationalized name goes out as its IDNA (xn--) form
+            netloc = host.encode("idna").decode("ascii") + (f":{parts.port}" if parts.port else "")
+        self.host_header = netloc.encode("ascii")
+        self.prefix = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=").encode("ascii")
 
 
 class _AiohttpAnswer:
