@@ -1,10 +1,11 @@
 """What exporting spans costs a call: agl-sidecar with no OTLP endpoint (the reference) against the
-same sidecar exporting with its defaults, with small export requests and with gzip.
+same sidecar exporting with its defaults, without gzip, with small export requests and with gzip
+on every request.
 
     python bench/sidecar_export.py [--chars N] [--unique] [--blocks N] [--per-block N]
 
 Over loopback: the bench's fake vLLM (one token a character, so a 30k-character prompt is 30k token
-IDs and about 180 KB of span) and OTLP sink (bench/sidecar_overhead.py), and four sidecars on it,
+IDs and about 180 KB of span) and OTLP sink (bench/sidecar_overhead.py), and five sidecars on it,
 called in turn in interleaved blocks at concurrency 1. Prints each one's p50 and p99 latency, its CPU
 per call (read from /proc around its own blocks, plus a short settle for the span it exports after
 the answer) and the ratios against the sidecar that exports nothing. On a 2-core machine the sink
@@ -29,7 +30,8 @@ PY = sys.executable
 # name -> sidecar settings (a YAML file's keys); None: no OTLP endpoint at all.
 VARIANTS: dict[str, dict[str, object] | None] = {
     "no endpoint": None,
-    "defaults": {},
+    "defaults": {},  # on loopback: gzip only requests mostly made of prompts sent before
+    "no gzip": {"otlp_compression": "none"},
     "256 KiB requests": {"export_batch_bytes": 256 * 1024},
     "gzip": {"otlp_compression": "gzip"},
 }

@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
         help="where spans go: an OTLP/HTTP base URL (…/v1/traces is appended) such as the trainer's receiver "
              "or a collector; for --otlp-protocol grpc, the gRPC address (http://host:4317)")
     add("--otlp-compression", choices=["gzip", "none", "auto"],
-        help="compress exported spans; auto (default) gzips unless the endpoint is on loopback")
+        help="compress exported spans; auto (default) gzips, except that on a loopback endpoint only "
+             "requests mostly made of prompts sent before are gzipped (their compressed form is kept)")
     add("--otlp-protocol", choices=["http/protobuf", "grpc"], help="span export protocol (default http/protobuf)")
     add("--config", metavar="FILE", help="YAML file with any of these settings (keys use underscores)")
     add("--admin-token", metavar="TOKEN",

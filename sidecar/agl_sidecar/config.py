@@ -34,7 +34,7 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     otlp_endpoint: str | None = None
     otlp_protocol: str = "http/protobuf"
     otlp_headers: dict[str, str] = {}
-    # gzip | none | auto (gzip unless the endpoint is on loopback, where compressing only costs CPU)
+    # gzip | none | auto (gzip, but on loopback only requests mostly made of prompts sent before)
     otlp_compression: str = "auto"
     admin_token: str | None = None
     api_key: str | None = None
@@ -79,12 +79,15 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_level: str = "warning"
 
     @property
-    def compress_export(self) -> bool:
+    def compress_export(self) -> bool | str:
+        """The exporter's `compress`: True (gzip), False, or "repeats" (auto on loopback: gzip only a
+        request mostly made of prompts sent before, whose kept deflate streams cost less to copy than
+        their raw bytes cost to send; anything else goes raw, where compressing only costs CPU)."""
         if self.otlp_compression != "auto":
             return self.otlp_compression == "gzip"
         from urllib.parse import urlsplit
 
-        return not is_loopback(urlsplit(self.otlp_endpoint or "").hostname or "")
+        return "repeats" if is_loopback(urlsplit(self.otlp_endpoint or "").hostname or "") else True
 
     @property
     def host_port(self) -> tuple[str, int]:

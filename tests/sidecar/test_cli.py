@@ -96,11 +96,12 @@ def test_one_loopback_rule_for_listen_admin_callers_and_export(host: str, loopba
     assert is_loopback(host) is loopback
 
 
-def test_export_compression_auto_skips_gzip_on_loopback_only():
+def test_export_compression_auto_gzips_only_repeats_on_loopback():
     base = {"upstream": ["http://a"]}
-    assert not build({**base, "otlp_endpoint": "http://127.0.0.1:4318"}).compress_export
-    assert not build({**base, "otlp_endpoint": "http://[::1]:4318"}).compress_export
-    assert build({**base, "otlp_endpoint": "http://collector.internal:4318"}).compress_export
-    assert build({**base, "otlp_endpoint": "http://127.0.0.1:4318", "otlp_compression": "gzip"}).compress_export
+    assert build({**base, "otlp_endpoint": "http://127.0.0.1:4318"}).compress_export == "repeats"
+    assert build({**base, "otlp_endpoint": "http://[::1]:4318"}).compress_export == "repeats"
+    assert build({**base, "otlp_endpoint": "http://collector.internal:4318"}).compress_export is True
+    assert build({**base, "otlp_endpoint": "http://127.0.0.1:4318", "otlp_compression": "gzip"}).compress_export is True
+    assert build({**base, "otlp_endpoint": "http://collector:4318", "otlp_compression": "none"}).compress_export is False
     with pytest.raises(ConfigError, match="otlp_compression"):
         build({**base, "otlp_compression": "zstd"})

@@ -144,3 +144,26 @@ def test_spans_on_their_way_to_the_spool_stay_counted_as_pending(fake, make_side
             gate.set()
         wait_until(lambda: counters.spans_in_spool == 6, "all 6 in the spool")
         assert counters.spans_pending == 0 and accounted() == 6
+
+
+def test_auto_compression_on_loopback_gzips_only_requests_of_prompts_sent_before(fake, make_sidecar):
+    with OTLPSink() as sink:
+        sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=sink.endpoint)  # otlp_compression: auto
+        assert sidecar.sidecar.exporter.compress == "repeats"
+
+        def call(text: str, spans_then: int) -> None:
+            messages = [{"role": "user", "content": text}]
+            reply = httpx.post(f"{sidecar.url}/rollouts/r/v1/chat/completions", json={"model": "tiny", "messages": messages})
+            assert reply.status_code == 200
+            sink.wait_for(lambda spans: len(spans) >= spans_then)  # one span a request
+
+        call("first " + "words never sent " * 400, 1)
+        call("second " + "words never sent " * 400, 2)
+        repeated = "the same long context " * 400  # ~8.8k token IDs, ~40 KB of span
+        for sent in range(4):
+            call(repeated, 3 + sent)
+    # Fresh prompts and the first send of the repeated one go raw (compressing them would only cost
+    # CPU on loopback); its later sends are mostly the kept deflate stream of a prompt sent before.
+    assert sink.encodings == ["identity", "identity", "identity", "gzip", "gzip", "gzip"]
+    prompts = [span.attributes[semconv.PROMPT_TOKEN_IDS] for span in sink.spans[2:]]
+    assert len(prompts) == 4 and all(ids == prompts[0] for ids in prompts) and len(prompts[0]) > 8000

@@ -81,6 +81,7 @@ class OTLPSink:
     ) -> None:
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
+        self.encodings: list[str] = []  # each request's Content-Encoding, in order
         self.refused = 0  # requests refused for a span `refuse` picked
         self.fail_with = fail_with  # answer every request with this status (to simulate an outage)
         self.refuse = refuse
@@ -95,6 +96,7 @@ class OTLPSink:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                sink.encodings.append(self.headers.get("content-encoding") or "identity")
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 if sink.fail_with is not None:

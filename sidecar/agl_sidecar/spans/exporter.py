@@ -44,6 +44,8 @@ from agl_sidecar.spans.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_na
 
 log = logging.getLogger("agl_sidecar.exporter")
 
+REPEATS = "repeats"  # `compress`: gzip only requests mostly made of prompts sent before
+
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 # A spool file answered 5xx this many times while the endpoint accepted the files after it is
@@ -101,7 +103,7 @@ class SpanExporter:
         timeout_s: float = 10.0,
         max_backoff_s: float = 30.0,
         compression_level: int = 1,
-        compress: bool = True,
+        compress: bool | str = True,
         durable: bool = False,
     ) -> None:
         self.endpoint = endpoint
@@ -117,6 +119,8 @@ class SpanExporter:
         self.timeout_s = timeout_s
         self.max_backoff_s = max_backoff_s
         self.compression_level = compression_level
+        # True: gzip every request; False: none; REPEATS: gzip a request whose bytes are mostly
+        # prompts sent before (their deflate streams are kept, so it costs less than sending them raw).
         self.compress = compress
         self.durable = durable and endpoint is not None
         self.log: SpanLog | None = SpanLog(self.spool) if self.durable else None
@@ -338,10 +342,19 @@ class SpanExporter:
         if self.log is not None:
             self.log.settle(spans)
 
-    async def _encode(self, batch: Sequence[bytes]) -> bytes:
+    def _gzips(self, batch: Sequence[bytes]) -> bool:
+        """Whether the request for `batch` is gzipped."""
+        if self.compress != REPEATS:
+            return bool(self.compress)
+        shared = sum(
+            len(array.elements) for span in batch if type(span) is otlp.SharedSpan for _, array in span.shared
+        )
+        return 2 * shared >= sum(len(span) for span in batch)
+
+    async def _encode(self, batch: Sequence[bytes], gzipped: bool) -> bytes:
         """The request body for `batch`: gzipped (in the worker thread, a prompt sent again
-        compressed once: deflate.py) unless compression is off."""
-        if self.protocol == "grpc" or not self.compress:
+        compressed once: deflate.py) or not."""
+        if self.protocol == "grpc" or not gzipped:
             return self.framer.request(batch)
         return await asyncio.get_running_loop().run_in_executor(
             self._pool, deflate.gzip_spans, self.framer, batch, self.compression_level, self._kept
@@ -358,7 +371,8 @@ class SpanExporter:
         stack = [spans]
         while stack:
             part = stack.pop()
-            sent = await self._send(await self._encode(part), self.compress)
+            gzipped = self._gzips(part)
+            sent = await self._send(await self._encode(part, gzipped), gzipped)
             refused = sent.outcome == "refused" or (refuse_5xx and sent.outcome == "retry" and sent.status is not None)
             if sent.outcome == "ok":
                 self.counters.spans_exported += len(part) - min(sent.rejected, len(part))
