@@ -349,7 +349,7 @@ class SpanExporter:
         shared = sum(
             len(array.elements) for span in batch if type(span) is otlp.SharedSpan for _, array in span.shared
         )
-        return 2 * shared >= sum(len(span) for span in batch)
+        return shared > 0 and 2 * shared >= sum(len(span) for span in batch)
 
     async def _encode(self, batch: Sequence[bytes], gzipped: bool) -> bytes:
         """The request body for `batch`: gzipped (in the worker thread, a prompt sent again
