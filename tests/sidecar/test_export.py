@@ -167,3 +167,15 @@ def test_auto_compression_on_loopback_gzips_only_requests_of_prompts_sent_before
     assert sink.encodings == ["identity", "identity", "identity", "gzip", "gzip", "gzip"]
     prompts = [span.attributes[semconv.PROMPT_TOKEN_IDS] for span in sink.spans[2:]]
     assert len(prompts) == 4 and all(ids == prompts[0] for ids in prompts) and len(prompts[0]) > 8000
+
+
+def test_auto_compression_on_loopback_sends_small_repeated_prompts_raw(fake, make_sidecar):
+    # A prompt of ~2k token IDs sent again: copying its kept stream costs more than its ~10 KB raw.
+    with OTLPSink() as sink:
+        sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=sink.endpoint)
+        for sent in range(3):
+            messages = [{"role": "user", "content": "a short context " * 130}]
+            reply = httpx.post(f"{sidecar.url}/rollouts/r/v1/chat/completions", json={"model": "tiny", "messages": messages})
+            assert reply.status_code == 200
+            sink.wait_for(lambda spans, n=sent + 1: len(spans) >= n)
+    assert sink.encodings == ["identity"] * 3

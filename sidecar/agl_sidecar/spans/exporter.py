@@ -45,6 +45,10 @@ from agl_sidecar.spans.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_na
 log = logging.getLogger("agl_sidecar.exporter")
 
 REPEATS = "repeats"  # `compress`: gzip only requests mostly made of prompts sent before
+# A prompt sent before counts toward REPEATS from this size: copying a kept deflate stream has a
+# fixed cost (the CRC-32 combined in Python, the bytes around it compressed) that sending ~10 KB raw
+# beats on loopback, and 180 KB does not (bench/sidecar_export.py with --chars 2000 and 30000).
+REPEAT_MIN_BYTES = 32 * 1024
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 GRPC_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -347,7 +351,11 @@ class SpanExporter:
         if self.compress != REPEATS:
             return bool(self.compress)
         shared = sum(
-            len(array.elements) for span in batch if type(span) is otlp.SharedSpan for _, array in span.shared
+            len(array.elements)
+            for span in batch
+            if type(span) is otlp.SharedSpan
+            for _, array in span.shared
+            if len(array.elements) >= REPEAT_MIN_BYTES
         )
         return shared > 0 and 2 * shared >= sum(len(span) for span in batch)
 
