@@ -9,6 +9,7 @@ import datetime
 import ipaddress
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import Self
 
 import pytest
 from agl_sidecar.proxy.engine_client import (
@@ -16,6 +17,7 @@ from agl_sidecar.proxy.engine_client import (
     EngineBrokeOff,
     EngineClient,
     EngineDisconnected,
+    EngineResponse,
     EngineUnreachable,
     ResponseTooLarge,
 )
@@ -36,14 +38,17 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
 
 
 class RawEngine:
-    """A TCP server whose every connection is handled by `serve`; counts connections."""
+    """A TCP server whose every connection is handled by `serve` (connections counted), and an
+    EngineClient to it, closed on the way out whatever the test asserted."""
 
-    def __init__(self, serve: Serve) -> None:
+    def __init__(self, serve: Serve, timeout_s: float | None = None) -> None:
         self.serve = serve
         self.connections = 0
         self.server: asyncio.Server | None = None
+        self.url = ""
+        self.client = EngineClient(timeout_s=timeout_s)
 
-    async def __aenter__(self) -> str:
+    async def __aenter__(self) -> Self:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.connections += 1
             try:
@@ -54,11 +59,18 @@ class RawEngine:
                 writer.close()
 
         self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
         assert self.server is not None
         self.server.close()
+
+    async def post(
+        self, path: str = "/v1/chat/completions", body: bytes = b"{}", headers: dict[str, str] = JSON
+    ) -> EngineResponse:
+        return await self.client.post(self.url, path, body, headers)
 
 
 def answer(body: bytes, extra: bytes = b"") -> bytes:
@@ -76,22 +88,19 @@ async def test_a_content_length_answer_is_read_whole_and_the_connection_reused()
             heads.append(head)
             writer.write(answer(b'{"echo":' + body + b"}"))
 
-    engine = RawEngine(serve)
-    async with engine as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(serve) as engine:
         for i in range(3):
-            response = await client.post(url, "/v1/chat/completions", b'{"n":%d}' % i, JSON)
+            response = await engine.post("/v1/chat/completions", b'{"n":%d}' % i, JSON)
             assert response.status == 200
             assert response.headers["content-type"] == "application/json"
             assert response.content_length == len(b'{"echo":{"n":0}}')
             assert await response.read(1 << 20) == b'{"echo":{"n":%d}}' % i
             response.close()
-        await client.close()
-    assert engine.connections == 1 and client.connections_made == 1
+    assert engine.connections == 1 and engine.client.connections_made == 1
     request_line, *header_lines = heads[0].split(b"\r\n")
     assert request_line == b"POST /v1/chat/completions HTTP/1.1"
     sent = {line.split(b": ")[0].lower(): line.split(b": ", 1)[1] for line in header_lines if line}
-    assert sent[b"host"] == url.split("//")[1].encode()
+    assert sent[b"host"] == engine.url.split("//")[1].encode()
     assert sent[b"accept-encoding"] == b"identity"  # the answer is read, so never compressed
     assert sent[b"content-length"] == b"7" and sent[b"content-type"] == b"application/json"
 
@@ -107,15 +116,13 @@ async def test_a_chunked_stream_arrives_as_it_is_sent_and_ends_the_message() -> 
         writer.write(b"e\r\ndata: second\n\n\r\n0\r\n\r\n")
         await reader.read()  # keep the connection: the message's end is the terminator, not a close
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
         assert await response.readany() == b"data: first\n\n"
         second_chunk.set()
         assert await response.readany() == b"data: second\n\n"
         assert await response.readany() == b""
-        assert client._idle  # the terminated message handed its connection back for reuse
-        await client.close()
+        assert engine.client._idle  # the terminated message handed its connection back for reuse
 
 
 async def test_an_answer_delimited_by_the_close_is_complete_and_not_reused() -> None:
@@ -124,14 +131,11 @@ async def test_an_answer_delimited_by_the_close_is_complete_and_not_reused() -> 
         writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + b"x" * 70_000)
         await writer.drain()
 
-    engine = RawEngine(serve)
-    async with engine as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(serve) as engine:
         for _ in range(2):
-            response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+            response = await engine.post()
             assert response.content_length is None
             assert await response.read(1 << 20) == b"x" * 70_000
-        await client.close()
     assert engine.connections == 2
 
 
@@ -141,13 +145,10 @@ async def test_connection_close_and_http_1_0_answers_are_not_pooled() -> None:
         writer.write(answer(b"{}").replace(b"HTTP/1.1", b"HTTP/1.0"))
         await reader.read()
 
-    engine = RawEngine(serve)
-    async with engine as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(serve) as engine:
         for _ in range(2):
-            response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+            response = await engine.post()
             assert await response.read(100) == b"{}"
-        await client.close()
     assert engine.connections == 2
 
 
@@ -157,11 +158,9 @@ async def test_an_interim_100_continue_is_skipped() -> None:
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b'{"ok":1}'))
         await reader.read()
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
         assert response.status == 200 and await response.read(100) == b'{"ok":1}'
-        await client.close()
 
 
 async def test_a_refused_port_is_unreachable() -> None:
@@ -179,11 +178,9 @@ async def test_a_close_before_the_status_line_is_a_disconnect_the_proxy_may_rese
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)  # and close without answering
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(serve) as engine:
         with pytest.raises(EngineDisconnected):
-            await client.post(url, "/v1/chat/completions", b"{}", JSON)
-        await client.close()
+            await engine.post()
 
 
 async def test_a_close_mid_body_breaks_the_answer_off() -> None:
@@ -192,16 +189,14 @@ async def test_a_close_mid_body_breaks_the_answer_off() -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 10)
         await writer.drain()
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
         assert await response.readany() == b"x" * 10
         with pytest.raises(EngineBrokeOff, match="mid-answer"):
             await response.readany()
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        response = await engine.post()
         with pytest.raises(EngineBrokeOff):
             await response.read(1000)
-        await client.close()
 
 
 async def test_an_answer_that_is_not_http_is_refused() -> None:
@@ -215,18 +210,13 @@ async def test_an_answer_that_is_not_http_is_refused() -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
         await reader.read()
 
-    async with RawEngine(garbage) as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(garbage) as engine:
         with pytest.raises(EngineBrokeOff, match="not valid HTTP"):
-            await client.post(url, "/v1/chat/completions", b"{}", JSON)
-        await client.close()
-    engine = RawEngine(serve)
-    async with engine as url:  # bytes after a complete answer that nobody asked for: never reused
-        client = EngineClient(timeout_s=None)
+            await engine.post()
+    async with RawEngine(serve) as engine:  # bytes after a complete answer that nobody asked for: never reused
         for _ in range(2):
-            response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+            response = await engine.post()
             assert await response.read(100) == b"hello"
-        await client.close()
     assert engine.connections == 2
 
 
@@ -236,11 +226,9 @@ async def test_headers_past_the_limit_are_refused() -> None:
         writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-filler: " + b"a" * 70_000 + b"\r\ncontent-length: 0\r\n\r\n")
         await reader.read()
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(serve) as engine:
         with pytest.raises(EngineBrokeOff, match="headers are over"):
-            await client.post(url, "/v1/chat/completions", b"{}", JSON)
-        await client.close()
+            await engine.post()
 
 
 async def test_repeated_headers_are_joined_and_names_read_in_any_case() -> None:
@@ -249,12 +237,10 @@ async def test_repeated_headers_are_joined_and_names_read_in_any_case() -> None:
         writer.write(answer(b"{}", b"X-Thing: a\r\nx-THING: b\r\nCONTENT-TYPE: text/plain\r\n"))
         await reader.read()
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
         assert response.headers["x-thing"] == "a, b"
         assert response.headers.get("content-type") == "application/json, text/plain"
-        await client.close()
 
 
 async def test_the_timeout_covers_the_whole_answer() -> None:
@@ -268,13 +254,11 @@ async def test_the_timeout_covers_the_whole_answer() -> None:
         await reader.read()
 
     for serve in (silent, stalls):
-        async with RawEngine(serve) as url:
-            client = EngineClient(timeout_s=0.2)
+        async with RawEngine(serve, timeout_s=0.2) as engine:
             with pytest.raises(TimeoutError):
-                response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+                response = await engine.post()
                 assert await response.readany() == b"x"
                 await response.readany()
-            await client.close()
 
 
 async def test_an_unread_stream_pauses_the_engine_and_resumes_when_read() -> None:
@@ -288,9 +272,8 @@ async def test_an_unread_stream_pauses_the_engine_and_resumes_when_read() -> Non
             await writer.drain()
         await reader.read()
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
 
         async def paused() -> None:  # the engine sends all it can while nothing is read
             while not response._paused:  # type: ignore[attr-defined]
@@ -303,7 +286,6 @@ async def test_an_unread_stream_pauses_the_engine_and_resumes_when_read() -> Non
         while data := await response.readany():
             received += len(data)
         assert received == total
-        await client.close()
 
 
 async def test_read_refuses_an_answer_over_its_limit() -> None:
@@ -315,14 +297,12 @@ async def test_read_refuses_an_answer_over_its_limit() -> None:
             else:
                 writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1388\r\n" + b"z" * 5000 + b"\r\n0\r\n\r\n")
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
+    async with RawEngine(serve) as engine:
         for path in ("/declared", "/chunked"):
-            response = await client.post(url, path, b"{}", JSON)
+            response = await engine.post(path, b"{}", JSON)
             with pytest.raises(ResponseTooLarge):
                 await response.read(4000)
             response.close()
-        await client.close()
 
 
 async def test_leaving_before_the_answer_closes_the_connection() -> None:
@@ -334,17 +314,14 @@ async def test_leaving_before_the_answer_closes_the_connection() -> None:
         await reader.read()  # until the client closes: what vLLM takes as an abort
         closed.set()
 
-    engine = RawEngine(serve)
-    async with engine as url:
-        client = EngineClient(timeout_s=None)
-        task = asyncio.create_task(client.post(url, "/v1/chat/completions", b"{}", JSON))
+    async with RawEngine(serve) as engine:
+        task = asyncio.create_task(engine.post())
         await asyncio.wait_for(asked.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(closed.wait(), 5)
-        assert not client._idle.get(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        await client.close()
+        assert not engine.client._idle.get(("127.0.0.1", int(engine.url.rsplit(":", 1)[1])))
 
 
 async def test_a_path_prefix_and_credentials_free_host_are_sent() -> None:
@@ -356,12 +333,10 @@ async def test_a_path_prefix_and_credentials_free_host_are_sent() -> None:
         writer.write(answer(b"{}"))
         await reader.read()
 
-    async with RawEngine(serve) as url:
-        client = EngineClient(timeout_s=None)
-        await (await client.post(url + "/engine/a", "/v1/completions", b"{}", {"Authorization": "Bearer k"})).read(10)
+    async with RawEngine(serve) as engine:
+        await (await engine.client.post(engine.url + "/engine/a", "/v1/completions", b"{}", {"Authorization": "Bearer k"})).read(10)
         with pytest.raises(ValueError, match="line break"):
-            await client.post(url, "/v1/completions", b"{}", {"Authorization": "Bearer k\r\nX-Evil: 1"})
-        await client.close()
+            await engine.post("/v1/completions", b"{}", {"Authorization": "Bearer k\r\nX-Evil: 1"})
     assert heads[0].startswith(b"POST /engine/a/v1/completions HTTP/1.1\r\n")
     assert b"\r\nAuthorization: Bearer k\r\n" in heads[0]
 
@@ -455,14 +430,11 @@ async def test_an_answer_before_the_whole_request_went_out_is_not_followed_on_it
         writer.write(answer(b"{}"))
         await reader.read()
 
-    engine = RawEngine(serve)
-    async with engine as url:
-        client = EngineClient(timeout_s=30)  # reusing the connection would wait on the first answer's
-        response = await client.post(url, "/early", big, JSON)
+    async with RawEngine(serve, timeout_s=30) as engine:  # reusing the connection would wait on the first answer's
+        response = await engine.post("/early", big, JSON)
         assert await response.read(100) == b'{"error":"too large"}'
-        response = await client.post(url, "/v1/chat/completions", b"{}", JSON)
+        response = await engine.post()
         assert await response.read(100) == b"{}"
-        await client.close()
     assert engine.connections == 2
 
 
