@@ -5,8 +5,6 @@ pod's service account gives (in-cluster), against the stand-in API server (tests
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import logging
 import random
 import re
@@ -23,6 +21,7 @@ from agl_trainer.runners.kubernetes import KubernetesRunner, load_api_client
 from agl_trainer.runners.kubernetes_manifest import JobTemplate
 from agl_trainer.runners.kubernetes_retry import ApiUnavailable, Backoff, call_with_backoff
 from tests.support.fake_kube import FakeKube
+from tests.support.tls import self_signed
 from tests.support.waiting import wait_until_async
 
 SIDECAR = "http://agl-sidecar.train.svc:8400"
@@ -167,36 +166,12 @@ async def test_start_names_the_server_and_status_once_the_tries_are_spent(fake: 
 # --- in a pod: the service account's token and CA, KUBERNETES_SERVICE_HOST ---------------------------
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    cert_path, key_path = folder / "ca.crt", folder / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
-    return cert_path, key_path
-
-
 async def test_in_a_pod_the_service_account_reaches_the_api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kubernetes.config import incluster_config
 
     account = tmp_path / "serviceaccount"  # what the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount
     account.mkdir()
-    cert, key = _self_signed(account)
+    cert, key = self_signed(account, "kubernetes")
     (account / "token").write_text("sa-token-123")
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)

@@ -5,10 +5,9 @@ lies), aiohttp for an ordinary engine, and aiohttp over TLS for the https:// pat
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Self
 
 import pytest
@@ -22,6 +21,8 @@ from agl_sidecar.proxy.engine_client import (
     ResponseTooLarge,
 )
 from aiohttp import web
+
+from tests.support.tls import self_signed
 
 JSON = {"Content-Type": "application/json"}
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -341,40 +342,11 @@ async def test_a_path_prefix_and_credentials_free_host_are_sent() -> None:
     assert b"\r\nAuthorization: Bearer k\r\n" in heads[0]
 
 
-def self_signed() -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "engine")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".pem") as cert_file, tempfile.NamedTemporaryFile(suffix=".key") as key_file:
-        cert_file.write(pem)
-        cert_file.flush()
-        key_file.write(key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))  # fmt: skip
-        key_file.flush()
-        server.load_cert_chain(cert_file.name, key_file.name)
-    client = ssl.create_default_context(cadata=pem.decode())
-    return server, client
-
-
-async def test_an_https_engine_is_reached_through_aiohttp_with_the_same_interface() -> None:
-    server_tls, client_tls = self_signed()
+async def test_an_https_engine_is_reached_through_aiohttp_with_the_same_interface(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, "engine")
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    client_tls = ssl.create_default_context(cafile=str(cert))
     finish = asyncio.Event()
 
     async def chat(request: web.Request) -> web.StreamResponse:
