@@ -4,6 +4,7 @@ in blocks at a given concurrency, and percentiles."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from typing import Any
 
@@ -72,3 +73,14 @@ async def run_block(
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """Terminate `procs` together, then wait for each; one still running after `timeout_s` is killed."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()

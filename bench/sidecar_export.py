@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import sidecar_overhead as overhead  # bench/sidecar_overhead.py: the fake vLLM and the sink
-from _load import JSON, free_port, pct, run_block, wait_up
+from _load import JSON, free_port, pct, run_block, stop_processes, wait_up
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -96,13 +96,7 @@ async def main(chars: int, unique: bool, blocks: int, per_block: int) -> None:
             print(f"{name:<18}{pct(values, 0.5) * 1e3:9.2f}{p99 * 1e3:9.2f}{per_call * 1e3:13.3f}"
                   f"{per_call / ref_cpu:10.2f}x{p99 / ref_p99:10.2f}x")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
         shutil.rmtree(scratch, ignore_errors=True)
 
 

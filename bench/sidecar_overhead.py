@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import _peers  # bench/_peers.py (bench/ is on sys.path when this runs as a script)
-from _load import JSON, free_port, pct, run_block, wait_up
+from _load import JSON, free_port, pct, run_block, stop_processes, wait_up
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -400,15 +400,8 @@ async def main(
         for peer in peers:
             peer.stop()
         # The sidecars first, and wait for them: they flush their spans to the sink on the way out.
-        sidecars = procs[3:]
-        for group in (sidecars, procs[:3]):
-            for p in group:
-                p.terminate()
-            for p in group:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_processes(procs[3:])
+        stop_processes(procs[:3])
         shutil.rmtree(spool, ignore_errors=True)
         shutil.rmtree(peer_dir, ignore_errors=True)
 
