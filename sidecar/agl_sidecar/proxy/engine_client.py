@@ -66,6 +66,12 @@ class EngineResponse(Protocol):
         ...
 
 
+def declared_over(answer: EngineResponse, limit: int) -> bool:
+    """The answer's Content-Length is past `limit`, so it is refused before a byte is read. A
+    compressed answer is left to the bound on the bytes as they are read, as it always was."""
+    return answer.content_length is not None and answer.content_length > limit and "content-encoding" not in answer.headers
+
+
 class _Answer:
     """An answer on a lean connection: headers, then body bytes buffered until read."""
 
@@ -181,7 +187,7 @@ class _Answer:
             await self._wait()
 
     async def read(self, limit: int) -> bytes:
-        if self.content_length is not None and self.content_length > limit and "content-encoding" not in self.headers:
+        if declared_over(self, limit):
             raise ResponseTooLarge
         self._high_water = limit  # past the limit reading pauses, and the answer is refused below
         while not self._done:
@@ -340,7 +346,7 @@ class _AiohttpAnswer:
             raise EngineBrokeOff(f"the engine's answer broke off ({exc!r})") from exc
 
     async def read(self, limit: int) -> bytes:
-        if self.content_length is not None and self.content_length > limit and "Content-Encoding" not in self.headers:
+        if declared_over(self, limit):
             raise ResponseTooLarge
         parts: list[bytes] = []
         size = 0
