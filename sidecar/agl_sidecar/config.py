@@ -87,7 +87,9 @@ class SidecarConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             return self.otlp_compression == "gzip"
         from urllib.parse import urlsplit
 
-        return "repeats" if is_loopback(urlsplit(self.otlp_endpoint or "").hostname or "") else True
+        from agl_sidecar.spans.exporter import REPEATS
+
+        return REPEATS if is_loopback(urlsplit(self.otlp_endpoint or "").hostname or "") else True
 
     @property
     def host_port(self) -> tuple[str, int]:
