@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-fast test-vllm demo bench venv clean browser
+.PHONY: test test-fast test-vllm demo bench venv clean browser clis
 
 venv: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP) browser
+test: $(STAMP) browser clis
 	$(BIN)/python -m pytest -q
 
 # Debian's headless Chromium for the trace viewer's browser tests (tests/viewer/test_browser.py):
@@ -33,6 +33,19 @@ browser:
 		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) || \
 		echo "agl: could not install chromium; the viewer's browser tests will skip"; \
 	fi
+
+# The coding-agent CLIs the harness tests run through the sidecar (tests/harnesses/), at the versions
+# testing/clis/package-lock.json pins, from the npm registry, into testing/clis/node_modules: installed
+# when missing or older than the lock file; never fails the build (those tests then skip, saying why).
+CLIS_STAMP := testing/clis/node_modules/.installed-stamp
+clis: $(CLIS_STAMP)
+
+$(CLIS_STAMP): testing/clis/package.json testing/clis/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "agl: installing the coding-agent CLIs for the harness tests (npm ci in testing/clis)"; \
+		(cd testing/clis && npm ci --no-audit --no-fund --loglevel=error >/dev/null) && touch $@ || \
+		echo "agl: could not install the coding-agent CLIs; the harness tests will skip"; \
+	else echo "agl: npm not found; the harness tests that run the coding-agent CLIs will skip"; fi
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow and not vllm and not gpu'
@@ -50,7 +63,7 @@ bench: $(STAMP)
 	done
 
 clean:
-	rm -rf $(VENV) .venv-vllm runs .pytest_cache
+	rm -rf $(VENV) .venv-vllm runs .pytest_cache testing/clis/node_modules
 
 # Real vLLM (the CPU build, in its own venv: it conflicts with verl's pins) under the `vllm` marker.
 test-vllm: $(STAMP)
