@@ -112,6 +112,12 @@ CALL_AGENT_ID: Final = "agl.call.agent_id"  # string
 CALL_PARENT_AGENT_ID: Final = "agl.call.parent_agent_id"  # string
 CALL_COMPACTION: Final = "agl.call.compaction"  # bool: present (true) only on a declared compaction
 
+# What a translating front (Anthropic Messages, Responses) did with the parts of the harness's request
+# it does not interpret (docs/protocols.md "What the sidecar does not know"); present only when not
+# empty. string[]: each "<JSON path>: <why>", e.g. "context_management: not an engine option".
+REQUEST_FIELDS_DROPPED: Final = "agl.request.fields.dropped"  # not sent to the engine
+REQUEST_FIELDS_PASSED: Final = "agl.request.fields.passed"  # sent to the engine as the harness wrote them
+
 
 def completion_token_ids_key(choice: int) -> str:
     """Attribute holding choice `choice`'s completion token IDs (choice 0 has no index)."""

@@ -103,7 +103,7 @@ class AdapterHost:
                 body = json.loads(await request.read())
             except ValueError as exc:
                 raise ProtocolError(400, f"request body is not valid JSON: {exc}") from None
-            chat = adapter.to_chat_request(body)
+            chat = adapter.to_chat_request(body).chat
             self.chat_requests.append(chat)
             if adapter.tokenize_only:
                 return web.json_response(

@@ -73,7 +73,7 @@ def test_request_with_system_tools_and_tool_results_becomes_chat() -> None:
             },
         ],
     }
-    chat = MESSAGES.to_chat_request(body)
+    chat = MESSAGES.to_chat_request(body).chat
     assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
     assert "Be brief." in json.dumps(chat["messages"][0]["content"])
     call = chat["messages"][2]["tool_calls"][0]
@@ -90,7 +90,7 @@ def test_request_with_system_tools_and_tool_results_becomes_chat() -> None:
 
 
 def test_streaming_request_asks_the_engine_for_usage() -> None:
-    chat = MESSAGES.to_chat_request({**BODY, "stream": True})
+    chat = MESSAGES.to_chat_request({**BODY, "stream": True}).chat
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
 
 
@@ -111,7 +111,7 @@ def test_streaming_request_asks_the_engine_for_usage() -> None:
 )
 def test_malformed_requests_raise_anthropic_errors(body: object, needle: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        MESSAGES.to_chat_request(body)  # type: ignore[arg-type]
+        MESSAGES.to_chat_request(body).chat  # type: ignore[arg-type]
     assert info.value.status == 400 and needle in info.value.message
     error = MESSAGES.error_body(info.value.status, info.value.message, info.value.error_type)
     assert error == {
@@ -232,7 +232,7 @@ def test_an_empty_stream_still_yields_a_well_formed_message() -> None:
 
 def test_count_tokens_uses_the_engine_tokenizer_answer() -> None:
     body = {"model": "tiny", "messages": BODY["messages"], "tools": [WEATHER_TOOL], "system": "Be brief."}
-    request = COUNT_TOKENS.to_chat_request(body)
+    request = COUNT_TOKENS.to_chat_request(body).chat
     assert request["add_generation_prompt"] is True and request["messages"][0]["role"] == "system"
     assert request["tools"][0]["function"]["name"] == "get_weather"
     assert set(request) == {"model", "messages", "add_generation_prompt", "tools"}
@@ -244,9 +244,9 @@ def test_count_tokens_uses_the_engine_tokenizer_answer() -> None:
 
 
 def test_count_tokens_needs_no_max_tokens_but_checks_messages() -> None:
-    COUNT_TOKENS.to_chat_request({"model": "tiny", "messages": BODY["messages"]})
+    COUNT_TOKENS.to_chat_request({"model": "tiny", "messages": BODY["messages"]}).chat
     with pytest.raises(ProtocolError, match="messages"):
-        COUNT_TOKENS.to_chat_request({"model": "tiny"})
+        COUNT_TOKENS.to_chat_request({"model": "tiny"}).chat
 
 
 @pytest.mark.parametrize("arguments", ['{"city": "Par', "[1, 2]", "null"])
@@ -295,7 +295,7 @@ def test_claude_code_shaped_request_is_cleaned_for_the_engine() -> None:
         ],
     }
     original = json.loads(json.dumps(body))
-    chat = MESSAGES.to_chat_request(body)
+    chat = MESSAGES.to_chat_request(body).chat
     assert body == original  # the harness's request is not modified
     wire = json.dumps(chat)
     assert "cache_control" not in wire and "thinking_blocks" not in wire and "budget_tokens" not in wire

@@ -70,7 +70,7 @@ def test_request_with_instructions_items_and_tools_becomes_chat() -> None:
         "max_output_tokens": 40,
         "metadata": {"k": "v"},
     }
-    chat = ResponsesAdapter().to_chat_request(body)
+    chat = ResponsesAdapter().to_chat_request(body).chat
     assert [m["role"] for m in chat["messages"]] == ["system", "system", "user", "assistant", "tool"]
     assert chat["messages"][0] == {"role": "system", "content": "Be brief."}
     assert chat["messages"][3]["tool_calls"][0]["id"] == "call_1"
@@ -83,9 +83,9 @@ def test_request_with_instructions_items_and_tools_becomes_chat() -> None:
 
 
 def test_streaming_request_asks_for_usage() -> None:
-    chat = ResponsesAdapter().to_chat_request({**BODY, "stream": True})
+    chat = ResponsesAdapter().to_chat_request({**BODY, "stream": True}).chat
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
-    assert "stream" not in ResponsesAdapter().to_chat_request(BODY)
+    assert "stream" not in ResponsesAdapter().to_chat_request(BODY).chat
 
 
 @pytest.mark.parametrize(
@@ -102,7 +102,7 @@ def test_streaming_request_asks_for_usage() -> None:
 )
 def test_malformed_requests_raise_openai_errors(body: object, needle: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        ResponsesAdapter().to_chat_request(body)  # type: ignore[arg-type]
+        ResponsesAdapter().to_chat_request(body).chat  # type: ignore[arg-type]
     assert info.value.status == 400 and needle in info.value.message
     error = RESPONSES.error_body(info.value.status, info.value.message, info.value.error_type)
     assert error == {
@@ -112,13 +112,13 @@ def test_malformed_requests_raise_openai_errors(body: object, needle: str) -> No
 
 def test_unknown_previous_response_is_a_404() -> None:
     with pytest.raises(ProtocolError) as info:
-        ResponsesAdapter().to_chat_request({**BODY, "previous_response_id": "resp_nope"})
+        ResponsesAdapter().to_chat_request({**BODY, "previous_response_id": "resp_nope"}).chat
     assert info.value.status == 404 and "resp_nope" in info.value.message
 
 
 def test_text_response_is_a_valid_openai_response() -> None:
     adapter = ResponsesAdapter()
-    adapter.to_chat_request(BODY)
+    adapter.to_chat_request(BODY).chat
     chat = chat_fixture("chat_nonstream_token_ids_logprobs")
     response = Response.model_validate(adapter.from_chat_response(chat, BODY))
     assert response.id == "resp_b4521538401b4e10"
@@ -152,7 +152,7 @@ def test_previous_response_id_replays_the_conversation() -> None:
         "input": "Weather in Paris?",
         "tools": [WEATHER_TOOL],
     }
-    adapter.to_chat_request(first_body)
+    adapter.to_chat_request(first_body).chat
     first = adapter.from_chat_response(tool_call_response(), first_body)
     second_body = {
         "model": "tiny",
@@ -160,7 +160,7 @@ def test_previous_response_id_replays_the_conversation() -> None:
         "input": [{"type": "function_call_output", "call_id": TOOL_CALL_ID, "output": "18C"}],
         "tools": [WEATHER_TOOL],
     }
-    chat = adapter.to_chat_request(second_body)
+    chat = adapter.to_chat_request(second_body).chat
     # instructions are not inherited; the user turn, the tool call and its output are
     assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool"]
     assert chat["messages"][1]["tool_calls"][0]["id"] == TOOL_CALL_ID
@@ -169,14 +169,14 @@ def test_previous_response_id_replays_the_conversation() -> None:
     assert Response.model_validate(second).previous_response_id == first["id"]
     third = adapter.to_chat_request(
         {"model": "tiny", "previous_response_id": second["id"], "input": "Thanks"}
-    )
+    ).chat
     assert [m["role"] for m in third["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
 
 
 def test_store_false_is_not_kept() -> None:
     adapter = ResponsesAdapter()
     body = {**BODY, "store": False}
-    adapter.to_chat_request(body)
+    adapter.to_chat_request(body).chat
     response = adapter.from_chat_response(chat_fixture("chat_nonstream_finish_stop_eos"), body)
     assert response["id"] not in adapter.store and len(adapter.store) == 0
 
@@ -201,7 +201,7 @@ def test_text_stream_is_translated_chunk_by_chunk(fixture: str) -> None:
     chunks = stream_fixture(fixture)
     adapter = ResponsesAdapter()
     body = {**BODY, "stream": True}
-    adapter.to_chat_request(body)
+    adapter.to_chat_request(body).chat
     data, sizes = translate_stream(adapter.stream_translator(body), chunks)
     assert sizes[0] > 0 and sizes[1] > 0
     events = events_of(data)
@@ -223,7 +223,7 @@ def test_text_stream_is_translated_chunk_by_chunk(fixture: str) -> None:
 def test_tool_call_stream_carries_argument_deltas_and_chains() -> None:
     adapter = ResponsesAdapter()
     body = {"model": "tiny", "input": "Weather in Paris?", "tools": [WEATHER_TOOL], "stream": True}
-    adapter.to_chat_request(body)
+    adapter.to_chat_request(body).chat
     data, _ = translate_stream(adapter.stream_translator(body), tool_call_stream(text_first="Checking."))
     events = events_of(data)
     names = [n for n, _ in events]
@@ -240,7 +240,7 @@ def test_tool_call_stream_carries_argument_deltas_and_chains() -> None:
             "previous_response_id": final.id,
             "input": [{"type": "function_call_output", "call_id": TOOL_CALL_ID, "output": "18C"}],
         }
-    )
+    ).chat
     assistant = follow["messages"][1]
     assert (
         assistant["content"] == "Checking."

@@ -10,7 +10,7 @@ import pytest
 
 from agl import semconv
 from agl_sidecar.protocols import registry
-from agl_sidecar.protocols.base import ProtocolError
+from agl_sidecar.protocols.base import ProtocolError, Translation
 from agl_testing.fake_vllm import chat_prompt_ids
 
 
@@ -45,10 +45,11 @@ class EchoAdapter:
 
         self.prepared_on.append(threading.current_thread().name)
 
-    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+    def to_chat_request(self, body: dict[str, Any]) -> Translation:
         if not isinstance(body.get("say"), str):
             raise ProtocolError(422, "'say' must be a string", "bad_say")
-        return {"model": "tiny", "messages": [{"role": "user", "content": body["say"]}], "stream": bool(body.get("stream"))}
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": body["say"]}], "stream": bool(body.get("stream"))}
+        return Translation(chat, dropped=tuple(f"{key}: unknown to the echo API" for key in body if key not in ("say", "stream")))
 
     def from_chat_response(self, chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         if "tokens" in chat:
@@ -110,6 +111,25 @@ def test_adapter_unary_stream_tokenize_and_errors(echo_adapters, fake, make_side
         assert span.attributes[semconv.CALL_API] == "test.echo"
         assert span.attributes[semconv.ROLLOUT_ID] == "ad"
         assert span.attributes[semconv.PROMPT_TOKEN_IDS] == chat_prompt_ids([{"role": "user", "content": "hello"}])
+
+
+def test_the_span_records_what_the_adapter_dropped_and_a_plain_call_records_nothing(
+    echo_adapters, fake, make_sidecar, otlp_sink
+):
+    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint)
+    reply = httpx.post(sidecar.url + "/rollouts/f1/v1/echo", json={"say": "hi", "mood": "x", "zeal": 1})
+    assert reply.status_code == 200
+    plain = httpx.post(sidecar.url + "/rollouts/f2/v1/chat/completions",
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "mood": "x"})
+    assert plain.status_code == 200
+    spans = {s.attributes[semconv.ROLLOUT_ID]: s for s in otlp_sink.wait_for(lambda spans: len(spans) >= 2)}
+    assert spans["f1"].attributes[semconv.REQUEST_FIELDS_DROPPED] == [
+        "mood: unknown to the echo API", "zeal: unknown to the echo API"
+    ]
+    assert semconv.REQUEST_FIELDS_PASSED not in spans["f1"].attributes
+    # A chat body goes to the engine as sent: nothing is read as unknown, so nothing is listed.
+    assert semconv.REQUEST_FIELDS_DROPPED not in spans["f2"].attributes
+    assert semconv.REQUEST_FIELDS_PASSED not in spans["f2"].attributes
 
 
 def test_the_first_translated_call_does_not_stall_other_calls(fake, tmp_path):

@@ -39,6 +39,9 @@ class CallRecord:
     top_p: float | None = None
     max_tokens: int | None = None
     n: int | None = None
+    # What a translating front did not interpret (protocols/base.Translation): each "<path>: <why>".
+    fields_dropped: tuple[str, ...] = ()
+    fields_passed: tuple[str, ...] = ()
     policy_version: int | None = None
     held_ms: float = 0.0
     upstream: str | None = None

@@ -27,7 +27,7 @@ from agl import semconv
 from agl_sidecar.protocols._litellm import anthropic_adapter
 from agl_sidecar.protocols._sse import sse_event
 from agl_sidecar.protocols.anthropic_request import CountTokensRequest, MessagesRequest, check_messages
-from agl_sidecar.protocols.base import ProtocolError
+from agl_sidecar.protocols.base import ProtocolError, Translation
 
 # --- The request: checked as the API checks it (anthropic_request.py) ---------------------------
 
@@ -312,7 +312,7 @@ class MessagesAdapter:
     def prepare(self) -> None:
         anthropic_adapter()
 
-    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+    def to_chat_request(self, body: dict[str, Any]) -> Translation:
         _validate(body, MessagesRequest)
         chat = _to_chat(body)
         if body.get("stream"):
@@ -321,7 +321,7 @@ class MessagesAdapter:
             chat["stream_options"] = {"include_usage": True}
         else:
             chat.pop("stream", None)
-        return chat
+        return Translation(chat)
 
     def from_chat_response(self, chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         return _message_from_chat(chat, body.get("model", ""))
@@ -339,13 +339,13 @@ class CountTokensAdapter(MessagesAdapter):
     path = "/messages/count_tokens"
     tokenize_only = True
 
-    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+    def to_chat_request(self, body: dict[str, Any]) -> Translation:
         _validate(body, CountTokensRequest)
         chat = _to_chat(body)
         request = {"model": chat["model"], "messages": chat["messages"], "add_generation_prompt": True}
         if chat.get("tools"):
             request["tools"] = chat["tools"]
-        return request
+        return Translation(request)
 
     def from_chat_response(self, chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         count = chat.get("count")

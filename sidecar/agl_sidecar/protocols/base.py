@@ -10,6 +10,7 @@ beyond `api` (recorded as the span's agl.call.api).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -24,6 +25,20 @@ class ProtocolError(Exception):
         self.message = message
         self.error_type = error_type
         self.param = param  # the field at fault (OpenAI's error `param`), when there is one
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """The chat request for a harness's request, and what became of the parts of that request the
+    adapter does not interpret (docs/protocols.md "What the sidecar does not know"). Each entry of
+    `dropped` and `passed` is "<JSON path>: <why>", indices collapsed where every item shares the
+    fate (`tools[*].cache_control`); the span records both lists (agl.request.fields.*)."""
+
+    chat: dict[str, Any]
+    # Not sent to the engine: an option the engine cannot act on, a hosted tool it cannot run.
+    dropped: tuple[str, ...] = field(default=())
+    # Not interpreted by the adapter, sent to the engine as they were (an engine may use them).
+    passed: tuple[str, ...] = field(default=())
 
 
 class StreamTranslator(Protocol):
@@ -53,8 +68,10 @@ class ProtocolAdapter(Protocol):
         thread, before the adapter's first request, so the event loop keeps serving meanwhile."""
         ...
 
-    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The chat-completions request for `body`; raises ProtocolError for a malformed body."""
+    def to_chat_request(self, body: dict[str, Any]) -> Translation:
+        """The chat-completions request for `body`, with what was dropped or passed on unread;
+        raises ProtocolError for a malformed body (a known field with a wrong type or an impossible
+        value), never for a field the adapter does not know."""
         ...
 
     def from_chat_response(self, chat: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

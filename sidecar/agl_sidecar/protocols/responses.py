@@ -26,7 +26,7 @@ from agl import semconv
 from agl_sidecar.spans.lru import BytesLRU
 from agl_sidecar.protocols._litellm import responses_config
 from agl_sidecar.protocols._sse import sse_event
-from agl_sidecar.protocols.base import ProtocolError
+from agl_sidecar.protocols.base import ProtocolError, Translation
 from agl_sidecar.protocols.responses_request import check_responses
 
 # Chat request keys the engine understands; litellm's bridge adds its own (custom_llm_provider,
@@ -147,7 +147,7 @@ class ResponsesAdapter:
         self._pending_limit = 4096
 
     # --- request ---------------------------------------------------------------------------
-    def to_chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+    def to_chat_request(self, body: dict[str, Any]) -> Translation:
         if not isinstance(body, dict):
             raise ProtocolError(400, "request body must be a JSON object")
         check_responses(body)
@@ -169,7 +169,7 @@ class ResponsesAdapter:
             [{"role": "system", "content": instructions}] if instructions else []
         ) + conversation
         self._remember(body, conversation)
-        return chat
+        return Translation(chat)
 
     @staticmethod
     def _to_chat(body: dict[str, Any]) -> dict[str, Any]:

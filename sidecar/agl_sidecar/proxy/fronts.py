@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from agl_sidecar.calls import wire
-from agl_sidecar.protocols.base import ProtocolAdapter, StreamTranslator
+from agl_sidecar.protocols.base import ProtocolAdapter, StreamTranslator, Translation
 
 JSON = "application/json"
 SSE = "text/event-stream; charset=utf-8"
@@ -18,6 +18,10 @@ SSE = "text/event-stream; charset=utf-8"
 
 class OpenAIFront:
     """Passes the engine's OpenAI responses through."""
+
+    # The body goes to the engine as the harness sent it: no field is dropped, none read unknown.
+    fields_dropped: tuple[str, ...] = ()
+    fields_passed: tuple[str, ...] = ()
 
     def __init__(self, api: str) -> None:
         self.api = api
@@ -46,10 +50,12 @@ class OpenAIFront:
 class AdapterFront:
     """Translates chat responses and chunks to another protocol through its adapter."""
 
-    def __init__(self, adapter: ProtocolAdapter, original: dict[str, Any]) -> None:
+    def __init__(self, adapter: ProtocolAdapter, original: dict[str, Any], translation: Translation) -> None:
         self.adapter = adapter
         self.api = adapter.api
         self.original = original
+        self.fields_dropped = translation.dropped
+        self.fields_passed = translation.passed
         self._translator: StreamTranslator | None = None
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> web.Response:

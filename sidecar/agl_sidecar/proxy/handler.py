@@ -107,6 +107,8 @@ class Proxy:
             top_p=overrides.get("top_p", parsed.top_p),
             max_tokens=overrides.get("max_tokens", parsed.max_tokens),
             n=overrides.get("n", parsed.n),  # the span says what the engine was asked for
+            fields_dropped=front.fields_dropped,
+            fields_passed=front.fields_passed,
         )
         if parts.config.capture_messages and kind == CHAT:
             call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]

@@ -89,7 +89,7 @@ def translated(path: str) -> Any:
         if not sidecar.harness_authorized(request):
             return json_reply(401, adapter.error_body(401, "missing or wrong API key", "authentication_error"))
         try:
-            chat_request = adapter.to_chat_request(original)
+            translation = adapter.to_chat_request(original)
             sidecar.identity(request)  # ids a span cannot carry: refused here, in this protocol's shape
         except ProtocolError as exc:
             return _protocol_error(adapter, exc)
@@ -97,10 +97,10 @@ def translated(path: str) -> Any:
             return json_reply(400, adapter.error_body(400, exc.message, "invalid_request_error"))
         except RecursionError:
             return json_reply(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
-        chat_bytes = msgspec.json.encode(chat_request)
+        chat_bytes = msgspec.json.encode(translation.chat)
         if adapter.tokenize_only:
             return await _tokenize(sidecar, request, adapter, original, chat_bytes)
-        front = AdapterFront(adapter, original)
+        front = AdapterFront(adapter, original, translation)
         try:
             return await sidecar.proxy.handle(request, CHAT, front, chat_bytes)
         except ProtocolError as exc:

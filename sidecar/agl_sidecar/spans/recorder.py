@@ -323,6 +323,8 @@ class SpanRecorder:
             (semconv.ERROR_TYPE, call.error_type),
             (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
             (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
+            (semconv.REQUEST_FIELDS_DROPPED, list(call.fields_dropped) if call.fields_dropped else None),
+            (semconv.REQUEST_FIELDS_PASSED, list(call.fields_passed) if call.fields_passed else None),
         ]
         indices = sorted(call.choices)
         if indices:
