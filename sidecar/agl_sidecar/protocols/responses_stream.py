@@ -138,9 +138,6 @@ class ResponsesStream:
                 events += self._tool_call(call)
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
-                events += self._close()
-        if self._finish_reason is not None and self._usage is not None:
-            events += self._end()
         return events
 
     def _reasoning_delta(self, text: str) -> list[bytes]:
@@ -208,5 +205,8 @@ class ResponsesStream:
         return [*events, self._event(name, {"response": response})]
 
     def finish(self) -> list[bytes]:
+        """The open item's end and the response's, when the engine's stream has ended: its last
+        write. A client hangs up as soon as it has the response's end (Codex, after its compaction
+        request): the call is recorded delivered only if nothing is awaited after that write."""
         events = [] if self._response is not None else self._start({})
         return events + self._end()

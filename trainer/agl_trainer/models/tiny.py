@@ -139,14 +139,25 @@ def build_word_level_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerBase:
 
 
 def build_bpe_tokenizer(
-    corpus: Sequence[str] | None = None, vocab_size: int = 384
+    corpus: Sequence[str] | None = None, vocab_size: int = 384, whole_lines: bool = False
 ) -> PreTrainedTokenizerBase:
-    """A byte-level BPE tokenizer trained in-process on `corpus` (default: a small built-in text)."""
+    """A byte-level BPE tokenizer trained in-process on `corpus` (default: a small built-in text).
+
+    `whole_lines`: merges may span words and punctuation, never a newline (each newline is a token of
+    its own), so a large vocabulary trained on a long prompt that recurs (a coding harness's
+    instructions) holds each of its lines in a few tokens; text after a newline tokenizes the same
+    alone as inside a longer text, so a completion that starts a line extends its prompt exactly."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if whole_lines:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split("\n", behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )  # fmt: skip
+    else:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -235,8 +246,11 @@ def build_bpe_model(
     spec: TinyModelSpec = TinyModelSpec(hidden=128, heads=2, kv_heads=2),
     corpus: Sequence[str] | None = None,
     vocab_size: int = 384,
+    whole_lines: bool = False,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Path:
-    """A tiny model with an in-process-trained byte-level BPE tokenizer in `directory`."""
-    return save_model(
-        directory, build_bpe_tokenizer(corpus, vocab_size), spec, {"tokenizer": "byte-level-bpe"}
-    )
+    """A tiny model with an in-process-trained byte-level BPE tokenizer in `directory` (or the
+    `tokenizer` given, already trained)."""
+    if tokenizer is None:
+        tokenizer = build_bpe_tokenizer(corpus, vocab_size, whole_lines)
+    return save_model(directory, tokenizer, spec, {"tokenizer": "byte-level-bpe"})
