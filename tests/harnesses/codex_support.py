@@ -10,6 +10,8 @@
   and tools are about 1,100 tokens instead of 8,000, which keeps a tiny model's forward and a
   training step on them tractable on two cores.
 - `captured(scenario)`: a capture with the trimmed parts restored (capture.py there).
+- `run_rollout(...)`: one Codex run through agl-sidecar (spans into the real receiver and store) to a
+  scripted engine (agl_testing.template_engine), ended with a reward and assembled.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from agl_testing.clis import Cli
-from agl_testing.template_engine import REASONING_TOOLS_TEMPLATE
+from agl_testing.template_engine import REASONING_TOOLS_TEMPLATE, Script, TemplateEngine
+from agl_trainer.assembly import Assembly
+from agl_trainer.store.records import CallRow
+from tests.support.pipeline import pipeline
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex-0.169.0"
 SAME = "<as in plain_prompt.json>"
@@ -122,3 +129,37 @@ def last_user_text(request: dict[str, Any]) -> str:
 def tool_results(request: dict[str, Any]) -> list[str]:
     return [m["content"] if isinstance(m["content"], str) else json.dumps(m["content"])
             for m in request["messages"] if m["role"] == "tool"]  # fmt: skip
+
+
+@dataclass
+class Rollout:
+    """One Codex run through the sidecar to a scripted engine, as the trainer's store has it."""
+
+    run: CodexRun
+    engine: TemplateEngine
+    calls: list[CallRow]  # in call order
+    assembled: Assembly
+    statuses: dict[str, int]  # the sidecar's answers to model calls: '{api="...",status="..."}' -> count
+
+
+def run_rollout(tmp_path: Path, cli: Cli, script: Script, prompt: str, rollout: str, provider: str = CUSTOM,
+                settings: str = "", reward: float = 1.0, task: str = "codex", scorer: str | None = None) -> Rollout:  # fmt: skip
+    """`prompt` run by Codex through a sidecar (spans into a real receiver and store) to a
+    TemplateEngine answering from `script`, then ended with `reward` and assembled."""
+    from agl_trainer.assembly import AssemblyConfig, assemble
+
+    with (
+        TemplateEngine(codex_tokenizer(), script, scorer=scorer) as engine,
+        pipeline(tmp_path / rollout, engine.base_url) as piped,
+    ):
+        home = CodexHome(tmp_path / rollout / "codex", f"{piped.sidecar_url}/rollouts/{rollout}/v1", provider, settings)
+        run = home.run(cli, prompt)
+        statuses = {}
+        for line in httpx.get(piped.sidecar_url + "/metrics").text.splitlines():
+            if line.startswith("agl_sidecar_requests_total{"):
+                labels, _, count = line.rpartition(" ")
+                statuses[labels.removeprefix("agl_sidecar_requests_total")] = int(float(count))
+        store = piped.finish(rollout, reward, task_id=task)
+        calls = sorted(store.load(rollout).calls, key=lambda c: c.call_seq)
+        assembled = assemble(store, store.ready_rollouts(), AssemblyConfig())
+    return Rollout(run, engine, calls, assembled, statuses)
