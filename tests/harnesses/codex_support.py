@@ -26,13 +26,14 @@ from typing import Any
 
 import httpx
 
+from agl_testing.captures import CODEX_CAPTURES
 from agl_testing.clis import Cli
 from agl_testing.template_engine import REASONING_TOOLS_TEMPLATE, Script, TemplateEngine
 from agl_trainer.assembly import Assembly
 from agl_trainer.store.records import CallRow
 from tests.support.pipeline import pipeline
 
-CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex-0.169.0"
+CAPTURES = CODEX_CAPTURES
 SAME = "<as in plain_prompt.json>"
 CUSTOM = "custom"  # a custom provider: streaming HTTP POST /v1/responses
 OPENAI = "openai"  # Codex's own OpenAI provider at the sidecar: the Responses WebSocket

@@ -163,7 +163,7 @@ class ResponsesAdapter:
         structure = declared(
             request.client_metadata, items.after_compaction or items.compaction_request, self.windows, fates
         )
-        self._remember(_Pending(body, conversation, Reply.of(body, items.compaction_request)))
+        self._remember(_Pending(body, conversation, Reply.of(body, items.compaction_request, tools)))
         return Translation(chat, fates.dropped_entries(), fates.passed_entries(), structure)
 
     def _remember(self, pending: _Pending) -> None:

@@ -157,7 +157,9 @@ def _custom_tool_call(build: _Builder, item: CustomToolCall, i: int) -> None:
 
 
 def _tool_output(build: _Builder, item: FunctionCallOutput | CustomToolCallOutput, i: int) -> None:
-    output = item.output if isinstance(item.output, str) else _content(item.output, build.fates, "input[{}].output", i)
+    output = item.output
+    if not isinstance(output, str):
+        output = _content(output, build.fates, "input[{}].output", i)
     build.add({"role": "tool", "tool_call_id": item.call_id, "content": output})
 
 
@@ -170,7 +172,7 @@ def _reasoning(build: _Builder, item: Reasoning, i: int) -> None:
     if text is None and item.content:
         text = "".join(part.get("text") or "" for part in item.content if part.get("type") == "reasoning_text")
     if item.summary:
-        build.fates.drop("input[{}].summary", "a summary is not what the model wrote; the engine is given its reasoning", i)
+        build.fates.drop("input[{}].summary", "not what the model wrote; the engine is given its reasoning", i)
     if build.assistant is not None:
         build.close()  # a reasoning item starts the next response's output
     if text:

@@ -28,14 +28,15 @@ class Reply:
     compaction: bool = False
 
     @classmethod
-    def of(cls, body: dict[str, Any], compaction: bool | None = None) -> Reply:
+    def of(cls, body: dict[str, Any], compaction: bool | None = None, tools: ToolTable | None = None) -> Reply:
+        """How to answer `body` (`compaction`, `tools`: what translating it found, if it was)."""
         if compaction is None:
             items = body.get("input")
             compaction = isinstance(items, list) and any(
                 isinstance(i, dict) and i.get("type") == "compaction_trigger" for i in items
             )
         include = body.get("include") or ()
-        return cls(tool_table(body), ENCRYPTED_REASONING in include, compaction)
+        return cls(tools if tools is not None else tool_table(body), ENCRYPTED_REASONING in include, compaction)
 
 
 def response_id(chat_id: str | None) -> str:
@@ -100,7 +101,8 @@ def message_item(item_id: str, text: str, state: str) -> dict[str, Any]:
 
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content}
 
 
 def seal_reasoning(item: dict[str, Any], reply: Reply) -> dict[str, Any]:
@@ -149,11 +151,14 @@ def output_items(message: dict[str, Any], rid: str, state: str, reply: Reply) ->
         output.append(message_item(f"msg_{suffix}", content, state))
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        output.append(call_item(call.get("id"), function.get("name") or "", function.get("arguments") or "", "completed", reply))
+        name, arguments = function.get("name") or "", function.get("arguments") or ""
+        output.append(call_item(call.get("id"), name, arguments, "completed", reply))
     return output
 
 
-def assistant_message(content: str | None, reasoning: str | None, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+def assistant_message(
+    content: str | None, reasoning: str | None, tool_calls: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The chat message a chained response (`previous_response_id`) continues from."""
     assistant: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning:

@@ -168,7 +168,11 @@ class NamespaceTool(msgspec.Struct):
     description: str | None = None
 
 
-TOOLS: dict[str, type[msgspec.Struct]] = {"function": FunctionTool, "custom": CustomTool, "namespace": NamespaceTool}
+TOOLS: dict[str, type[msgspec.Struct]] = {
+    "function": FunctionTool,
+    "custom": CustomTool,
+    "namespace": NamespaceTool,
+}
 
 
 class ToolChoiceFunction(msgspec.Struct):
@@ -248,9 +252,9 @@ def check_request(body: dict[str, Any]) -> ResponsesRequest:
         raise refuse("the sidecar keeps no conversations: send the items in `input` (or `previous_response_id`)",
                      "conversation")  # fmt: skip
     if request.prompt is not None:
-        raise refuse("the sidecar keeps no prompt templates: send the prompt in `instructions` and `input`", "prompt")
+        raise refuse("the sidecar keeps no prompt templates: send `instructions` and `input`", "prompt")
     if isinstance(request.tool_choice, str) and request.tool_choice not in ("none", "auto", "required"):
-        raise refuse(f"tool_choice {request.tool_choice!r} is not one of 'none', 'auto', 'required'", "tool_choice")
+        raise refuse(f"tool_choice {request.tool_choice!r} is not one of none, auto, required", "tool_choice")
     if request.text is not None and request.text.format is not None:
         kind = request.text.format.get("type")
         if kind not in FORMATS:

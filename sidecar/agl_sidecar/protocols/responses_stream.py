@@ -101,7 +101,8 @@ class ResponsesStream:
             events.append(self._content_event("response.content_part.done", {"part": part}))
             item["status"] = "completed"
         elif kind == "reasoning":
-            events.append(self._content_event("response.reasoning_text.done", {"text": item["content"][0]["text"]}))
+            text = item["content"][0]["text"]
+            events.append(self._content_event("response.reasoning_text.done", {"text": text}))
             seal_reasoning(item, self._reply)
         elif kind == "function_call":
             done = {"item_id": item["id"], "output_index": len(self._output), "name": item["name"],
@@ -164,9 +165,8 @@ class ResponsesStream:
         function = call.get("function") or {}
         if not self._tool_calls or index != self._tool_index:
             self._tool_index = index
-            self._tool_calls.append(
-                {"id": call.get("id"), "type": "function", "function": {"name": function.get("name") or "", "arguments": ""}}
-            )
+            named = {"name": function.get("name") or "", "arguments": ""}
+            self._tool_calls.append({"id": call.get("id"), "type": "function", "function": named})
             if not self._reply.compaction:
                 item = call_item(call.get("id"), function.get("name") or "", "", "in_progress", self._reply)
                 events += self._open(item)

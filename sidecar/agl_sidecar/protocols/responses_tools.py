@@ -20,7 +20,14 @@ from typing import Any
 from agl_sidecar.protocols._checks import check, refuse
 from agl_sidecar.protocols.base import ProtocolError
 from agl_sidecar.protocols.responses_fates import HOSTED_TOOL, NOT_FOR_ENGINE, UNKNOWN, Fates
-from agl_sidecar.protocols.responses_request import TOOLS, CustomTool, FunctionTool, NamespaceTool, ToolChoiceAllowed, ToolChoiceFunction
+from agl_sidecar.protocols.responses_request import (
+    TOOLS,
+    CustomTool,
+    FunctionTool,
+    NamespaceTool,
+    ToolChoiceAllowed,
+    ToolChoiceFunction,
+)
 
 SEPARATOR = "__"
 # OpenAI's built-in tools: known, and dropped as tools the engine cannot run.
@@ -56,13 +63,15 @@ class ToolTable:
 
     chat_tools: list[dict[str, Any]] = field(default_factory=list)
     renamed: dict[str, HarnessName] = field(default_factory=dict)
+    _names: set[str] = field(default_factory=set)
 
     def harness_name(self, name: str) -> HarnessName:
         return self.renamed.get(name) or HarnessName(name)
 
     def _add(self, chat_name: str, harness: HarnessName, tool: dict[str, Any], at: str) -> None:
-        if any(t["function"]["name"] == chat_name for t in self.chat_tools):
+        if chat_name in self._names:
             raise refuse(f"two tools reach the engine as {chat_name!r}", at)
+        self._names.add(chat_name)
         self.chat_tools.append({"type": "function", "function": tool})
         if harness.namespace or harness.custom:
             self.renamed[chat_name] = harness
@@ -114,7 +123,8 @@ def _one(tool: dict[str, Any], namespace: str | None, at: str, table: ToolTable)
     function = {"name": engine_name(plain.name, namespace)}
     if plain.description is not None:
         function["description"] = plain.description
-    function["parameters"] = plain.parameters if plain.parameters is not None else {"type": "object", "properties": {}}
+    no_parameters = {"type": "object", "properties": {}}
+    function["parameters"] = plain.parameters if plain.parameters is not None else no_parameters
     if plain.strict is not None:
         function["strict"] = plain.strict
     table._add(function["name"], HarnessName(plain.name, namespace), function, f"{at}.name")

@@ -16,6 +16,8 @@ Both write a directory with `config.json`, `model.safetensors`, `tokenizer.json`
   extends the first call's prompt + completion exactly.
 - Byte-level BPE tokenizer (`build_bpe_tokenizer`): trained in-process on a small built-in corpus
   (or yours), same specials plus `<|endoftext|>`, Qwen-style ChatML template; for generic text.
+  `whole_lines=True` lets merges span words within a line: a large vocabulary trained on a long
+  prompt that recurs (Codex's instructions, tests/harnesses) holds it in few tokens.
 - Model: a random-init Llama or Qwen2 (`TinyModelSpec.architecture`): head_dim is 64 because
   vLLM's CPU attention rejects smaller heads; tied embeddings by default. The default is `llama`
   because transformers 5 forces `Qwen2Tokenizer` (a byte-level BPE) on every `model_type: qwen2`
