@@ -35,7 +35,9 @@ from tests.support.pipeline import pipeline
 
 CAPTURES = CODEX_CAPTURES
 SAME = "<as in plain_prompt.json>"
+_WEBSOCKET_LOG = "codex_api::endpoint::responses_websocket"
 CUSTOM = "custom"  # a custom provider: streaming HTTP POST /v1/responses
+CUSTOM_WS = "custom-websocket"  # a custom provider with `supports_websockets = true`
 OPENAI = "openai"  # Codex's own OpenAI provider at the sidecar: the Responses WebSocket
 
 
@@ -86,6 +88,11 @@ class CodexRun:
     stderr: str
 
     @property
+    def websocket(self) -> bool:
+        """Whether Codex spoke to the sidecar over the Responses WebSocket."""
+        return "successfully connected to Responses WebSocket status=101" in self.stderr
+
+    @property
     def session_id(self) -> str:
         """The main thread's id, as Codex prints it (`session id: ...`)."""
         for line in self.stderr.splitlines():
@@ -101,16 +108,19 @@ class CodexHome:
         self.home, self.work = root / "home", root / "work"
         (self.home / ".codex").mkdir(parents=True, exist_ok=True)
         self.work.mkdir(parents=True, exist_ok=True)
-        if provider == CUSTOM:
+        if provider in (CUSTOM, CUSTOM_WS):
             toml = (f'model = "tiny"\nmodel_provider = "agl"\n{settings}\n\n[model_providers.agl]\nname = "agl"\n'
                     f'base_url = "{base_url}"\nwire_api = "responses"\nenv_key = "AGL_KEY"\n')  # fmt: skip
+            if provider == CUSTOM_WS:
+                toml += "supports_websockets = true\n"
         else:
             toml = f'model = "tiny"\nopenai_base_url = "{base_url}"\n{settings}\n'
         (self.home / ".codex" / "config.toml").write_text(toml)
 
     def run(self, cli: Cli, prompt: str, timeout_s: float = 120) -> CodexRun:
+        # RUST_LOG: Codex says when it opens the Responses WebSocket (`websocket` below)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "AGL_KEY": "unused",
-               "CODEX_API_KEY": "unused", "NO_COLOR": "1"}  # fmt: skip
+               "CODEX_API_KEY": "unused", "NO_COLOR": "1", "RUST_LOG": f"{_WEBSOCKET_LOG}=info"}  # fmt: skip
         done = subprocess.run(
             [str(cli.path), "exec", "--skip-git-repo-check", prompt],
             cwd=self.work, env=env, capture_output=True, text=True, timeout=timeout_s,
@@ -141,6 +151,7 @@ class Rollout:
     calls: list[CallRow]  # in call order
     assembled: Assembly
     statuses: dict[str, int]  # the sidecar's answers to model calls: '{api="...",status="..."}' -> count
+    provider: str
 
 
 def run_rollout(tmp_path: Path, cli: Cli, script: Script, prompt: str, rollout: str, provider: str = CUSTOM,
@@ -163,4 +174,4 @@ def run_rollout(tmp_path: Path, cli: Cli, script: Script, prompt: str, rollout: 
         store = piped.finish(rollout, reward, task_id=task)
         calls = sorted(store.load(rollout).calls, key=lambda c: c.call_seq)
         assembled = assemble(store, store.ready_rollouts(), AssemblyConfig())
-    return Rollout(run, engine, calls, assembled, statuses)
+    return Rollout(run, engine, calls, assembled, statuses, provider)

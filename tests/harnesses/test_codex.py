@@ -25,7 +25,7 @@ from agl_sidecar.protocols.responses_compaction import COMPACTION_PROMPT, SUMMAR
 from agl_testing.clis import installed_cli
 from agl_testing.template_engine import Answer
 from agl_trainer.assembly.assemble import START_COMPACTION, START_FIRST, START_NO_PREFIX
-from tests.harnesses.codex_support import CUSTOM, OPENAI, Rollout, codex_tokenizer, last_user_text, run_rollout, tool_results
+from tests.harnesses.codex_support import CUSTOM, CUSTOM_WS, OPENAI, Rollout, codex_tokenizer, last_user_text, run_rollout, tool_results
 
 CLI = installed_cli("codex")
 pytestmark = pytest.mark.skipif(isinstance(CLI, str), reason=str(CLI))
@@ -62,6 +62,7 @@ def assert_clean(rollout: Rollout, calls: int) -> None:
     holds the engine's exact token IDs and Codex's thread as its agent."""
     run = rollout.run
     assert run.returncode == 0, run.stderr[-3000:]
+    assert run.websocket == (rollout.provider != CUSTOM)
     assert len(rollout.engine.calls) == len(rollout.calls) == calls
     assert rollout.statuses == {f'{{api="{semconv.API_RESPONSES}",status="200"}}': calls}, rollout.statuses
     full: dict[int, list[int]] = {}  # each call's prompt + completion, prompts by reference resolved
@@ -74,7 +75,7 @@ def assert_clean(rollout: Rollout, calls: int) -> None:
         assert call.api == semconv.API_RESPONSES and call.end_reason == "completed"
 
 
-@pytest.mark.parametrize("provider", [CUSTOM, OPENAI], ids=["http", "websocket"])
+@pytest.mark.parametrize("provider", [CUSTOM, CUSTOM_WS, OPENAI], ids=["http", "custom-websocket", "websocket"])
 def test_a_shell_tool_loop_is_one_sample(tmp_path: Path, provider: str) -> None:
     rollout = run_rollout(tmp_path, CLI, shell_then_answer, "run echo hi-from-shell", "loop", provider)
     assert_clean(rollout, calls=2)
