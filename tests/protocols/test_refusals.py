@@ -1,7 +1,12 @@
 """Bodies the real APIs refuse are refused at the sidecar's door, in the API's error shape with the
 field named, and never reach the engine: a harness is trained on what it sent, not on a rewrite
 (issue 26: an unknown content block deleted its message, a tool_use without id became a call with
-id "", an unknown input item was dropped, a tool without a name was sent as "")."""
+id "", an unknown input item was dropped, a tool without a name was sent as "").
+
+For the Responses API, what the sidecar does not know (a field, an item or content part type, a tool
+type, a role) is not refused: accepted, handled as faithfully as the engine allows, and named in the
+call's span as dropped or passed (issue 39: Codex's `client_metadata` was a 400). A known field with
+a wrong type or an impossible value keeps its 400."""
 
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
+from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
 from agl_testing.fake_vllm import FakeVLLM
+from tests.support.otlp_sink import OTLPSink
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
 MESSAGES = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -54,18 +61,33 @@ ANTHROPIC = [
     ({**MESSAGES, "messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
 ]  # fmt: skip
 
+FN_OUT = {"type": "function_call_output", "call_id": "c1", "output": "9C"}
+NAMESPACE = {"type": "namespace", "name": "agents", "description": "sub-agents", "tools": [FUNCTION]}
 OPENAI = [
-    ({**RESPONSES, "input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
     ({**RESPONSES, "input": [{"type": "function_call_output", "output": "9C"}]}, "input[0].call_id"),
     ({**RESPONSES, "input": [{"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input[0].name"),
     ({**RESPONSES, "input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
-    ({**RESPONSES, "input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
-    ({**RESPONSES, "input": [{"role": "user", "content": "hi", "mood": "x"}]}, "input[0].mood"),
+    ({**RESPONSES, "input": [{"content": "hi"}]}, "input[0].type"),
+    ({**RESPONSES, "input": [{"role": "user", "content": 5}]}, "input[0].content"),
     ({**RESPONSES, "tools": [{"type": "function", "parameters": {}}]}, "tools[0].name"),
-    ({**RESPONSES, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({**RESPONSES, "tools": [{**NAMESPACE, "tools": None}]}, "tools[0].tools"),
+    ({**RESPONSES, "tools": [NAMESPACE, {**FUNCTION, "name": "agents__get_weather"}]}, "tools[1].name"),
     ({**RESPONSES, "temperature": 2.5}, "temperature"),
     ({**RESPONSES, "top_p": -0.1}, "top_p"),
-    ({**RESPONSES, "max_tokens": 5}, "max_tokens"),
+    ({**RESPONSES, "max_output_tokens": 0}, "max_output_tokens"),
+    # issue 42, finding 9: impossible values of known fields
+    ({**RESPONSES, "tool_choice": "bogus"}, "tool_choice"),
+    ({**RESPONSES, "input": ""}, "input"),
+    ({**RESPONSES, "input": []}, "input"),
+    ({**RESPONSES, "text": {"format": {"type": "bogus"}}}, "text.format.type"),
+    ({**RESPONSES, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({**RESPONSES, "reasoning": {"effort": "bogus"}}, "reasoning.effort"),
+    ({**RESPONSES, "reasoning": {"summary": "verbose"}}, "reasoning.summary"),
+    ({**RESPONSES, "truncation": "sometimes"}, "truncation"),
+    # nothing the engine could be given is left (the items are hosted tools' own)
+    ({**RESPONSES, "input": [{"type": "web_search_call", "id": "ws_1"}]}, "input"),
+    # state the sidecar does not hold
+    ({**RESPONSES, "conversation": "conv_1"}, "conversation"),
 ]  # fmt: skip
 
 
@@ -100,6 +122,67 @@ def test_responses_refusals_name_the_field(served: tuple[FakeVLLM, str], body: d
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert error["param"] == field
     assert len(fake.requests) == before
+
+
+UNKNOWN = "unknown to the sidecar; the engine has no use for it"
+PASSED = "unknown to the sidecar; passed to the engine as written"
+# Parts of a Responses request the sidecar does not know: accepted, and the span says what became of
+# each (docs/protocols.md "What the sidecar does not know"); the engine gets what it can use.
+ACCEPTED = [
+    (  # Codex's additions, a newer content part, a field of another API, an engine sampling field
+        {**RESPONSES, "input": [{"role": "user", "mood": "x", "content": [
+            {"type": "input_text", "text": "hi"}, {"type": "input_audio", "data": "AAAA"}]}],
+         "client_metadata": {"k": "v"}, "prompt_cache_key": "k", "max_tokens": 5, "top_k": 3,
+         "tools": [FUNCTION, {"type": "web_search", "external_web_access": False}]},
+        {"input[0].content[1]: input_audio: " + UNKNOWN, "input[0].mood: " + UNKNOWN, "max_tokens: " + UNKNOWN,
+         "client_metadata: read for the call's declared structure; the engine has no use for it",
+         "prompt_cache_key: the engine caches prompt prefixes by itself",
+         "tools[1]: web_search: a hosted tool the engine cannot run"},
+        {"top_k: " + PASSED},
+        {"messages": [{"role": "user", "content": "hi"}], "top_k": 3, "tool_names": ["get_weather"]},
+    ),
+    (  # an item of a hosted tool, a role the sidecar does not know
+        {**RESPONSES, "input": [{"type": "computer_call_output", "call_id": "c"}, {"role": "critic", "content": "no"},
+                                {"role": "user", "content": "hi"}]},
+        {"input[0]: computer_call_output: an item of a hosted tool or of OpenAI's stored state; the engine has no use for it"},
+        {"input[1].role: critic: " + PASSED},
+        {"messages": [{"role": "critic", "content": "no"}, {"role": "user", "content": "hi"}]},
+    ),
+    (  # the same unknown key on several items: one entry
+        {**RESPONSES, "input": [{"role": "user", "content": "a", "meta": 1}, {"role": "user", "content": "b", "meta": 2},
+                                {"role": "user", "content": "c"}]},
+        {"input[*].meta: " + UNKNOWN + " (2 items)"},
+        set(),
+        {"messages": [{"role": "user", "content": t} for t in "abc"]},
+    ),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeVLLM, str, OTLPSink]]:
+    spool = Path(tmp_path_factory.mktemp("spool"))
+    with FakeVLLM() as fake, OTLPSink() as sink:
+        config = SidecarConfig(upstream=[fake.base_url], listen="127.0.0.1:0", spool_dir=str(spool),
+                               otlp_endpoint=sink.endpoint, export_interval_s=0.05)  # fmt: skip
+        with BackgroundSidecar(config) as sidecar:
+            yield fake, sidecar.url, sink
+
+
+@pytest.mark.parametrize(("body", "dropped", "passed", "engine"), ACCEPTED)
+def test_responses_parts_the_sidecar_does_not_know_are_accepted_and_recorded(
+    traced: tuple[FakeVLLM, str, OTLPSink], body: dict, dropped: set, passed: set, engine: dict
+) -> None:
+    fake, url, sink = traced
+    rollout = f"unknown-{len(fake.requests)}"
+    answer = httpx.post(f"{url}/rollouts/{rollout}/v1/responses", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    sent = fake.requests[-1]
+    assert sent["messages"] == engine["messages"]
+    assert [t["function"]["name"] for t in sent.get("tools", [])] == engine.get("tool_names", [])
+    assert sent.get("top_k") == engine.get("top_k") and "max_tokens" not in sent
+    (span,) = [s for s in sink.wait_for(lambda spans: any(s.rollout_id == rollout for s in spans)) if s.rollout_id == rollout]
+    assert set(span.attributes.get(semconv.REQUEST_FIELDS_DROPPED, [])) == dropped
+    assert set(span.attributes.get(semconv.REQUEST_FIELDS_PASSED, [])) == passed
 
 
 def test_well_formed_bodies_still_pass(served: tuple[FakeVLLM, str]) -> None:

@@ -17,17 +17,6 @@ def anthropic_adapter() -> Any:
     return LiteLLMAnthropicMessagesAdapter()
 
 
-@cache
-def responses_config() -> Any:
-    """litellm's Responses API <-> chat completions bridge (static methods)."""
-    _quiet_litellm()
-    from litellm.responses.litellm_completion_transformation.transformation import (
-        LiteLLMCompletionResponsesConfig,
-    )
-
-    return LiteLLMCompletionResponsesConfig
-
-
 def _quiet_litellm() -> None:
     # Without these, importing litellm fetches the model cost map over the network and every
     # unknown model name ("tiny") prints a provider list to stdout.

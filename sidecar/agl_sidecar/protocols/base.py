@@ -28,6 +28,17 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Declared:
+    """The structure a request's body declares (docs/spans.md "Declared structure"): the agent that
+    made the call, the agent that started it, and whether the call is (or follows) a compaction of
+    the harness's context. Headers that declare the same win (x-agl-*); `compaction` adds to them."""
+
+    agent_id: str | None = None
+    parent_agent_id: str | None = None
+    compaction: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Translation:
     """The chat request for a harness's request, and what became of the parts of that request the
     adapter does not interpret (docs/protocols.md "What the sidecar does not know"). Each entry of
@@ -39,6 +50,8 @@ class Translation:
     dropped: tuple[str, ...] = field(default=())
     # Not interpreted by the adapter, sent to the engine as they were (an engine may use them).
     passed: tuple[str, ...] = field(default=())
+    # What the body declares about the call's place in the rollout (Codex's client_metadata).
+    declared: Declared | None = None
 
 
 class StreamTranslator(Protocol):

@@ -10,7 +10,9 @@ import msgspec
 from aiohttp import web
 
 from agl_sidecar.calls import wire
-from agl_sidecar.protocols.base import ProtocolAdapter, StreamTranslator, Translation
+from agl_sidecar.calls.attribution import Identity
+from agl_sidecar.protocols.base import Declared, ProtocolAdapter, StreamTranslator, Translation
+from agl_sidecar.spans import durable
 
 JSON = "application/json"
 SSE = "text/event-stream; charset=utf-8"
@@ -22,6 +24,7 @@ class OpenAIFront:
     # The body goes to the engine as the harness sent it: no field is dropped, none read unknown.
     fields_dropped: tuple[str, ...] = ()
     fields_passed: tuple[str, ...] = ()
+    declared: Declared | None = None
 
     def __init__(self, api: str) -> None:
         self.api = api
@@ -35,6 +38,10 @@ class OpenAIFront:
 
     def unary(self, body: bytes) -> bytes:
         return body
+
+    def stream_response(self, persist: durable.Persist | None, content_type: str) -> web.StreamResponse:
+        """Where a stream goes: an HTTP stream response (`persist`: durable mode's wait for the span)."""
+        return durable.stream_response(persist, status=200, headers={"Content-Type": content_type})
 
     def start_stream(self) -> None:
         pass
@@ -56,6 +63,7 @@ class AdapterFront:
         self.original = original
         self.fields_dropped = translation.dropped
         self.fields_passed = translation.passed
+        self.declared = translation.declared
         self._translator: StreamTranslator | None = None
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> web.Response:
@@ -78,6 +86,9 @@ class AdapterFront:
     def unary(self, body: bytes) -> bytes:
         chat = _decode(body)  # the engine's: a failure is the proxy's upstream error
         return msgspec.json.encode(self.adapter.from_chat_response(chat, self.original))
+
+    def stream_response(self, persist: durable.Persist | None, content_type: str) -> web.StreamResponse:
+        return durable.stream_response(persist, status=200, headers={"Content-Type": content_type})
 
     def start_stream(self) -> None:
         self._translator = self.adapter.stream_translator(self.original)
@@ -109,6 +120,14 @@ class AdapterFront:
     def end_stream(self) -> bytes:
         assert self._translator is not None
         return b"".join(self._translator.finish())
+
+
+def declare(identity: Identity, declared: Declared) -> None:
+    """`identity` completed with what the request's body declares: the agents its headers did not
+    declare (headers win), and a compaction either declares."""
+    if identity.agent_id is None and identity.parent_agent_id is None:
+        identity.agent_id, identity.parent_agent_id = declared.agent_id, declared.parent_agent_id
+    identity.compaction = identity.compaction or declared.compaction
 
 
 def _decode(data: bytes) -> Any:

@@ -26,6 +26,7 @@ from agl_sidecar.proxy.engine_client import (
     ResponseTooLarge,
 )
 from agl_sidecar.proxy.failures import client_gone, end_call
+from agl_sidecar.proxy.fronts import declare
 from agl_sidecar.proxy.gate import HeldTooLong
 from agl_sidecar.proxy.litellm_upstream import complete_via_litellm
 from agl_sidecar.proxy.parts import ProxyParts
@@ -91,6 +92,8 @@ class Proxy:
             identity = identity_from(request, parts.config.rollout_api_keys)
         except (BadRequest, inputs.BadInput) as exc:
             return front.error(400, exc.message, "invalid_request_error", exc.param)
+        if front.declared is not None:  # what a translated request's body declares (Codex's metadata)
+            declare(identity, front.declared)
         mode = identity.mode or parts.config.default_mode
         overrides = parts.config.sampling.get(mode, {}) if mode else {}
         if parts.config.sampling_seed is not None and identity.rollout_id:  # reproducible sampling
@@ -293,9 +296,8 @@ class Proxy:
         call: CallRecord,
     ) -> web.StreamResponse:
         content_type = upstream_response.headers.get("content-type", "text/event-stream; charset=utf-8")
-        response = durable.stream_response(  # durable mode: the last chunk waits for the span
-            self.parts.recorder.persister(call), status=200, headers={"Content-Type": content_type}
-        )
+        # durable mode: the last chunk waits for the span
+        response = front.stream_response(self.parts.recorder.persister(call), content_type)
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()
         splitter = EventSplitter()

@@ -16,6 +16,8 @@ Both write a directory with `config.json`, `model.safetensors`, `tokenizer.json`
   extends the first call's prompt + completion exactly.
 - Byte-level BPE tokenizer (`build_bpe_tokenizer`): trained in-process on a small built-in corpus
   (or yours), same specials plus `<|endoftext|>`, Qwen-style ChatML template; for generic text.
+  `whole_lines=True` lets merges span words within a line: a large vocabulary trained on a long
+  prompt that recurs (Codex's instructions, tests/harnesses) holds it in few tokens.
 - Model: a random-init Llama or Qwen2 (`TinyModelSpec.architecture`): head_dim is 64 because
   vLLM's CPU attention rejects smaller heads; tied embeddings by default. The default is `llama`
   because transformers 5 forces `Qwen2Tokenizer` (a byte-level BPE) on every `model_type: qwen2`
@@ -139,14 +141,25 @@ def build_word_level_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerBase:
 
 
 def build_bpe_tokenizer(
-    corpus: Sequence[str] | None = None, vocab_size: int = 384
+    corpus: Sequence[str] | None = None, vocab_size: int = 384, whole_lines: bool = False
 ) -> PreTrainedTokenizerBase:
-    """A byte-level BPE tokenizer trained in-process on `corpus` (default: a small built-in text)."""
+    """A byte-level BPE tokenizer trained in-process on `corpus` (default: a small built-in text).
+
+    `whole_lines`: merges may span words and punctuation, never a newline (each newline is a token of
+    its own), so a large vocabulary trained on a long prompt that recurs (a coding harness's
+    instructions) holds each of its lines in a few tokens; text after a newline tokenizes the same
+    alone as inside a longer text, so a completion that starts a line extends its prompt exactly."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if whole_lines:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split("\n", behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )  # fmt: skip
+    else:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -235,8 +248,11 @@ def build_bpe_model(
     spec: TinyModelSpec = TinyModelSpec(hidden=128, heads=2, kv_heads=2),
     corpus: Sequence[str] | None = None,
     vocab_size: int = 384,
+    whole_lines: bool = False,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Path:
-    """A tiny model with an in-process-trained byte-level BPE tokenizer in `directory`."""
-    return save_model(
-        directory, build_bpe_tokenizer(corpus, vocab_size), spec, {"tokenizer": "byte-level-bpe"}
-    )
+    """A tiny model with an in-process-trained byte-level BPE tokenizer in `directory` (or the
+    `tokenizer` given, already trained)."""
+    if tokenizer is None:
+        tokenizer = build_bpe_tokenizer(corpus, vocab_size, whole_lines)
+    return save_model(directory, tokenizer, spec, {"tokenizer": "byte-level-bpe"})
