@@ -100,7 +100,8 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
     with RolloutStore(store_path, grace_s=0.0) as store:
         ingest(store, [call_span("old", 0, [1, 2], [3]), rollout_span("old")])
     with sqlite3.connect(store_path) as db:  # back to schema 3: the calls table as it was
-        for column in ("agent_id", "parent_agent_id", "compaction", "held_ms", "upstream", "api"):
+        for column in ("fields_dropped", "fields_passed", "agent_id", "parent_agent_id", "compaction", "held_ms",
+                       "upstream", "api"):  # fmt: skip
             db.execute(f"ALTER TABLE calls DROP COLUMN {column}")
         db.execute("PRAGMA user_version=3")
     with RolloutStore(store_path, grace_s=0.0) as store:
@@ -112,9 +113,11 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
         assert (new.held_ms, new.upstream) == (5.5, UPSTREAM)
         assert store.stats().calls == 2
     with sqlite3.connect(store_path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         columns = [row[1] for row in db.execute("PRAGMA table_info(calls)")]
-    assert columns[-6:] == ["held_ms", "upstream", "api", "agent_id", "parent_agent_id", "compaction"]
+    assert columns[-8:] == [
+        "held_ms", "upstream", "api", "agent_id", "parent_agent_id", "compaction", "fields_dropped", "fields_passed"
+    ]
 
 
 def test_a_second_process_upgrading_an_upgraded_store_goes_on_with_it(store_path):
