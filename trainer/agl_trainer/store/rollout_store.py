@@ -470,6 +470,12 @@ class RolloutStore:
             raise StoreError(f"no rollout {key.rollout_id!r} attempt {key.attempt} in {self.path}")
         return loaded[0]
 
+    def load_with_rows(self, key: RolloutKey | str) -> tuple[RolloutData, queries.CallRows] | None:
+        """`load`, with each call's whole row (its start time, status, any column a newer store
+        adds) as `queries.CallRows`; None when the rollout is unknown."""
+        with self._lock:
+            return queries.load(self._db, _key(key), "main")
+
     def _rewards(self, key: RolloutKey) -> list[RewardRow]:
         with self._lock:
             return queries.rewards(self._db, key, "main")
