@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,9 @@ def _options(args: argparse.Namespace) -> Any:
     if not command:
         raise CLIError("no harness command (fix: agl harness check [options] -- COMMAND [ARG ...], or --config "
                        "with harness.command)")  # fmt: skip
+    program = Path(cwd or ".") / command[0] if "/" in command[0] else None
+    if program is not None and not program.exists() or program is None and shutil.which(command[0]) is None:
+        raise CLIError(f"cannot run {command[0]!r}: no such program (fix: its path, or a program on PATH, after --)")
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
