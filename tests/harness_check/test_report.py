@@ -126,3 +126,11 @@ def test_a_harness_that_fails_fails_the_check_even_with_good_calls(tmp_path, out
     run = HarnessRun(command=["agent"], exit_code=3, outcome=outcome, message=message, seconds=5.0, log_tail="")
     report = build("agent", None, "r", run, [exchange("/v1/chat/completions", 0)], data, starts, {}, 0)
     assert report.calls[0].problems == [] and report.problems == [problem] and not report.ok
+
+
+def test_the_verdict_says_a_repeated_problem_once_with_its_rows(tmp_path):
+    """Claude Code retries a refused call: six refusals read as one problem on rows #1-#6."""
+    refused = [exchange("/v1/messages?beta=true", i, status=400, error="{}") for i in range(6)]
+    report = build("agent", None, "r", OK, [*refused, exchange("/v1/messages/count_tokens", 9, status=404, error="{}")],
+                   None, [], {}, 0)  # fmt: skip
+    assert report.verdict == "does not work through agl yet: #1-#6 refused: HTTP 400; #7 refused: HTTP 404"

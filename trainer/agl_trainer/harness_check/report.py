@@ -298,10 +298,25 @@ def _verdict(ok: bool, rows: list[Call], problems: list[str], samples: int, brea
             else f"they make {samples} samples ({_count_kinds(breaks)})"
         )
         return f"works through agl: {recorded} call(s) recorded with token IDs, none refused; {merged}"
-    failing = [row for row in rows if row.problems]
-    said = [f"#{row.number} {row.problems[0]}" for row in failing[:3]] + problems[:2]
-    more = len(failing) - 3
-    return "does not work through agl yet: " + "; ".join(said) + (f"; and {more} more call(s)" if more > 0 else "")
+    by_problem: dict[str, list[int]] = {}  # the same problem on many rows is said once, with their numbers
+    for row in rows:
+        if row.problems:
+            by_problem.setdefault(row.problems[0], []).append(row.number)
+    said = [f"{_numbers(numbers)} {problem}" for problem, numbers in by_problem.items()]
+    more = len(said) - 3
+    said = said[:3] + problems[:2]
+    return "does not work through agl yet: " + "; ".join(said) + (f"; and {more} more problem(s)" if more > 0 else "")
+
+
+def _numbers(numbers: list[int]) -> str:
+    """#1-#3, #5: rows in runs."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(f"#{run[0]}" if len(run) == 1 else f"#{run[0]}-#{run[-1]}" for run in runs)
 
 
 def _count_kinds(breaks: list[Break]) -> str:
