@@ -5,53 +5,25 @@ the viewer's API; entries past the receiver's bounds are left out one by one, ne
 from __future__ import annotations
 
 import sqlite3
-import time
 
 import httpx
-import msgspec
 import pytest
-from agl import semconv
-from agl_sidecar.calls.attribution import Identity
-from agl_sidecar.calls.record import CallRecord
-from agl_sidecar.spans import otlp
-from agl_sidecar.spans.recorder import SpanRecorder
 from agl_trainer.receiver.contract import FIELD_ENTRY_MAX_CHARS, FIELD_LIST_MAX_ENTRIES
 from agl_trainer.store import RolloutStore
 from agl_trainer.store.schema import SCHEMA_VERSION
 from google.protobuf import json_format
 
 from tests.dataplane.ingest import ingest
+from tests.dataplane.test_call_attribution_columns import sidecar_request
 from tests.dataplane.otlp import call_span, request, rollout_span, with_attributes
-from tests.support.otlp_sink import RecorderSpans
 from tests.viewer.conftest import get, start
 
 DROPPED = ("context_management: not an engine option", "tools[*].cache_control: a prompt-cache hint")
 PASSED = ("output_config: sent to the engine as written",)
 
 
-async def _sidecar_request(rollout_id: str) -> bytes:
-    """An OTLP request as the sidecar sends it: one translated call that dropped two fields and passed one."""
-    collector = RecorderSpans()
-    recorder = SpanRecorder(collector)  # type: ignore[arg-type]
-    recorder.start()
-    identity = Identity(rollout_id=rollout_id, task_id="t", attempt=0, mode=semconv.MODE_TRAIN)
-    call = CallRecord(api=semconv.API_ANTHROPIC_MESSAGES, operation="chat", identity=identity, trace_parent=None,
-                      start_ns=time.time_ns(), model="tiny", policy_version=0, fields_dropped=DROPPED,
-                      fields_passed=PASSED)  # fmt: skip
-    call.prompt_ids = msgspec.Raw(b"[1,2,3]")
-    choice = call.choice(0)
-    choice.token_ids = msgspec.Raw(b"[7]")
-    choice.logprobs = msgspec.Raw(b'{"content":[{"logprob":-0.25}]}')
-    call.seq = recorder.next_seq(call.identity)
-    recorder.finish(call)
-    recorder.rollout_end(identity, semconv.STATUS_SUCCEEDED, None)
-    assert await recorder.drain(10)
-    await recorder.close()
-    return otlp.RequestFramer({"service.name": "sidecar"}, "agl", "0").request(collector.spans)
-
-
 async def test_the_lists_reach_the_store_and_the_viewer_from_the_sidecars_encoder(receiver, store, store_path):
-    reply = httpx.post(f"{receiver.url}/v1/traces", content=await _sidecar_request("f-1"),
+    reply = httpx.post(f"{receiver.url}/v1/traces", content=await sidecar_request("f-1", fields_dropped=DROPPED, fields_passed=PASSED),
                        headers={"content-type": "application/x-protobuf"}, timeout=30)  # fmt: skip
     assert reply.status_code == 200
     [call] = store.load("f-1").calls

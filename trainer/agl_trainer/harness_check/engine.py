@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from agl_trainer.background_loop import BackgroundLoop
+from agl_trainer.background_loop import AppServer
 from agl_trainer.engines import embedded_wire as wire
 from agl_trainer.harness_check import chatml
 from agl_trainer.harness_check.script import Script, Turn
@@ -115,42 +115,15 @@ def _message(a: Answer) -> dict[str, Any]:
     return message
 
 
-class ScriptedEngine:
+class ScriptedEngine(AppServer):
     """The engine on 127.0.0.1:<free port>, in a thread of its own: `start()`, `url`, `stop()`.
     `answered` holds, per generation request, the script turn that answered it (None: the default)."""
 
     def __init__(self, script: Script | None = None) -> None:
+        super().__init__("agl-scripted-engine", self.app)
         self.script = script or Script()
         self.answered: list[int | None] = []
-        self.url = ""
-        self._serving = BackgroundLoop("agl-scripted-engine")
-        self._runner: web.AppRunner | None = None
         self.created = int(time.time())
-
-    def start(self) -> ScriptedEngine:
-        self._serving.start(self._start, self._cleanup, timeout_s=30)
-        return self
-
-    def stop(self) -> None:
-        self._serving.stop(timeout_s=10)
-
-    def __enter__(self) -> ScriptedEngine:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def _cleanup(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=256 * 1024**2)

@@ -19,7 +19,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from agl_trainer.background_loop import BackgroundLoop
+from agl_trainer.background_loop import AppServer
 from agl_trainer.harness_check import features
 
 ERROR_BODY_CHARS = 4000  # of a 4xx/5xx answer, kept for the report
@@ -47,38 +47,27 @@ class Exchange(msgspec.Struct):
     error: str | None = None  # the body of an answer >= 400 (cut), or what went wrong on the way
 
 
-class Tap:
+class Tap(AppServer):
     """The proxy on 127.0.0.1:<free port> in a thread: `start()`, `url`, `exchanges`, `stop()`."""
 
     def __init__(self, upstream: str) -> None:
+        super().__init__("agl-harness-tap", self._app)
         self.upstream = upstream.rstrip("/")
         self.exchanges: list[Exchange] = []
-        self.url = ""
-        self._serving = BackgroundLoop("agl-harness-tap")
-        self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    def start(self) -> Tap:
-        self._serving.start(self._start, self._cleanup, timeout_s=30)
-        return self
-
-    def stop(self) -> None:
-        self._serving.stop(timeout_s=10)
-
-    async def _start(self) -> None:
-        # No timeout of its own (the check's --timeout-s bounds the harness); bodies as they are.
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
 
-    async def _cleanup(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+    async def _open(self, app: web.Application) -> None:
+        # No timeout of its own (the check's --timeout-s bounds the harness); bodies as they are.
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+
+    async def _close(self, app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
 
@@ -111,9 +100,7 @@ class Tap:
                 skip_auto_headers=skip, allow_redirects=False,
             )  # fmt: skip
         except (aiohttp.ClientError, OSError) as error:
-            exchange.status = 502
-            exchange.error = f"the sidecar did not answer ({type(error).__name__}: {error})"
-            return web.json_response({"error": {"message": exchange.error, "type": "harness_check"}}, status=502)
+            return _failed(exchange, 502, f"the sidecar did not answer ({type(error).__name__}: {error})")
         async with upstream:
             exchange.status = upstream.status
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -144,13 +131,9 @@ class Tap:
                 max_msg_size=0,
             )  # fmt: skip
         except aiohttp.WSServerHandshakeError as error:
-            exchange.status = error.status
-            exchange.error = f"the sidecar refused the WebSocket upgrade: HTTP {error.status} {error.message}"
-            return web.json_response({"error": {"message": exchange.error, "type": "harness_check"}}, status=error.status)
+            return _failed(exchange, error.status, f"the sidecar refused the WebSocket upgrade: HTTP {error.status} {error.message}")
         except (aiohttp.ClientError, OSError) as error:
-            exchange.status = 502
-            exchange.error = f"the sidecar did not answer ({type(error).__name__}: {error})"
-            return web.json_response({"error": {"message": exchange.error, "type": "harness_check"}}, status=502)
+            return _failed(exchange, 502, f"the sidecar did not answer ({type(error).__name__}: {error})")
         harness = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), max_msg_size=0)
         await harness.prepare(request)
         exchange.status = 101
@@ -178,6 +161,12 @@ class Tap:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
         return harness
+
+
+def _failed(exchange: Exchange, status: int, why: str) -> web.Response:
+    """No answer from the sidecar to pass on: the harness gets `status` and `why` (the report too)."""
+    exchange.status, exchange.error = status, why
+    return web.json_response({"error": {"message": why, "type": "harness_check"}}, status=status)
 
 
 def _describe(exchange: Exchange, path: str, body: bytes, websocket: bool = False) -> None:
