@@ -106,10 +106,8 @@ def run_check(options: CheckOptions, say: Callable[[str], None] = lambda line: N
         report = build(
             options.name or Path(options.command[0]).name, options.version, rollout_id, harness, list(tap.exchanges), data,
             [] if rows is None else [int(start) for start in rows.column("start_ns")], violations, undelivered,
+            drain_problem,
         )  # fmt: skip
-        if drain_problem:
-            report.problems.append(drain_problem)
-            report.ok = False
     return report
 
 

@@ -113,9 +113,11 @@ def build(
     starts: list[int],
     violations: dict[str, int],
     undelivered: int,
+    drain_problem: str | None = None,
 ) -> Report:
     """The report; `starts` holds each of `data.calls`' start time (ns), `violations` the receiver's
-    refused spans by reason, `undelivered` the spans the sidecar could not deliver at the end."""
+    refused spans by reason, `undelivered` the spans the sidecar could not deliver at the end,
+    `drain_problem` why the sidecar did not drain its calls (when it did not answer)."""
     calls = data.calls if data is not None else []
     assembly = assemble_rollout(data, AssemblyConfig(missing_reward=0.0), TOKENIZER) if data is not None else None
     placements = {p.call_seq: p for p in assembly.placements} if assembly is not None else {}
@@ -140,6 +142,8 @@ def build(
         found.add(features.COMPACTION)
     breaks = _breaks(calls, assembly, numbers)
     problems = _run_problems(harness, exchanges, calls, violations, undelivered)
+    if drain_problem:
+        problems.append(drain_problem)
     samples = 0 if assembly is None or assembly.result is None else len(assembly.result.samples)
     ok = not problems and not any(row.problems for row in rows)
     reward = data.final_reward(semconv.DEFAULT_REWARD_NAME) if data is not None else None
@@ -230,7 +234,7 @@ def _recorded(call: CallRow) -> Recorded:
 def _model(call: CallRow | None) -> str | None:
     if call is None:
         return None
-    operation, _, model = call.name.partition(" ")
+    _, _, model = call.name.partition(" ")
     return model or None
 
 
