@@ -75,6 +75,8 @@ def test_rows_follow_the_requests_and_each_span_finds_its_own_by_api_and_time(tm
     assert "dropped: context_management: not an engine option" in text
     assert "dropped: metadata.[red]user_id[/red]: x" in text  # harness text is text, not rich markup
     assert "passed unread: output_config: sent as written" in text
+    row = next(line for line in text.splitlines() if line.startswith("│ 2 "))
+    assert "anthropic.messages" in row and "claude-x" in row  # two APIs, two models: each row says its own
     assert 'answer: {"type":"error","error":{"message":"bad `x`\\x1b[2J"}}' in text  # the escape shown, not run
     assert text.rstrip().splitlines()[-1] == "✗ does not work through agl yet: #4 refused: HTTP 400"
     assert table_row(report) == (

@@ -29,12 +29,16 @@ def render(console: Console, report: Report) -> None:
     if report.reward is not None:
         head.add_row("reward", f"{report.reward:g}")
 
-    models = {call.model for call in report.calls if call.model}
-    per_row = len(models) > 1  # one model: said once, above
-    if len(models) == 1:
-        head.add_row("model", plain(next(iter(models))))
+    # the API and the model: said once above when every request shares it, else a column
+    columns = []
+    for name in ("api", "model"):
+        values = {getattr(call, name) for call in report.calls if getattr(call, name)}
+        if len(values) == 1:
+            head.add_row(name, plain(next(iter(values))))
+        elif values:
+            columns.append(name)
     table = Table(title="requests (POST unless said) and the calls recorded", title_justify="left")
-    for column in ("#", "request", "status", *(("model",) if per_row else ()), "tokens", "recorded", "sample"):
+    for column in ("#", "request", "status", *columns, "tokens", "recorded", "sample"):
         table.add_column(column, overflow="fold", min_width=len(column), no_wrap=column == "request")
     for call in report.calls:
         request = f"{'' if call.method == 'POST' else call.method + ' '}{call.path}" if call.method else "(not seen)"
@@ -42,7 +46,7 @@ def render(console: Console, report: Report) -> None:
             str(call.number),
             plain(request),
             _status(call),
-            *((plain(call.model or "-"),) if per_row else ()),
+            *(plain(getattr(call, name) or "-") for name in columns),
             _tokens(call),
             _recorded(call),
             plain("-" if call.sample is None else str(call.sample)),
