@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
+from typing import Any
 
 import httpx
 import msgspec
@@ -29,14 +30,16 @@ PROTOBUF = {"content-type": "application/x-protobuf"}
 UPSTREAM = "http://10.0.0.7:8000"
 
 
-async def _sidecar_request(rollout_id: str) -> bytes:
-    """An OTLP request as the sidecar sends it: a call held 37.25 ms, then the rollout's end."""
+async def sidecar_request(rollout_id: str, **record: Any) -> bytes:
+    """An OTLP request as the sidecar sends it: a call held 37.25 ms (`record` sets more of its
+    CallRecord), then the rollout's end."""
     collector = RecorderSpans()
     recorder = SpanRecorder(collector)  # type: ignore[arg-type]
     recorder.start()
     identity = Identity(rollout_id=rollout_id, task_id="t", attempt=0, mode=semconv.MODE_TRAIN)
     call = CallRecord(api=semconv.API_ANTHROPIC_MESSAGES, operation="chat", identity=identity, trace_parent=None,
-                      start_ns=time.time_ns(), model="tiny", policy_version=0, held_ms=37.25, upstream=UPSTREAM)  # fmt: skip
+                      start_ns=time.time_ns(), model="tiny", policy_version=0,
+                      **{"held_ms": 37.25, "upstream": UPSTREAM, **record})  # fmt: skip
     call.prompt_ids = msgspec.Raw(b"[1,2,3]")
     choice = call.choice(0)
     choice.token_ids = msgspec.Raw(b"[7]")
@@ -56,7 +59,7 @@ def post(receiver, body: bytes) -> ExportTraceServiceResponse:
 
 
 async def test_a_held_call_from_the_sidecars_encoder_reaches_the_store_and_the_viewer(receiver, store, store_path):
-    reply = post(receiver, await _sidecar_request("held-1"))
+    reply = post(receiver, await sidecar_request("held-1"))
     assert reply.partial_success.rejected_spans == 0
     [call] = store.load("held-1").calls
     assert (call.held_ms, call.upstream, call.api) == (37.25, UPSTREAM, semconv.API_ANTHROPIC_MESSAGES)
@@ -100,7 +103,8 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
     with RolloutStore(store_path, grace_s=0.0) as store:
         ingest(store, [call_span("old", 0, [1, 2], [3]), rollout_span("old")])
     with sqlite3.connect(store_path) as db:  # back to schema 3: the calls table as it was
-        for column in ("agent_id", "parent_agent_id", "compaction", "held_ms", "upstream", "api"):
+        for column in ("fields_dropped", "fields_passed", "agent_id", "parent_agent_id", "compaction", "held_ms",
+                       "upstream", "api"):  # fmt: skip
             db.execute(f"ALTER TABLE calls DROP COLUMN {column}")
         db.execute("PRAGMA user_version=3")
     with RolloutStore(store_path, grace_s=0.0) as store:
@@ -112,9 +116,11 @@ def test_a_schema_3_store_gains_the_columns_in_place_and_keeps_its_rows(store_pa
         assert (new.held_ms, new.upstream) == (5.5, UPSTREAM)
         assert store.stats().calls == 2
     with sqlite3.connect(store_path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         columns = [row[1] for row in db.execute("PRAGMA table_info(calls)")]
-    assert columns[-6:] == ["held_ms", "upstream", "api", "agent_id", "parent_agent_id", "compaction"]
+    assert columns[-8:] == [
+        "held_ms", "upstream", "api", "agent_id", "parent_agent_id", "compaction", "fields_dropped", "fields_passed"
+    ]
 
 
 def test_a_second_process_upgrading_an_upgraded_store_goes_on_with_it(store_path):

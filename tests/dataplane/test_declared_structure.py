@@ -97,7 +97,7 @@ def test_a_schema_4_store_gains_the_declared_columns(store_path):
     with RolloutStore(store_path, grace_s=0.0) as store:
         run(store, declared({}))
     with sqlite3.connect(store_path) as db:
-        for column in ("agent_id", "parent_agent_id", "compaction"):
+        for column in ("fields_dropped", "fields_passed", "agent_id", "parent_agent_id", "compaction"):  # schema 6, 5
             db.execute(f"ALTER TABLE calls DROP COLUMN {column}")
         db.execute("PRAGMA user_version=4")
     with RolloutStore(store_path, grace_s=0.0) as store:

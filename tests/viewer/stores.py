@@ -20,6 +20,9 @@ BROKEN_ID = "broken-rollout"
 T0 = 1_700_000_000_000_000_000
 HELD_MS = 12.5  # MERGED_ID's call 1 waited this long while training paused the sidecar
 UPSTREAM = "http://127.0.0.1:8001"
+# What the front did not interpret in MERGED_ID's call 1 (the second entry is harness text: shown as text).
+FIELDS_DROPPED = ["context_management: not an engine option", "metadata.<b>user_id</b>: not an engine option"]
+FIELDS_PASSED = ["output_config: sent to the engine as written"]
 
 
 def save_tokenizer(folder: Path) -> Path:
@@ -28,13 +31,16 @@ def save_tokenizer(folder: Path) -> Path:
 
 
 def held(span):
-    """`span` as the sidecar sends a call it held: its held time and its attribution."""
+    """`span` as the sidecar sends a call it held: its held time, its attribution and the request's
+    fields the front did not interpret."""
     span.attributes.extend(
         KeyValue(key=key, value=any_value(value))
         for key, value in (
             (semconv.CALL_HELD_MS, HELD_MS),
             (semconv.CALL_UPSTREAM, UPSTREAM),
             (semconv.CALL_API, semconv.API_CHAT_COMPLETIONS),
+            (semconv.REQUEST_FIELDS_DROPPED, FIELDS_DROPPED),
+            (semconv.REQUEST_FIELDS_PASSED, FIELDS_PASSED),
         )
     )
     return span

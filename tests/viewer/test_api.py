@@ -15,7 +15,9 @@ from tests.dataplane.ingest import ingest
 from tests.dataplane.otlp import call_span, reward_span, rollout_span
 from tests.support.waiting import wait_until
 from tests.viewer.conftest import get, start
-from tests.viewer.stores import BROKEN_ID, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM
+from tests.viewer.stores import (
+    BROKEN_ID, FIELDS_DROPPED, FIELDS_PASSED, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM,
+)
 
 
 def ids(body):
@@ -87,6 +89,9 @@ def test_a_rollout_with_merged_calls_decodes_its_tokens_and_marks_every_role(ser
     assert (calls[1]["held_ms"], calls[1]["upstream"], calls[1]["api"]) == (HELD_MS, UPSTREAM, "openai.chat_completions")
     assert (calls[0]["held_ms"], calls[0]["upstream"], calls[0]["api"]) == (None, None, None)
     assert not {"held_ms", "upstream", "api"} & calls[1]["extra"].keys()  # the call's own fields, not extras
+    # what the front did not interpret in the call's request (agl.request.fields.*)
+    assert (calls[1]["fields_dropped"], calls[1]["fields_passed"]) == (FIELDS_DROPPED, FIELDS_PASSED)
+    assert (calls[0]["fields_dropped"], calls[0]["fields_passed"]) == ([], [])
     # both rewards end at the same time: their order is by span id, so compare as a set
     assert sorted((r["name"], r["value"], r["call_seq"] is None) for r in body["rewards"]) == [
         ("reward", 0.25, False),

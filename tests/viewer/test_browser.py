@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.required import requires
 from tests.viewer import browser
-from tests.viewer.stores import BROKEN_ID, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM
+from tests.viewer.stores import BROKEN_ID, FIELDS_PASSED, HELD_MS, HOSTILE_ID, MERGED_ID, PARTNER_ID, UPSTREAM
 
 EXECUTABLE, WHY = browser.chromium()
 pytestmark = [pytest.mark.slow, requires(EXECUTABLE is not None, WHY)]  # under CI=true: fails if missing
@@ -49,6 +49,10 @@ def test_a_merged_rollout_colours_prompt_completion_and_tool_output(server, tmp_
     # call 1 was held by a paused sidecar: a hatched segment on its bar, its held ms and attribution
     assert dom.count('class="bar held"') == 1 and f">{HELD_MS} ms</td>" in dom
     assert f"upstream {UPSTREAM}, api openai.chat_completions" in dom
+    # the request's fields the front did not interpret: counted, each listed (harness text as text)
+    assert "<summary>2 dropped, 1 passed</summary>" in dom
+    assert "<li>dropped: metadata.&lt;b&gt;user_id&lt;/b&gt;: not an engine option</li>" in dom
+    assert f"<li>passed: {FIELDS_PASSED[0]}</li>" in dom and "<b>user_id</b>" not in dom
     shot = browser.screenshot(EXECUTABLE, url, tmp_path / "rollout.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 

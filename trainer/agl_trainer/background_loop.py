@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Self
 
 Step = Callable[[], Awaitable[object]]
 
@@ -70,3 +71,47 @@ class BackgroundLoop:
         if thread is not None:
             thread.join(timeout_s)
         self.loop, self._thread = None, None
+
+
+class AppServer:
+    """An aiohttp application served on `host` at a free port from a BackgroundLoop of its own:
+    `start()` (returns once it listens), `port`, `url`, `stop()`. The application is built on the
+    loop (`build()`), so its startup and cleanup signals run there."""
+
+    def __init__(self, name: str, build: Callable[[], object], host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self._build = build
+        self._serving = BackgroundLoop(name)
+        self._runner: object | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> Self:
+        self._serving.start(self._listen, self._cleanup, timeout_s=timeout_s)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._serving.stop(timeout_s=timeout_s)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _listen(self) -> None:
+        from aiohttp import web
+
+        runner = web.AppRunner(self._build(), access_log=None, handler_cancellation=True)  # type: ignore[arg-type]
+        self._runner = runner
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _cleanup(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # type: ignore[attr-defined]

@@ -60,6 +60,14 @@ START_BRANCH = "branch"  # extends a call whose sample an earlier child continue
 START_NO_PREFIX = "no_prefix"  # extends no earlier call (sub-agent, compaction, edit): see merge_failures
 START_COMPACTION = "compaction"  # the harness declared a compaction (agl.call.compaction): not a merge failure
 START_DECLARED = "declared_agent"  # extends another agent's call, which the declared tree says is not its thread
+# Each start said in words ({parent}: the call it branches from), for `agl traces inspect` and `agl harness check`.
+START_REASONS = {
+    START_FIRST: "new sample: the first call",
+    START_BRANCH: "new sample: a branch of call {parent} (the shared prefix is context)",
+    START_NO_PREFIX: "new sample: extends no earlier call",
+    START_COMPACTION: "new sample: the harness declared a compaction",
+    START_DECLARED: "new sample: extends call {parent} of another agent (the declared tree wins)",
+}
 
 # Where the prefix-built tree disagrees with the agents the harness declared (CallPlacement.declared).
 DECLARED_OTHER_AGENT = "prefix_parent_of_another_agent"  # extends a call of an agent neither its own nor its parent
@@ -221,6 +229,12 @@ def _rebuild_prompts(
         full[call.call_seq] = (tape, length)
         usable[call.call_seq] = (call, tape.buffer[:size], tape.buffer[:length])
     return usable
+
+
+def full_sequences(calls: list[CallRow]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each usable call's prompt and full sequence (prompt + completion) by seq, prompts sent by
+    reference rebuilt: what a merge break compares (`agl harness check` shows the text there)."""
+    return {seq: (prompt, full) for seq, (_, prompt, full) in _rebuild_prompts(calls, {}, {}).items()}
 
 
 def _trainable(call: CallRow, config: AssemblyConfig) -> str | None:

@@ -18,15 +18,7 @@ from rich.text import Text
 from rich.tree import Tree
 from agl import semconv
 
-from agl_trainer.assembly.assemble import (
-    START_BRANCH,
-    START_COMPACTION,
-    START_DECLARED,
-    START_FIRST,
-    START_NO_PREFIX,
-    CallPlacement,
-    RolloutAssembly,
-)
+from agl_trainer.assembly.assemble import START_REASONS, CallPlacement, RolloutAssembly
 from agl_trainer.printable import plain, printable  # noqa: F401 (also imported from here)
 from agl_trainer.store.records import RolloutData
 
@@ -41,15 +33,6 @@ def _token_text(token: int, tokenizer: Any) -> str:
     return printable(tokenizer.decode([token], skip_special_tokens=False), keep_newlines=True)
 
 
-_STARTS = {
-    START_FIRST: "new sample: the first call",
-    START_BRANCH: "new sample: a branch of call {parent} (the shared prefix is context)",
-    START_NO_PREFIX: "new sample: extends no earlier call",
-    START_COMPACTION: "new sample: the harness declared a compaction",
-    START_DECLARED: "new sample: extends call {parent} of another agent (the declared tree wins)",
-}
-
-
 def _where(placement: CallPlacement) -> Text:
     """What became of a call: merged onto its parent, a new sample and why, or skipped."""
     if placement.problem:
@@ -61,7 +44,7 @@ def _where(placement: CallPlacement) -> Text:
         if placement.declared:
             text.append(f"; declared tree disagrees: {placement.declared}", style="red")
         return text
-    text = Text(_STARTS.get(placement.start or "", "new sample").format(parent=placement.parent), style="cyan")
+    text = Text(START_REASONS.get(placement.start or "", "new sample").format(parent=placement.parent), style="cyan")
     if placement.declared:
         text.append(f"; declared tree disagrees: {placement.declared}", style="red")
     return text

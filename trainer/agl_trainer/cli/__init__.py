@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # Subcommand modules, in the order `agl --help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("train", "eval", "export", "receive", "traces", "demo")
+SUBCOMMANDS: tuple[str, ...] = ("train", "eval", "export", "receive", "traces", "harness", "demo")
 
 
 class CLIError(Exception):

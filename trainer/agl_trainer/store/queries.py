@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
+
 from agl_trainer.store.records import CallRow, RewardRow, RolloutData, RolloutInfo, RolloutKey
 from agl_trainer.store.schema import SCHEMA_VERSION
 
@@ -254,21 +256,36 @@ _KNOWN_CALL_COLUMNS = {
     "completion_ids", "logprobs", "prompt_ref_seq", "prompt_ref_length", "prompt_length", "policy_version",
     "finish_reason", "end_reason", "tokens_source", "choices", "status_code", "received_at",
     "held_ms", "upstream", "api",  # schema 4: the call's own fields in the API (detail.py)
+    "fields_dropped", "fields_passed",  # schema 6: lists, the call's own fields in the API too
 }  # fmt: skip
 
 
 # Blob columns -> their numpy dtypes (little-endian int32 tokens, float32 logprobs, int64 version runs).
 _ARRAYS = {"prompt_ids": "<i4", "completion_ids": "<i4", "logprobs": "<f4", "policy_versions": "<i8"}
 _CALL_FIELDS = CallRow.__struct_fields__  # what this agl's CallRow holds (a newer store may hold more)
+# Text columns holding a JSON array of strings (rollout_store._text_list): read as tuples, NULL as ().
+_TEXT_LISTS = frozenset({"fields_dropped", "fields_passed"})
+_decode_text_list = msgspec.json.Decoder(tuple[str, ...]).decode
 
 
 def _value(name: str, value: Any) -> Any:
+    if name in _TEXT_LISTS:
+        return _text_list(value)
     dtype = _ARRAYS.get(name)
     if dtype is None or value is None:
         return value
     import numpy as np  # here, not at the top: listing rollouts (`agl traces ls`) needs no numpy
 
     return np.frombuffer(value, dtype=dtype)
+
+
+def _text_list(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, str):
+        return ()
+    try:
+        return _decode_text_list(value)
+    except msgspec.MsgspecError:  # not written by this store (a hand edit): shown as nothing, not a 500
+        return ()
 
 
 def rollout_row(db: sqlite3.Connection, key: RolloutKey, schema: str = "s") -> dict[str, Any] | None:

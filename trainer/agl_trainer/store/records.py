@@ -95,6 +95,10 @@ class CallRow(msgspec.Struct, gc=False):
     agent_id: str | None = None
     parent_agent_id: str | None = None
     compaction: int | None = None
+    # What a translating front did not interpret (schema 6; empty: nothing, or a plain chat call):
+    # agl.request.fields.dropped / .passed, each entry "<JSON path>: <why>".
+    fields_dropped: tuple[str, ...] = ()
+    fields_passed: tuple[str, ...] = ()
 
 
 class CallSpan(CallRow, kw_only=True, gc=False):

@@ -14,6 +14,7 @@ training loop its own). SQLite's WAL lets readers run while the writer writes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sqlite3
 import threading
@@ -69,6 +70,11 @@ def _blob(array: np.ndarray | None, dtype: str) -> bytes | None:
     import numpy as np
 
     return None if array is None else np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+def _text_list(entries: Sequence[str]) -> str | None:
+    """A list of strings as its column holds it: a JSON array, NULL when empty (queries reads it)."""
+    return json.dumps(list(entries), ensure_ascii=False) if entries else None
 
 
 class RolloutStore:
@@ -245,7 +251,7 @@ class RolloutStore:
 
     def _insert_call(self, db: sqlite3.Connection, r: CallSpan, now: float) -> bool:
         cursor = db.execute(
-            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 r.trace_id,
                 r.span_id,
@@ -277,6 +283,8 @@ class RolloutStore:
                 r.agent_id,
                 r.parent_agent_id,
                 r.compaction,
+                _text_list(r.fields_dropped),
+                _text_list(r.fields_passed),
             ),
         )
         if cursor.rowcount:
@@ -461,6 +469,12 @@ class RolloutStore:
         if loaded is None:
             raise StoreError(f"no rollout {key.rollout_id!r} attempt {key.attempt} in {self.path}")
         return loaded[0]
+
+    def load_with_rows(self, key: RolloutKey | str) -> tuple[RolloutData, queries.CallRows] | None:
+        """`load`, with each call's whole row (its start time, status, any column a newer store
+        adds) as `queries.CallRows`; None when the rollout is unknown."""
+        with self._lock:
+            return queries.load(self._db, _key(key), "main")
 
     def _rewards(self, key: RolloutKey) -> list[RewardRow]:
         with self._lock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Upgrades of an existing store: version -> the statements that bring version - 1 to it.
 MIGRATIONS: dict[int, str] = {
@@ -12,6 +12,7 @@ MIGRATIONS: dict[int, str] = {
     " ALTER TABLE calls ADD COLUMN api TEXT;",
     5: "ALTER TABLE calls ADD COLUMN agent_id TEXT; ALTER TABLE calls ADD COLUMN parent_agent_id TEXT;"
     " ALTER TABLE calls ADD COLUMN compaction INTEGER;",
+    6: "ALTER TABLE calls ADD COLUMN fields_dropped TEXT; ALTER TABLE calls ADD COLUMN fields_passed TEXT;",
 }
 
 SCHEMA = """
@@ -46,6 +47,8 @@ CREATE TABLE IF NOT EXISTS calls (
     agent_id TEXT,              -- agl.call.agent_id: the agent the harness declared (schema 5)
     parent_agent_id TEXT,       -- agl.call.parent_agent_id (schema 5)
     compaction INTEGER,         -- 1: agl.call.compaction, a declared compaction (schema 5)
+    fields_dropped TEXT,        -- agl.request.fields.dropped as a JSON array of strings (schema 6)
+    fields_passed TEXT,         -- agl.request.fields.passed, the same (schema 6)
     UNIQUE (trace_id, span_id)
 );  -- a rowid table: its rows hold kilobytes of token blobs
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, attempt, call_seq);

@@ -105,6 +105,8 @@ def rollout(
                 "held_ms": _finite(call.held_ms),
                 "upstream": call.upstream,
                 "api": call.api,
+                "fields_dropped": list(call.fields_dropped),
+                "fields_passed": list(call.fields_passed),
                 "choices": call.choices,
                 "prompt_tokens": call.prompt_length
                 if call.prompt_length is not None

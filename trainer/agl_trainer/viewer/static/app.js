@@ -395,6 +395,16 @@ function attribution(call) {
   return parts.join(", ");
 }
 
+// What a translating front (Anthropic Messages, Responses) did not interpret in the call's request
+// (agl.request.fields.dropped / .passed, each "<JSON path>: <why>"): counts, the entries when opened.
+function unreadFields(call) {
+  const dropped = call.fields_dropped || [], passed = call.fields_passed || [];
+  if (!dropped.length && !passed.length) return "–";
+  const counts = [dropped.length ? dropped.length + " dropped" : null, passed.length ? passed.length + " passed" : null].filter(Boolean).join(", ");
+  const list = (label, entries) => entries.map((entry) => el("li", {}, label + ": " + visible(entry)));
+  return el("details", { class: "fields" }, el("summary", {}, counts), el("ul", {}, ...list("dropped", dropped), ...list("passed", passed)));
+}
+
 function heldMs(call) {
   return typeof call.held_ms === "number" ? call.held_ms : null;
 }
@@ -427,7 +437,7 @@ function timeline(calls) {
 function callsTable(calls, breaks) {
   const t0 = Math.min(...calls.map((c) => c.start_ns));
   return el("table", { id: "calls" },
-    el("thead", {}, el("tr", {}, ["call", "start", "duration", "held", "policy", "prompt", "completion", "finish", "end reason", "attribution", "placement", "reward"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["call", "start", "duration", "held", "policy", "prompt", "completion", "finish", "end reason", "attribution", "unread fields", "placement", "reward"].map((h) => el("th", {}, h)))),
     el("tbody", {}, calls.map((c) => {
       const p = c.placement;
       const where = !p ? "–" : p.problem ? "skipped: " + visible(p.problem) : p.sample === null ? "dropped with its sample"
@@ -441,7 +451,7 @@ function callsTable(calls, breaks) {
         el("td", { class: "num" }, (c.prompt_tokens ?? "–") + (c.prompt_ref_seq !== null ? " (ref #" + c.prompt_ref_seq + ")" : "")),
         el("td", { class: "num" }, c.completion_tokens ?? "–"),
         el("td", {}, visible(c.finish_reason)), el("td", {}, visible(c.end_reason)),
-        el("td", { class: "id" }, attribution(c) || "–"), el("td", {}, where),
+        el("td", { class: "id" }, attribution(c) || "–"), el("td", {}, unreadFields(c)), el("td", {}, where),
         el("td", { class: "num" }, c.reward === null ? "–" : fmt.num(c.reward)));
     })));
 }
