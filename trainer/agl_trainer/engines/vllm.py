@@ -42,9 +42,9 @@ On GPUs, `weight_sync: nccl | cuda_ipc` uses vLLM's weight-transfer endpoints in
 vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
 several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
 
-Rooms: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
+Its modules: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
 processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), vllm_lora.py
-(adapter files and flags), this file (the engine: lifecycle, health and restarts, weight sync,
+(adapter files and flags), this one (the engine: lifecycle, health and restarts, weight sync,
 sleep/wake).
 """
 
