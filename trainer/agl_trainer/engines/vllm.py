@@ -94,7 +94,7 @@ from agl_trainer.engines.vllm_config import (
 from agl_trainer.engines.vllm_lora import AdapterFiles
 from agl_trainer.engines.vllm_lora import server_arguments as lora_arguments
 from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
-from agl_trainer.ports import free_port
+from agl_trainer.addresses import free_port
 from agl_trainer.engines.vllm_transfer import (
     GpuWeightTransfer,
     WeightTransferError,
