@@ -55,7 +55,7 @@ def test_a_missing_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path) -> None:
     import httpx
-    from agl_trainer.run.store_cursor import close_quiet_among
+    from agl_trainer.store.cursor import close_quiet_among
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore
     from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
@@ -186,7 +186,7 @@ async def _drain(sidecar: Any) -> None:
 
 
 def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_scan(tmp_path: Path) -> None:
-    from agl_trainer.run.store_cursor import FullScan, StoreCursor
+    from agl_trainer.store.cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
     from agl_testing.rollouts import end, reward, write_rollouts
 

@@ -35,7 +35,7 @@ from typing import Any
 from agl_trainer.batch import RolloutResult, TrainingBatch
 from agl_trainer.config import LoopConfig
 from agl_trainer.engines.base import InferenceEngine, policy_update
-from agl_trainer.loop.agreement_log import AgreementLog
+from agl_trainer.store.agreement_log import AgreementLog
 from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import Checkpoints, LoopState
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule

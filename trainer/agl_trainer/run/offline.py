@@ -43,7 +43,7 @@ from typing import Any
 from agl_trainer.config import Config, ConfigError, dump_config
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
 from agl_trainer.run.offline_checks import VERSION_AHEAD, split
-from agl_trainer.run.store_cursor import StoreCursor
+from agl_trainer.store.cursor import StoreCursor
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutInfo
 

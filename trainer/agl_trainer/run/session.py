@@ -170,8 +170,8 @@ class Session:
         return self.loop
 
     def _agreement_log(self, out: Path) -> Any:
-        """Per token, the trainer's logprobs of what it trained, for the viewer (loop/agreement_log.py)."""
-        from agl_trainer.loop.agreement_log import AgreementLog
+        """Per token, the trainer's logprobs of what it trained, for the viewer (store/agreement_log.py)."""
+        from agl_trainer.store.agreement_log import AgreementLog
 
         log = AgreementLog(out)
         self._stack.callback(log.close)
