@@ -112,6 +112,20 @@ class Resume:
 RELEASE = Resume()  # held calls go out; version and upstreams stay as they are
 
 
+class ProbeEngine(Protocol):
+    """What the canary (canary.py) asks of the engine serving the policy; engines/probes.py asks it
+    over the engine's OpenAI-compatible API. Blocking; either raises when the engine cannot answer."""
+
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Each prompt's logprob of its tokens from the second on, under the engine's weights."""
+        ...
+
+    def generate(self, prefixes: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """Greedy tokens after each prefix, with their logprobs (over a cached prefix's KV where the
+        engine keeps one)."""
+        ...
+
+
 class SidecarControl(Protocol):
     async def pause(self, *, drain: bool = True, timeout_s: float = 60.0, keep: bool = False) -> SidecarState: ...
 

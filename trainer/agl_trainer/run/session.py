@@ -184,9 +184,12 @@ class Session:
             return None
         from transformers import AutoTokenizer
 
+        from agl_trainer.engines.probes import HttpProbeEngine
         from agl_trainer.loop.canary import Canary, CanarySettings
 
-        canary = Canary(
+        probes = HttpProbeEngine(engine.urls[0])
+        self._stack.callback(probes.close)
+        return Canary(
             CanarySettings(
                 action=settings.action,
                 tolerance=settings.tolerance,
@@ -195,12 +198,10 @@ class Session:
                 generate=settings.generate,
                 seed=config.seed,
             ),
-            engine_url=engine.urls[0],
+            engine=probes,
             vocab_size=len(AutoTokenizer.from_pretrained(model_path)),
             backend=backend,
         )
-        self._stack.callback(canary.close)
-        return canary
 
     def _run_id(self, out: Path) -> str:
         path = out / RUN_FILE
