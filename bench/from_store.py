@@ -30,7 +30,7 @@ BATCH, ARRIVALS = 64, 16
 
 def run(path: Path, incremental: bool, steps: int, first_new: int) -> tuple[float, list[float], float]:
     """Seconds of the first step, of each later step, and mean rows read by a later step."""
-    from agl_trainer.run.offline import select
+    from agl_trainer.loop.stored import select
     from agl_trainer.store.cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
     from agl_testing.rollouts import write_rollouts

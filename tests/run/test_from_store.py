@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agl_trainer.run.offline import select
+from agl_trainer.loop.stored import select
 from agl_trainer.store import RolloutKey
 from agl_trainer.store.records import RolloutInfo
 
@@ -308,7 +308,7 @@ def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: P
 
 def test_set_aside_reasons_for_what_the_model_cannot_take() -> None:
     from agl_trainer.batch import RolloutResult, Sample
-    from agl_trainer.run.offline_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
+    from agl_trainer.loop.stored_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
 
     def result(rid: str, reward: float = 1.0, ids: list[int] | None = None, versions: list[int] | None = None):
         ids = ids or [1, 2, 3]
