@@ -185,4 +185,4 @@ def test_metrics_and_healthz(fake, make_sidecar):
     assert opened.type == "counter"
     assert [(s.name, s.value) for s in opened.samples] == [("agl_sidecar_engine_connections_opened_total", 1.0)]
     idle = families["agl_sidecar_engine_connections_idle"]
-    assert idle.type == "gauge" and [(s.name, s.value) for s in idle.samples] == [("agl_sidecar_engine_connections_idle", 1.0)]
+    assert idle.type == "gauge" and [s.value for s in idle.samples] == [1.0]

@@ -32,15 +32,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 from agl_trainer.batch import RolloutResult
-from agl_trainer.config import LoopConfig
 from agl_trainer.engines.base import InferenceEngine, PolicySource, policy_update
 from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
 from agl_trainer.loop.checkpoint import LoopState
-from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.groups import Group, Member
 from agl_trainer.loop.inflight import InFlight
-from agl_trainer.loop.ports import DataPlane, Resume, SidecarControl, SidecarError, StepRecord
-from agl_trainer.loop.progress import LoopProgress
-from agl_trainer.runners.base import Runner
+from agl_trainer.loop.ports import Resume, SidecarControl, SidecarError, StepRecord
 from agl_trainer.store.records import RolloutKey
 
 POLL_S = 0.05
@@ -53,30 +50,22 @@ class LiveRollouts:
 
     def __init__(
         self,
-        config: LoopConfig,
+        inflight: InFlight,
         *,
-        schedule: TaskSchedule,
-        runner: Runner,
-        journal: GroupJournal,
-        data: DataPlane,
         engine: InferenceEngine,
         sidecar: SidecarControl,
         policy: PolicySource,
-        progress: LoopProgress,
         canary: Canary | None = None,
     ) -> None:
-        self.config = config
-        self.schedule = schedule
-        self.data = data
+        self.inflight = inflight  # the groups launched, their harnesses, the schedule they come from
+        self.config = inflight.config
+        self.data = inflight.data
+        self.progress = inflight.progress
         self.engine = engine
         self.sidecar = sidecar
         self.policy = policy  # the backend whose weights each publish sends to the engine
-        self.progress = progress
         self.canary = canary
-        self.inflight = InFlight(
-            config, schedule=schedule, runner=runner, journal=journal, data=data, progress=progress,
-            on_fatal=self._fatal,
-        )  # fmt: skip
+        inflight.on_fatal = self._fatal
         self._check: Callable[[], None] = lambda: None
         self._on_fatal: Callable[[BaseException], None] | None = None
         self._early: BaseException | None = None  # a fatal error before open() (a relaunched harness)
@@ -103,7 +92,9 @@ class LiveRollouts:
             self._on_fatal(error)
 
     # --- around the run ------------------------------------------------------------------------
-    async def open(self, version: int, *, check: Callable[[], None], on_fatal: Callable[[BaseException], None]) -> None:
+    async def open(
+        self, version: int, *, check: Callable[[], None], on_fatal: Callable[[BaseException], None]
+    ) -> None:
         self._check, self._on_fatal = check, on_fatal
         if self._early is not None:
             on_fatal(self._early)
@@ -121,12 +112,13 @@ class LiveRollouts:
         await self.inflight.cancel_all()
 
     def save(self, state: LoopState) -> None:
-        state.next_group_index = self.schedule.next_index
+        state.next_group_index = self.inflight.schedule.next_index
 
     # --- generating (the rollouts in flight: inflight.py) ----------------------------------------
     async def next_batch(self, version: int, step: StepRecord) -> list[RolloutKey]:
         self._step = step
-        self._batch = await (self._generate_sync(version) if self.config.mode == "sync" else self._generate_async(version))
+        sync = self.config.mode == "sync"
+        self._batch = await (self._generate_sync(version) if sync else self._generate_async(version))
         return self.inflight.trainable_keys(self._batch)
 
     async def _generate_sync(self, version: int) -> list[Group]:

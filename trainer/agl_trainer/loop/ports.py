@@ -66,7 +66,9 @@ class RolloutSource(Protocol):
     steps_on_empty: bool  # a batch with nothing to train is still a step (live); else the loop draws again
     failures: dict[str, int]  # rollouts that failed, by cause, over the run
 
-    async def open(self, version: int, *, check: Callable[[], None], on_fatal: Callable[[BaseException], None]) -> None:
+    async def open(
+        self, version: int, *, check: Callable[[], None], on_fatal: Callable[[BaseException], None]
+    ) -> None:
         """Before the first step, rollouts start under `version`. `check()` raises when the run ends (a
         source that waits calls it); `on_fatal(error)` ends the run at the loop's next check."""
         ...

@@ -168,7 +168,8 @@ class StoredRollouts:
         self.ahead += len(bad.pop(VERSION_AHEAD, []))
         self._set_aside(bad)
         if bad:
-            self.progress.log("agl: set aside (recorded): " + ", ".join(f"{len(v)} {k}" for k, v in sorted(bad.items())))
+            counts = ", ".join(f"{len(keys)} {reason}" for reason, keys in sorted(bad.items()))
+            self.progress.log(f"agl: set aside (recorded): {counts}")
         step.metrics["rollouts/set_aside"] = float(sum(len(v) for v in bad.values()))
         return good
 
@@ -179,7 +180,9 @@ class StoredRollouts:
             self.dropped[reason] = self.dropped.get(reason, 0) + len(keys)
 
     # nothing is generated: nothing to open, pause, publish or stop
-    async def open(self, version: int, *, check: Callable[[], None], on_fatal: Callable[[BaseException], None]) -> None:
+    async def open(
+        self, version: int, *, check: Callable[[], None], on_fatal: Callable[[BaseException], None]
+    ) -> None:
         return None
 
     async def hold(self, version: int, step: StepRecord) -> None:

@@ -77,7 +77,8 @@ class _Gauges:
         self.metrics = metrics
 
     def collect(self) -> list[Metric]:
-        families: list[Metric] = [GaugeMetricFamily(f"{PROMETHEUS_PREFIX}step", "training steps done", value=self.step)]
+        step = GaugeMetricFamily(f"{PROMETHEUS_PREFIX}step", "training steps done", value=self.step)
+        families: list[Metric] = [step]
         for name, value in sorted(self.metrics.items()):
             families.append(GaugeMetricFamily(prometheus_name(name), name, value=value))
         return families

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
-from agl_trainer.loop.checkpoint import RUN_FILE, LoopState, open_run_dir
+from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.inflight import InFlight
 from agl_trainer.loop.live import LiveRollouts
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.loop.stored import StoredRollouts
@@ -117,44 +118,25 @@ class Session:
             )
         checkpoints, latest = open_run_dir(out, self.resume)
         run_id = self._run_id(out)
-        topology = None
-        if self.from_store is None:
-            from agl_trainer.run import topology as addresses
-
-            # Addresses and secrets first: a wrong address fails before anything heavy starts.
-            topology = addresses.resolve(config, saved=addresses.load_saved(out) if self.resume else None)
-            addresses.save_secrets(out, topology)
+        # Addresses, secrets and tasks first: a wrong one fails before anything heavy starts.
+        topology = self._topology() if self.from_store is None else None
         (out / "config.yaml").write_text(dump_config(config))
+        tasks = read_tasks(config.tasks) if self.from_store is None else []  # type: ignore[arg-type]
         from agl_trainer.metrics.trackers import start_trackers
 
         trackers = start_trackers(config, out, kind="train")  # one that cannot start fails before the engine
         self._stack.callback(trackers.close)
-        random.seed(config.seed)
-        model_path = str(config.model.path)
-
-        import torch
-
-        torch.manual_seed(config.seed)
-        backend = await asyncio.to_thread(build_backend, config, model_path)
-        self._stack.callback(backend.close)  # the verl backend stops its workers (and Ray)
-        # A stored run's weights start at the version the store gives model.path's (offline.policy_version).
-        state = LoopState(run_id=run_id, policy_version=config.offline.policy_version if self.from_store else 0)
-        if latest is not None:
-            state = checkpoints.load(latest)
-            await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
+        backend, state = await self._backend(run_id, checkpoints, latest)
         progress = LoopProgress(
             config.loop.max_steps, config.loop.batch_rollouts, enabled=not self.quiet, start_step=state.step
         )
         self._stack.callback(progress.close)
         if self.from_store is None:
-            parts = await self._live(run_id, backend, state, latest is not None, topology, progress)
+            parts = await self._live(run_id, tasks, backend, state, latest is not None, topology, progress)
         else:
             parts = self._stored(self.from_store, backend, progress)
-        if latest is not None and state.trained_since_previous:  # the crash came between the checkpoint and the marks
-            keys = [RolloutKey(r, a) for r, a in state.trained_since_previous]
-            parts.data.mark_trained(keys, state.step)
-            if state.step not in {step for step, _, _ in checkpoints.trained_ledger()}:
-                checkpoints.record_trained(state.step, keys)  # the crash came before the ledger line
+        if latest is not None:
+            mark_checkpointed(checkpoints, state, parts.data)
         from agl_trainer.metrics import MetricsWriter
 
         metrics = MetricsWriter(out, trackers=trackers)
@@ -168,22 +150,53 @@ class Session:
             state=state,
             metrics=metrics,
             progress=progress,
-            pad_token_id=pad_token_id(model_path),
+            pad_token_id=pad_token_id(str(config.model.path)),
             on_step=self.on_step,
             validator=parts.validator,
             agreement_log=parts.agreement_log,
         )
-        run = {"run_id": run_id} if self.from_store is None else {"run_id": run_id, "from_store": str(self.from_store)}
+        run = {"run_id": run_id} | ({"from_store": str(self.from_store)} if self.from_store else {})
         (out / RUN_FILE).write_text(json.dumps(run))  # from now on, --resume continues it
         return self.loop
 
+    def _topology(self) -> Any:
+        """Where the sidecar and receiver listen and the auth secrets (run/topology.py), saved."""
+        from agl_trainer.run import topology as addresses
+
+        out = self.output_dir
+        topology = addresses.resolve(self.config, saved=addresses.load_saved(out) if self.resume else None)
+        addresses.save_secrets(out, topology)
+        return topology
+
+    async def _backend(self, run_id: str, checkpoints: Checkpoints, latest: Path | None) -> tuple[Any, LoopState]:
+        """The backend (seeded) and the loop's state, both from the latest checkpoint on a resume."""
+        config = self.config
+        random.seed(config.seed)
+        import torch
+
+        torch.manual_seed(config.seed)
+        backend = await asyncio.to_thread(build_backend, config, str(config.model.path))
+        self._stack.callback(backend.close)  # the verl backend stops its workers (and Ray)
+        if latest is None:
+            # A stored run's weights start at the version the store gives model.path's (offline.policy_version).
+            first = config.offline.policy_version if self.from_store else 0
+            return backend, LoopState(run_id=run_id, policy_version=first)
+        await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
+        return backend, checkpoints.load(latest)
+
     async def _live(
-        self, run_id: str, backend: Any, state: LoopState, resumed: bool, topology: Any, progress: LoopProgress
+        self,
+        run_id: str,
+        tasks: list[dict[str, Any]],
+        backend: Any,
+        state: LoopState,
+        resumed: bool,
+        topology: Any,
+        progress: LoopProgress,
     ) -> _Parts:
         """Receiver, store, engine (serving the checkpoint's policy on a resume), sidecars and runner
         (run/serving.py); the groups a resumed run recovers from its journal."""
         config, out = self.config, self.output_dir
-        tasks = read_tasks(config.tasks)  # type: ignore[arg-type]
         model_path = str(config.model.path)
         from agl_trainer.run.serving import start_serving
 
@@ -202,16 +215,15 @@ class Session:
         recovered = recover_groups(journal_path, schedule, tasks, serving.data, state) if self.resume else []
         journal = GroupJournal(journal_path)
         self._stack.callback(journal.close)
+        inflight = InFlight(
+            config.loop, schedule=schedule, runner=serving.runner, journal=journal, data=serving.data,
+            progress=progress,
+        )  # fmt: skip
         source = LiveRollouts(
-            config.loop,
-            schedule=schedule,
-            runner=serving.runner,
-            journal=journal,
-            data=serving.data,
+            inflight,
             engine=serving.engine,
             sidecar=serving.admin,
             policy=backend,
-            progress=progress,
             canary=self._canary(config, serving.engine, backend, model_path),
         )
         for group in recovered:
@@ -273,6 +285,18 @@ class Session:
         if path.exists():
             return str(json.loads(path.read_text())["run_id"])
         return secrets.token_hex(3)  # written once every part has started (see _start)
+
+
+def mark_checkpointed(checkpoints: Checkpoints, state: LoopState, data: Any) -> None:
+    """A resumed run's checkpoint lists the rollouts its weights were trained on since the one
+    before: a crash between the checkpoint and their marks left them unmarked; mark them now (and
+    write their ledger line where the crash came before it)."""
+    if not state.trained_since_previous:
+        return
+    keys = [RolloutKey(r, a) for r, a in state.trained_since_previous]
+    data.mark_trained(keys, state.step)
+    if state.step not in {step for step, _, _ in checkpoints.trained_ledger()}:
+        checkpoints.record_trained(state.step, keys)
 
 
 def recover_groups(
