@@ -8,7 +8,7 @@ import subprocess
 import time
 from typing import Any
 
-from agl_trainer.ports import free_port  # noqa: F401 - the benches take it from here
+from agl_trainer.addresses import free_port  # noqa: F401 - the benches take it from here
 
 JSON = {"Content-Type": "application/json"}
 

@@ -56,7 +56,7 @@ def main() -> None:
     warm_rate = sum(n for n, _ in warm) / sum(s for _, s in warm)
 
     from agl_trainer.config import load_config
-    from agl_trainer.eval.run import run_eval_sync
+    from agl_trainer.run.evaluation import run_eval_sync
 
     config = load_config(
         ROOT / "examples/demo/config.yaml",

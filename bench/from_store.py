@@ -6,7 +6,7 @@ Builds a store of N ready rollouts (one call, a reward and an end span each; 8 t
 the store's own write path, copies it, and runs the same steps on each copy: read (the close of quiet
 rollouts, the ready rollouts, the call versions), select, hand out 64 rollouts, mark them trained (a
 checkpoint every step: the reference's best case, its ready set shrinks at once), and 16 new
-rollouts arrive before the next step. The reference is what a step read before (store_cursor.FullScan:
+rollouts arrive before the next step. The reference is what a step read before (store/cursor.py's FullScan:
 every rollout, every ready one, every call); the cursor (StoreCursor) reads what changed. Prints the
 mean time a step spends reading and selecting (the first step apart: both read everything then),
 the rollout rows each read, and the ratio. Default N = 20,000, 40 steps; --quick: N = 3,000, 20 steps.
@@ -30,8 +30,8 @@ BATCH, ARRIVALS = 64, 16
 
 def run(path: Path, incremental: bool, steps: int, first_new: int) -> tuple[float, list[float], float]:
     """Seconds of the first step, of each later step, and mean rows read by a later step."""
-    from agl_trainer.run.offline import select
-    from agl_trainer.run.store_cursor import FullScan, StoreCursor
+    from agl_trainer.loop.stored import select
+    from agl_trainer.store.cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
     from agl_testing.rollouts import write_rollouts
 

@@ -6,7 +6,12 @@
 - the store owns the record types and never imports the receiver (the receiver imports the store);
 - the training loop (`loop/`: the algorithm, written against the protocols of loop/ports.py) never
   imports the run's wiring (`run/`: what builds the parts and starts the processes), nor an engine,
-  a backend or a runner beyond their base protocols;
+  a backend or a runner beyond their base protocols, nor an HTTP client (the canary asks the engine
+  through loop.ports.ProbeEngine);
+- the layers below the wiring never reach up: the viewer reads no part of the loop, `eval/` (scores
+  and receipts) never imports `run/` (`run/evaluation.py` runs an evaluation and imports `eval/`),
+  `metrics/` never imports `eval/`, and `runners/` never imports `agl_trainer.config` (run/build.py
+  builds a runner from the config; a runner takes the typed values it needs);
 - no import circles between product modules (sdk, sidecar, trainer, integrations), counting imports
   under TYPE_CHECKING and inside functions;
 - in the trainer, `agl_trainer.run.sidecar_client` alone starts the sidecar program and names its
@@ -69,10 +74,16 @@ def violations(folder: Path, forbidden: tuple[str, ...]) -> list[str]:
             TRAINER / "loop",
             ("agl_trainer.run", "agl_trainer.cli", "agl_trainer.receiver", "agl_trainer.engines.embedded",
              "agl_trainer.engines.vllm", "agl_trainer.backends.torch_backend", "agl_trainer.backends.verl",
-             "agl_trainer.runners.local", "agl_trainer.runners.workers", "agl_trainer.runners.kubernetes"),
+             "agl_trainer.runners.local", "agl_trainer.runners.workers", "agl_trainer.runners.kubernetes",
+             "agl_trainer.engines.probes", "httpx", "aiohttp", "requests", "urllib", "http.client"),
         ),  # fmt: skip
+        (TRAINER / "viewer", ("agl_trainer.loop",)),
+        (TRAINER / "eval", ("agl_trainer.run",)),
+        (TRAINER / "metrics", ("agl_trainer.eval",)),
+        (TRAINER / "runners", ("agl_trainer.config",)),
     ],
-    ids=["sidecar-not-trainer", "trainer-not-sidecar", "sdk-none-of-them", "store-not-receiver", "loop-not-wiring"],
+    ids=["sidecar-not-trainer", "trainer-not-sidecar", "sdk-none-of-them", "store-not-receiver", "loop-not-wiring",
+         "viewer-not-loop", "eval-not-run", "metrics-not-eval", "runners-not-config"],
 )
 def test_import_rule(folder: Path, forbidden: tuple[str, ...]) -> None:
     assert folder.is_dir(), folder

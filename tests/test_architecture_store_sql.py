@@ -4,7 +4,7 @@ a table store/schema.py creates). The viewer, the from-store cursor and the CLI 
 store/queries.py, so a schema change is made in one folder.
 
 Read from the source (no module is imported): every string literal, implicit concatenations and
-f-strings included, skipped left out. The run's `agreement.db` (loop/agreement_log.py) is a file
+f-strings included, skipped left out. The run's `agreement.db` (store/agreement_log.py) is a file
 of its own with its own table (`samples`), not the store's, so it is not one of the names checked.
 """
 

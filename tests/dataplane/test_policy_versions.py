@@ -60,7 +60,7 @@ def test_the_contract_refuses_bad_runs_naming_the_problem(store, runs, reason) -
 
 
 def test_the_staleness_bound_looks_at_every_token() -> None:
-    from agl_trainer.loop.core import TrainingLoop
+    from agl_trainer.loop.live import filter_stale
 
     def result(versions: list[int]) -> RolloutResult:
         n = len(versions)
@@ -71,10 +71,7 @@ def test_the_staleness_bound_looks_at_every_token() -> None:
         return RolloutResult(rollout_id=f"r{versions}", task_id="t", reward=1.0, samples=[sample])
 
     def filtered(policy: str, results: list[RolloutResult]):  # type: ignore[no-untyped-def]
-        loop = TrainingLoop.__new__(TrainingLoop)  # only _filter_stale's inputs: the version and the bound
-        loop.config = type("C", (), {"staleness": 1, "stale_policy": policy})()
-        loop.state = type("S", (), {"policy_version": 5})()
-        return loop._filter_stale(results)
+        return filter_stale(results, 5 - 1, masking=policy == "mask")  # version 5, loop.staleness 1
 
     kept, dropped, masked = filtered("wait", [result([4, 4, 5]), result([3, 4, 5]), result([5, 5])])
     assert [r.rollout_id for r in kept] == ["r[4, 4, 5]", "r[5, 5]"]  # one token at v3 drops its rollout

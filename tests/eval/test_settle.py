@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agl_trainer.eval.run import spans_delivered
+from agl_trainer.run.evaluation import spans_delivered
 from agl_trainer.loop.ports import SidecarState
 
 

@@ -147,7 +147,7 @@ def test_bad_canary_settings_are_named(tmp_path: Path, override: str, named: str
 def test_the_canary_probes_the_policy_the_harness_calls(cards: list, probed: str) -> None:
     import httpx
 
-    from agl_trainer.loop.canary import Canary, CanarySettings
+    from agl_trainer.engines.probes import HttpProbeEngine
 
     asked: list[str] = []
 
@@ -157,7 +157,7 @@ def test_the_canary_probes_the_policy_the_harness_calls(cards: list, probed: str
         asked.append(json.loads(request.content)["model"])
         return httpx.Response(200, json={"choices": []})
 
-    canary = Canary(CanarySettings(), engine_url="http://engine", vocab_size=32, backend=None)
-    canary._client = httpx.Client(transport=httpx.MockTransport(engine))
-    canary._post({"prompt": [[1, 2]], "max_tokens": 1})
+    probes = HttpProbeEngine("http://engine")
+    probes._client = httpx.Client(transport=httpx.MockTransport(engine))
+    probes._post({"prompt": [[1, 2]], "max_tokens": 1})
     assert asked == [probed]

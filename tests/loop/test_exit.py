@@ -14,10 +14,7 @@ from agl_trainer.loop.core import StopTraining, TrainingLoop
 
 
 def loop(**config: Any) -> TrainingLoop:
-    parts: dict[str, Any] = {
-        name: object()
-        for name in ("schedule", "runner", "data", "backend", "engine", "sidecar", "checkpoints", "journal")
-    }
+    parts: dict[str, Any] = {name: object() for name in ("source", "data", "backend", "checkpoints")}
     return TrainingLoop(LoopConfig(**config), state=LoopState(run_id="r"), **parts)
 
 

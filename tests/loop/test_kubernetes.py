@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agl_trainer.config import ConfigError, load_config
+from agl_trainer.run.build import build_kubernetes_runner
 from agl_trainer.runners.base import Cause, Endpoint, RolloutOutcome, RolloutSpec
 from agl_trainer.runners.kubernetes import KubernetesRunner, build_job_manifest, classify_job, job_name, plain_secrets
 from agl_trainer.runners.kubernetes_manifest import (
@@ -188,7 +189,7 @@ def test_kubernetes_config_is_checked_with_keys_and_fixes(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="harness.kubernetes.sidecar_url: pods need the sidecar's address .*fix: "):
         load_config(None, [*_config_args(tmp_path), "--harness.command=run"])
     advertised = load_config(None, [*_config_args(tmp_path), "--sidecar.advertise_url=http://10.0.0.5:8400"])
-    runner = KubernetesRunner.from_config(advertised, Endpoint("http://127.0.0.1:1234", "http://127.0.0.1:4318"))
+    runner = build_kubernetes_runner(advertised, Endpoint("http://127.0.0.1:1234", "http://127.0.0.1:4318"))
     assert runner.endpoint.sidecar_url == "http://10.0.0.5:8400"  # what pods reach, not this machine's loopback
     assert runner.endpoint.otlp_endpoint is None and runner.template.command is None  # the image's entrypoint
 

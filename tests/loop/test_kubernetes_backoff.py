@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from agl_trainer.run.build import build_kubernetes_runner
 from agl_trainer.runners.base import Cause, Endpoint, RolloutSpec
 from agl_trainer.runners.kubernetes import KubernetesRunner, load_api_client
 from agl_trainer.runners.kubernetes_manifest import JobTemplate
@@ -147,9 +148,9 @@ def test_the_tries_and_the_longest_wait_come_from_the_config(tmp_path: Path) -> 
     args = [f"--tasks={tasks}", f"--model.path={tmp_path}", "--harness.runner=kubernetes", "--harness.image=img:1",
             f"--harness.kubernetes.sidecar_url={SIDECAR}"]  # fmt: skip
     config = load_config(None, [*args, "--harness.kubernetes.api_tries=3", "--harness.kubernetes.api_backoff_max_s=5"])
-    runner = KubernetesRunner.from_config(config, Endpoint(SIDECAR))
+    runner = build_kubernetes_runner(config, Endpoint(SIDECAR))
     assert (runner.backoff.attempts, runner.backoff.max_s) == (3, 5.0)
-    assert KubernetesRunner.from_config(load_config(None, args), Endpoint(SIDECAR)).backoff == Backoff()
+    assert build_kubernetes_runner(load_config(None, args), Endpoint(SIDECAR)).backoff == Backoff()
     with pytest.raises(ConfigError, match="harness.kubernetes.api_tries"):
         load_config(None, [*args, "--harness.kubernetes.api_tries=0"])
 

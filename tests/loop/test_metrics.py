@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agl_trainer.metrics import MetricsWriter, plot_run, read_jsonl
 from agl_trainer.metrics.writer import prometheus_name
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def test_metrics_in_every_format(tmp_path: Path) -> None:
@@ -18,8 +19,10 @@ def test_metrics_in_every_format(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[2]["reward/mean"] == 0.2 * 3 and "note" not in rows[0] and rows[0]["flag"] == 1.0
     prom = (tmp_path / "metrics.prom").read_text()
-    assert "agl_train_step 3\n" in prom
+    families = {family.name: family for family in text_string_to_metric_families(prom)}  # the exposition, parsed
+    assert families["agl_train_step"].type == "gauge" and families["agl_train_step"].samples[0].value == 3.0
     assert f"{prometheus_name('reward/mean')} {0.2 * 3!r}" in prom and "# TYPE agl_train_reward_mean gauge" in prom
+    assert families["agl_train_actor_entropy"].samples[0].value == 2.0 / 3  # every metric's latest value
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "tensorboard"))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agl_trainer.run.offline import select
+from agl_trainer.loop.stored import select
 from agl_trainer.store import RolloutKey
 from agl_trainer.store.records import RolloutInfo
 
@@ -55,7 +55,7 @@ def test_a_missing_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path) -> None:
     import httpx
-    from agl_trainer.run.store_cursor import close_quiet_among
+    from agl_trainer.store.cursor import close_quiet_among
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore
     from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
@@ -186,7 +186,7 @@ async def _drain(sidecar: Any) -> None:
 
 
 def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_scan(tmp_path: Path) -> None:
-    from agl_trainer.run.store_cursor import FullScan, StoreCursor
+    from agl_trainer.store.cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
     from agl_testing.rollouts import end, reward, write_rollouts
 
@@ -252,6 +252,36 @@ def test_rollouts_added_between_runs_are_trained_once_across_a_resume(tmp_path: 
     assert [entry["step"] for entry in ledger] == list(range(1, 7))
 
 
+def test_a_stored_run_counts_policy_versions_from_offline_policy_version(tmp_path: Path) -> None:
+    # The one training loop numbers the weights it trains: a stored run's first are model.path's, the
+    # version the store gives them (offline.policy_version); each step adds one. Its rows say how long
+    # the step read the store, and carry none of a live run's engine times.
+    from agl_trainer.cli import main
+    from agl_trainer.store import RolloutStore
+    from examples.demo.model import build_demo_model
+    from agl_testing.rollouts import write_rollouts
+
+    model = build_demo_model(tmp_path / "tiny", seed=0)
+    path, run = tmp_path / "t.db", tmp_path / "run"
+    with RolloutStore(path) as store:
+        write_rollouts(store, [f"r-{i}" for i in range(8)], version=5)
+    common = ["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
+              f"--output_dir={run}", "--loop.batch_rollouts=4", "--loop.group_size=2", "--loop.checkpoint_every=1",
+              "--offline.policy_version=5", "--loop.max_steps=100", "--quiet"]  # fmt: skip
+    assert main(common) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["policy_version"], row["staleness/max"]) for row in rows] == [(6.0, 0.0), (7.0, 1.0)]
+    assert all("time/reading_s" in row and "engine/idle_fraction" not in row for row in rows)
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert json.loads((run / "checkpoints" / latest / "loop.json").read_text())["policy_version"] == 7
+    # --resume goes on from the checkpoint's version, whatever offline.policy_version says now
+    with RolloutStore(path) as store:
+        write_rollouts(store, [f"r-{i}" for i in range(8, 12)], tasks=2, version=7)
+    assert main([*common, "--resume", "--offline.policy_version=0"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["policy_version"], row["staleness/max"]) for row in rows][2:] == [(8.0, 0.0)]
+
+
 # --- a hostile store: one bad rollout never costs the others ----------------------------------------
 
 
@@ -306,9 +336,35 @@ def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: P
     assert main([*(a.replace(str(run), str(tmp_path / "again")) for a in common)]) == 0
 
 
+def test_a_draw_the_model_can_take_nothing_of_is_no_step(tmp_path: Path) -> None:
+    # The stored source admits nothing of a draw whose rollouts are all set aside: the loop draws
+    # again without a step (no version, no checkpoint spent on it), and the next draw trains as step 1.
+    from agl_trainer.cli import main
+    from agl_trainer.store import RolloutStore
+    from examples.demo.model import build_demo_model
+    from agl_testing.rollouts import call, end, reward, write_rollouts
+
+    model = build_demo_model(tmp_path / "tiny", seed=0)
+    path, run = tmp_path / "t.db", tmp_path / "run"
+    with RolloutStore(path) as store:
+        store.write_batches([[call(rid, "bad"), reward(rid, "bad", float("inf")), end(rid, "bad")]
+                             for rid in ("inf-0", "inf-1")])  # fmt: skip
+        write_rollouts(store, ["r-0", "r-1"], tasks=1)  # completed after them: drawn second
+    assert main(["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
+                 f"--output_dir={run}", "--loop.batch_rollouts=2", "--loop.group_size=2", "--loop.checkpoint_every=1",
+                 "--loop.max_steps=100", "--quiet"]) == 0  # fmt: skip
+    ledger = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    assert ledger == [{"step": 1, "rollouts": [["r-0", 0], ["r-1", 0]]}]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["policy_version"], row["rollouts/trained"]) for row in rows] == [(1, 1.0, 2.0)]
+    with RolloutStore(path) as store:
+        reasons = {i.rollout_id: i.dropped_reason for i in store.rollouts()}
+    assert reasons == {"inf-0": "invalid_reward", "inf-1": "invalid_reward", "r-0": None, "r-1": None}
+
+
 def test_set_aside_reasons_for_what_the_model_cannot_take() -> None:
     from agl_trainer.batch import RolloutResult, Sample
-    from agl_trainer.run.offline_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
+    from agl_trainer.loop.stored_checks import INVALID_REWARD, OUT_OF_VOCAB, VERSION_AHEAD, split
 
     def result(rid: str, reward: float = 1.0, ids: list[int] | None = None, versions: list[int] | None = None):
         ids = ids or [1, 2, 3]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from agl import semconv
 from agl_testing.fake_vllm import FakeVLLM
@@ -179,5 +180,9 @@ def test_metrics_and_healthz(fake, make_sidecar):
     for _ in range(3):  # more calls, one after another: the engine's keep-alive connection is reused
         httpx.post(sidecar.url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
     text = httpx.get(sidecar.url + "/metrics").text
-    assert "# TYPE agl_sidecar_engine_connections_opened_total counter\nagl_sidecar_engine_connections_opened_total 1\n" in text
-    assert "agl_sidecar_engine_connections_idle 1\n" in text
+    families = {family.name: family for family in text_string_to_metric_families(text)}  # the exposition, parsed
+    opened = families["agl_sidecar_engine_connections_opened"]
+    assert opened.type == "counter"
+    assert [(s.name, s.value) for s in opened.samples] == [("agl_sidecar_engine_connections_opened_total", 1.0)]
+    idle = families["agl_sidecar_engine_connections_idle"]
+    assert idle.type == "gauge" and [s.value for s in idle.samples] == [1.0]

@@ -7,6 +7,6 @@ say their port (`Receiver(..., ReceiverConfig(port=0)).url`, `agl receive` print
 
 from __future__ import annotations
 
-from agl_trainer.ports import free_port  # the one definition (product code uses it for vLLM's ports)
+from agl_trainer.addresses import free_port  # the one definition (product code uses it for vLLM's ports)
 
 __all__ = ["free_port"]

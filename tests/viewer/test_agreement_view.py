@@ -1,5 +1,5 @@
 """Per-token engine/trainer agreement in the viewer: the trainer's logprobs a run wrote to its
-agreement.db (loop/agreement_log.py) set against the engine's, per token and per sample, in the
+agreement.db (store/agreement_log.py) set against the engine's, per token and per sample, in the
 JSON API and on the rollout page (tokens coloured by |delta| on hover)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from agl_trainer.batch import RolloutResult, Sample
-from agl_trainer.loop.agreement_log import AgreementLog
+from agl_trainer.store.agreement_log import AgreementLog
 
 from tests.support.required import requires
 from tests.viewer import browser

@@ -222,7 +222,7 @@ def test_attach_mode_starts_nothing_and_syncs(
 
 
 def test_attach_to_a_dead_url_fails_with_its_address(tmp_path: Path) -> None:
-    from agl_trainer.engines.vllm import free_port
+    from agl_trainer.addresses import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     engine = VLLMEngine(VLLMConfig(urls=[url], startup_timeout_s=1.0, watchdog_interval_s=0))

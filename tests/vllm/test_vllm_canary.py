@@ -12,6 +12,7 @@ import torch
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import TorchBackend, TorchBackendConfig
 from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.engines.probes import HttpProbeEngine
 from agl_trainer.loop.canary import Canary, CanarySettings
 
 pytestmark = pytest.mark.vllm
@@ -31,7 +32,8 @@ def test_canary_names_a_stale_prefix_cache(vllm_engine, tiny_model_dir: Path) ->
     backend = TorchBackend(TorchBackendConfig(model_path=tiny_model_dir, device="cpu", algorithm=AlgorithmConfig()))
     original = backend.state_dict_for_engine()
     vllm_engine.update_weights(WeightUpdate(version=0, state_dict=original))  # the trainer's weights
-    canary = Canary(SETTINGS, engine_url=vllm_engine.urls[0], vocab_size=380, backend=backend)
+    probes = HttpProbeEngine(vllm_engine.urls[0])
+    canary = Canary(SETTINGS, engine=probes, vocab_size=380, backend=backend)
     config = vllm_engine.config
     try:
         start = canary.check(0)  # also puts the cached probe's prefix into vLLM's prefix cache
@@ -57,5 +59,5 @@ def test_canary_names_a_stale_prefix_cache(vllm_engine, tiny_model_dir: Path) ->
                   f"fresh {result.fresh:.2g} previous {result.previous} in {result.seconds * 1000:.0f} ms")
     finally:
         vllm_engine.config = config
-        canary.close()
+        probes.close()
         vllm_engine.update_weights(WeightUpdate(version=3, state_dict=original))

@@ -313,6 +313,14 @@ def dump_config(config: Config) -> str:
     return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
 
 
+def resolved_config(config: Any) -> Any:
+    """Every key with its value, defaults included (the config's own encoding omits defaults): what a
+    receipt and an experiment tracker record."""
+    if isinstance(config, msgspec.Struct):
+        return {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
+    return msgspec.to_builtins(config)
+
+
 if __name__ == "__main__":  # pragma: no cover - a quick way to list the keys
     for key, default, description in describe_keys():
         print(f"{key:32} {default!r:>12}  {description}", file=sys.stdout)

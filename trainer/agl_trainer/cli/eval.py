@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model_url:
             overrides.append(f"--eval.model_url={args.model_url}")
         config = load_config(path, overrides, check_paths=False)
-        from agl_trainer.eval.run import check_eval_config
+        from agl_trainer.run.evaluation import check_eval_config
         from agl_trainer.run.topology import resolve
 
         from agl_trainer.metrics.trackers import check_trackers
@@ -149,7 +149,7 @@ def evaluate(config: Any, *, quiet: bool = False) -> int:
 
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError
-    from agl_trainer.eval.run import run_eval
+    from agl_trainer.run.evaluation import run_eval
     from agl_trainer.loop.ports import SidecarError
     from agl_trainer.runners.base import HarnessNotFound
 

@@ -163,28 +163,39 @@ def check_offline_config(config: Any) -> None:
 
 
 def train_offline(config: Any, store: str, *, resume: bool = False, quiet: bool = False) -> int:
+    """The training loop with the stored rollout source (loop/stored.py): nothing generated."""
+    import asyncio
+
     from agl_trainer.cli import CLIError
     from agl_trainer.config import ConfigError
-    from agl_trainer.run.offline import train_from_store
+    from agl_trainer.run.session import Session
     from agl_trainer.store import StoreError
 
     try:
-        summary = train_from_store(config, store, resume=resume, quiet=quiet)
+        result = asyncio.run(Session(config, resume=resume, quiet=quiet, from_store=store).run())
     except (ConfigError, StoreError) as error:
         raise CLIError(str(error)) from None
-    except KeyboardInterrupt:
+    except asyncio.CancelledError:
         print("agl: stopped (rollouts trained since the last checkpoint are trained again next time)", file=sys.stderr)
         return 130
+    summary, stored = result.summary, result.stored
+    assert stored is not None
     rewards = [row["reward/mean"] for row in summary.history if "reward/mean" in row]
-    print(f"agl: {summary.steps} offline steps on {summary.trained} rollouts from {store}")
+    trained = sum(int(row.get("rollouts/trained", 0)) for row in summary.history)
+    print(f"agl: {len(summary.history)} offline steps on {trained} rollouts from {store}")
     if rewards:
         print(f"agl: mean reward of the trained rollouts: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}")
-    if summary.dropped:
-        print(f"agl: dropped (recorded in the store): {summary.dropped}")
-    if summary.waiting:
-        print(f"agl: {summary.waiting} rollouts wait for a later run (a group too small, or no reward yet)")
-    if summary.checkpoint is not None:
-        print(f"agl: weights {summary.checkpoint}")
+    if stored.dropped:
+        print(f"agl: dropped (recorded in the store): {stored.dropped}")
+    if stored.waiting:
+        print(f"agl: {stored.waiting} rollouts wait for a later run (a group too small, or no reward yet)")
+    if stored.ahead:
+        print(
+            f"agl: {stored.ahead} rollouts skipped: their calls say a policy version newer than the weights"
+            f" trained ({summary.policy_version}); if model.path is a later version, set offline.policy_version"
+        )
+    if result.checkpoint is not None:
+        print(f"agl: weights {result.checkpoint}")
     return 0
 
 

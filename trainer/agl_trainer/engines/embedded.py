@@ -15,7 +15,7 @@ concurrent requests continuously (see embedded_batching.py), which is what makes
 usable. Routes: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;
 GET /v1/models, /health, /ping, /version, /metrics (Prometheus text).
 
-The rooms: this module (configuration, lifecycle, weight updates), embedded_routes.py (HTTP
+Its modules: this one (configuration, lifecycle, weight updates), embedded_routes.py (HTTP
 handlers), embedded_requests.py (request validation), embedded_stream.py (following generation,
 the one streaming loop), embedded_wire.py (vLLM's wire format), embedded_batching.py (continuous
 batching and sampling), embedded_weights.py (in-place state_dict loading).

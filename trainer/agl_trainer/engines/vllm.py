@@ -42,9 +42,9 @@ On GPUs, `weight_sync: nccl | cuda_ipc` uses vLLM's weight-transfer endpoints in
 vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
 several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
 
-Rooms: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
+Its modules: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
 processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), vllm_lora.py
-(adapter files and flags), this file (the engine: lifecycle, health and restarts, weight sync,
+(adapter files and flags), this one (the engine: lifecycle, health and restarts, weight sync,
 sleep/wake).
 """
 
@@ -94,7 +94,7 @@ from agl_trainer.engines.vllm_config import (
 from agl_trainer.engines.vllm_lora import AdapterFiles
 from agl_trainer.engines.vllm_lora import server_arguments as lora_arguments
 from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
-from agl_trainer.ports import free_port
+from agl_trainer.addresses import free_port
 from agl_trainer.engines.vllm_transfer import (
     GpuWeightTransfer,
     WeightTransferError,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from agl_trainer.ports import free_port
+from agl_trainer.addresses import free_port
 
 if TYPE_CHECKING:
     import torch

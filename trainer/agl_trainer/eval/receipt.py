@@ -29,6 +29,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from agl_trainer.config import resolved_config
+
 SCHEMA = "agl.receipt/1"
 RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
@@ -161,15 +163,6 @@ def agl_version() -> str:
         return f"{version('agl')}" + (f" ({described})" if described else "")
     except PackageNotFoundError:
         return "unknown"
-
-
-def resolved_config(config: Any) -> Any:
-    """Every key with its value, defaults included (the config's own encoding omits defaults)."""
-    import msgspec
-
-    if isinstance(config, msgspec.Struct):
-        return {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
-    return msgspec.to_builtins(config)
 
 
 def build_receipt(

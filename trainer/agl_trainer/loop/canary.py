@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
+from agl_trainer.loop.ports import ProbeEngine
 
 log = logging.getLogger("agl.canary")
 
@@ -80,33 +81,32 @@ class CanaryResult:
 
 
 class Canary:
-    """Scores the probes on `engine_url` (an OpenAI-compatible server with vLLM's wire format) and
-    with `backend.compute_logprobs`. Blocking: the loop runs it in a thread."""
+    """Scores the probes on `engine` (the engine's answers: loop.ports.ProbeEngine, over HTTP in
+    engines/probes.py) and with `backend.compute_logprobs`. Blocking: the loop runs it in a thread."""
 
-    def __init__(self, settings: CanarySettings, *, engine_url: str, vocab_size: int, backend: Any) -> None:
+    def __init__(self, settings: CanarySettings, *, engine: ProbeEngine, vocab_size: int, backend: Any) -> None:
         self.settings = settings
-        self.url = engine_url.rstrip("/")
+        self.engine = engine
         self.backend = backend
         self._ids = range(min(3, vocab_size - 1), vocab_size)  # the lowest ids are special in most tokenizers
         rng = random.Random(f"agl-canary-{settings.seed}")
         self.fixed = [self._draw(rng) for _ in range(settings.probes)]
         self.cached_prefix = self._draw(rng)
         self.previous: list[torch.Tensor] | None = None  # the trainer's scores of the fixed probes, last check
-        self._model: str | None = None
-        self._client: Any = None
 
     # ------------------------------------------------------------------------------------- check
     def check(self, version: int) -> CanaryResult:
         """Score every probe now (the engine and the trainer both at `version`) and judge."""
         started = time.perf_counter()
         try:
-            engine_fixed = self._engine_prompt_logprobs(self.fixed)
+            engine_fixed = [torch.tensor(scores) for scores in self.engine.prompt_logprobs(self.fixed)]
             fresh_prefix = self._draw(random.Random(f"agl-canary-{self.settings.seed}-fresh-{version}"))
-            (cached_ids, cached_engine), (fresh_ids, fresh_engine) = self._engine_generate(
-                [self.cached_prefix, fresh_prefix]
+            (cached_tokens, cached_engine), (fresh_tokens, fresh_engine) = self.engine.generate(
+                [self.cached_prefix, fresh_prefix], self.settings.generate
             )
         except Exception as error:  # an engine that cannot score is reported, never a crash of the run
             return self._result(version, "error", f"the engine could not score the probes: {error}", started)
+        cached_ids, fresh_ids = self.cached_prefix + cached_tokens, fresh_prefix + fresh_tokens
         trainer = self._trainer_scores(
             [(probe, 1) for probe in self.fixed] + [(cached_ids, len(self.cached_prefix)), (fresh_ids, len(fresh_prefix))]
         )
@@ -116,8 +116,8 @@ class Canary:
         if self.previous is not None:
             previous = torch.cat([(e - t).abs() for e, t in zip(engine_fixed, self.previous, strict=True)])
         self.previous = trainer_fixed
-        cached = (cached_engine - trainer_cached).abs()
-        fresh = (fresh_engine - trainer_fresh).abs()
+        cached = (torch.tensor(cached_engine) - trainer_cached).abs()
+        fresh = (torch.tensor(fresh_engine) - trainer_fresh).abs()
         verdict, message = judge(fixed, previous, cached, fresh, self.settings.tolerance)
         every = torch.cat([fixed, cached, fresh])
         return CanaryResult(
@@ -135,65 +135,8 @@ class Canary:
     def _draw(self, rng: random.Random) -> list[int]:
         return [rng.choice(self._ids) for _ in range(self.settings.tokens)]
 
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
     def _result(self, version: int, verdict: str, message: str, started: float) -> CanaryResult:
         return CanaryResult(version, verdict, message, 0.0, None, None, None, 0.0, time.perf_counter() - started)
-
-    # ------------------------------------------------------------------------------------ engine
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
-        if self._client is None:
-            self._client = httpx.Client(timeout=120.0)
-        if self._model is None:
-            models = self._client.get(f"{self.url}/v1/models")
-            models.raise_for_status()
-            cards = models.json()["data"]
-            # A LoRA run's vLLM lists the base and the adapter (the card with a parent): the policy is
-            # the adapter, the name the harness calls
-            adapters = [card for card in cards if card.get("parent")]
-            self._model = str((adapters or cards)[0]["id"])
-        answer = self._client.post(f"{self.url}/v1/completions", json={"model": self._model, **body})
-        if answer.status_code != 200:
-            raise RuntimeError(f"/v1/completions answered {answer.status_code}: {answer.text[:300]}")
-        return answer.json()
-
-    def _engine_prompt_logprobs(self, probes: list[list[int]]) -> list[torch.Tensor]:
-        """Each probe's logprob of tokens 1.. under the engine's weights (vLLM's prompt_logprobs)."""
-        body = {"prompt": probes, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-        choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
-        out = []
-        for probe, choice in zip(probes, choices, strict=True):
-            scored = choice.get("prompt_logprobs")
-            if not scored or len(scored) != len(probe):
-                raise RuntimeError("the answer holds no prompt_logprobs for every prompt token")
-            out.append(torch.tensor([float(scored[i][str(probe[i])]["logprob"]) for i in range(1, len(probe))]))
-        return out
-
-    def _engine_generate(self, prefixes: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
-        """Greedy tokens after each prefix and their engine logprobs (computed over a cached prefix's
-        KV where the engine has one), in one request."""
-        body = {
-            "prompt": prefixes,
-            "max_tokens": self.settings.generate,
-            "temperature": 0.0,
-            "logprobs": 0,
-            "return_token_ids": True,
-            "ignore_eos": True,
-        }
-        choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
-        out = []
-        for prefix, choice in zip(prefixes, choices, strict=True):
-            tokens = [int(t) for t in choice["token_ids"]]
-            logprobs = torch.tensor([float(v) for v in choice["logprobs"]["token_logprobs"]])
-            if len(tokens) != len(logprobs):
-                raise RuntimeError("the answer's token_ids and logprobs differ in length")
-            out.append((prefix + tokens, logprobs))
-        return out
 
     # ----------------------------------------------------------------------------------- trainer
     def _trainer_scores(self, sequences: list[tuple[list[int], int]]) -> list[torch.Tensor]:

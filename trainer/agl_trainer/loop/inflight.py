@@ -49,7 +49,7 @@ class InFlight:
         journal: GroupJournal,
         data: DataPlane,
         progress: LoopProgress,
-        on_fatal: Callable[[BaseException], None],
+        on_fatal: Callable[[BaseException], None] = lambda error: None,
     ) -> None:
         self.config = config
         self.schedule = schedule
@@ -57,7 +57,7 @@ class InFlight:
         self.journal = journal
         self.data = data
         self.progress = progress
-        self.on_fatal = on_fatal
+        self.on_fatal = on_fatal  # the live source (live.py) sets its own
         self.groups: dict[int, Group] = {}  # launched, not yet trained or dropped
         self.tasks: dict[str, asyncio.Task[RolloutOutcome]] = {}  # the harnesses running, by rollout id
         self.failures: dict[str, int] = {}  # cause -> count, over the run

@@ -1,5 +1,5 @@
 """What a training step reports beside the backend's metrics: its times, the staleness of what it
-trained and the rewards of its rollouts. Shared by the loop and `agl train --from-store`."""
+trained and the rewards of its rollouts, whichever source the rollouts came from."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agl_trainer.batch import TrainingBatch
 
 @dataclass
 class StepTimes:
-    generating: float = 0.0
+    generating: float = 0.0  # waiting for the batch: generating it (live), reading it (stored)
     draining: float = 0.0
     training: float = 0.0
     syncing: float = 0.0
@@ -21,9 +21,17 @@ class StepTimes:
     canary: float = 0.0
     overlapped: float = 0.0  # of training, time the engine went on generating (loop.generate_during_training)
 
-    def metrics(self) -> dict[str, float]:
-        busy = max(0.0, self.generating + self.overlapped - self.idle) + self.draining
+    def metrics(self, *, engine: bool = True) -> dict[str, float]:
+        """time/*; `engine`: an engine generated the batch (its idle fraction), else it was read."""
         wall = self.generating + self.draining + self.training + self.syncing + self.checkpoint + self.canary
+        if not engine:
+            return {
+                "time/reading_s": self.generating,
+                "time/training_s": self.training,
+                "time/checkpoint_s": self.checkpoint,
+                "time/step_s": wall,
+            }
+        busy = max(0.0, self.generating + self.overlapped - self.idle) + self.draining
         return {
             "time/generating_s": self.generating,
             "time/draining_s": self.draining,

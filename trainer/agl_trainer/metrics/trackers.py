@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agl_trainer.config import Config, ConfigError
+from agl_trainer.config import Config, ConfigError, resolved_config
 
 INSTALL_HINT = "pip install 'agl[trackers]'"
 
@@ -194,8 +194,6 @@ def check_trackers(config: Config) -> None:
 
 def start_trackers(config: Config, out: Path, *, kind: str) -> Trackers:
     """Start each tracker of metrics.trackers; ConfigError naming the tracker when one cannot start."""
-    from agl_trainer.eval.receipt import resolved_config
-
     started: list[Tracker] = []
     names = list(dict.fromkeys(config.metrics.trackers))
     run_config = resolved_config(config) if names else {}

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.exposition import write_to_textfile
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 PROMETHEUS_PREFIX = "agl_train_"
 
@@ -48,13 +50,9 @@ class MetricsWriter:
         self._write_prometheus(step, self._latest)
 
     def _write_prometheus(self, step: int, metrics: dict[str, float]) -> None:
-        lines = [f"# TYPE {PROMETHEUS_PREFIX}step gauge", f"{PROMETHEUS_PREFIX}step {step}"]
-        for name, value in sorted(metrics.items()):
-            metric = prometheus_name(name)
-            lines += [f"# TYPE {metric} gauge", f"{metric} {_prometheus_value(value)}"]
-        tmp = self.prometheus_path.with_suffix(".prom.tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, self.prometheus_path)  # readers never see half a file
+        # prometheus_client writes the text format, to a temporary file renamed over the old one:
+        # readers never see half a file
+        write_to_textfile(str(self.prometheus_path), _Gauges(step, metrics))
 
     def close(self) -> None:
         self._jsonl.close()
@@ -70,12 +68,20 @@ def prometheus_name(name: str) -> str:
     return PROMETHEUS_PREFIX + re.sub(r"[^a-zA-Z0-9_]", "_", name).strip("_")
 
 
-def _prometheus_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+class _Gauges:
+    """The step and every metric's latest value as gauges (a collector read once per write), each
+    metric's own name as its help text."""
+
+    def __init__(self, step: int, metrics: dict[str, float]) -> None:
+        self.step = step
+        self.metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        step = GaugeMetricFamily(f"{PROMETHEUS_PREFIX}step", "training steps done", value=self.step)
+        families: list[Metric] = [step]
+        for name, value in sorted(self.metrics.items()):
+            families.append(GaugeMetricFamily(prometheus_name(name), name, value=value))
+        return families
 
 
 def _is_number(value: Any) -> bool:

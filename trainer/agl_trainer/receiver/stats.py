@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 import msgspec
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 
 class ReceiverStats(msgspec.Struct):
@@ -69,38 +71,45 @@ class StatsCounter:
 
 
 def prometheus(stats: ReceiverStats) -> str:
-    """The stats in the Prometheus text exposition format."""
-    lines = []
+    """The stats in the Prometheus text exposition format (prometheus_client writes it)."""
+    return generate_latest(_Families(stats)).decode()
 
-    def counter(name: str, help_text: str, value: int, labels: str = "") -> None:
-        if not any(line.startswith(f"# TYPE {name} ") for line in lines):
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} counter")
-        lines.append(f"{name}{labels} {value}")
 
-    def by_reason(name: str, help_text: str, counts: dict[str, int]) -> None:
-        for reason, count in sorted(counts.items()):
-            counter(name, help_text, count, f'{{reason="{reason}"}}')
-
-    counter("agl_receiver_requests_total", "Export requests received.", stats.requests)
-    counter(
-        "agl_receiver_accepted_requests_total",
-        "Export requests stored and acknowledged.",
-        stats.accepted_requests,
-    )
-    by_reason("agl_receiver_refused_requests_total", "Export requests refused, by reason.", stats.bad_requests)
-    counter("agl_receiver_spans_total", "Spans received.", stats.spans)
-    counter("agl_receiver_spans_stored_total", "Spans newly stored.", stats.stored)
-    counter("agl_receiver_spans_duplicate_total", "Spans received again and skipped.", stats.duplicates)
-    counter("agl_receiver_spans_foreign_total", "Spans that are not agl's, ignored.", stats.foreign)
-    by_reason(
-        "agl_receiver_contract_violations_total", "Spans breaking the span contract, by reason.", stats.violations
-    )
-    counter("agl_receiver_tokens_total", "Token IDs stored (prompt and completion).", stats.tokens)
-    counter("agl_receiver_bytes_total", "Request body bytes received (as sent).", stats.bytes)
-    counter(
-        "agl_receiver_log_records_total",
+# name (without _total), help, the field of ReceiverStats; a dict field is counted by reason
+COUNTERS = (
+    ("agl_receiver_requests", "Export requests received.", "requests"),
+    ("agl_receiver_accepted_requests", "Export requests stored and acknowledged.", "accepted_requests"),
+    ("agl_receiver_refused_requests", "Export requests refused, by reason.", "bad_requests"),
+    ("agl_receiver_spans", "Spans received.", "spans"),
+    ("agl_receiver_spans_stored", "Spans newly stored.", "stored"),
+    ("agl_receiver_spans_duplicate", "Spans received again and skipped.", "duplicates"),
+    ("agl_receiver_spans_foreign", "Spans that are not agl's, ignored.", "foreign"),
+    ("agl_receiver_contract_violations", "Spans breaking the span contract, by reason.", "violations"),
+    ("agl_receiver_tokens", "Token IDs stored (prompt and completion).", "tokens"),
+    ("agl_receiver_bytes", "Request body bytes received (as sent).", "bytes"),
+    (
+        "agl_receiver_log_records",
         "OTLP log records received (evaluation results among them are counted as spans too).",
-        stats.log_records,
-    )
-    return "\n".join(lines) + "\n"
+        "log_records",
+    ),
+)
+
+
+class _Families:
+    """One snapshot's counters as prometheus_client metric families (a collector read once)."""
+
+    def __init__(self, stats: ReceiverStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> list[Metric]:
+        families: list[Metric] = []
+        for name, help_text, field in COUNTERS:
+            value = getattr(self.stats, field)
+            if isinstance(value, dict):
+                family = CounterMetricFamily(name, help_text, labels=["reason"])
+                for reason, count in sorted(value.items()):
+                    family.add_metric([reason], count)
+            else:
+                family = CounterMetricFamily(name, help_text, value=value)
+            families.append(family)
+        return families

@@ -11,7 +11,7 @@ and a span whose own bytes are broken becomes a RawSpan with `problem` set; the 
 either into a violation of that span alone (contract.py). Only a request whose framing is broken
 (it cannot be split into spans) raises DecodeError, which the receiver answers with 400.
 
-Rooms: otlp_protobuf.py and otlp_json.py (one decoder each), raw_span.py (what both produce); this
+The decoders: otlp_protobuf.py and otlp_json.py (one each), raw_span.py (what both produce); this
 module is their front door.
 """
 

@@ -82,9 +82,7 @@ def build_runner(
     harness, loop = config.harness, config.loop
     log_dir = Path(harness.log_dir) if harness.log_dir else out / "rollouts"
     if harness.runner == "kubernetes":
-        from agl_trainer.runners.kubernetes import KubernetesRunner
-
-        return KubernetesRunner.from_config(config, endpoint, on_exit)  # harness.kubernetes.*
+        return build_kubernetes_runner(config, endpoint, on_exit)  # harness.kubernetes.*
     if harness.function is not None:
         from agl_trainer.runners.workers import FunctionRunner
 
@@ -112,6 +110,46 @@ def build_runner(
         grader=harness_argv(harness.grader) if harness.grader else None,
         on_exit=on_exit,
         reward_sink=reward_sink,
+    )
+
+
+def build_kubernetes_runner(config: Config, endpoint: Endpoint, on_exit: Any = None) -> Any:
+    """The runner harness.kubernetes describes; the pods' addresses replace this machine's own."""
+    import dataclasses
+
+    from agl_trainer.runners.kubernetes import KubernetesRunner
+    from agl_trainer.runners.kubernetes_config import (
+        check_kubernetes,
+        job_template,
+        pod_otlp_endpoint,
+        pod_sidecar_url,
+        unreachable_from_pods,
+    )
+    from agl_trainer.runners.kubernetes_retry import Backoff
+
+    check_kubernetes(config)  # also when built without load_config: a function harness is refused
+    kube = config.harness.kubernetes
+    otlp = pod_otlp_endpoint(config) or endpoint.otlp_endpoint
+    reachable = otlp is not None and not unreachable_from_pods(otlp)
+    pods = dataclasses.replace(endpoint, otlp_endpoint=otlp if reachable else None)
+    sidecar_url = pod_sidecar_url(config)
+    if sidecar_url is not None and sidecar_url != endpoint.sidecar_url:  # one address for every pod
+        pods = dataclasses.replace(pods, sidecar_url=sidecar_url)
+        if getattr(endpoint, "sidecars", None):  # the started sidecar's key goes with its new address
+            pods = dataclasses.replace(pods, sidecars=[(sidecar_url, endpoint.sidecars[0][1])])
+    return KubernetesRunner(
+        job_template(config),
+        pods,
+        concurrency=min(kube.max_jobs or config.loop.concurrency, config.loop.concurrency),
+        create_rate=kube.create_rate,
+        start_timeout_s=kube.start_timeout_s,
+        reconcile_s=kube.reconcile_s,
+        retries=config.harness.retries,
+        on_exit=on_exit,
+        kubeconfig=kube.kubeconfig,
+        context=kube.context,
+        log_dir=Path(config.harness.log_dir) if config.harness.log_dir else Path(config.output_dir) / "rollouts",
+        backoff=Backoff(attempts=kube.api_tries, max_s=kube.api_backoff_max_s),
     )
 
 

@@ -1,4 +1,7 @@
-"""One `agl train` run: start every part on loopback, run the loop, stop everything.
+"""One `agl train` run: start every part, run the loop, stop everything. The loop is the same for
+both rollout sources; what starts around it differs.
+
+Live (`agl train CONFIG`), every part on loopback:
 
     receiver + store  <- OTLP from the sidecar and the harnesses
     engine            <- serves the model; takes new weights in place
@@ -6,10 +9,12 @@
     runner            <- starts the harness per rollout, pointed at the sidecar
     backend           <- trains on assembled batches
 
+Stored (`agl train CONFIG --from-store traces.db`): the backend and the store, read (loop/stored.py).
+
 Parts start in that order and stop in reverse, also on Ctrl-C (first: finish cleanly; second:
 cancel now) and on errors. With `resume=True` the run continues from the newest checkpoint in
 OUTPUT_DIR and the store: rollouts the checkpointed weights were trained on are never trained
-again, and every rollout launched but not trained is trained or relaunched.
+again, and (live) every rollout launched but not trained is trained or relaunched.
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agl_trainer.config import Config, dump_config, read_tasks
-from agl_trainer.loop.checkpoint import RUN_FILE, LoopState, open_run_dir
+from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
+from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
-from agl_trainer.run.build import build_backend, build_validator, pad_token_id
 from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.inflight import InFlight
+from agl_trainer.loop.live import LiveRollouts
 from agl_trainer.loop.progress import LoopProgress
+from agl_trainer.loop.stored import StoredRollouts
+from agl_trainer.run.build import build_backend, build_validator, pad_token_id
 from agl_trainer.runners.base import Cause, RolloutOutcome, RolloutSpec
+from agl_trainer.store import RolloutKey
 
 
 @dataclass
@@ -40,13 +49,28 @@ class RunResult:
     summary: LoopSummary
     output_dir: Path
     plot: Path | None = None
+    checkpoint: Path | None = None  # the newest checkpoint in output_dir after the run
+    stored: StoredRollouts | None = None  # --from-store: what was dropped, skipped, left waiting
+
+
+@dataclass
+class _Parts:
+    """What `_start` builds for the loop beside the backend, by rollout source."""
+
+    source: LiveRollouts | StoredRollouts
+    data: Any  # StoreDataPlane
+    validator: Any = None
+    agreement_log: Any = None
 
 
 class Session:
-    def __init__(self, config: Config, *, resume: bool = False, quiet: bool = False) -> None:
+    def __init__(
+        self, config: Config, *, resume: bool = False, quiet: bool = False, from_store: str | Path | None = None
+    ) -> None:
         self.config = config
         self.resume = resume
         self.quiet = quiet
+        self.from_store = Path(from_store) if from_store is not None else None
         self.output_dir = Path(config.output_dir)
         self._stack = contextlib.AsyncExitStack()
         self.loop: TrainingLoop | None = None
@@ -58,10 +82,14 @@ class Session:
             loop = await self._start()
             self._install_signals()
             summary = await loop.run()
-        from agl_trainer.metrics import plot_run
+        result = RunResult(summary, self.output_dir, checkpoint=loop.checkpoints.latest())
+        if isinstance(loop.source, StoredRollouts):
+            result.stored = loop.source
+        else:
+            from agl_trainer.metrics import plot_run
 
-        plot = plot_run(self.output_dir, title=f"agl {self.config.loop.mode}")
-        return RunResult(summary, self.output_dir, plot)
+            result.plot = plot_run(self.output_dir, title=f"agl {self.config.loop.mode}")
+        return result
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -84,36 +112,96 @@ class Session:
     # --- start-up ------------------------------------------------------------------------------
     async def _start(self) -> TrainingLoop:
         config, out = self.config, self.output_dir
+        if self.from_store is not None and not self.from_store.is_file():
+            raise ConfigError(
+                f"--from-store {self.from_store}: no such rollout store (fix: the file `agl receive --store` wrote)"
+            )
         checkpoints, latest = open_run_dir(out, self.resume)
         run_id = self._run_id(out)
-        from agl_trainer.run import topology as addresses
-
-        # Addresses and secrets first: a wrong address fails before anything heavy starts.
-        topology = addresses.resolve(config, saved=addresses.load_saved(out) if self.resume else None)
-        addresses.save_secrets(out, topology)
+        # Addresses, secrets and tasks first: a wrong one fails before anything heavy starts.
+        topology = self._topology() if self.from_store is None else None
         (out / "config.yaml").write_text(dump_config(config))
-        tasks = read_tasks(config.tasks)  # type: ignore[arg-type]
+        tasks = read_tasks(config.tasks) if self.from_store is None else []  # type: ignore[arg-type]
         from agl_trainer.metrics.trackers import start_trackers
 
         trackers = start_trackers(config, out, kind="train")  # one that cannot start fails before the engine
         self._stack.callback(trackers.close)
-        random.seed(config.seed)
-        model_path = str(config.model.path)
+        backend, state = await self._backend(run_id, checkpoints, latest)
+        progress = LoopProgress(
+            config.loop.max_steps, config.loop.batch_rollouts, enabled=not self.quiet, start_step=state.step
+        )
+        self._stack.callback(progress.close)
+        if self.from_store is None:
+            parts = await self._live(run_id, tasks, backend, state, latest is not None, topology, progress)
+        else:
+            parts = self._stored(self.from_store, backend, progress)
+        if latest is not None:
+            mark_checkpointed(checkpoints, state, parts.data)
+        from agl_trainer.metrics import MetricsWriter
 
+        metrics = MetricsWriter(out, trackers=trackers)
+        self._stack.callback(metrics.close)
+        self.loop = TrainingLoop(
+            config.loop,
+            source=parts.source,
+            data=parts.data,
+            backend=backend,
+            checkpoints=checkpoints,
+            state=state,
+            metrics=metrics,
+            progress=progress,
+            pad_token_id=pad_token_id(str(config.model.path)),
+            on_step=self.on_step,
+            validator=parts.validator,
+            agreement_log=parts.agreement_log,
+        )
+        run = {"run_id": run_id} | ({"from_store": str(self.from_store)} if self.from_store else {})
+        (out / RUN_FILE).write_text(json.dumps(run))  # from now on, --resume continues it
+        return self.loop
+
+    def _topology(self) -> Any:
+        """Where the sidecar and receiver listen and the auth secrets (run/topology.py), saved."""
+        from agl_trainer.run import topology as addresses
+
+        out = self.output_dir
+        topology = addresses.resolve(self.config, saved=addresses.load_saved(out) if self.resume else None)
+        addresses.save_secrets(out, topology)
+        return topology
+
+    async def _backend(self, run_id: str, checkpoints: Checkpoints, latest: Path | None) -> tuple[Any, LoopState]:
+        """The backend (seeded) and the loop's state, both from the latest checkpoint on a resume."""
+        config = self.config
+        random.seed(config.seed)
         import torch
 
         torch.manual_seed(config.seed)
-        backend = await asyncio.to_thread(build_backend, config, model_path)
+        backend = await asyncio.to_thread(build_backend, config, str(config.model.path))
         self._stack.callback(backend.close)  # the verl backend stops its workers (and Ray)
-        state = LoopState(run_id=run_id)
-        if latest is not None:
-            state = checkpoints.load(latest)
-            await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
+        if latest is None:
+            # A stored run's weights start at the version the store gives model.path's (offline.policy_version).
+            first = config.offline.policy_version if self.from_store else 0
+            return backend, LoopState(run_id=run_id, policy_version=first)
+        await asyncio.to_thread(backend.load_checkpoint, latest / "backend")
+        return backend, checkpoints.load(latest)
 
+    async def _live(
+        self,
+        run_id: str,
+        tasks: list[dict[str, Any]],
+        backend: Any,
+        state: LoopState,
+        resumed: bool,
+        topology: Any,
+        progress: LoopProgress,
+    ) -> _Parts:
+        """Receiver, store, engine (serving the checkpoint's policy on a resume), sidecars and runner
+        (run/serving.py); the groups a resumed run recovers from its journal."""
+        config, out = self.config, self.output_dir
+        model_path = str(config.model.path)
         from agl_trainer.run.serving import start_serving
 
         async def load_checkpointed(engine: Any) -> None:
-            if latest is not None:  # the engine serves the checkpoint's policy (a LoRA run: its adapter)
+            if resumed:  # the engine serves the checkpoint's policy (a LoRA run: its adapter)
                 from agl_trainer.engines.base import policy_update
 
                 update = await asyncio.to_thread(policy_update, backend, engine, state.policy_version)
@@ -122,56 +210,45 @@ class Session:
         serving = await start_serving(
             config, out, self._stack, model_path, topology=topology, after_engine=load_checkpointed
         )
-        data, engine, admin, runner = serving.data, serving.engine, serving.admin, serving.runner
-
         journal_path = out / "groups.jsonl"
         schedule = TaskSchedule(tasks, config.loop.group_size, config.seed, run_id)
-        recovered = recover_groups(journal_path, schedule, tasks, data, state) if self.resume else []
-        if latest is not None and state.trained_since_previous:
-            from agl_trainer.store import RolloutKey
-
-            keys = [RolloutKey(r, a) for r, a in state.trained_since_previous]
-            data.mark_trained(keys, state.step)
-            if state.step not in {step for step, _, _ in checkpoints.trained_ledger()}:
-                checkpoints.record_trained(state.step, keys)  # the crash came before the ledger line
+        recovered = recover_groups(journal_path, schedule, tasks, serving.data, state) if self.resume else []
         journal = GroupJournal(journal_path)
         self._stack.callback(journal.close)
-        progress = LoopProgress(
-            config.loop.max_steps, config.loop.batch_rollouts, enabled=not self.quiet, start_step=state.step
-        )
-        self._stack.callback(progress.close)
-        from agl_trainer.metrics import MetricsWriter
-
-        metrics = MetricsWriter(out, trackers=trackers)
-        self._stack.callback(metrics.close)
-        tokenizer_pad = pad_token_id(model_path)
-        self.loop = TrainingLoop(
-            config.loop,
-            schedule=schedule,
-            runner=runner,
-            data=data,
-            backend=backend,
-            engine=engine,
-            sidecar=admin,
-            checkpoints=checkpoints,
-            journal=journal,
-            state=state,
-            metrics=metrics,
+        inflight = InFlight(
+            config.loop, schedule=schedule, runner=serving.runner, journal=journal, data=serving.data,
             progress=progress,
-            pad_token_id=tokenizer_pad,
-            on_step=self.on_step,
-            validator=build_validator(config, runner, data, run_id, out),
-            canary=self._canary(config, engine, backend, model_path),
-            agreement_log=self._agreement_log(out),
+        )  # fmt: skip
+        source = LiveRollouts(
+            inflight,
+            engine=serving.engine,
+            sidecar=serving.admin,
+            policy=backend,
+            canary=self._canary(config, serving.engine, backend, model_path),
         )
         for group in recovered:
-            self.loop.adopt(group)
-        (out / RUN_FILE).write_text(json.dumps({"run_id": run_id}))  # from now on, --resume continues it
-        return self.loop
+            source.adopt(group, state.policy_version, state.step)
+        validator = build_validator(config, serving.runner, serving.data, run_id, out)
+        return _Parts(source, serving.data, validator, self._agreement_log(out))
+
+    def _stored(self, store_path: Path, backend: Any, progress: LoopProgress) -> _Parts:
+        """The store, read (loop/stored.py); nothing is served."""
+        from agl_trainer.run.dataplane import StoreDataPlane
+        from agl_trainer.store import RolloutStore
+
+        # Late spans are what offline.quiet_s waits for: a rollout that ended is ready at once.
+        store = RolloutStore(store_path, grace_s=0.0)
+        self._stack.callback(store.close)
+        data = StoreDataPlane(store, self.config.assembly)
+        source = StoredRollouts(
+            store, store_path, data, loop=self.config.loop, offline=self.config.offline,
+            vocab_size=backend.vocab_size, progress=progress,
+        )  # fmt: skip
+        return _Parts(source, data)
 
     def _agreement_log(self, out: Path) -> Any:
-        """Per token, the trainer's logprobs of what it trained, for the viewer (loop/agreement_log.py)."""
-        from agl_trainer.loop.agreement_log import AgreementLog
+        """Per token, the trainer's logprobs of what it trained, for the viewer (store/agreement_log.py)."""
+        from agl_trainer.store.agreement_log import AgreementLog
 
         log = AgreementLog(out)
         self._stack.callback(log.close)
@@ -184,9 +261,12 @@ class Session:
             return None
         from transformers import AutoTokenizer
 
+        from agl_trainer.engines.probes import HttpProbeEngine
         from agl_trainer.loop.canary import Canary, CanarySettings
 
-        canary = Canary(
+        probes = HttpProbeEngine(engine.urls[0])
+        self._stack.callback(probes.close)
+        return Canary(
             CanarySettings(
                 action=settings.action,
                 tolerance=settings.tolerance,
@@ -195,12 +275,10 @@ class Session:
                 generate=settings.generate,
                 seed=config.seed,
             ),
-            engine_url=engine.urls[0],
+            engine=probes,
             vocab_size=len(AutoTokenizer.from_pretrained(model_path)),
             backend=backend,
         )
-        self._stack.callback(canary.close)
-        return canary
 
     def _run_id(self, out: Path) -> str:
         path = out / RUN_FILE
@@ -209,13 +287,23 @@ class Session:
         return secrets.token_hex(3)  # written once every part has started (see _start)
 
 
+def mark_checkpointed(checkpoints: Checkpoints, state: LoopState, data: Any) -> None:
+    """A resumed run's checkpoint lists the rollouts its weights were trained on since the one
+    before: a crash between the checkpoint and their marks left them unmarked; mark them now (and
+    write their ledger line where the crash came before it)."""
+    if not state.trained_since_previous:
+        return
+    keys = [RolloutKey(r, a) for r, a in state.trained_since_previous]
+    data.mark_trained(keys, state.step)
+    if state.step not in {step for step, _, _ in checkpoints.trained_ledger()}:
+        checkpoints.record_trained(state.step, keys)
+
+
 def recover_groups(
     journal_path: Path, schedule: TaskSchedule, tasks: list[dict[str, Any]], data: Any, state: LoopState
 ) -> list[Group]:
     """Groups the previous run launched and did not train (per the checkpoint): their complete
     rollouts are kept, the rest are relaunched (as new rollout ids) by the loop."""
-    from agl_trainer.store import RolloutKey
-
     by_id = {str(task["id"]): task for task in tasks}
     trained = {RolloutKey(r, a) for r, a in state.trained_since_previous}
     entries = {e["index"]: e for e in GroupJournal.read(journal_path)}  # a relaunch rewrites its group

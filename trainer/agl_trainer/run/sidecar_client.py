@@ -32,7 +32,7 @@ from agl import semconv
 
 from agl_trainer.addresses import is_loopback
 from agl_trainer.loop.ports import RELEASE, Resume, SidecarError, SidecarState
-from agl_trainer.ports import free_port
+from agl_trainer.addresses import free_port
 
 
 _decode_state = msgspec.json.Decoder(SidecarState).decode

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agl import semconv
 
@@ -56,9 +55,6 @@ from agl_trainer.runners.kubernetes_retry import ApiUnavailable, Backoff, call_w
 from agl_trainer.runners.kubernetes_status import NotStarted, Verdict, classify_job, job_finished, job_verdict, not_started
 from agl_trainer.runners.kubernetes_watch import JobState, JobTracker
 from agl_trainer.runners.ratelimit import RateLimiter
-
-if TYPE_CHECKING:
-    from agl_trainer.config import Config
 
 __all__ = ["KubernetesRunner", "build_job_manifest", "classify_job", "job_name"]
 
@@ -105,41 +101,6 @@ class KubernetesRunner:
         self.tracker: JobTracker | None = None
         self.batch: Any = None
         self.core: Any = None
-
-    @classmethod
-    def from_config(cls, config: Config, endpoint: Endpoint, on_exit: ExitHook | None = None) -> KubernetesRunner:
-        """The runner harness.kubernetes describes; the pods' addresses replace this machine's own."""
-        from agl_trainer.runners.kubernetes_config import (
-            check_kubernetes,
-            job_template,
-            pod_otlp_endpoint,
-            pod_sidecar_url,
-        )
-
-        check_kubernetes(config)  # also when built without load_config: a function harness is refused
-        kube = config.harness.kubernetes
-        otlp = pod_otlp_endpoint(config) or endpoint.otlp_endpoint
-        reachable = otlp is not None and not unreachable_from_pods(otlp)
-        pods = dataclasses.replace(endpoint, otlp_endpoint=otlp if reachable else None)
-        sidecar_url = pod_sidecar_url(config)
-        if sidecar_url is not None and sidecar_url != endpoint.sidecar_url:  # one address for every pod
-            pods = dataclasses.replace(pods, sidecar_url=sidecar_url)
-            if getattr(endpoint, "sidecars", None):  # the started sidecar's key goes with its new address
-                pods = dataclasses.replace(pods, sidecars=[(sidecar_url, endpoint.sidecars[0][1])])
-        return cls(
-            job_template(config),
-            pods,
-            concurrency=min(kube.max_jobs or config.loop.concurrency, config.loop.concurrency),
-            create_rate=kube.create_rate,
-            start_timeout_s=kube.start_timeout_s,
-            reconcile_s=kube.reconcile_s,
-            retries=config.harness.retries,
-            on_exit=on_exit,
-            kubeconfig=kube.kubeconfig,
-            context=kube.context,
-            log_dir=Path(config.harness.log_dir) if config.harness.log_dir else Path(config.output_dir) / "rollouts",
-            backoff=Backoff(attempts=kube.api_tries, max_s=kube.api_backoff_max_s),
-        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 

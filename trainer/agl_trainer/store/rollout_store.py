@@ -422,7 +422,7 @@ class RolloutStore:
         self.refresh_completion()
         return self._infos("1", (), limit, newest=newest)
 
-    # An incremental reader (run/store_cursor.py): rollout rows are only added, and a row only moves
+    # An incremental reader (store/cursor.py): rollout rows are only added, and a row only moves
     # from in flight to complete to trained or dropped, so a reader that keeps the last row it read
     # and the rollouts then in flight need not read the others again.
     def last_row(self) -> int:

@@ -1,5 +1,5 @@
 """Engine/trainer agreement per token and per sample in the rollout view: each trained token's
-engine logprob set against the trainer's (loop/agreement_log.py, written when the step trained it),
+engine logprob set against the trainer's (store/agreement_log.py, written when the step trained it),
 and tokens whose engine logprob is unknown shown as such (never as 0.0)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from agl_trainer.batch import Sample
-from agl_trainer.loop.agreement_log import read
+from agl_trainer.store.agreement_log import read
 from agl_trainer.store.records import RolloutKey
 
 

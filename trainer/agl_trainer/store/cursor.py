@@ -22,9 +22,9 @@ from pathlib import Path
 
 from agl import semconv
 
-from agl_trainer.store import RolloutKey, RolloutStore
 from agl_trainer.store.queries import call_versions, call_versions_since
-from agl_trainer.store.records import RolloutInfo
+from agl_trainer.store.records import RolloutInfo, RolloutKey
+from agl_trainer.store.rollout_store import RolloutStore
 
 
 def close_quiet_among(store: RolloutStore, infos: Iterable[RolloutInfo], quiet_s: float, now: float) -> int:

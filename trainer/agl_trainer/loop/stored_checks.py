@@ -6,7 +6,7 @@ at the step that drew it, on every rerun.
     invalid_reward       its reward is NaN or infinite (the advantage of its whole group would be)
     token_out_of_vocab   a token id outside the model's vocabulary [0, vocab)
     version_ahead        a token says a policy version newer than the weights being trained (a
-                         call's tokens after a keep switch): offline.py skips it unrecorded, as
+                         call's tokens after a keep switch): stored.py skips it unrecorded, as
                          `select` does a rollout whose calls say so
 """
 
