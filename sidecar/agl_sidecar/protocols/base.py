@@ -10,6 +10,7 @@ beyond `api` (recorded as the span's agl.call.api).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +40,38 @@ class Translation:
     dropped: tuple[str, ...] = field(default=())
     # Not interpreted by the adapter, sent to the engine as they were (an engine may use them).
     passed: tuple[str, ...] = field(default=())
+    # The call's context is not its thread's continuation: a compaction's summary call, or the first
+    # call on a compacted context. The span declares agl.call.compaction (assembly starts a sample).
+    compaction: bool = False
+    # Edits the adapter applied to the prompt (Anthropic's context_management types, e.g.
+    # "clear_thinking_20251015"): the span's agl.call.context_edits, so assembly names the break.
+    context_edits: tuple[str, ...] = field(default=())
+    # Work the core must do first (Step); `chat` is then a placeholder and the step's resume gives
+    # the Translation to use.
+    step: Step | None = None
+    # The adapter's whole answer, sent without calling the engine: (body bytes, content type).
+    reply: tuple[bytes, str] | None = None
+    # The request the response is built for, when not the harness's own (an adapter's note to itself:
+    # Anthropic's server-side compaction puts its compaction block first in the response).
+    respond_to: dict[str, Any] | None = None
+
+
+STEP_COUNT = "count"
+STEP_SUMMARIZE = "summarize"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Engine work an adapter needs before it can translate a request, done by the core, whose
+    result `resume` turns into the next Translation (which may ask for another step):
+    STEP_COUNT: the prompt tokens of the chat request `chat` under the engine's chat template (its
+    POST /tokenize), an int; STEP_SUMMARIZE: the policy's answer to `chat`, asked through the
+    sidecar's own chat route so that it is a recorded call with its own span, declared a compaction
+    (the chat.completion as a dict)."""
+
+    kind: str  # STEP_COUNT | STEP_SUMMARIZE
+    chat: dict[str, Any]
+    resume: Callable[[Any], Translation]
 
 
 class StreamTranslator(Protocol):

@@ -91,6 +91,7 @@ class Proxy:
             identity = identity_from(request, parts.config.rollout_api_keys)
         except (BadRequest, inputs.BadInput) as exc:
             return front.error(400, exc.message, "invalid_request_error", exc.param)
+        identity.compaction = identity.compaction or front.compaction  # declared by the harness or its front
         mode = identity.mode or parts.config.default_mode
         overrides = parts.config.sampling.get(mode, {}) if mode else {}
         if parts.config.sampling_seed is not None and identity.rollout_id:  # reproducible sampling
@@ -109,6 +110,7 @@ class Proxy:
             n=overrides.get("n", parsed.n),  # the span says what the engine was asked for
             fields_dropped=front.fields_dropped,
             fields_passed=front.fields_passed,
+            context_edits=front.context_edits,
         )
         if parts.config.capture_messages and kind == CHAT:
             call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]

@@ -21,6 +21,7 @@ from agl import semconv
 from agl_trainer.assembly.assemble import (
     START_BRANCH,
     START_COMPACTION,
+    START_CONTEXT_EDIT,
     START_DECLARED,
     START_FIRST,
     START_NO_PREFIX,
@@ -46,6 +47,7 @@ _STARTS = {
     START_BRANCH: "new sample: a branch of call {parent} (the shared prefix is context)",
     START_NO_PREFIX: "new sample: extends no earlier call",
     START_COMPACTION: "new sample: the harness declared a compaction",
+    START_CONTEXT_EDIT: "new sample: the sidecar edited its prompt (context_management)",
     START_DECLARED: "new sample: extends call {parent} of another agent (the declared tree wins)",
 }
 
