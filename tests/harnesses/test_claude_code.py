@@ -6,6 +6,7 @@ token IDs, the declared agents and the compaction named; Claude Code never sees 
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from agl_testing.clis import Cli
 from agl_trainer.assembly import AssemblyConfig, assemble
@@ -198,3 +200,77 @@ def test_a_compaction_is_declared_and_its_summary_trained(claude_cli: Cli, cc_to
     assert by_first[tool.call_seq].call_seqs == [tool.call_seq, answer.call_seq]
     trained = [t for t, m in zip(by_first[summary.call_seq].token_ids, by_first[summary.call_seq].loss_mask, strict=True) if m]
     assert trained == run.served[2].completion_ids  # the policy's summary is trained
+
+
+@pytest.mark.slow
+def test_one_rl_step_on_claude_code_rollouts_with_the_embedded_engine(claude_cli: Cli, cc_tokenizer: Any, tmp_path: Path) -> None:
+    """Two tool-loop rollouts of one task (Claude Code sends the task id through
+    ANTHROPIC_CUSTOM_HEADERS), scored by the policy itself: a tiny model on the embedded engine
+    gives the engine logprobs. Their samples train one GRPO step of the torch backend, whose
+    weights go into the embedded engine: the trainer's logprobs agreed with the engine's before the
+    step, and the engine's logprob of the rewarded answer rises after it."""
+    from agl_trainer.backends.torch_backend import TorchBackend
+    from agl_trainer.backends.torch_config import TorchBackendConfig
+    from agl_trainer.batch import TrainingBatch
+    from agl_trainer.engines.base import WeightUpdate
+    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.models.tiny import TinyModelSpec, save_model
+
+    model_dir = save_model(tmp_path / "model", cc_tokenizer, TinyModelSpec(hidden=64, max_positions=4096))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir))
+    engine.start()
+    try:
+        def score(prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+            """The served policy's logprob of each completion token (vLLM's prompt_logprobs)."""
+            ids = prompt_ids + completion_ids
+            answer = httpx.post(f"{engine.urls[0]}/v1/completions", timeout=120,
+                                json={"model": "tiny", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}).json()  # fmt: skip
+            scored = answer["choices"][0]["prompt_logprobs"]
+            return [scored[i][str(ids[i])]["logprob"] for i in range(len(prompt_ids), len(ids))]
+
+        rollouts = []
+        for rollout, answer, reward in (("rl-good", "It printed one.", 1.0), ("rl-bad", "No idea.", 0.0)):
+            def script(messages: list[dict[str, Any]], body: dict[str, Any], answer: str = answer) -> Turn:
+                if any(m["role"] == "tool" for m in messages):
+                    return Turn(answer)
+                return Turn(tool_calls=[("Bash", {"command": "echo one", "description": "Print one"})])
+
+            run_dir = tmp_path / rollout
+            with ScriptedEngine(cc_tokenizer, script, scorer=score) as scripted, pipeline(run_dir, scripted.base_url) as piped:
+                environment = harness_env(run_dir / "scratch", ANTHROPIC_API_KEY="unused",
+                                          ANTHROPIC_BASE_URL=f"{piped.sidecar_url}/rollouts/{rollout}",
+                                          ANTHROPIC_CUSTOM_HEADERS="x-agl-task-id: echo-one")  # fmt: skip
+                (run_dir / "work").mkdir()
+                done = subprocess.run([str(claude_cli.path), "-p", "run the command echo one", "--model", "tiny",
+                                       "--allowedTools", "Bash"], cwd=run_dir / "work", env=environment,
+                                      capture_output=True, text=True, timeout=180)  # fmt: skip
+                assert done.returncode == 0 and done.stdout.strip() == answer, done.stderr[-2000:]
+                store = piped.finish(rollout, reward)
+                [result] = assemble(store, store.ready_rollouts(), AssemblyConfig(), tokenizer=cc_tokenizer).rollouts
+                rollouts.append(result)
+        assert [r.task_id for r in rollouts] == ["echo-one", "echo-one"]
+        assert all(len(r.samples) == 1 for r in rollouts)  # each tool loop merged into one sample
+
+        backend = TorchBackend(TorchBackendConfig(model_path=model_dir, device="cpu", lr=1e-2))
+        batch = TrainingBatch.from_rollouts(rollouts)
+        before = backend.compute_logprobs(batch)
+        known = batch.loss_mask.bool()
+        assert torch.allclose(before[known], batch.engine_logprobs[known], atol=1e-4)  # the engine's = the trainer's
+        metrics = backend.train_step(batch, policy_version=0)
+        assert metrics and all(math.isfinite(v) for v in metrics.values())
+        good = rollouts[0].samples[0]
+        answer_ids = last_trained(good)  # the rewarded answer: the last call's completion
+        old = score(good.token_ids[: -len(answer_ids)], answer_ids)
+        engine.update_weights(WeightUpdate(version=1, state_dict=backend.state_dict_for_engine()))
+        new = score(good.token_ids[: -len(answer_ids)], answer_ids)
+        assert sum(new) > sum(old)  # the rewarded answer is likelier under the new policy
+    finally:
+        engine.stop()
+
+
+def last_trained(sample: Any) -> list[int]:
+    """The sample's last trained run of tokens (its last call's completion)."""
+    start = len(sample.loss_mask)
+    while start > 0 and sample.loss_mask[start - 1]:
+        start -= 1
+    return sample.token_ids[start:]
