@@ -174,7 +174,9 @@ def _json(value: dict[str, Any]) -> bytes:
 def _chat(read: Read, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The engine's chat request for `messages` (prepared Anthropic messages) and the request's options."""
     roles = [m["role"] for m in messages if m["role"] not in ("user", "assistant")]
-    source = {k: v for k, v in read.body.items() if k != "context_management"}
+    # Tools are translated here: litellm deep-copies every schema (half its time on Claude Code's 12)
+    # and cuts names to OpenAI's 64 characters, which an open model's engine does not need.
+    source = {k: v for k, v in read.body.items() if k not in ("context_management", "tools")}
     # Entries of another role travel through litellm as system entries (which it keeps in place)
     source["messages"] = [m if m["role"] in ("user", "assistant") else {**m, "role": "system"} for m in messages]
     try:
@@ -189,12 +191,24 @@ def _chat(read: Read, messages: list[dict[str, Any]]) -> dict[str, Any]:
     for message in inner:
         if message["role"] == "system":
             message["role"] = next(entries, "system")
+    tools = [_function(tool) for tool in read.body.get("tools") or ()]
+    if tools:
+        chat["tools"] = tools
     chat = _for_engine(chat, read.body.get("thinking"))
     chat.update(read.engine_parameters)
     if messages and messages[-1]["role"] == "assistant":  # a prefill: the answer continues it
         chat["continue_final_message"] = True
         chat["add_generation_prompt"] = False
     return chat
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic client tool as an OpenAI function tool (its schema is shared, not copied)."""
+    function = {"name": tool["name"]}
+    if "description" in tool:
+        function["description"] = tool["description"]
+    function["parameters"] = tool["input_schema"]
+    return {"type": "function", "function": function}
 
 
 def _count_request(read: Read, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -217,8 +231,6 @@ def _for_engine(chat: dict[str, Any], thinking: Any) -> dict[str, Any]:
     # without it ignore.
     if isinstance(thinking, dict) and thinking.get("type") in THINKING_TYPES:
         chat["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}  # adaptive: may think
-    if "tools" in chat:
-        chat["tools"] = _without_cache_control(chat["tools"])
     for message in chat["messages"]:
         # litellm adds `thinking_blocks` (Anthropic's signed blocks) beside `reasoning_content`; vLLM
         # reads `reasoning` from a message, chat templates `reasoning_content`: both carry the text.
