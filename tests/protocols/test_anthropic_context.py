@@ -91,21 +91,31 @@ def test_nothing_is_cleared_below_the_trigger_or_short_of_clear_at_least(tmp_pat
 
 
 def test_thinking_of_older_turns_is_cleared_and_counted_streaming(tmp_path: Path) -> None:
+    """Four turns (a question, a tool call, its result, an answer), each with its thinking: keep two
+    and the first two turns lose theirs; a turn's tool loop keeps its thinking together."""
     edit = {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}}
-    messages = tool_history(4)
-    for message in messages:  # readable thinking: the sidecar's own signature
-        if message["role"] == "assistant":
-            message["content"][0]["signature"] = sign(message["content"][0]["thinking"])
-    request = {**body([edit]), "messages": messages, "stream": True}
+    messages: list[dict[str, Any]] = []
+    for turn in range(4):
+        messages += [
+            {"role": "user", "content": f"question {turn}"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": f"plan {turn}", "signature": sign(f"plan {turn}")},
+                                              {"type": "tool_use", "id": f"toolu_{turn}", "name": "look", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": "seen"}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": f"answer {turn}", "signature": sign(f"answer {turn}")},
+                                              {"type": "text", "text": f"answer {turn}"}]},
+        ]  # fmt: skip
+    request = {**body([edit]), "messages": [*messages, {"role": "user", "content": "go on"}], "stream": True}
     with scripted_sidecar(small_agent_tokenizer(), lambda m, b: Turn("seen"), tmp_path) as scripted:
         data = httpx.post(f"{scripted.url}/rollouts/think/v1/messages", json=request, timeout=60).content
         [served] = scripted.engine.served
         before, after = (len(scripted.engine.encode(scripted.engine.render(t))) for t in scripted.engine.tokenized)
+        [span] = scripted.spans("think", 1)
     reasoning = [m.get("reasoning_content") for m in served.request["messages"] if m["role"] == "assistant"]
-    assert reasoning == [None, None, "step 2", "step 3"]
+    assert reasoning == [None, None, None, None, "plan 2", "answer 2", "plan 3", "answer 3"]
     message = beta_stream(data)
     [applied] = message.context_management.applied_edits  # type: ignore[union-attr]
     assert (applied.type, applied.cleared_thinking_turns, applied.cleared_input_tokens) == ("clear_thinking_20251015", 2, before - after)  # type: ignore[union-attr]
+    assert span.attributes[semconv.CALL_CONTEXT_EDITS] == ["clear_thinking_20251015"]
 
 
 SUMMARY = "<summary>The user asked me to look around; I looked at four places.</summary>"
@@ -142,8 +152,7 @@ def test_server_side_compaction_asks_the_policy_for_the_summary(tmp_path: Path) 
     apis = [s.attributes[semconv.CALL_API] for s in spans]
     assert apis == [semconv.API_CHAT_COMPLETIONS, semconv.API_ANTHROPIC_MESSAGES, semconv.API_ANTHROPIC_MESSAGES]
     assert [s.attributes.get(semconv.CALL_COMPACTION) for s in spans] == [True, True, None]
-    # thinking on, no clear_thinking edit: the older turns lost their thinking first, as with the API
-    assert spans[1].attributes[semconv.CALL_CONTEXT_EDITS] == ["clear_thinking_20251015", "compact_20260112"]
+    assert spans[1].attributes[semconv.CALL_CONTEXT_EDITS] == ["compact_20260112"]
     assert spans[0].attributes[semconv.COMPLETION_TOKEN_IDS] == summary_call.completion_ids  # the summary: recorded, trained
 
 

@@ -126,7 +126,7 @@ def _edited(read: Read, body: dict[str, Any], notes: dict[str, Any]) -> Edited:
 def _messages_flow(body: dict[str, Any], read: Read) -> Flow:
     notes: dict[str, Any] = {}
     messages, changed = yield from _edited(read, body, notes)
-    respond_to = {**body, NOTES: notes} if notes else None
+    respond_to = {**body, NOTES: notes}  # always: a harness's own "_agl" key is no note of ours
     fates = read.fates
     if notes.get("pause"):
         answer = paused_stream(respond_to) if body.get("stream") else _json(paused_after_compaction(respond_to))

@@ -5,7 +5,7 @@ history. The edits here clear content; compaction (`compact_20260112`) is anthro
 - `clear_thinking_20251015`: thinking blocks of all but the `keep` most recent assistant turns are
   removed (`keep`: `{"type": "thinking_turns", "value": N}`, `{"type": "all"}` or `"all"`; default one
   turn). With thinking on and no such edit, the API keeps the last turn's thinking only, and so
-  does the sidecar. A turn is one assistant message.
+  does the sidecar. A turn runs from one user message to the next, a tool loop within it.
 - `clear_tool_uses_20250919`: once the prompt exceeds `trigger` (`input_tokens`, default 100,000, or
   `tool_uses`), the results of all but the `keep` most recent tool uses (default 3) become a
   placeholder, oldest first; `exclude_tools` are never cleared; `clear_tool_inputs` (true, or tool
@@ -125,23 +125,35 @@ def thinking_turns_kept(edit: ClearThinking | None) -> int | None:
 
 
 def clear_thinking(messages: list[dict[str, Any]], keep: int | None) -> tuple[list[dict[str, Any]], int]:
-    """`messages` without the thinking blocks of all but the `keep` most recent assistant messages,
-    and how many messages lost theirs (0: `messages` itself is returned)."""
+    """`messages` without the thinking blocks of all but the `keep` most recent assistant turns, and
+    how many turns lost theirs (0: `messages` itself is returned). A turn is what the assistant says
+    between two user messages, its tool loop included (a user message of tool results only does not
+    end it), so a tool loop keeps its thinking within the turn."""
     if keep is None:
         return messages, 0
-    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    cleared_at = set(assistants[: max(0, len(assistants) - keep)])
-    out, cleared = [], 0
+    turn, turn_of = 0, {}
+    for i, message in enumerate(messages):
+        if message["role"] == "user" and not _tool_results_only(message["content"]):
+            turn += 1
+        elif message["role"] == "assistant":
+            turn_of[i] = turn
+    turns = sorted(set(turn_of.values()))
+    old = set(turns[: max(0, len(turns) - keep)])
+    out, cleared = [], set()
     for i, message in enumerate(messages):
         content = message["content"]
-        if i in cleared_at and isinstance(content, list) and any(b["type"] == "thinking" for b in content):
+        if turn_of.get(i) in old and isinstance(content, list) and any(b["type"] == "thinking" for b in content):
             kept = [b for b in content if b["type"] != "thinking"]
-            cleared += 1
+            cleared.add(turn_of[i])
             if not kept:
-                continue  # nothing but thinking: the turn goes
+                continue  # nothing but thinking: the message goes
             message = {**message, "content": kept}
         out.append(message)
-    return (out, cleared) if cleared else (messages, 0)
+    return (out, len(cleared)) if cleared else (messages, 0)
+
+
+def _tool_results_only(content: str | list[dict[str, Any]]) -> bool:
+    return isinstance(content, list) and bool(content) and all(b["type"] == "tool_result" for b in content)
 
 
 def count_tool_uses(messages: list[dict[str, Any]]) -> int:
