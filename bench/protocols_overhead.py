@@ -1,6 +1,6 @@
 """What the Anthropic Messages and Responses fronts cost, against the chat-completions path.
 
-    python bench/protocols_overhead.py [--quick] [--peers]
+    python bench/protocols_overhead.py [--quick] [--peers] [--claude-code-only]
 
 Part 1, translation CPU per call (in-process, no network): agl's adapters against litellm's own
 translation of the same call (for Responses also Codex's first request), the path litellm's proxy takes for /v1/messages and /v1/responses to
@@ -15,6 +15,14 @@ Anthropic Messages and Responses through the sidecar; and Codex CLI 0.169.0's fi
 the sidecar makes of it sent direct and sent through the sidecar's chat path (the difference is the
 translation's cost; a 38k-token prompt for the fake vLLM's byte tokenizer); streaming and not; concurrency 1 (latency) and 32 (throughput). Targets are interleaved in small blocks (the machine is shared). Prints the
 latency each path adds over direct and its ratio to the chat path's.
+
+Part 3, Claude Code's own request (tests/fixtures/claude-code-2.1.328: Claude Code 2.1.328's second
+call of a Bash tool loop, captured from its traffic: a 48k-character system prompt and tool list, 12
+tools one of them deferred, `system` entries, thinking, context_management, streaming): its
+translation CPU against litellm's, then through the sidecar against the minimal pass-through of
+bench/sidecar_overhead.py (the floor, forwarding the same request already translated to chat) and
+the sidecar's own chat route, streaming, concurrency 1 and 8. The fake vLLM counts a byte as a
+token, so its prompt is about 50k tokens (a real tokenizer: about 12k).
 
 With --peers, the litellm proxy (installed under /tmp by scripts/setup_bench_peers.sh, one worker,
 the model routed to the same fake vLLM as hosted_vllm) joins the same interleaved blocks: chat
@@ -323,6 +331,67 @@ async def first_translated_call(session: Any, sidecar: str) -> None:
           f"= {max(chats, default=0) / took:.3f}x the translated call's (held by the import: ~1x)")
 
 
+def claude_code_body() -> dict[str, Any]:
+    """Claude Code 2.1.328's second call of a tool loop, as captured (tests/fixtures)."""
+    import lzma
+
+    with lzma.open(ROOT / "tests" / "fixtures" / "claude-code-2.1.328" / "tool_loop.jsonl.xz") as f:
+        return json.loads(f.read().splitlines()[1])["body"]
+
+
+def claude_code_translation(seconds: float) -> None:
+    from agl_sidecar.protocols.anthropic import MESSAGES
+    from litellm.llms.anthropic.messages.adapters.transformation import AnthropicAdapter
+
+    body = claude_code_body()
+    adapter = AnthropicAdapter()
+    ours = per_call_us(lambda: MESSAGES.to_chat_request(body), seconds)
+    theirs = per_call_us(lambda: adapter.translate_completion_input_params_with_tool_mapping(
+        copy.deepcopy(body), custom_llm_provider="hosted_vllm"), seconds)  # fmt: skip
+    print("\nPart 3: Claude Code 2.1.328's request (captured; 48k characters, 12 tools, streaming)")
+    print(f"  request translation CPU: agl {ours:.0f} us, litellm {theirs:.0f} us ({theirs / ours:.2f}x agl's)")
+
+
+async def claude_code_through_sidecar(engine: str, sidecar: str, floor: str, quick: bool) -> None:
+    import aiohttp
+
+    from agl_sidecar.protocols.anthropic import MESSAGES
+
+    body = claude_code_body()
+    chat = MESSAGES.to_chat_request(body).chat
+    direct = {**chat, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+    targets = {
+        "direct (chat)": (engine + "/v1/chat/completions", json.dumps(direct).encode()),
+        "floor (chat)": (floor + "/v1/chat/completions", json.dumps(chat).encode()),
+        "sidecar chat": (sidecar + "/v1/chat/completions", json.dumps(chat).encode()),
+        "sidecar anthropic": (sidecar + "/v1/messages", json.dumps(body).encode()),
+    }
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for url in (engine + "/health", sidecar + "/healthz", floor + "/v1/chat/completions"):
+            await wait_up(url, session)
+        for url, data in targets.values():  # warm (the first translated call imports litellm)
+            await one_call(session, url, data, True)
+        rounds, per_block = (3, 10) if quick else (8, 25)
+        for concurrency in (1, 8):
+            lat: dict[str, list[float]] = {n: [] for n in targets}
+            busy: dict[str, float] = {n: 0.0 for n in targets}
+            for _ in range(rounds):
+                for name, (url, data) in targets.items():
+                    got, took = await run_block(session, url, data, True, per_block * (2 if concurrency > 1 else 1), concurrency)
+                    lat[name] += got
+                    busy[name] += took
+            base = statistics.median(lat["direct (chat)"])
+            added = {name: statistics.median(v) - base for name, v in lat.items()}
+            print(f"  stream=True concurrency={concurrency}")
+            for name, values in lat.items():
+                line = f"    {name:18} p50 {statistics.median(values) * 1e3:7.2f} ms  {len(values) / busy[name]:6.0f} req/s"
+                if name != "direct (chat)":
+                    line += f"  added {added[name] * 1e3:6.2f} ms"
+                    if added["floor (chat)"] > 0 and name != "floor (chat)":
+                        line += f"  ({added[name] / added['floor (chat)']:.2f}x the floor's)"
+                print(line)
+
+
 # Each translated path is compared with its own proxy's chat path: what the translation adds.
 CHAT_OF = {"sidecar anthropic": "sidecar chat", "sidecar responses": "sidecar chat",
            "sidecar responses (codex)": "sidecar chat (codex chat)", "litellm anthropic": "litellm chat"}  # fmt: skip
@@ -366,8 +435,11 @@ def main() -> None:
         help="also measure the litellm proxy's /v1/messages (installs it under /tmp with "
         "scripts/setup_bench_peers.sh on first use)",
     )
+    parser.add_argument("--claude-code-only", action="store_true", help="only part 3 (Claude Code's request)")
     args = parser.parse_args()
-    translation_costs(0.5 if args.quick else 2.0)
+    if not args.claude_code_only:
+        translation_costs(0.5 if args.quick else 2.0)
+    claude_code_translation(0.5 if args.quick else 2.0)
     with (
         tempfile.TemporaryDirectory() as spool,
         tempfile.TemporaryDirectory(prefix="agl-bench-peers-") as peer_dir,
@@ -388,7 +460,13 @@ def main() -> None:
                     "  Agent Lightning: not run here (its 1.0.x gateway proxies chat/completions and "
                     "completions only, no /v1/messages)"
                 )
-            asyncio.run(through_sidecar(engine, sidecar, args.quick, litellm))
+            if not args.claude_code_only:
+                asyncio.run(through_sidecar(engine, sidecar, args.quick, litellm))
+            from sidecar_overhead import FLOOR
+
+            floor_port = free_port()
+            procs.append(subprocess.Popen([PY, "-c", FLOOR.format(upstream=engine, port=floor_port)]))
+            asyncio.run(claude_code_through_sidecar(engine, sidecar, f"http://127.0.0.1:{floor_port}", args.quick))
         finally:
             if litellm is not None:
                 litellm.stop()

@@ -111,6 +111,10 @@ ORIGINS: Final = (ORIGIN_HARNESS, ORIGIN_UNTRACED, ORIGIN_FOREIGN_TRACE)
 CALL_AGENT_ID: Final = "agl.call.agent_id"  # string
 CALL_PARENT_AGENT_ID: Final = "agl.call.parent_agent_id"  # string
 CALL_COMPACTION: Final = "agl.call.compaction"  # bool: present (true) only on a declared compaction
+# string[]: edits the sidecar applied to this call's prompt (Anthropic's context_management types:
+# "clear_thinking_20251015", "clear_tool_uses_20250919", "compact_20260112"); present only when one
+# changed it. Assembly names a break after such a call a context edit, not a merge failure.
+CALL_CONTEXT_EDITS: Final = "agl.call.context_edits"
 
 # What a translating front (Anthropic Messages, Responses) did with the parts of the harness's request
 # it does not interpret (docs/protocols.md "What the sidecar does not know"); present only when not
@@ -171,6 +175,9 @@ HEADER_AGENT_ID: Final = "x-agl-agent-id"
 HEADER_PARENT_AGENT_ID: Final = "x-agl-parent-agent-id"
 HEADER_CLAUDE_CODE_AGENT_ID: Final = "x-claude-code-agent-id"
 HEADER_CLAUDE_CODE_PARENT_AGENT_ID: Final = "x-claude-code-parent-agent-id"
+# Claude Code's session (every call of one `claude` run): its main thread, which sends no agent id,
+# is the agent named by it, and a first-level sub-agent's parent (docs/spans.md "Declared structure").
+HEADER_CLAUDE_CODE_SESSION_ID: Final = "x-claude-code-session-id"
 HEADER_COMPACTION: Final = "x-agl-compaction"  # "1" or "true": this call follows a compaction
 AGENT_ID_MAX_CHARS: Final = 256  # a longer declared agent id is refused (400)
 BAGGAGE_ROLLOUT_ID: Final = ROLLOUT_ID  # W3C baggage keys reuse the attribute names

@@ -11,9 +11,11 @@ from agl_trainer.assembly.assemble import (
     DECLARED_OTHER_AGENT,
     DECLARED_THREAD_BROKEN,
     START_COMPACTION,
+    START_CONTEXT_EDIT,
     START_DECLARED,
 )
 from agl_trainer.store import RolloutStore
+from agl_trainer.store.records import CONTEXT_EDITED
 
 from tests.dataplane.otlp import with_attributes
 from tests.dataplane.test_tree_assembly import main_sub_compaction, run
@@ -102,3 +104,21 @@ def test_a_schema_4_store_gains_the_declared_columns(store_path):
         db.execute("PRAGMA user_version=4")
     with RolloutStore(store_path, grace_s=0.0) as store:
         assert [c.agent_id for c in store.load("r").calls] == [None] * 7
+
+
+def test_a_prompt_the_sidecar_edited_starts_a_sample_named_a_context_edit(store):
+    """agl.call.context_edits (Anthropic's context editing, applied by the sidecar): an edited call
+    that extends no earlier call starts a sample as a context edit, not a merge failure; one whose
+    prompt still extends its thread merges as any call."""
+    spans = declared(AGREEING)
+    with_attributes(spans[5], agl__call__context_edits=["clear_tool_uses_20250919"])
+    with_attributes(spans[3], agl__call__context_edits=["clear_thinking_20251015"])
+    result, detail = run(store, spans)
+    calls = {c.call_seq: c for c in store.load("r").calls}
+    assert [calls[s].compaction for s in range(7)] == [None, None, None, CONTEXT_EDITED, None, CONTEXT_EDITED, None]
+    placements = {p.call_seq: p for p in detail.placements}
+    assert placements[5].start == START_CONTEXT_EDIT and placements[6].merged
+    assert placements[3].merged  # edited, yet it extends call 1: nothing to explain
+    assert [f.call_seq for f in detail.merge_failures] == [2]  # only the sub-agent's first call
+    assert result.report.context_edit_calls == 1 and result.report.compaction_calls == 0
+    assert result.report.declared_tree_disagreements == 0  # an edit explains a broken thread too

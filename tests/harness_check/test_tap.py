@@ -95,7 +95,7 @@ def test_a_compressed_answer_passes_untouched_and_headers_as_the_harness_sent_th
     assert headers["x-api-key"] == "k" and headers["Accept-Encoding"] == "identity"  # http.client's own
     assert "User-Agent" not in headers and "Accept" not in headers
     assert headers["Host"] == urlsplit(upstream.url).netloc  # the sidecar's, not the tap's
-    [exchange] = tap.exchanges
+    [exchange] = tap.settled()
     assert (exchange.method, exchange.path, exchange.status, exchange.model, exchange.stream) == (
         "POST", "/rollouts/r1/v1/messages", 200, "m", False
     )
@@ -111,7 +111,7 @@ def test_a_stream_reaches_the_harness_event_by_event(tapped):
         assert next(lines) == "data: first"  # arrived while the upstream still holds the second
         upstream.loop.loop.call_soon_threadsafe(upstream.release.set)  # type: ignore[union-attr]
         assert [line for line in lines if line] == ["data: second"]
-    [exchange] = tap.exchanges
+    [exchange] = tap.settled()
     assert exchange.status == 200 and exchange.stream is True
     assert exchange.features == ["streaming", "tools", "tool results"]
 
@@ -120,7 +120,7 @@ def test_a_refusal_keeps_its_status_and_the_start_of_its_body(tapped):
     _, tap = tapped
     reply = httpx.post(tap.url + "/rollouts/r1/v1/responses", json={"model": "m", "input": "hi"})
     assert reply.status_code == 400 and len(reply.content) > ERROR_BODY_CHARS * 2  # the whole body for the harness
-    [exchange] = tap.exchanges
+    [exchange] = tap.settled()
     assert exchange.status == 400 and exchange.error is not None
     assert exchange.error.startswith('{"error": {"message": "xxx') and len(exchange.error) == ERROR_BODY_CHARS
 
@@ -140,7 +140,7 @@ def test_a_websocket_is_relayed_both_ways(tapped):
 
     answers = asyncio.run(talk())
     assert answers[1] == "echo:two" and answers[0].startswith("echo:{")
-    [exchange] = tap.exchanges
+    [exchange] = tap.settled()
     assert (exchange.websocket, exchange.status, exchange.messages, exchange.model) == (True, 101, 2, "m")
     assert exchange.features == ["streaming", "websocket"]
 
@@ -152,5 +152,5 @@ def test_an_upstream_that_does_not_answer_is_a_502_the_report_explains():
     finally:
         tap.stop()
     assert reply.status_code == 502
-    [exchange] = tap.exchanges
+    [exchange] = tap.settled()
     assert exchange.status == 502 and exchange.error.startswith("the sidecar did not answer")

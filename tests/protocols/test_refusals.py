@@ -42,23 +42,37 @@ def _called(block: dict[str, Any]) -> dict[str, Any]:
 
 
 ANTHROPIC = [
-    (_with_block({"type": "video", "url": "x"}), "messages[0].content[0].type"),
     (_called({"type": "tool_use", "name": "get_weather", "input": {}}), "messages[1].content[0].id"),
     (_called({"type": "tool_use", "id": "toolu_1", "input": {}}), "messages[1].content[0].name"),
     (_called({"type": "tool_use", "id": "", "name": "get_weather", "input": {}}), "messages[1].content[0].id"),
     ({**MESSAGES, "messages": [*CALLED, {"role": "user", "content": [{"type": "tool_result", "content": "9C"}]}]},
      "messages[2].content[0].tool_use_id"),
-    (_with_block({"type": "text", "text": "hi", "colour": "red"}), "messages[0].content[0].colour"),
+    (_with_block({"type": "text"}), "messages[0].content[0].text"),
+    (_with_block({"text": "hi"}), "messages[0].content[0].type"),
     ({**MESSAGES, "temperature": 1.5}, "temperature"),
     ({**MESSAGES, "top_p": 1.2}, "top_p"),
     ({**MESSAGES, "top_k": -1}, "top_k"),
-    ({**MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
     ({**MESSAGES, "tools": [{"input_schema": TOOL["input_schema"]}]}, "tools[0].name"),
     ({**MESSAGES, "tools": [{"name": "get_weather"}]}, "tools[0].input_schema"),
     ({**MESSAGES, "tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({**MESSAGES, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({**MESSAGES, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
-    ({**MESSAGES, "messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name"),
+    # issue 42 (finding 9): the API refuses a message without content; it must not reach the engine
+    ({**MESSAGES, "messages": [{"role": "user", "content": ""}]}, "messages[0].content"),
+    ({**MESSAGES, "messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+    ({**MESSAGES, "messages": [{"role": "system", "content": [{"type": "text", "text": "s"}]},
+                               {"role": "user", "content": ""}]}, "messages[1].content"),
+    ({**MESSAGES, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []},
+                               {"role": "user", "content": "go on"}]}, "messages[1].content"),
+    # the only content is a block the engine cannot be given: nothing is left to answer
+    (_with_block({"type": "video", "url": "x"}), "messages"),
+    # known context edits with impossible options
+    ({**MESSAGES, "context_management": {"edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": -1}}]}},
+     "context_management.edits[0].keep.value"),
+    ({**MESSAGES, "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "some"}]}},
+     "context_management.edits[0].keep"),
+    ({**MESSAGES, "context_management": {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 0}}]}},
+     "context_management.edits[0].trigger.value"),
 ]  # fmt: skip
 
 FN_OUT = {"type": "function_call_output", "call_id": "c1", "output": "9C"}

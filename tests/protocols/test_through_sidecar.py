@@ -145,12 +145,12 @@ def test_anthropic_count_tokens_and_errors(fake: FakeVLLM, sidecar: BackgroundSi
     )
     assert count.input_tokens == tokenized.json()["count"]
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model="tiny", max_tokens=5, messages=[{"role": "robot", "content": "x"}])  # type: ignore[typeddict-item]
+        client.messages.create(model="tiny", max_tokens=5, messages=[{"role": "user", "content": ""}])
     assert info.value.body == {
         "type": "error",
         "error": {"type": "invalid_request_error", "message": info.value.body["error"]["message"]},
     }
-    assert "role" in info.value.body["error"]["message"]
+    assert "$.messages[0].content" in info.value.body["error"]["message"]
     broken = httpx.post(
         sidecar.url + "/v1/messages", content=b"{oops", headers={"content-type": "application/json"}
     )

@@ -120,17 +120,22 @@ def resolve(
     agent, agent_cc, parent, parent_cc = get(_AGENT), get(_AGENT_CC), get(_PARENT), get(_PARENT_CC)
     agent_bag = baggage.get(semconv.BAGGAGE_AGENT_ID) if baggage else None
     parent_bag = baggage.get(semconv.BAGGAGE_PARENT_AGENT_ID) if baggage else None
-    if agent or agent_cc or agent_bag:
+    # Claude Code's main thread sends no agent id, only its session's: the main agent is the session,
+    # and the session is the parent of a sub-agent that names no parent (one the main thread started).
+    session = get(_SESSION_CC)
+    if agent or agent_cc or agent_bag or session:
         identity.agent_id = _agent(
             (agent, semconv.HEADER_AGENT_ID),
             (agent_bag, "baggage " + semconv.BAGGAGE_AGENT_ID),
             (agent_cc, semconv.HEADER_CLAUDE_CODE_AGENT_ID),
+            (session, semconv.HEADER_CLAUDE_CODE_SESSION_ID),
         )
-    if parent or parent_cc or parent_bag:
+    if parent or parent_cc or parent_bag or (agent_cc and session):
         identity.parent_agent_id = _agent(
             (parent, semconv.HEADER_PARENT_AGENT_ID),
             (parent_bag, "baggage " + semconv.BAGGAGE_PARENT_AGENT_ID),
             (parent_cc, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID),
+            (session if agent_cc else None, semconv.HEADER_CLAUDE_CODE_SESSION_ID),
         )
     compaction = get(_COMPACTION)
     if compaction:
@@ -140,12 +145,13 @@ def resolve(
 
 _AGENT, _AGENT_CC = semconv.HEADER_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID
 _PARENT, _PARENT_CC = semconv.HEADER_PARENT_AGENT_ID, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID
+_SESSION_CC = semconv.HEADER_CLAUDE_CODE_SESSION_ID
 _COMPACTION = semconv.HEADER_COMPACTION
 
 
 def _agent(*given: tuple[str | None, str]) -> str | None:
     """A declared agent id from (value, where it came from) in precedence order: agl's header, the
-    W3C baggage entry, Claude Code's header. The first given wins, but every given one is validated
+    W3C baggage entry, Claude Code's header, Claude Code's session. The first given wins, but every given one is validated
     where it came from (a hostile value in any is refused)."""
     found: str | None = None
     for value, param in given:

@@ -42,6 +42,8 @@ class CallRecord:
     # What a translating front did not interpret (protocols/base.Translation): each "<path>: <why>".
     fields_dropped: tuple[str, ...] = ()
     fields_passed: tuple[str, ...] = ()
+    # Edits a translating front applied to the prompt (Anthropic's context_management types).
+    context_edits: tuple[str, ...] = ()
     policy_version: int | None = None
     held_ms: float = 0.0
     upstream: str | None = None

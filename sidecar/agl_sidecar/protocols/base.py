@@ -10,6 +10,7 @@ beyond `api` (recorded as the span's agl.call.api).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +53,40 @@ class Translation:
     passed: tuple[str, ...] = field(default=())
     # What the body declares about the call's place in the rollout (Codex's client_metadata).
     declared: Declared | None = None
+    # Edits the adapter applied to the prompt (Anthropic's context_management types, e.g.
+    # "clear_thinking_20251015"): the span's agl.call.context_edits, so assembly names the break.
+    context_edits: tuple[str, ...] = field(default=())
+    # Work the core must do first (Step); `chat` is then a placeholder and the step's resume gives
+    # the Translation to use.
+    step: Step | None = None
+    # The adapter's whole answer, sent without calling the engine: (body bytes, content type).
+    reply: tuple[bytes, str] | None = None
+    # The request the response is built for, when not the harness's own (an adapter's note to itself:
+    # Anthropic's server-side compaction puts its compaction block first in the response).
+    respond_to: dict[str, Any] | None = None
+
+    @property
+    def compaction(self) -> bool:
+        """Whether the call is declared a compaction (its span's agl.call.compaction)."""
+        return self.declared is not None and self.declared.compaction
+
+
+STEP_COUNT = "count"
+STEP_SUMMARIZE = "summarize"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Engine work an adapter needs before it can translate a request, done by the core, whose
+    result `resume` turns into the next Translation (which may ask for another step):
+    STEP_COUNT: the prompt tokens of the chat request `chat` under the engine's chat template (its
+    POST /tokenize), an int; STEP_SUMMARIZE: the policy's answer to `chat`, asked through the
+    sidecar's own chat route so that it is a recorded call with its own span, declared a compaction
+    (the chat.completion as a dict)."""
+
+    kind: str  # STEP_COUNT | STEP_SUMMARIZE
+    chat: dict[str, Any]
+    resume: Callable[[Any], Translation]
 
 
 class StreamTranslator(Protocol):

@@ -21,10 +21,12 @@ SSE = "text/event-stream; charset=utf-8"
 class OpenAIFront:
     """Passes the engine's OpenAI responses through."""
 
-    # The body goes to the engine as the harness sent it: no field is dropped, none read unknown.
+    # The body goes to the engine as the harness sent it: no field is dropped, none read unknown,
+    # nothing declared or edited (a declared compaction comes in the x-agl-compaction header).
     fields_dropped: tuple[str, ...] = ()
     fields_passed: tuple[str, ...] = ()
     declared: Declared | None = None
+    context_edits: tuple[str, ...] = ()
 
     def __init__(self, api: str) -> None:
         self.api = api
@@ -64,6 +66,7 @@ class AdapterFront:
         self.fields_dropped = translation.dropped
         self.fields_passed = translation.passed
         self.declared = translation.declared
+        self.context_edits = translation.context_edits
         self._translator: StreamTranslator | None = None
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> web.Response:

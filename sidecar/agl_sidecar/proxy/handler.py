@@ -112,6 +112,7 @@ class Proxy:
             n=overrides.get("n", parsed.n),  # the span says what the engine was asked for
             fields_dropped=front.fields_dropped,
             fields_passed=front.fields_passed,
+            context_edits=front.context_edits,
         )
         if parts.config.capture_messages and kind == CHAT:
             call.input_messages = (b"[" + b",".join(bytes(m) for m in parsed.messages) + b"]").decode()  # type: ignore[union-attr]

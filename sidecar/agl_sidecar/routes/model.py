@@ -17,6 +17,7 @@ from agl_sidecar.proxy.fronts import JSON, AdapterFront, OpenAIFront
 from agl_sidecar.proxy.request import CHAT, COMPLETIONS, DEEP_JSON, read_body, upstream_authorization
 from agl_sidecar.proxy.routing import NoUpstream
 from agl_sidecar.routes.common import bad_input, json_reply, openai_error, sidecar_of, unauthorized
+from agl_sidecar.routes.steps import engine_tokenize, run_step
 from agl_sidecar.sidecar import Sidecar
 
 
@@ -91,16 +92,21 @@ def translated(path: str) -> Any:
         try:
             translation = adapter.to_chat_request(original)
             sidecar.identity(request)  # ids a span cannot carry: refused here, in this protocol's shape
+            while translation.step is not None:  # engine work the adapter needs first (base.Step)
+                translation = translation.step.resume(await run_step(sidecar, request, translation.step))
         except ProtocolError as exc:
             return _protocol_error(adapter, exc)
         except inputs.BadInput as exc:
             return json_reply(400, adapter.error_body(400, exc.message, "invalid_request_error"))
         except RecursionError:
             return json_reply(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
+        if translation.reply is not None:  # the adapter's whole answer: no engine call
+            body, content_type = translation.reply
+            return web.Response(status=200, body=body, headers={"Content-Type": content_type})
         chat_bytes = msgspec.json.encode(translation.chat)
         if adapter.tokenize_only:
             return await _tokenize(sidecar, request, adapter, original, chat_bytes)
-        front = AdapterFront(adapter, original, translation)
+        front = AdapterFront(adapter, translation.respond_to or original, translation)
         try:
             return await sidecar.proxy.handle(request, CHAT, front, chat_bytes)
         except ProtocolError as exc:
@@ -119,19 +125,9 @@ def _protocol_error(adapter: Any, exc: ProtocolError) -> web.Response:
 
 async def _tokenize(sidecar: Sidecar, request: web.Request, adapter: Any, original: dict[str, Any], chat_bytes: bytes) -> web.Response:
     try:
-        upstream = sidecar.router.pick(sidecar.identity(request).rollout_id)
-    except NoUpstream:
-        return json_reply(502, adapter.error_body(502, "no upstream is configured", "api_error"))
-    headers = {"Content-Type": "application/json"}
-    auth = upstream_authorization(sidecar.config, request, upstream)
-    if auth:
-        headers["Authorization"] = auth
-    try:
-        async with sidecar.session.post(upstream.url + "/tokenize", data=chat_bytes, headers=headers) as response:
-            body = await response.read()
-            status = response.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return json_reply(502, adapter.error_body(502, f"upstream {upstream.url} is unreachable ({exc})", "api_error"))
+        status, body = await engine_tokenize(sidecar, request, chat_bytes)
+    except ProtocolError as exc:
+        return _protocol_error(adapter, exc)
     if status != 200:
         return json_reply(status, adapter.error_body(status, body.decode(errors="replace"), "api_error"))
     try:

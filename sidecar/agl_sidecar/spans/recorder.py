@@ -325,6 +325,7 @@ class SpanRecorder:
             (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
             (semconv.REQUEST_FIELDS_DROPPED, list(call.fields_dropped) if call.fields_dropped else None),
             (semconv.REQUEST_FIELDS_PASSED, list(call.fields_passed) if call.fields_passed else None),
+            (semconv.CALL_CONTEXT_EDITS, list(call.context_edits) if call.context_edits else None),
         ]
         indices = sorted(call.choices)
         if indices:

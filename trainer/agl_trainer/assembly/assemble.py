@@ -19,7 +19,9 @@ Where the harness declares its agents (agl.call.agent_id / parent_agent_id), the
 over the prefixes: a call joins a sample only along its own agent's thread (or, for an agent's first
 call, its parent agent's); one whose prefix parent is another agent's starts a new sample. Every
 call where the two trees disagree is reported (CallPlacement.declared), and a declared compaction
-starts a new sample of the same rollout.
+starts a new sample of the same rollout. A call whose prompt the sidecar edited (Anthropic's context
+editing, agl.call.context_edits) and that extends no earlier call starts one too, named as a context
+edit rather than a merge failure.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from agl_trainer.assembly.merge import MergeFailure, classify
 from agl_trainer.assembly.tree import PrefixIndex
 from agl_trainer.assembly.versions import after_switch, token_versions
 from agl_trainer.batch import RolloutResult, Sample
-from agl_trainer.store.records import CallRow, RolloutData, RolloutKey
+from agl_trainer.store.records import COMPACTED, CONTEXT_EDITED, CallRow, RolloutData, RolloutKey
 
 CHECK_EVERY = 256  # calls between two `check()`s
 
@@ -59,6 +61,7 @@ START_FIRST = "first"  # the rollout's first trained call
 START_BRANCH = "branch"  # extends a call whose sample an earlier child continues (retry, parallel branch)
 START_NO_PREFIX = "no_prefix"  # extends no earlier call (sub-agent, compaction, edit): see merge_failures
 START_COMPACTION = "compaction"  # the harness declared a compaction (agl.call.compaction): not a merge failure
+START_CONTEXT_EDIT = "context_edit"  # extends no earlier call, its prompt edited by the sidecar: not a merge failure
 START_DECLARED = "declared_agent"  # extends another agent's call, which the declared tree says is not its thread
 # Each start said in words ({parent}: the call it branches from), for `agl traces inspect` and `agl harness check`.
 START_REASONS = {
@@ -66,6 +69,7 @@ START_REASONS = {
     START_BRANCH: "new sample: a branch of call {parent} (the shared prefix is context)",
     START_NO_PREFIX: "new sample: extends no earlier call",
     START_COMPACTION: "new sample: the harness declared a compaction",
+    START_CONTEXT_EDIT: "new sample: the sidecar edited its prompt (context_management)",
     START_DECLARED: "new sample: extends call {parent} of another agent (the declared tree wins)",
 }
 
@@ -297,10 +301,11 @@ def assemble_rollout(
         if call.agent_id is not None:
             placement.declared = _declared_disagreement(call, parent, usable, agents_seen)
             agents_seen.add(call.agent_id)
-        if call.compaction or placement.declared == DECLARED_OTHER_AGENT:
+        compacted = call.compaction == COMPACTED
+        if compacted or placement.declared == DECLARED_OTHER_AGENT:
             # the harness rewrote its context, or the prefix joins this call to an agent that is
             # neither its own nor the one that started it: the declared tree wins, a new sample
-            placement.start = START_COMPACTION if call.compaction else START_DECLARED
+            placement.start = START_COMPACTION if compacted else START_DECLARED
             sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
             built.append(current)
         elif parent is not None and parent not in continued:
@@ -310,6 +315,10 @@ def assemble_rollout(
             placement.context_start = current.size  # == the parent's full sequence length
             current.extend(prompt[current.size :], completion, logprobs, versions, seq)
             placement.merged = True
+        elif parent is None and call.compaction == CONTEXT_EDITED and len(index):
+            placement.start = START_CONTEXT_EDIT  # the sidecar said why: no merge failure to classify
+            sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
+            built.append(current)
         else:
             placement.start = START_BRANCH if parent is not None else START_NO_PREFIX if len(index) else START_FIRST
             closest = index.closest(prompt, known if parent is None else (parent, int(prompt.size)))

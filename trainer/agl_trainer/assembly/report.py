@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agl_trainer.assembly.assemble import START_BRANCH, START_COMPACTION, RolloutAssembly
+from agl_trainer.assembly.assemble import START_BRANCH, START_COMPACTION, START_CONTEXT_EDIT, RolloutAssembly
 
 
 class AssemblyReport(msgspec.Struct):
@@ -14,6 +14,7 @@ class AssemblyReport(msgspec.Struct):
     merged_calls: int = 0  # calls appended to their parent's sample (the call tree, assemble.py)
     branched_calls: int = 0  # calls that extend a call another child continues: new sample, prefix as context
     compaction_calls: int = 0  # calls after a declared compaction: each starts a new sample
+    context_edit_calls: int = 0  # calls whose prompt the sidecar edited that extend no earlier call: new samples
     # calls whose prefix-built parent disagrees with the agents the harness declared (assemble.py DECLARED_*)
     declared_tree_disagreements: int = 0
     trained_tokens: int = 0
@@ -44,5 +45,6 @@ class AssemblyReport(msgspec.Struct):
         self.merged_calls += sum(p.merged for p in placed)
         self.branched_calls += sum(p.start == START_BRANCH for p in placed)
         self.compaction_calls += sum(p.start == START_COMPACTION for p in placed)
+        self.context_edit_calls += sum(p.start == START_CONTEXT_EDIT for p in placed)
         self.declared_tree_disagreements += sum(p.declared is not None for p in item.placements)
         self.trained_tokens += sum(s.num_trained_tokens for s in item.result.samples)

@@ -104,7 +104,7 @@ def run_check(options: CheckOptions, say: Callable[[str], None] = lambda line: N
             message=outcome.message, seconds=round(outcome.seconds, 3), log_tail=_tail(folder / "harness.log"),
         )  # fmt: skip
         report = build(
-            options.name or Path(options.command[0]).name, options.version, rollout_id, harness, list(tap.exchanges), data,
+            options.name or Path(options.command[0]).name, options.version, rollout_id, harness, tap.settled(), data,
             [] if rows is None else [int(start) for start in rows.column("start_ns")], violations, undelivered,
             drain_problem,
         )  # fmt: skip

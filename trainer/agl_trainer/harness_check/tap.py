@@ -84,6 +84,14 @@ class Tap(AppServer):
         finally:
             exchange.end_ns = time.time_ns()
 
+    def settled(self, timeout_s: float = 10.0) -> list[Exchange]:
+        """The exchanges once each has ended (its handler finished), or as they are after `timeout_s`:
+        a harness may read its answer's last byte and exit before the tap's handler returns."""
+        deadline = time.monotonic() + timeout_s
+        while any(exchange.end_ns == 0 for exchange in self.exchanges) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return list(self.exchanges)
+
     def _headers(self, request: web.Request, drop: frozenset[str] = frozenset()) -> dict[str, str]:
         return {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP and k.lower() not in drop}
 

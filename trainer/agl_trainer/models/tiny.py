@@ -77,6 +77,41 @@ BPE_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Qwen3-style ChatML for an agent harness: the tools listed in the system turn, the model's reasoning
+# (`reasoning_content`) in <think></think> before its answer, tool calls as <tool_call> JSON, tool
+# results as `tool` turns, `system` turns anywhere. Each part renders exactly as given (no stripping),
+# so an answer parsed back into reasoning, content and tool calls renders to the same text again.
+AGENT_CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- elif content -%}{%- for part in content if part['type'] == 'text' -%}"
+    "{{ part['text'] }}{{ '\n' if not loop.last else '' }}{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- set first = 0 -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}{{ text(messages[0]['content']) + '\n\n' }}"
+    "{%- set first = 1 -%}{%- endif -%}"
+    "{{ '# Tools\n<tools>' }}{%- for tool in tools -%}{{ '\n' + (tool | tojson) }}{%- endfor -%}"
+    "{{ '\n</tools><|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages[first:] -%}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['role'] == 'assistant' and message.get('reasoning_content') -%}"
+    "{{ '<think>' + message['reasoning_content'] + '</think>' }}{%- endif -%}"
+    "{{ text(message.get('content')) }}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{{ '<tool_call>{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{- call['function']['arguments'] if call['function']['arguments'] is string "
+    "else call['function']['arguments'] | tojson -}}"
+    "{{ '}</tool_call>' }}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+
 DEFAULT_CORPUS = (
     "The quick brown fox jumps over the lazy dog. What is 2 + 2? It is 4. "
     "A model answers questions, calls tools and reads their results. "
@@ -141,23 +176,27 @@ def build_word_level_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerBase:
 
 
 def build_bpe_tokenizer(
-    corpus: Sequence[str] | None = None, vocab_size: int = 384, whole_lines: bool = False
+    corpus: Sequence[str] | None = None,
+    vocab_size: int = 384,
+    chat_template: str | None = None,
+    whole_lines: bool = False,
 ) -> PreTrainedTokenizerBase:
-    """A byte-level BPE tokenizer trained in-process on `corpus` (default: a small built-in text).
+    """A byte-level BPE tokenizer trained in-process on `corpus` (default: a small built-in text),
+    with `chat_template` (default BPE_CHAT_TEMPLATE; AGENT_CHAT_TEMPLATE for agent harnesses).
 
-    `whole_lines`: merges may span words and punctuation, never a newline (each newline is a token of
-    its own), so a large vocabulary trained on a long prompt that recurs (a coding harness's
-    instructions) holds each of its lines in a few tokens; text after a newline tokenizes the same
-    alone as inside a longer text, so a completion that starts a line extends its prompt exactly."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    `whole_lines`: merges may span words, up to a line's end (GPT-2's word split is off, tokens up to
+    128 bytes), so a long prompt the corpus holds compresses to few tokens (Claude Code's 48k-character
+    prompt: about 1,200 with a 16k vocabulary); a line still ends a token, so a prompt that ends in a
+    newline tokenizes as the start of its continuation does."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
     if whole_lines:
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split("\n", behavior="isolated"),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )  # fmt: skip
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex("\n"), "merged_with_previous"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])  # fmt: skip
     else:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -166,12 +205,13 @@ def build_bpe_tokenizer(
         special_tokens=[ENDOFTEXT, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
+        max_token_length=128 if whole_lines else None,
     )
     backend.train_from_iterator(list(corpus) if corpus else [DEFAULT_CORPUS] * 4, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=IM_END, pad_token=ENDOFTEXT, unk_token=None, bos_token=None
     )
-    tokenizer.chat_template = BPE_CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template or BPE_CHAT_TEMPLATE
     return tokenizer
 
 
@@ -249,10 +289,11 @@ def build_bpe_model(
     corpus: Sequence[str] | None = None,
     vocab_size: int = 384,
     whole_lines: bool = False,
+    chat_template: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Path:
     """A tiny model with an in-process-trained byte-level BPE tokenizer in `directory` (or the
     `tokenizer` given, already trained)."""
     if tokenizer is None:
-        tokenizer = build_bpe_tokenizer(corpus, vocab_size, whole_lines)
+        tokenizer = build_bpe_tokenizer(corpus, vocab_size, chat_template, whole_lines)
     return save_model(directory, tokenizer, spec, {"tokenizer": "byte-level-bpe"})

@@ -25,7 +25,7 @@ import numpy as np
 from agl import semconv
 
 from agl_trainer.receiver.wire import UINT64_MAX, BadValue, RawSpan
-from agl_trainer.store.records import CallSpan, Record, RewardSpan, RolloutSpan, Violation
+from agl_trainer.store.records import COMPACTED, CONTEXT_EDITED, CallSpan, Record, RewardSpan, RolloutSpan, Violation
 
 TOKEN_ID_MAX = 2**31 - 1  # token arrays are stored as int32
 INT64_MAX = semconv.INT64_MAX  # also SQLite INTEGER's
@@ -361,10 +361,21 @@ def _call(span: RawSpan) -> CallSpan:
         api=_label(attributes, semconv.CALL_API, API_MAX_CHARS),
         agent_id=_label(attributes, semconv.CALL_AGENT_ID, semconv.AGENT_ID_MAX_CHARS),
         parent_agent_id=_label(attributes, semconv.CALL_PARENT_AGENT_ID, semconv.AGENT_ID_MAX_CHARS),
-        compaction=1 if attributes.get(semconv.CALL_COMPACTION) is True else None,
+        compaction=_declared_context(attributes),
         fields_dropped=field_list(attributes, semconv.REQUEST_FIELDS_DROPPED),
         fields_passed=field_list(attributes, semconv.REQUEST_FIELDS_PASSED),
     )
+
+
+def _declared_context(attributes: dict[str, Any]) -> int | None:
+    """CallRow.compaction: 1 for a declared compaction, 2 for a prompt the sidecar edited (its
+    agl.call.context_edits, a list of strings), else None."""
+    if attributes.get(semconv.CALL_COMPACTION) is True:
+        return COMPACTED
+    edits = attributes.get(semconv.CALL_CONTEXT_EDITS)
+    if isinstance(edits, list) and edits and all(isinstance(e, str) for e in edits):
+        return CONTEXT_EDITED
+    return None
 
 
 def _rollout(span: RawSpan) -> RolloutSpan:

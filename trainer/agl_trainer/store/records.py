@@ -17,6 +17,10 @@ if TYPE_CHECKING:  # arrays only in annotations: `agl traces ls` reads records w
     import numpy as np
 
 
+# CallRow.compaction's values.
+COMPACTED = 1
+CONTEXT_EDITED = 2
+
 class Cause(str, enum.Enum):
     """How a rollout ended: a runner's outcome, and the store's `rollouts.end_cause`."""
 
@@ -91,7 +95,8 @@ class CallRow(msgspec.Struct, gc=False):
     upstream: str | None = None
     api: str | None = None
     # The structure the harness declared (schema 5; None: not declared): its agent, that agent's
-    # parent agent, and 1 on a call that follows a declared compaction.
+    # parent agent, and why its context is not its thread's continuation: COMPACTED (a declared
+    # compaction), CONTEXT_EDITED (the sidecar edited its prompt: agl.call.context_edits).
     agent_id: str | None = None
     parent_agent_id: str | None = None
     compaction: int | None = None
