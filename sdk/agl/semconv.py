@@ -210,6 +210,7 @@ def rollout_path(rollout_id: str, attempt: int = 0, mode: str | None = None) -> 
 ADMIN_PAUSE_PATH: Final = "/agl/v1/pause"
 ADMIN_RESUME_PATH: Final = "/agl/v1/resume"
 ADMIN_STATE_PATH: Final = "/agl/v1/state"
+ADMIN_FLUSH_PATH: Final = "/agl/v1/flush"  # deliver the spans of the calls finished so far, holding none
 
 # --- Environment (set by runners, read by the SDK and harnesses) ------------------------------
 ENV_ROLLOUT_ID: Final = "AGL_ROLLOUT_ID"

@@ -4,7 +4,7 @@ Routes (each model route also under /rollouts/{rollout_id}/ and /rollouts/{rollo
   POST /v1/chat/completions, /v1/completions; GET /v1/models; POST /v1/<adapter path> (translated);
   GET /v1/responses with Upgrade: websocket (the Responses WebSocket transport)
   POST /rollouts/{rollout_id}/reward, /rollouts/{rollout_id}/end
-  /agl/v1/pause, /agl/v1/resume, /agl/v1/state (admin); /healthz; /metrics
+  /agl/v1/pause, /agl/v1/resume, /agl/v1/state, /agl/v1/flush (admin); /healthz; /metrics
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from aiohttp import web
 from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.protocols.registry import ADAPTERS
-from agl_sidecar.routes.admin import admin_only, healthz, metrics, pause, resume, state
+from agl_sidecar.routes.admin import admin_only, flush, healthz, metrics, pause, resume, state
 from agl_sidecar.routes.common import no_route
 from agl_sidecar.routes.harness import end_rollout, reward
 from agl_sidecar.routes.model import chat, completions, models, translated
@@ -46,6 +46,7 @@ def build_app(config: SidecarConfig) -> web.Application:
     app.router.add_post(semconv.ADMIN_PAUSE_PATH, admin_only(pause))
     app.router.add_post(semconv.ADMIN_RESUME_PATH, admin_only(resume))
     app.router.add_get(semconv.ADMIN_STATE_PATH, admin_only(state))
+    app.router.add_post(semconv.ADMIN_FLUSH_PATH, admin_only(flush))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/{path:.*}", no_route)  # last: a JSON 404 for whatever matched nothing

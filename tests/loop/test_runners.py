@@ -250,6 +250,23 @@ async def test_function_harness_runs_in_long_lived_workers(tmp_path: Path, otlp_
     assert rewards == {f"f{i}": i / 10 for i in range(8)}
 
 
+async def test_a_worker_delivers_a_rollouts_spans_before_it_reports_the_rollout_ended(tmp_path: Path, otlp_sink) -> None:
+    """A worker lives on after a rollout, so its SDK batch would leave on the batch's schedule; the
+    trainer reads a rollout once its harness ended (plus loop.completion_grace_s), so the reward and
+    the rollout's end must already be at the receiver when the outcome comes back."""
+    endpoint = Endpoint("http://127.0.0.1:7000", otlp_sink.endpoint)
+    runner = FunctionRunner("tests.loop.harnesses:record", endpoint, workers=1)
+    await runner.start()
+    try:
+        for i in range(3):
+            outcome = await runner.run(spec(f"d{i}", out=str(tmp_path / "calls.jsonl"), reward=0.5))
+            assert outcome.ok
+            names = [(x.name, x.attributes.get(semconv.ROLLOUT_ID)) for x in otlp_sink.spans]
+            assert (semconv.SPAN_REWARD, f"d{i}") in names and (semconv.SPAN_ROLLOUT, f"d{i}") in names, names
+    finally:
+        await runner.stop()
+
+
 async def test_async_function_harness(tmp_path: Path) -> None:
     runner = FunctionRunner("tests.loop.harnesses:async_record", ENDPOINT, workers=1)
     await runner.start()

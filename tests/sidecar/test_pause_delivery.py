@@ -46,3 +46,37 @@ def test_a_drained_pause_reports_spans_the_receiver_has_not_acknowledged(fake, m
         assembly = assemble(store, ["r1"], record_drops=False)
     assert [r.rollout_id for r in assembly.rollouts] == ["r1"]
     assert assembly.rollouts[0].samples
+
+
+def test_a_flush_delivers_the_finished_calls_spans_and_holds_no_call(fake, make_sidecar, tmp_path):
+    """POST /agl/v1/flush: a validation round or `agl eval` reads finished rollouts while other calls go
+    on. Nothing is held: a call made while the endpoint is down is answered; the flush says the spans
+    are undelivered, and once the receiver is up another flush delivers them all."""
+    port = free_port()
+    store_path = tmp_path / "rollouts.db"
+    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=f"http://127.0.0.1:{port}")
+    _rollout(sidecar.url, "r1", 2)
+
+    async def scenario() -> None:
+        async with SidecarAdmin(sidecar.url, None) as admin:
+            down = await admin.flush(timeout_s=1.0)
+            assert down.spans_flushed is False and down.paused is False
+            assert down.spans_in_spool == 4 and down.spans_undelivered == 4  # 2 calls, a reward, the end
+            with Receiver(store_path, ReceiverConfig(port=port, grpc_port=0)):
+                _rollout(sidecar.url, "r2", 1)  # not held: the sidecar was never paused
+                up = await admin.flush(timeout_s=20.0)
+                assert up.spans_flushed is True and up.spans_undelivered == 0 and up.paused is False
+                with RolloutStore(store_path, grace_s=0.0) as store:  # read as the receiver runs
+                    assembly = assemble(store, ["r1", "r2"], record_drops=False)
+                assert sorted(r.rollout_id for r in assembly.rollouts) == ["r1", "r2"]
+                # every call is in the store: r1's two calls (the same prompt twice: two samples) and r2's one
+                assert [len(r.samples) for r in sorted(assembly.rollouts, key=lambda r: r.rollout_id)] == [2, 1]
+
+    asyncio.run(scenario())
+
+
+def test_a_flush_refuses_a_bad_timeout_with_the_expected_shape(fake, make_sidecar):
+    sidecar = make_sidecar(upstream=[fake.base_url])
+    for body in ({"timeout_s": 0}, {"timeout_s": "soon"}, {"wait": True}):
+        answer = httpx.post(f"{sidecar.url}/agl/v1/flush", json=body)
+        assert answer.status_code == 400 and "timeout_s" in answer.json()["error"], (body, answer.text)

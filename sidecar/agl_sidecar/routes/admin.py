@@ -1,5 +1,5 @@
-"""Admin routes for the trainer: /agl/v1/pause, /agl/v1/resume, /agl/v1/state (bearer token, or
-loopback with none configured); /healthz and /metrics for operators."""
+"""Admin routes for the trainer: /agl/v1/pause, /agl/v1/resume, /agl/v1/state, /agl/v1/flush (bearer
+token, or loopback with none configured); /healthz and /metrics for operators."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
     # "drain" = drain: true. "keep": the engine freezes the calls in flight (a drain-free switch):
     # hold new calls, wait for none, deliver the spans of the calls already finished.
     mode: Literal["drain", "keep"] | None = None
+
+
+class FlushBody(msgspec.Struct, forbid_unknown_fields=True):
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_PAUSE_TIMEOUT_S)] = 30.0
 
 
 class ResumeBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -96,17 +100,35 @@ async def pause(request: web.Request) -> web.Response:
     # spans_flushed: acknowledged by the endpoint, not merely spooled (the trainer reads them from there).
     # A keep pause delivers the spans of the calls that finished; the frozen ones end later.
     spans_flushed = await sidecar.flush_spans(max(deadline - loop.time(), 1.0))
+    return json_reply(200, {**_short_state(sidecar), "spans_flushed": spans_flushed, **_span_counts(sidecar)})
+
+
+def _span_counts(sidecar: Sidecar) -> dict[str, int]:
+    """Where the spans not yet acknowledged are, for a pause's or a flush's answer."""
     counters = sidecar.exporter.counters
-    return json_reply(200, {
-        **_short_state(sidecar),
-        "spans_flushed": spans_flushed,
+    return {
         "spans_building": sidecar.recorder.backlog,
         "spans_pending": counters.spans_pending,
         "spans_sending": counters.spans_sending,
         "spans_in_spool": counters.spans_in_spool,
         "spans_dead_lettered": counters.spans_dead_lettered,
         "spans_failed": counters.spans_failed,
-    })
+    }
+
+
+async def flush(request: web.Request) -> web.Response:
+    """Deliver the spans of every call finished so far, holding no call (a pause's delivery without
+    the pause): the trainer reads a set of finished rollouts (a validation round, `agl eval`) while
+    other calls go on. `spans_flushed: true` once, at one moment, nothing was queued, unbuilt or in
+    the spool: every span of a call finished before the request was then acknowledged by the
+    endpoint (or dead-lettered). False: not within `timeout_s` (the endpoint down, or traffic that
+    never let the queue empty); the counts say how many are still on the way."""
+    sidecar = sidecar_of(request)
+    body = await _read(request, sidecar, FlushBody, "flush", '{"timeout_s": 30}')
+    if isinstance(body, web.Response):
+        return body
+    spans_flushed = await sidecar.flush_spans(body.timeout_s)
+    return json_reply(200, {**_short_state(sidecar), "spans_flushed": spans_flushed, **_span_counts(sidecar)})
 
 
 async def resume(request: web.Request) -> web.Response:

@@ -51,6 +51,8 @@ VAL_DROP_REASON = "validation"  # how the store records that a val rollout is ne
 PASS_REWARD = 1.0
 POLL_S = 0.05
 SAMPLED = "val/sampled/"  # the sampled pass's metric prefix
+# How long a round (and agl eval) waits for the sidecar to deliver the spans of its finished calls.
+SETTLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Validator:
         sampled: int = 0,
         no_data_timeout_s: float = 60.0,
         on_round: Callable[..., Any] | None = None,
+        settle: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
         if repeats < 1 or sampled < 0:
             raise ValueError(f"Validator: repeats must be >= 1 and sampled >= 0, got {repeats} and {sampled}")
@@ -90,6 +93,9 @@ class Validator:
         self.no_data_timeout_s = no_data_timeout_s
         # on_round(step=, version=, specs=, rewards=, started_at=, ended_at=): the round's receipts (eval/rounds.py)
         self.on_round = on_round
+        # Awaited once a round's harnesses ended, before its data is read: the sidecar's spans of their
+        # calls delivered (without it a call span slower than loop.completion_grace_s is left out).
+        self.settle = settle
         self.last_step: int | None = None  # the step the latest round measured
         self.rounds = 0
         self.last_failures: list[str] = []  # why each rollout of the latest round gave no reward
@@ -118,7 +124,7 @@ class Validator:
         started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         specs = self.specs(step)
         self.rounds += 1
-        outcomes, by_id = await collect(specs, self.runner, self.data, self.no_data_timeout_s, check)
+        outcomes, by_id = await collect(specs, self.runner, self.data, self.no_data_timeout_s, check, self.settle)
         if self.on_round is not None:
             ended_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
             await asyncio.to_thread(
@@ -149,14 +155,14 @@ async def collect(
     data: Any,
     no_data_timeout_s: float,
     check: Callable[[], None] = lambda: None,
-    settle: Callable[[], Awaitable[None]] | None = None,
+    settle: Callable[[], Awaitable[Any]] | None = None,
     on_ready: Callable[[], None] | None = None,
 ) -> tuple[list[RolloutOutcome], dict[str, float]]:
     """Run `specs` through `runner` (its concurrency bounds them), wait for their data in the store,
     and return each outcome and the reward of every rollout with data, by rollout id (validation
     rounds and `agl eval` both). `check` raises to abandon: the harnesses are cancelled, it propagates.
-    `settle` runs once every harness has ended, before the data is read (agl eval: the sidecar's spans
-    delivered, so a call span slower than loop.completion_grace_s is not left out). `on_ready` is
+    `settle` runs once every harness has ended, before the data is read (the sidecar's spans of their
+    calls delivered, so a call span slower than loop.completion_grace_s is not left out). `on_ready` is
     called once the data is complete, before it is assembled (agl eval times the attempts with it)."""
     tasks = [asyncio.create_task(runner.run(spec), name=spec.rollout_id) for spec in specs]
     try:

@@ -12,6 +12,7 @@ from typing import Any
 from agl_trainer.config import Config, ConfigError, harness_argv
 from agl_trainer.engines.base import InferenceEngine
 from agl_trainer.loop.inflight import NO_DATA_AFTER_EXIT_S
+from agl_trainer.loop.validation import SETTLE_TIMEOUT_S
 from agl_trainer.loop.ports import Backend
 from agl_trainer.run.settings import backend_settings, vllm_error, vllm_settings
 from agl_trainer.runners.base import Endpoint
@@ -153,9 +154,12 @@ def build_kubernetes_runner(config: Config, endpoint: Endpoint, on_exit: Any = N
     )
 
 
-def build_validator(config: Config, runner: Any, data: Any, run_id: str, out: Path | None = None) -> Any:
+def build_validator(
+    config: Config, runner: Any, data: Any, run_id: str, out: Path | None = None, sidecar: Any = None
+) -> Any:
     """The validation rounds of loop.val_every on val_tasks (loop/validation.py); None when off.
-    With `out`, each round writes its receipts to OUTPUT_DIR/receipts (eval/rounds.py)."""
+    With `out`, each round writes its receipts to OUTPUT_DIR/receipts (eval/rounds.py). With
+    `sidecar` (its admin API), a round reads its rollouts once their calls' spans are delivered."""
     if config.loop.val_every <= 0 or config.val_tasks is None:
         return None
     import functools
@@ -174,6 +178,7 @@ def build_validator(config: Config, runner: Any, data: Any, run_id: str, out: Pa
         sampled=config.loop.val_sampled,
         no_data_timeout_s=NO_DATA_AFTER_EXIT_S + config.loop.completion_grace_s,
         on_round=functools.partial(write_round_receipts, config, out) if out is not None else None,
+        settle=(lambda: sidecar.flush(SETTLE_TIMEOUT_S)) if sidecar is not None else None,
     )
 
 

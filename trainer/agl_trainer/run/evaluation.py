@@ -19,6 +19,7 @@ from typing import Any
 from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
 from agl_trainer.eval.receipt import ENV_CONTEXT_TOKENS, ENV_MAX_TURNS, build_receipt, now_iso, write_result
 from agl_trainer.eval.scores import TaskScore, summarize
+from agl_trainer.loop.validation import SETTLE_TIMEOUT_S
 from agl_trainer.runners.base import RolloutSpec
 
 EVAL_DROP_REASON = "evaluation"  # the store records that these rollouts are never to be trained
@@ -130,7 +131,7 @@ async def _evaluate(
         launched = time.monotonic()
         ready: list[float] = []
         outcomes, by_id = await collect(
-            specs, serving.runner, serving.data, no_data_timeout_s, settle=lambda: spans_delivered(serving.admin),
+            specs, serving.runner, serving.data, no_data_timeout_s, settle=lambda: serving.admin.flush(SETTLE_TIMEOUT_S),
             on_ready=lambda: ready.append(time.monotonic()),
         )  # fmt: skip
         rollout_s = (ready[0] if ready else time.monotonic()) - launched
@@ -162,20 +163,6 @@ async def _evaluate(
     receipt_path = write_result(out, results, receipt)
     trackers.summary({f"eval/{key}": value for key, value in summary.items()}, [out / "results.json", receipt_path])
     return EvalResult(out, receipt_path, summary, rows, rollout_s, len(specs))
-
-
-async def spans_delivered(admin: Any, timeout_s: float = 60.0) -> None:
-    """Until the sidecar(s) hold no call in flight and no span undelivered (the receiver acknowledges
-    a span once it is stored), or `timeout_s`: the attempts' data is then in the store."""
-    deadline = time.monotonic() + timeout_s
-    keys = ("spans_building", "spans_pending", "spans_sending", "spans_in_spool")
-    admins = list(getattr(admin, "admins", [admin]))  # a SidecarFleet: each of its sidecars
-    while time.monotonic() < deadline:
-        # GET state has the span counts in its counters (a pause's answer has them at the top)
-        states = await asyncio.gather(*(one.state() for one in admins))
-        if all(s.in_flight == 0 and not any(int(s.counters.get(k, 0) or 0) for k in keys) for s in states):
-            return
-        await asyncio.sleep(0.05)
 
 
 def run_eval_sync(config: Config, *, quiet: bool = False) -> EvalResult:

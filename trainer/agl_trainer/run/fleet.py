@@ -34,6 +34,9 @@ class SidecarFleet:
         # The engine's progress is keyed by request id: each sidecar finds its own calls in it.
         return merge_states(list(await asyncio.gather(*(a.resume(request) for a in self.admins))))
 
+    async def flush(self, timeout_s: float = 30.0) -> SidecarState:
+        return merge_states(list(await asyncio.gather(*(a.flush(timeout_s) for a in self.admins))))
+
     async def state(self) -> SidecarState:
         return merge_states(list(await asyncio.gather(*(a.state() for a in self.admins))))
 

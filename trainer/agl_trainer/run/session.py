@@ -228,7 +228,7 @@ class Session:
         )
         for group in recovered:
             source.adopt(group, state.policy_version, state.step)
-        validator = build_validator(config, serving.runner, serving.data, run_id, out)
+        validator = build_validator(config, serving.runner, serving.data, run_id, out, sidecar=serving.admin)
         return _Parts(source, serving.data, validator, self._agreement_log(out))
 
     def _stored(self, store_path: Path, backend: Any, progress: LoopProgress) -> _Parts:

@@ -78,6 +78,11 @@ class SidecarAdmin:
                 body["engine_progress"] = request.engine_progress
         return await self._post(semconv.ADMIN_RESUME_PATH, body)
 
+    async def flush(self, timeout_s: float = 30.0) -> SidecarState:
+        """Deliver the spans of every call finished so far, holding none (`spans_flushed` false: not
+        within `timeout_s`; the state says how many are still undelivered)."""
+        return await self._post(semconv.ADMIN_FLUSH_PATH, {"timeout_s": timeout_s}, timeout=timeout_s + 10)
+
     async def state(self) -> SidecarState:
         response = await self._client.get(semconv.ADMIN_STATE_PATH)
         _raise_for(response, "state")

@@ -59,6 +59,7 @@ from agl_trainer.runners.base import (
 )
 
 READY_TIMEOUT_S = 120.0
+WORKER_FLUSH_TIMEOUT_S = 10.0  # a worker delivers a rollout's spans before it reports the rollout ended
 log = logging.getLogger("agl.runner")
 
 
@@ -139,6 +140,11 @@ def _worker_main(
         except BaseException as error:  # the harness's own failure
             cause = Cause.HARNESS_ERROR.value
             message = "".join(traceback.format_exception_only(type(error), error)).strip()
+        # The rollout's own spans (its end, its reward) leave now, before the trainer hears it ended:
+        # a process harness flushes at exit; a worker lives on, and its batch would wait up to the
+        # SDK's schedule delay, past loop.completion_grace_s on a busy machine (the rollout read
+        # complete without its reward).
+        agl.flush(WORKER_FLUSH_TIMEOUT_S)
         send(_Result(request.request_id, cause, reward, message, time.monotonic() - started))
 
     while True:
