@@ -21,6 +21,18 @@ UPSTREAM = {"upstream": ["http://127.0.0.1:1"]}
         ({"sampling": {"val": {"top_p": float("inf")}}}, "'sampling.val.top_p': inf must be a finite"),
         ({"upstream_api_key": "k\r\nX-Evil: 1"}, "'upstream_api_key' must be printable ASCII"),  # a header
         ({"upstream_api_key": "kéy"}, "'upstream_api_key' must be printable ASCII"),
+        # otlp_headers go out on every export request: a value aiohttp refuses killed each export cycle
+        # with its batch in flight; a name that is not an HTTP token dead-lettered every span.
+        ({"otlp_headers": {"authorization": "Bearer t\r\nX-Evil: 1"}}, "'otlp_headers' value of 'authorization'"),
+        ({"otlp_headers": {"authorization": "Bearer t\n"}}, "line breaks or control characters"),
+        ({"otlp_headers": {"x-tenant": "a\x00b"}}, "'otlp_headers' value of 'x-tenant'"),
+        ({"otlp_headers": {"x-tenant": "caf\u00e9"}}, "printable ASCII"),
+        ({"otlp_headers": {"x tenant": "a"}}, "'otlp_headers' name 'x tenant' is not an HTTP header name"),
+        ({"otlp_headers": {"": "a"}}, "'otlp_headers' name '' is not an HTTP header name"),
+        ({"otlp_headers": {"x:y": "a"}}, "not an HTTP header name"),
+        ({"otlp_headers": {"x-\u00e9": "a"}}, "not an HTTP header name"),
+        ({"otlp_protocol": "grpc", "otlp_headers": {"x!y": "a"}}, "gRPC metadata"),
+        ({"otlp_protocol": "grpc", "otlp_headers": {"x-bin": "a"}}, "gRPC metadata"),
     ],
 )
 def test_non_finite_and_negative_durations_and_sampling_values_are_refused(settings, message):
@@ -41,6 +53,13 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
     path.write_bytes(b"upstream: [http://127.0.0.1:1]\n\xff\xfe\n")
     with pytest.raises(ConfigError, match="not UTF-8 text"):
         load_yaml(str(path))
+
+
+def test_ordinary_otlp_headers_still_start():
+    headers = {"authorization": "Bearer abc.DEF-123_~+/=", "X-Scope-OrgID": "team a", "x!#$%&'*+.^_`|~": "v\tw"}
+    assert build({**UPSTREAM, "otlp_headers": headers}).otlp_headers == headers
+    grpc = {"authorization": "Bearer abc", "X-Scope-OrgID": "a"}
+    assert build({**UPSTREAM, "otlp_protocol": "grpc", "otlp_headers": grpc}).otlp_headers == grpc
 
 
 def test_finite_values_still_start():

@@ -275,6 +275,7 @@ class SpanExporter:
                 raise
             except Exception:  # keep exporting whatever one cycle hit
                 log.exception("agl-sidecar: span export cycle failed")
+                await self._keep_failed_batch()
             if not self._pending and (self.counters.spool_files == 0 or self.down):
                 self._idle.set()
                 if self._stopping:
@@ -300,6 +301,22 @@ class SpanExporter:
             self._in_flight = None
             self.counters.spans_sending = 0
             self._settle(len(batch))
+
+    async def _keep_failed_batch(self) -> None:
+        """After a cycle died of something unplanned (a header aiohttp will not send, a bug), the
+        batch it was sending goes to the spool (or counts as failed), never overwritten by the next
+        cycle's: replayed after the backoff, it is delivered once the cause is gone, and meanwhile
+        counted in spans_in_spool. Parts the endpoint had already acknowledged may arrive twice."""
+        batch, self._in_flight = self._in_flight, None
+        self.counters.spans_sending = 0
+        if not batch:
+            return
+        self._mark_down()
+        try:
+            await self._spool_batches([batch])
+        except Exception as exc:  # the spool path itself is what broke
+            self._fail(len(batch), f"the export cycle failed and the batch cannot be spooled: {exc!r}")
+        self._settle(len(batch))
 
     def _next_batch(self) -> list[bytes]:
         batch: list[bytes] = []
@@ -552,6 +569,11 @@ class SpanExporter:
                     self._spooling -= len(batch)
                     self._count_pending()
                     self._settle(len(batch))
+        except Exception as exc:  # taken off the queue and not written: lost, so counted
+            if settle and unwritten:
+                self._fail(unwritten, f"cannot be spooled: {exc!r}")
+                self._settle(unwritten)
+            raise
         finally:  # cancelled part-way: the count must not stay inflated
             self._spooling -= unwritten
             self._count_pending()
