@@ -103,6 +103,14 @@ def shown_text(value: str) -> str:
     return _shown(value)
 
 
+def shown_message(message: str, limit: int = 512) -> str:
+    """An error message that may quote a caller's value (msgspec's "Invalid enum value 'x...'"),
+    cut to about `limit` characters, keeping its end (msgspec ends with the field's path)."""
+    if len(message) <= limit:
+        return message
+    return message[: limit // 2] + "..." + message[-(limit // 2) :]
+
+
 def _shown(value: str) -> str:
     """`value` safe to put in an error message: escaped, and short."""
     shown = value.encode("ascii", "backslashreplace").decode("ascii")

@@ -51,10 +51,10 @@ class BodyError(ValueError):
 def decode_body(raw: bytes, kind: type, what: str) -> Any:
     try:
         return msgspec.json.decode(raw or b"{}", type=kind)
-    except msgspec.ValidationError as exc:
-        raise BodyError(f"{what}: {exc}", wire.error_param(exc)) from None
+    except msgspec.ValidationError as exc:  # it may quote the refused value: never echoed at length
+        raise BodyError(f"{what}: {inputs.shown_message(str(exc))}", wire.error_param(exc)) from None
     except msgspec.DecodeError as exc:
-        raise BodyError(f"{what}: the body is not valid JSON ({exc})") from None
+        raise BodyError(f"{what}: the body is not valid JSON ({inputs.shown_message(str(exc))})") from None
     except RecursionError:
         raise BodyError(f"{what}: {DEEP_JSON}") from None
 

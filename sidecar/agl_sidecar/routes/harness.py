@@ -92,10 +92,10 @@ async def end_rollout(request: web.Request) -> web.Response:
     sidecar = sidecar_of(request)
     if body.status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
         return openai_error(
-            400, f"status must be 'succeeded' or 'failed', got {body.status!r}", param="status"
+            400, f"status must be 'succeeded' or 'failed', got {inputs.shown_text(body.status)}", param="status"
         )
     if body.mode is not None and body.mode not in semconv.MODES:
-        return openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {body.mode!r}", param="mode")
+        return openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {inputs.shown_text(body.mode)}", param="mode")
     try:
         inputs.text(body.task_id, "task_id")
         identity = sidecar.identity(request)

@@ -29,6 +29,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from agl_trainer.redaction import redact
+
 SCHEMA = "agl.receipt/1"
 RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
@@ -225,7 +227,7 @@ def write_result(directory: Path, results: dict[str, Any], receipt: dict[str, An
     receipt["results"]["sha256"] = sha256_file(results_path)
     receipt_path = directory / f"{prefix}{RECEIPT_FILE}"
     tmp = receipt_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(receipt, indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(redact(receipt), indent=1, default=str) + "\n")  # shared, uploaded: no secrets
     os.replace(tmp, receipt_path)
     return receipt_path
 
