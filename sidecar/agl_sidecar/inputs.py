@@ -25,10 +25,18 @@ Positive = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 class BadInput(Exception):
     """A value from outside the sidecar cannot be accepted; `param` names where it came from."""
 
+    status = 400
+
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+class NotYours(BadInput):
+    """A per-rollout API key used for another rollout: a 403 naming both."""
+
+    status = 403
 
 
 class BodyRefused(Exception):

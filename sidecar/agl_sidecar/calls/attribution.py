@@ -94,10 +94,17 @@ def resolve(
         identity.rollout_id = inputs.text(headers[semconv.HEADER_ROLLOUT_ID], semconv.HEADER_ROLLOUT_ID)
     elif baggage.get(semconv.BAGGAGE_ROLLOUT_ID):
         identity.rollout_id = inputs.text(baggage[semconv.BAGGAGE_ROLLOUT_ID], "baggage " + semconv.BAGGAGE_ROLLOUT_ID)
-    elif api_key_rollouts:
+    if api_key_rollouts:  # a per-rollout key attributes a call, and acts for its own rollout only
         key = bearer_token(headers)
-        if key is not None:
-            identity.rollout_id = api_key_rollouts.get(key)
+        own = api_key_rollouts.get(key) if key is not None else None
+        if own is not None and identity.rollout_id is None:
+            identity.rollout_id = own
+        elif own is not None and identity.rollout_id != own:
+            raise inputs.NotYours(
+                f"the API key sent is rollout {inputs.shown_text(own)}'s (rollout_api_keys) and acts for that "
+                f"rollout only, not for rollout {inputs.shown_text(identity.rollout_id)}; use that rollout's "
+                "URL or the sidecar's --api-key", "authorization",
+            )
     task_id = headers.get(semconv.HEADER_TASK_ID)
     if task_id:
         identity.task_id = inputs.text(task_id, semconv.HEADER_TASK_ID)

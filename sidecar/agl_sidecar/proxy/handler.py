@@ -90,7 +90,9 @@ class Proxy:
             parsed = decode_request(kind, body)
             identity = identity_from(request, parts.config.rollout_api_keys)
         except (BadRequest, inputs.BadInput) as exc:
-            return front.error(400, exc.message, "invalid_request_error", exc.param)
+            status = getattr(exc, "status", 400)
+            return front.error(status, exc.message, "permission_error" if status == 403 else "invalid_request_error",
+                               exc.param)
         mode = identity.mode or parts.config.default_mode
         overrides = parts.config.sampling.get(mode, {}) if mode else {}
         if parts.config.sampling_seed is not None and identity.rollout_id:  # reproducible sampling

@@ -157,7 +157,8 @@ def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Ide
     if path_mode is not None:  # /rollouts/{id}[/attempts/{n}]/modes/{mode}: the URL's mode wins
         if path_mode not in semconv.MODES:
             raise inputs.BadInput(
-                f"mode {path_mode!r} in the URL path is not one of {list(semconv.MODES)}", "mode in the URL path"
+                f"mode {inputs.shown_text(path_mode)} in the URL path is not one of {list(semconv.MODES)}",
+                "mode in the URL path",
             )
         identity.mode = path_mode
     return identity

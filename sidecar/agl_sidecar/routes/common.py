@@ -30,7 +30,8 @@ def openai_error(status: int, message: str, error_type: str = "invalid_request_e
 def bad_input(exc: inputs.BadInput | inputs.BodyRefused) -> web.Response:
     if isinstance(exc, inputs.BodyRefused):
         return openai_error(exc.status, exc.message, "timeout" if exc.status == 408 else "invalid_request_error")
-    return openai_error(400, exc.message, param=exc.param)
+    error_type = "permission_error" if exc.status == 403 else "invalid_request_error"
+    return openai_error(exc.status, exc.message, error_type, param=exc.param)
 
 
 def unauthorized() -> web.Response:

@@ -93,8 +93,9 @@ def translated(path: str) -> Any:
             sidecar.identity(request)  # ids a span cannot carry: refused here, in this protocol's shape
         except ProtocolError as exc:
             return _protocol_error(adapter, exc)
-        except inputs.BadInput as exc:
-            return json_reply(400, adapter.error_body(400, exc.message, "invalid_request_error"))
+        except inputs.BadInput as exc:  # 403: a per-rollout key used for another rollout
+            kind = "permission_error" if exc.status == 403 else "invalid_request_error"
+            return json_reply(exc.status, adapter.error_body(exc.status, exc.message, kind))
         except RecursionError:
             return json_reply(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
         chat_bytes = msgspec.json.encode(chat_request)
