@@ -167,6 +167,7 @@ HEADER_CLAUDE_CODE_AGENT_ID: Final = "x-claude-code-agent-id"
 HEADER_CLAUDE_CODE_PARENT_AGENT_ID: Final = "x-claude-code-parent-agent-id"
 HEADER_COMPACTION: Final = "x-agl-compaction"  # "1" or "true": this call follows a compaction
 AGENT_ID_MAX_CHARS: Final = 256  # a longer declared agent id is refused (400)
+ROLLOUT_ID_MAX_CHARS: Final = 256  # agl.rollout.id, agl.task.id: longer is refused (sidecar 400, receiver violation)
 BAGGAGE_ROLLOUT_ID: Final = ROLLOUT_ID  # W3C baggage keys reuse the attribute names
 BAGGAGE_TASK_ID: Final = TASK_ID
 BAGGAGE_ATTEMPT: Final = ATTEMPT

@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tests.dataplane.hostile import (
     export_request,
+    field,
     int_value,
     nested_array,
     nested_json_array,
@@ -67,6 +68,10 @@ def rejected(reply: httpx.Response) -> tuple[int, str]:
         (semconv.PROMPT_TOKEN_IDS, nested_array(3000), "call.prompt_token_ids_nesting_too_deep"),
         (semconv.ROLLOUT_ID, nested_kvlist(3000), "call.rollout_id_nesting_too_deep"),
         (semconv.ROLLOUT_ID, b"\x0a\x02\xff\xfe", "call.rollout_id_invalid_utf8"),
+        # ids are bounded (docs/spans.md): a 1 MB rollout id was stored in every row of its rollout
+        (semconv.ROLLOUT_ID, field(1, b"r" * 1_000_000), "call.rollout_id_too_long"),
+        (semconv.ROLLOUT_ID, field(1, b"r" * (semconv.ROLLOUT_ID_MAX_CHARS + 1)), "call.rollout_id_too_long"),
+        (semconv.TASK_ID, field(1, b"t" * (semconv.ROLLOUT_ID_MAX_CHARS + 1)), "call.task_id_too_long"),
     ],
 )
 def test_a_bad_value_costs_its_span_only_protobuf(receiver, store, key, value, reason):
@@ -102,6 +107,16 @@ def test_times_above_int64_are_clamped_not_refused(receiver, store):
     assert reply.status_code == 200 and rejected(reply)[0] == 0
     [call] = store.load("late").calls
     assert call.end_ns == INT64_MAX
+
+
+def test_ids_at_the_bound_are_stored_and_a_long_reward_id_costs_its_span(receiver, store):
+    longest = "r" * semconv.ROLLOUT_ID_MAX_CHARS
+    too_long = with_attribute(reward_span("x", 1.0), semconv.ROLLOUT_ID, field(1, b"r" * 10_000))
+    body = export_request(call_span(longest, 0, [1], [2]).SerializeToString(), too_long)
+    reply = post(receiver, body)
+    assert reply.status_code == 200 and rejected(reply)[0] == 1
+    assert receiver.stats().violations == {"reward.rollout_id_too_long": 1}
+    assert len(store.load(longest).calls) == 1
 
 
 def test_a_span_with_broken_bytes_costs_only_itself(receiver, store):

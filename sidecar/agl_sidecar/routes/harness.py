@@ -68,7 +68,7 @@ async def reward(request: web.Request) -> web.Response:
         return openai_error(400, "reward name must be a non-empty string", param="name")
     try:
         inputs.text(body.name, "name")
-        inputs.text(body.task_id, "task_id")
+        inputs.short_text(body.task_id, "task_id", semconv.ROLLOUT_ID_MAX_CHARS) if body.task_id else None
         identity = sidecar.identity(request)
     except inputs.BadInput as exc:
         return bad_input(exc)
@@ -97,7 +97,7 @@ async def end_rollout(request: web.Request) -> web.Response:
     if body.mode is not None and body.mode not in semconv.MODES:
         return openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {inputs.shown_text(body.mode)}", param="mode")
     try:
-        inputs.text(body.task_id, "task_id")
+        inputs.short_text(body.task_id, "task_id", semconv.ROLLOUT_ID_MAX_CHARS) if body.task_id else None
         identity = sidecar.identity(request)
     except inputs.BadInput as exc:
         return bad_input(exc)
