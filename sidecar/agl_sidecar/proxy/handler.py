@@ -23,6 +23,7 @@ from agl_sidecar.proxy.engine_client import (
     EngineDisconnected,
     EngineResponse,
     EngineUnreachable,
+    LocalResourcesExhausted,
     ResponseTooLarge,
 )
 from agl_sidecar.proxy.failures import client_gone, end_call
@@ -192,6 +193,11 @@ class Proxy:
                         call, front, 502, f"upstream {upstream.url} is unreachable ({exc})", "upstream_unreachable"
                     )
                 continue
+            except LocalResourcesExhausted as exc:  # this host's limit, not the engine's: it stays in service
+                upstream.in_flight -= 1
+                response = self._fail(call, front, 503, str(exc), "local_resources_exhausted")
+                response.headers["Retry-After"] = "1"
+                return response
             except EngineDisconnected as exc:
                 upstream.in_flight -= 1
                 if stale_connection_retries:
@@ -206,6 +212,11 @@ class Proxy:
                 raise
             break
         try:
+            encoding = upstream_response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):  # asked for identity: these bytes cannot be read nor passed on
+                message = (f"upstream {upstream.url} answered with Content-Encoding: {encoding[:40]} although the "
+                           "sidecar asked for identity (Accept-Encoding: identity); its body is not passed on")
+                return self._fail(call, front, 502, message, "upstream_error")
             if upstream_response.status != 200:
                 try:
                     data = await upstream_response.read(self.parts.config.max_response_bytes)
