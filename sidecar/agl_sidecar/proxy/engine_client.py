@@ -28,9 +28,9 @@ import httptools
 HIGH_WATER = 1 << 20  # unread answer bytes past which reading the connection pauses
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers together
 # Bytes of an answer that are not its body (status lines, headers, interim answers, chunk sizes and
-# extensions, trailers), counted as they arrive: at most MAX_HEAD_BYTES plus 1/FRAMING_SHARE of the
-# body so far. A chunk of one byte costs 5 bytes of framing; vLLM's chunks are hundreds of bytes.
-FRAMING_SHARE = 1
+# extensions, trailers), counted as they arrive: at most MAX_HEAD_BYTES plus FRAMING_PER_BODY_BYTE
+# times the body so far. A chunk of one byte costs 5 bytes of framing; vLLM's chunks are hundreds.
+FRAMING_PER_BODY_BYTE = 8
 CONNECT_TIMEOUT_S = 10.0
 # A connect that fails for want of a local resource waits for one to free up (calls end, descriptors
 # close), this long at most, then the call gets LocalResourcesExhausted.
@@ -262,7 +262,7 @@ class _Connection(asyncio.Protocol):
         # Counted as it arrives, not as a header completes: httptools grows a header by concatenation
         # until it ends, so one that never ends would grow the sidecar until it is killed.
         framing = self._received - self._body
-        if framing > MAX_HEAD_BYTES + self._body // FRAMING_SHARE and self.answer is not None:
+        if framing > MAX_HEAD_BYTES + FRAMING_PER_BODY_BYTE * self._body and self.answer is not None:
             self._refuse(f"its headers and framing are over {MAX_HEAD_BYTES} bytes (plus the body's size)")
 
     def _refuse(self, why: str) -> None:
