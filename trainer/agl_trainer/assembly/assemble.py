@@ -24,7 +24,7 @@ starts a new sample of the same rollout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -425,6 +425,26 @@ def _finish_samples(
     return samples, kept_index
 
 
+def rewarded_call(named: int, ordered: Sequence[int]) -> int:
+    """The seq of the call a reward's agl.call.seq names: the seq itself, or a position in the
+    rollout (0 = the first call: what a harness counting its calls knows; seqs are clock readings,
+    sidecar/spans/call_seq.py) where no seq can be mistaken for a position (a counted 1, 2 with call
+    0 lost is not positions). `ordered`: the rollout's call seqs, sorted."""
+    by_position = bool(ordered) and ordered[0] >= len(ordered)
+    return ordered[named] if by_position and named < len(ordered) else named
+
+
+def call_rewards(rewards: Iterable[Any], reward_name: str, seqs: Iterable[int]) -> dict[int, float]:
+    """Per-call rewards of `reward_name` by the seq of the call each names (the last one per call
+    wins); the one rule, for training and for the viewer."""
+    ordered = sorted(seqs)
+    per_call: dict[int, float] = {}
+    for reward in rewards:
+        if reward.name == reward_name and reward.call_seq is not None:
+            per_call[rewarded_call(reward.call_seq, ordered)] = reward.value
+    return per_call
+
+
 def _place_call_rewards(
     data: RolloutData,
     config: AssemblyConfig,
@@ -432,18 +452,7 @@ def _place_call_rewards(
     placements: dict[int, CallPlacement],
     problems: dict[str, int],
 ) -> None:
-    # A reward's agl.call.seq names its call by seq, or by position in the rollout (0 = the first
-    # call: what a harness counting its calls knows; seqs are clock readings, sidecar/spans/call_seq.py)
-    # where no seq can be mistaken for a position (a counted 1, 2 with call 0 lost is not positions).
-    ordered = sorted(placements)
-    by_position = bool(ordered) and ordered[0] >= len(ordered)
-    per_call: dict[int, float] = {}
-    for reward in data.rewards:  # the last one per call wins
-        if reward.name == config.reward_name and reward.call_seq is not None:
-            seq = reward.call_seq
-            if by_position and seq < len(ordered):
-                seq = ordered[seq]
-            per_call[seq] = reward.value
+    per_call = call_rewards(data.rewards, config.reward_name, placements)
     for seq, value in sorted(per_call.items()):
         placement = placements.get(seq)
         if placement is None or placement.sample is None:
