@@ -97,6 +97,12 @@ END_UPSTREAM_ERROR: Final = "upstream_error"
 END_HELD_TIMEOUT: Final = "held_timeout"
 # Ends whose response never reached the harness: assembly does not train such a call.
 ENDS_UNDELIVERED: Final = (END_CLIENT_DISCONNECTED, END_UPSTREAM_ERROR, END_HELD_TIMEOUT)
+# A span recovered from a killed sidecar's durable log whose last bytes it cannot say went out
+# (CALL_DELIVERY = DELIVERY_UNKNOWN); the receiver stores its end as END_DELIVERY_UNKNOWN, which
+# assembly trains only when a later call of the rollout builds on the answer.
+CALL_DELIVERY: Final = "agl.call.delivery"
+DELIVERY_UNKNOWN: Final = "unknown"
+END_DELIVERY_UNKNOWN: Final = "delivery_unknown"
 
 # Whether the call came from inside the harness's trace (see docs/spans.md). The rollout's trace is
 # the trace of its first call that carried a W3C traceparent.

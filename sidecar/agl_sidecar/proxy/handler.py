@@ -276,6 +276,7 @@ class Proxy:
             return self._fail(call, front, 502, message, "upstream_error")
         response = durable.unary_response(  # durable mode: the span is on disk before the body goes
             self.parts.recorder.persister(call),
+            self.parts.recorder.exporter.log,  # and marked delivered once the body is out
             status=200,
             body=translated,
             headers={"Content-Type": upstream_response.headers.get("content-type", "application/json")},
@@ -305,7 +306,8 @@ class Proxy:
     ) -> web.StreamResponse:
         content_type = upstream_response.headers.get("content-type", "text/event-stream; charset=utf-8")
         response = durable.stream_response(  # durable mode: the last chunk waits for the span
-            self.parts.recorder.persister(call), status=200, headers={"Content-Type": content_type}
+            self.parts.recorder.persister(call), self.parts.recorder.exporter.log, status=200,
+            headers={"Content-Type": content_type},
         )
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()

@@ -38,7 +38,7 @@ from typing import NamedTuple
 import aiohttp
 
 from agl_sidecar.spans import deflate, otlp
-from agl_sidecar.spans.durable import SpanLog, read_segment
+from agl_sidecar.spans.durable import SpanLog, read_segment, unknown_delivery
 from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.spans.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_name, write_atomic
 
@@ -607,16 +607,24 @@ class SpanExporter:
         self._spool_bytes_now = self.spool.bytes()
 
     async def _recover_span_logs(self) -> None:
-        """Durable-mode log segments a killed sidecar left: their spans become spool files."""
-        for segment in self.spool.files(WAL_SUFFIX):
+        """Durable-mode log segments a killed sidecar left: their spans become spool files; a call
+        span without its delivery marker says its delivery is unknown (durable.unknown_delivery)."""
+        segments = self.spool.files(WAL_SUFFIX)
+        delivered: set[bytes] = set()  # markers may sit in a later segment than their spans
+        read: list[tuple[Path, list[bytes]]] = []
+        for segment in segments:
             try:
-                spans = list(read_segment(segment))
+                read.append((segment, list(read_segment(segment, delivered))))
             except OSError as exc:
                 log.error("agl-sidecar: cannot read span log %s: %s", segment, exc)
-                continue
+        for segment, found in read:
+            spans = [unknown_delivery(span, delivered) for span in found]
             await self._spool_batches(self._batches(spans))
             if spans:
-                log.warning("agl-sidecar: recovered %d span(s) of answered calls from %s", len(spans), segment.name)
+                unknown = sum(after is not before for after, before in zip(spans, found, strict=True))
+                log.warning("agl-sidecar: recovered %d span(s) of answered calls from %s (%d whose last bytes "
+                            "may not have reached the harness: marked delivery unknown)", len(spans), segment.name,
+                            unknown)  # fmt: skip
             segment.unlink(missing_ok=True)
 
     def _fail(self, spans: int, why: str) -> None:

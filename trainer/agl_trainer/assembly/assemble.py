@@ -47,6 +47,9 @@ PROMPT_LENGTH_MISMATCH = "prompt_length_mismatch"
 TOKENS_ABSENT = "tokens_absent"
 DUPLICATE_CALL_SEQ = "duplicate_call_seq"
 NOT_DELIVERED = "response_not_delivered"  # agl.call.end_reason in semconv.ENDS_UNDELIVERED
+# delivery_unknown (a span recovered from a killed sidecar's log without its delivery marker) and no
+# later call building on its answer: the harness most likely never got it
+DELIVERY_UNKNOWN = "delivery_unknown_not_built_on"
 OUTSIDE_TRACE = "outside_trace_not_trained"  # agl.call.origin not harness, train_outside_trace off
 LOGPROBS_MISSING = "logprobs_missing"  # trained; Sample.logprob_known 0: re-scored or excluded (agreement.py)
 CALL_REWARD_LOST = "call_reward_lost"  # a per-call reward whose call was skipped or cut away
@@ -223,10 +226,27 @@ def _rebuild_prompts(
     return usable
 
 
-def _trainable(call: CallRow, config: AssemblyConfig) -> str | None:
+def _built_on(usable: dict[int, tuple[CallRow, np.ndarray, np.ndarray]]) -> set[int]:
+    """The calls of unknown delivery (a killed sidecar could not say their answer went out) that a
+    later call of the rollout builds on: its prompt extends the call's whole sequence, so the
+    harness got the answer. There are few such calls (the ones answered as the sidecar died)."""
+    unknown = [seq for seq, (call, _, _) in usable.items() if call.end_reason == semconv.END_DELIVERY_UNKNOWN]
+    found: set[int] = set()
+    for seq in unknown:
+        full = usable[seq][2]
+        for later, (_, prompt, _) in usable.items():
+            if later > seq and prompt.size >= full.size and np.array_equal(prompt[: full.size], full):
+                found.add(seq)
+                break
+    return found
+
+
+def _trainable(call: CallRow, config: AssemblyConfig, built_on: set[int]) -> str | None:
     """Why a call with usable tokens is not trained, or None."""
     if call.end_reason in semconv.ENDS_UNDELIVERED:
         return NOT_DELIVERED
+    if call.end_reason == semconv.END_DELIVERY_UNKNOWN and call.call_seq not in built_on:
+        return DELIVERY_UNKNOWN
     if not config.train_outside_trace and call.origin not in (None, semconv.ORIGIN_HARNESS):
         return OUTSIDE_TRACE
     return None
@@ -258,6 +278,7 @@ def assemble_rollout(
     special = np.asarray(config.special_token_ids, dtype=np.int32) if config.special_token_ids else None
 
     usable = _rebuild_prompts(data.calls, problems, placements)
+    built_on = _built_on(usable)
     built: list[_Building] = []
     index = PrefixIndex()
     sample_of: dict[int, int] = {}  # call seq -> the sample that ends with it
@@ -268,7 +289,7 @@ def assemble_rollout(
             check()
         call, prompt, full = usable[seq]
         placement = placements[seq]
-        problem = _trainable(call, config)
+        problem = _trainable(call, config, built_on)
         if problem is not None:
             placement.problem = problem
             _count(problems, problem)

@@ -193,6 +193,16 @@ def _label(attributes: dict[str, Any], key: str, limit: int) -> str | None:
     return value
 
 
+def _end_reason(attributes: dict[str, Any]) -> str | None:
+    """agl.call.end_reason; a completed call whose span a killed sidecar recovered without proof
+    that its last bytes went out (agl.call.delivery = unknown) ends in `delivery_unknown`."""
+    reason = _str(attributes, semconv.CALL_END_REASON)
+    delivery = _str(attributes, semconv.CALL_DELIVERY)
+    if delivery == semconv.DELIVERY_UNKNOWN and reason in (None, semconv.END_COMPLETED):
+        return semconv.END_DELIVERY_UNKNOWN
+    return reason
+
+
 def _held_ms(attributes: dict[str, Any]) -> float | None:
     """agl.call.held_ms: a finite double >= 0 (an int is taken too)."""
     value = attributes.get(semconv.CALL_HELD_MS)
@@ -321,7 +331,7 @@ def _call(span: RawSpan) -> CallSpan:
         policy_version=policy_version,
         policy_versions=_policy_versions(attributes, completion, policy_version),
         finish_reason=finish,
-        end_reason=_str(attributes, semconv.CALL_END_REASON),
+        end_reason=_end_reason(attributes),
         tokens_source=_str(attributes, semconv.TOKENS_SOURCE),
         choices=_int(attributes, semconv.COMPLETION_CHOICES) or 1,
         status_code=span.status_code,
