@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _load import JSON, free_port, stop_processes, wait_up
+from _load import RECEIVER, free_port, stop_processes, wait_up
 from sidecar_overhead import rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,15 +172,6 @@ app.router.add_get("/healthz", healthz)
 web.run_app(app, host="127.0.0.1", port={port}, access_log=None, print=None, loop=uvloop.new_event_loop())
 """
 
-RECEIVER = """
-import sys, time
-sys.path.insert(0, {root!r})
-from agl_trainer.receiver import Receiver, ReceiverConfig
-with Receiver({store!r}, ReceiverConfig(port={port}, grpc_port=0)):
-    print("receiver up", flush=True)
-    while True:
-        time.sleep(3600)
-"""
 
 SLOTS = ("normal", "collector down", "normal", "collector slow", "sidecar SIGKILL", "receiver SIGKILL",
          "hostile engine", "normal")  # fmt: skip

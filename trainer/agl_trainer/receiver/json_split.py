@@ -96,13 +96,10 @@ def fields(text: bytes, span: Span | None = None) -> list[tuple[str, Span]]:
         value_start = _skip(text, pos + 1)
         value_stop = value_end(text, value_start)
         members.append((str(loads(name.group())), (value_start, value_stop)))
-        pos = _skip(text, value_stop)
-        if pos < end and text[pos] == ord(","):
-            pos = _skip(text, pos + 1)
-            continue
-        if pos < end and text[pos] == ord("}"):
+        after = _next_item(text, value_stop, end, b"}")
+        if after is None:
             return members
-        raise _error(text, pos, "',' or '}' expected")
+        pos = after
 
 
 def elements(text: bytes, span: Span) -> list[Span]:
@@ -120,13 +117,20 @@ def elements(text: bytes, span: Span) -> list[Span]:
     while True:
         stop = value_end(text, pos)
         values.append((pos, stop))
-        pos = _skip(text, stop)
-        if pos < end and text[pos] == ord(","):
-            pos = _skip(text, pos + 1)
-            continue
-        if pos < end and text[pos] == ord("]"):
+        after = _next_item(text, stop, end, b"]")
+        if after is None:
             return values
-        raise _error(text, pos, "',' or ']' expected")
+        pos = after
+
+
+def _next_item(text: bytes, pos: int, end: int, close: bytes) -> int | None:
+    """After a member or element: where the next one starts (past a ','), or None at `close`."""
+    pos = _skip(text, pos)
+    if pos < end and text[pos] == ord(","):
+        return _skip(text, pos + 1)
+    if pos < end and text[pos] == close[0]:
+        return None
+    raise _error(text, pos, f"',' or '{close.decode()}' expected")
 
 
 def items(body: bytes, names: tuple[str, str, str]) -> list[bytes]:
