@@ -40,11 +40,11 @@ def decode_request(kind: str, body: bytes) -> wire.Request:
         if text.startswith("Object missing required field"):
             field = text.split("`")[1] if "`" in text else None
             return _raise(f"missing required field '{field}'", field)
-        return _raise(f"invalid request body: {text}", param)
+        return _raise(f"invalid request body: {inputs.shown_message(text)}", param)  # never echoed at length
     except msgspec.DecodeError as exc:
         if not body.strip():
             return _raise("empty request body: send a JSON object", None)
-        return _raise(f"request body is not valid JSON: {exc}", None)
+        return _raise(f"request body is not valid JSON: {inputs.shown_message(str(exc))}", None)
     except RecursionError:
         return _raise(DEEP_JSON, None)
 
