@@ -95,6 +95,8 @@ def test_the_redaction_rule_names_secrets_by_key_harness_env_and_url_userinfo() 
         "agl", "eval", "--sidecar.admin_token", REDACTED, f"--harness.env.K={REDACTED}", f"--api-key={REDACTED}",
         "--model-url", f"http://{REDACTED}@h/v1", "--eval.k=3", f"--engine.options={{x: {REDACTED}}}",
     ]
+    assert redact_argv(["agl-sidecar", "--no-api-key", "--listen", "0.0.0.0:1"]) == [
+        "agl-sidecar", "--no-api-key", "--listen", "0.0.0.0:1"]  # a switch named like a key takes no value
     assert redact_text("cannot reach postgres://admin:hunter22@db/x and http://h/p@q") == (
         f"cannot reach postgres://{REDACTED}@db/x and http://h/p@q"  # an @ in a path is not userinfo
     )

@@ -93,10 +93,11 @@ def redact_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:
     out: list[str] = []
     hide_next = False
     for item in argv:
-        if hide_next:
+        if hide_next and not item.startswith("-"):  # the flag's value (a switch such as --no-api-key has none)
             out.append(REDACTED)
             hide_next = False
             continue
+        hide_next = False
         flag, equals, _ = item.partition("=")
         secret_flag = flag.startswith("-") and _secret_flag(flag.lstrip("-"))
         if secret_flag and equals:
