@@ -160,8 +160,12 @@ class SpanLog:
             self._path = self._spool.new_name(WAL_SUFFIX)
             self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         view = memoryview(b"".join(chunks))
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError:
+            self._close_segment()  # a torn marker ends this segment's recovery: later spans go to a new one
+            raise
 
     def _close_segment(self) -> None:
         if self._fd is None or self._path is None:
@@ -192,6 +196,9 @@ def read_segment(path: Path, delivered: set[bytes] | None = None) -> Iterator[by
         at = start + size
 
 
+SPAN_KIND_CLIENT = 3  # a model call's span; rewards and rollout ends are INTERNAL
+
+
 def unknown_delivery(span: bytes, delivered: set[bytes]) -> bytes:
     """A recovered span as it is sent: a call span (kind CLIENT) without a delivery marker gets
     `agl.call.delivery = unknown` (an attribute appended: protobuf concatenates repeated fields)."""
@@ -204,9 +211,6 @@ def unknown_delivery(span: bytes, delivered: set[bytes]) -> bytes:
     if kind != SPAN_KIND_CLIENT:
         return span
     return span + otlp.attributes(9, [(semconv.CALL_DELIVERY, semconv.DELIVERY_UNKNOWN)])
-
-
-SPAN_KIND_CLIENT = 3  # a model call's span; rewards and rollout ends are INTERNAL
 
 
 # --- responses whose final bytes wait for the span -------------------------------------------------
