@@ -12,6 +12,17 @@ from agl_trainer.addresses import free_port  # noqa: F401 - the benches take it 
 
 JSON = {"Content-Type": "application/json"}
 
+# The trainer's receiver and its store, as a process of its own: RECEIVER.format(root=, store=, port=)
+RECEIVER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from agl_trainer.receiver import Receiver, ReceiverConfig
+with Receiver({store!r}, ReceiverConfig(port={port}, grpc_port=0)):
+    print("receiver up", flush=True)
+    while True:
+        time.sleep(3600)
+"""
+
 
 async def wait_up(url: str, session: Any, timeout_s: float = 60.0) -> None:
     """Return once GET `url` answers (any status)."""

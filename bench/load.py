@@ -32,21 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _load import JSON, free_port, pct, wait_up
+from _load import JSON, RECEIVER, free_port, pct, wait_up
 from sidecar_overhead import FAKE, FLOOR, rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
-RECEIVER = """
-import sys, time
-sys.path.insert(0, {root!r})
-from agl_trainer.receiver import Receiver, ReceiverConfig
-with Receiver({store!r}, ReceiverConfig(port={port}, grpc_port=0)):
-    print("receiver up", flush=True)
-    while True:
-        time.sleep(3600)
-"""
 
 SIDECARS = ("agl-sidecar", "agl-durable")
 

@@ -97,6 +97,12 @@ END_UPSTREAM_ERROR: Final = "upstream_error"
 END_HELD_TIMEOUT: Final = "held_timeout"
 # Ends whose response never reached the harness: assembly does not train such a call.
 ENDS_UNDELIVERED: Final = (END_CLIENT_DISCONNECTED, END_UPSTREAM_ERROR, END_HELD_TIMEOUT)
+# A span recovered from a killed sidecar's durable log whose last bytes it cannot say went out
+# (CALL_DELIVERY = DELIVERY_UNKNOWN); the receiver stores its end as END_DELIVERY_UNKNOWN, which
+# assembly trains only when a later call of the rollout builds on the answer.
+CALL_DELIVERY: Final = "agl.call.delivery"
+DELIVERY_UNKNOWN: Final = "unknown"
+END_DELIVERY_UNKNOWN: Final = "delivery_unknown"
 
 # Whether the call came from inside the harness's trace (see docs/spans.md). The rollout's trace is
 # the trace of its first call that carried a W3C traceparent.
@@ -180,6 +186,7 @@ HEADER_CLAUDE_CODE_PARENT_AGENT_ID: Final = "x-claude-code-parent-agent-id"
 HEADER_CLAUDE_CODE_SESSION_ID: Final = "x-claude-code-session-id"
 HEADER_COMPACTION: Final = "x-agl-compaction"  # "1" or "true": this call follows a compaction
 AGENT_ID_MAX_CHARS: Final = 256  # a longer declared agent id is refused (400)
+ROLLOUT_ID_MAX_CHARS: Final = 256  # agl.rollout.id, agl.task.id: longer is refused (sidecar 400, receiver violation)
 BAGGAGE_ROLLOUT_ID: Final = ROLLOUT_ID  # W3C baggage keys reuse the attribute names
 BAGGAGE_TASK_ID: Final = TASK_ID
 BAGGAGE_ATTEMPT: Final = ATTEMPT

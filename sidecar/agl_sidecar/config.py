@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,32 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to anything
 
 
+# RFC 9110 5.6.2: a field name is a token
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_GRPC_KEY = re.compile(r"[0-9a-z_.\-]+")  # gRPC ASCII metadata keys (lowercased; not "-bin")
+
+
+def _validate_otlp_headers(headers: dict[str, str], protocol: str) -> None:
+    """Every export request carries these: one aiohttp refuses to send killed each export cycle, a
+    name the endpoint refuses dead-lettered every span. Refused here, before anything is sent."""
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ConfigError(
+                f"setting 'otlp_headers' name {name!r} is not an HTTP header name (letters, digits and "
+                "!#$%&'*+-.^_`|~ only; no spaces or colons): e.g. authorization=Bearer TOKEN"
+            )
+        if protocol == "grpc" and (not _GRPC_KEY.fullmatch(name.lower()) or name.lower().endswith("-bin")):
+            raise ConfigError(
+                f"setting 'otlp_headers' name {name!r} is not gRPC metadata (letters, digits, '-', '_', '.'; "
+                "not ending in -bin) as --otlp-protocol grpc sends it"
+            )
+        if not all(char == "\t" or " " <= char <= "~" for char in value):
+            raise ConfigError(
+                f"setting 'otlp_headers' value of {name!r} must be printable ASCII (no line breaks or control "
+                "characters): it is sent as a header on every export request"
+            )
+
+
 def validate(config: SidecarConfig) -> None:
     if not config.upstream:
         raise ConfigError("no upstream: pass --upstream URL (a vLLM server, e.g. http://127.0.0.1:8000) "
@@ -198,6 +225,7 @@ def validate(config: SidecarConfig) -> None:
             "setting 'upstream_api_key' must be printable ASCII (no line breaks or control characters): it is "
             "sent to the engine as 'Authorization: Bearer KEY'"
         )
+    _validate_otlp_headers(config.otlp_headers, config.otlp_protocol)
     if config.otlp_endpoint is not None and not config.otlp_endpoint.startswith(("http://", "https://")):
         raise ConfigError(
             f"setting 'otlp_endpoint': {config.otlp_endpoint!r} must be a URL such as http://127.0.0.1:4318"

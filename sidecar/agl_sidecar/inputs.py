@@ -25,10 +25,18 @@ Positive = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 class BadInput(Exception):
     """A value from outside the sidecar cannot be accepted; `param` names where it came from."""
 
+    status = 400
+
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+class NotYours(BadInput):
+    """A per-rollout API key used for another rollout: a 403 naming both."""
+
+    status = 403
 
 
 class BodyRefused(Exception):
@@ -101,6 +109,14 @@ def short_text(value: str, param: str, max_chars: int) -> str:
 def shown_text(value: str) -> str:
     """`value` escaped and short, for an error message."""
     return _shown(value)
+
+
+def shown_message(message: str, limit: int = 512) -> str:
+    """An error message that may quote a caller's value (msgspec's "Invalid enum value 'x...'"),
+    cut to about `limit` characters, keeping its end (msgspec ends with the field's path)."""
+    if len(message) <= limit:
+        return message
+    return message[: limit // 2] + "..." + message[-(limit // 2) :]
 
 
 def _shown(value: str) -> str:

@@ -68,3 +68,36 @@ def test_per_rollout_keys_alone_are_enforced(fake, make_sidecar, otlp_sink):
     assert httpx.post(url, json=body, headers={"Authorization": "Bearer key-r9"}).status_code == 200
     (span,) = otlp_sink.wait_for(lambda spans: len(spans) >= 1)
     assert span.attributes[semconv.ROLLOUT_ID] == "r9" and len(fake.requests) == 1
+
+
+def test_a_per_rollout_key_acts_for_its_own_rollout_only(fake, make_sidecar, otlp_sink):
+    # Before: a key mapped to r9 posted calls and rewards to any rollout through the URL path.
+    sidecar = make_sidecar(upstream=[fake.base_url], otlp_endpoint=otlp_sink.endpoint,
+                           rollout_api_keys={"key-r9": "r9", "key-r8": "r8"}, api_key="global-key")
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2}
+    r9 = {"Authorization": "Bearer key-r9"}
+    refused = [
+        httpx.post(sidecar.url + "/rollouts/r8/v1/chat/completions", json=body, headers=r9),
+        httpx.post(sidecar.url + "/rollouts/r8/attempts/1/v1/completions", json={"model": "tiny", "prompt": "x"},
+                   headers=r9),
+        httpx.post(sidecar.url + "/v1/chat/completions", json=body, headers={**r9, "x-agl-rollout-id": "r8"}),
+        httpx.post(sidecar.url + "/v1/chat/completions", json=body, headers={**r9, "baggage": "agl.rollout.id=r8"}),
+        httpx.post(sidecar.url + "/rollouts/r8/reward", json={"value": 1.0}, headers=r9),
+        httpx.post(sidecar.url + "/rollouts/r8/end", json={}, headers={"x-api-key": "key-r9"}),
+        httpx.get(sidecar.url + "/rollouts/r8/v1/models", headers=r9),
+        httpx.post(sidecar.url + "/rollouts/r8/v1/messages", headers={"x-api-key": "key-r9"},
+                   json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "go"}]},
+                   timeout=120),  # the first translated call loads litellm
+    ]
+    for answer in refused:
+        assert answer.status_code == 403, (answer.request.url, answer.text)
+        assert "r9" in answer.text and "r8" in answer.text, answer.text
+    assert fake.requests == []
+    # Its own rollout, named or not; the global key, any rollout.
+    assert httpx.post(sidecar.url + "/rollouts/r9/v1/chat/completions", json=body, headers=r9).status_code == 200
+    assert httpx.post(sidecar.url + "/v1/chat/completions", json=body, headers={**r9, "x-agl-rollout-id": "r9"}).status_code == 200
+    assert httpx.post(sidecar.url + "/rollouts/r9/reward", json={"value": 1.0}, headers=r9).status_code == 200
+    glob = {"Authorization": "Bearer global-key"}
+    assert httpx.post(sidecar.url + "/rollouts/r8/v1/chat/completions", json=body, headers=glob).status_code == 200
+    spans = otlp_sink.wait_for(lambda spans: len(spans) >= 4)
+    assert sorted(s.attributes[semconv.ROLLOUT_ID] for s in spans) == ["r8", "r9", "r9", "r9"]

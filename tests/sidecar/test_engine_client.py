@@ -5,19 +5,26 @@ lies), aiohttp for an ordinary engine, and aiohttp over TLS for the https:// pat
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import resource
+import socket
 import ssl
-from collections.abc import Awaitable, Callable
+import struct
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Self
 
 import pytest
 from agl_sidecar.proxy.engine_client import (
     HIGH_WATER,
+    MAX_HEAD_BYTES,
     EngineBrokeOff,
     EngineClient,
     EngineDisconnected,
     EngineResponse,
     EngineUnreachable,
+    LocalResourcesExhausted,
     ResponseTooLarge,
 )
 from aiohttp import web
@@ -451,3 +458,114 @@ def test_an_internationalized_host_and_path_are_sent_in_ascii() -> None:
     assert target.prefix == b"/prefix%20%C3%A4"
     plain = _Target("http://user:pw@10.0.0.1/v1%2Fx")
     assert (plain.key, plain.host_header, plain.prefix) == (("10.0.0.1", 80), b"10.0.0.1", b"/v1%2Fx")
+
+
+# --- every byte an engine sends is bounded as it arrives ------------------------------------------
+
+async def _endless(writer: asyncio.StreamWriter, piece: bytes, sent: list[int]) -> None:
+    """Write `piece` over and over until the client goes away (counting what was written)."""
+    while True:
+        writer.write(piece)
+        sent[0] += len(piece)
+        await writer.drain()
+
+
+@pytest.mark.parametrize(
+    ("opening", "piece"),
+    [
+        (b"HTTP/1.1 200 OK\r\nx-filler: ", b"a" * 4096),  # a header value that never ends
+        (b"HTTP/1.1 200 OK\r\n", b"b" * 4096),  # a header name that never ends
+        (b"", b"HTTP/1.1 100 Continue\r\nx: y\r\n\r\n" * 64),  # interim answers without end
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n0\r\nx-trailer: ", b"t" * 4096),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;ext=", b"e" * 4096),  # a chunk extension
+    ],
+    ids=["header-value", "header-name", "interim-answers", "trailer", "chunk-extension"],
+)
+async def test_an_answer_whose_framing_never_ends_is_cut_by_the_bound(opening: bytes, piece: bytes) -> None:
+    # Before: the 64 KiB head limit was checked only when a header completed; httptools grew the
+    # header by concatenation (a 64 MiB one cost +131 MB and seconds of CPU), and one that never
+    # ended grew until the sidecar was killed (no upstream_timeout_s by default).
+    sent = [0]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(opening)
+        await _endless(writer, piece, sent)
+
+    async with RawEngine(serve) as engine:
+        async with asyncio.timeout(120):  # a guard: before the fix this never returned
+            with pytest.raises(EngineBrokeOff, match="over"):
+                response = await engine.post()
+                while await response.readany():
+                    pass
+    assert sent[0] > MAX_HEAD_BYTES  # the engine did send past the bound
+
+
+async def test_framing_in_proportion_to_the_body_is_taken() -> None:
+    # A stream of one-byte chunks: its framing is five times its body, within the bound's allowance;
+    # 2.4 MB arrive over many reads (at most 256 KiB each), so the bound is checked on the way.
+    chunks = b"".join(b"1\r\n%c\r\n" % (97 + i % 26) for i in range(400_000))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+        await reader.read()
+
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
+        assert len(await response.read(1 << 20)) == 400_000
+
+
+async def test_a_close_delimited_body_cut_by_a_reset_is_broken_off() -> None:
+    # Before: any end of a body delimited by the connection's close was taken as its end, a reset too.
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + b'{"choices": [')
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        writer.transport.abort()
+
+    async with RawEngine(serve) as engine:
+        response = await engine.post()
+        with pytest.raises(EngineBrokeOff, match="reset|mid-answer"):
+            await response.read(1 << 20)
+
+
+# --- local resource exhaustion is not the engine's fault --------------------------------------------
+
+@contextlib.contextmanager
+def descriptors_exhausted() -> Iterator[Callable[[], None]]:
+    """No new file descriptor can be opened in this process (the soft RLIMIT_NOFILE below the
+    descriptors open) until the yielded function is called, or the block ends."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)  # a new descriptor takes the lowest free number: none below it is free
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    restore = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # noqa: E731
+    try:
+        yield restore
+    finally:
+        restore()
+
+
+async def test_emfile_on_connect_waits_for_a_descriptor_and_is_not_unreachable() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}"))
+        await reader.read()
+
+    async with RawEngine(serve) as engine:
+        with descriptors_exhausted() as restore:
+            call = asyncio.create_task(engine.post())
+            async with asyncio.timeout(60):  # a guard
+                while engine.client.local_exhaustion_waits == 0:  # it hit EMFILE and is waiting, not failing
+                    await asyncio.sleep(0.01)
+            assert not call.done()
+            restore()  # a descriptor frees up
+            response = await call
+        assert response.status == 200 and await response.read(100) == b"{}"
+        fresh = EngineClient(timeout_s=None)  # no pooled connection to reuse: it must connect
+        with descriptors_exhausted(), pytest.raises(LocalResourcesExhausted, match="file descriptors"):
+            await fresh.post(engine.url, "/v1/chat/completions", b"{}", JSON, local_wait_s=0.2)
+        await fresh.close()

@@ -10,6 +10,7 @@ import signal
 
 import httpx
 import pytest
+from agl import semconv
 
 from tests.sidecar.sidecar_process import SidecarProcess
 from tests.support.otlp_sink import OTLPSink
@@ -61,5 +62,8 @@ def test_spans_of_answered_calls_survive_the_sidecar(fake, tmp_path, durable, si
 
                 time.sleep(1.0)  # a restarted sidecar replays at once; give it time to show it has nothing
         spans = {(str(s.rollout_id), s.name) for s in sink.spans}
+        # Every call here got its answer before the kill: each recovered span says so (its delivery
+        # marker followed it into the log), none is set aside as "delivery unknown".
+        assert not [s.rollout_id for s in sink.spans if semconv.CALL_DELIVERY in s.attributes]
     assert len(spans) == kept and len(sink.spans) >= kept
     assert {rollout for rollout, _ in spans} <= {f"k{i:02d}" for i in range(CALLS)}

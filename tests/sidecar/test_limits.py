@@ -68,7 +68,7 @@ def test_gzip_bodies_are_inflated_only_up_to_the_limit(fake, tmp_path):
         assert grown < 6 * limit * 1.5, f"peak RSS grew {grown / MIB:.0f} MiB"
         ok = httpx.post(f"{sidecar.url}/v1/chat/completions", content=gzip.compress(
             b'{"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 2}'),
-            headers={"content-encoding": "gzip", "content-type": "application/json"})  # fmt: skip
+            headers={"content-encoding": "gzip", "content-type": "application/json"}, timeout=60)  # fmt: skip
         assert ok.status_code == 200  # a small compressed body still works
 
 

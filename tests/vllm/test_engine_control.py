@@ -306,7 +306,7 @@ def test_configured_weights_dir_keeps_what_the_engine_did_not_write(
     with VLLMEngine(fake_config(tmp_path, weights_dir=str(weights))) as engine:
         engine.update_weights(WeightUpdate(version=1, state_dict=tiny_state_dict))
         engine.update_weights(WeightUpdate(version=2, state_dict=tiny_state_dict))
-    assert sorted(p.name for p in weights.iterdir()) == ["v2", "v9"]
+    assert sorted(p.name for p in weights.iterdir()) == [".agl-weights.lock", "v2", "v9"]  # the run's lock stays
 
 
 def test_update_from_a_directory_without_weights_is_refused(engine: VLLMEngine, tmp_path: Path) -> None:

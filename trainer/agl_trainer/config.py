@@ -308,9 +308,13 @@ def read_tasks(path: str | Path) -> list[dict[str, Any]]:
 
 
 def dump_config(config: Config) -> str:
+    """The config as YAML for OUTPUT_DIR/config.yaml: a record of the run, its secrets redacted
+    (agl_trainer.redaction), so it is not a config to run again with secrets in it."""
     import yaml
 
-    return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
+    from agl_trainer.redaction import redact
+
+    return yaml.safe_dump(redact(msgspec.to_builtins(config)), sort_keys=False)
 
 
 def resolved_config(config: Any) -> Any:

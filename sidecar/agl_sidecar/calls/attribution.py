@@ -88,21 +88,28 @@ def resolve(
     baggage = parse_baggage(baggage_header) if baggage_header else {}
     identity = Identity()
     if path_rollout_id:
-        identity.rollout_id = inputs.text(path_rollout_id, "rollout id in the URL path")
+        identity.rollout_id = _id(path_rollout_id, "rollout id in the URL path")
         identity.attempt = inputs.count(path_attempt, "attempt in the URL path")
     elif headers.get(semconv.HEADER_ROLLOUT_ID):
-        identity.rollout_id = inputs.text(headers[semconv.HEADER_ROLLOUT_ID], semconv.HEADER_ROLLOUT_ID)
+        identity.rollout_id = _id(headers[semconv.HEADER_ROLLOUT_ID], semconv.HEADER_ROLLOUT_ID)
     elif baggage.get(semconv.BAGGAGE_ROLLOUT_ID):
-        identity.rollout_id = inputs.text(baggage[semconv.BAGGAGE_ROLLOUT_ID], "baggage " + semconv.BAGGAGE_ROLLOUT_ID)
-    elif api_key_rollouts:
+        identity.rollout_id = _id(baggage[semconv.BAGGAGE_ROLLOUT_ID], "baggage " + semconv.BAGGAGE_ROLLOUT_ID)
+    if api_key_rollouts:  # a per-rollout key attributes a call, and acts for its own rollout only
         key = bearer_token(headers)
-        if key is not None:
-            identity.rollout_id = api_key_rollouts.get(key)
+        own = api_key_rollouts.get(key) if key is not None else None
+        if own is not None and identity.rollout_id is None:
+            identity.rollout_id = own
+        elif own is not None and identity.rollout_id != own:
+            raise inputs.NotYours(
+                f"the API key sent is rollout {inputs.shown_text(own)}'s (rollout_api_keys) and acts for that "
+                f"rollout only, not for rollout {inputs.shown_text(identity.rollout_id)}; use that rollout's "
+                "URL or the sidecar's --api-key", "authorization",
+            )
     task_id = headers.get(semconv.HEADER_TASK_ID)
     if task_id:
-        identity.task_id = inputs.text(task_id, semconv.HEADER_TASK_ID)
+        identity.task_id = _id(task_id, semconv.HEADER_TASK_ID)
     elif baggage.get(semconv.BAGGAGE_TASK_ID):
-        identity.task_id = inputs.text(baggage[semconv.BAGGAGE_TASK_ID], "baggage " + semconv.BAGGAGE_TASK_ID)
+        identity.task_id = _id(baggage[semconv.BAGGAGE_TASK_ID], "baggage " + semconv.BAGGAGE_TASK_ID)
     if identity.attempt is None:
         attempt = headers.get(semconv.HEADER_ATTEMPT)
         if attempt:
@@ -147,6 +154,12 @@ _AGENT, _AGENT_CC = semconv.HEADER_AGENT_ID, semconv.HEADER_CLAUDE_CODE_AGENT_ID
 _PARENT, _PARENT_CC = semconv.HEADER_PARENT_AGENT_ID, semconv.HEADER_CLAUDE_CODE_PARENT_AGENT_ID
 _SESSION_CC = semconv.HEADER_CLAUDE_CODE_SESSION_ID
 _COMPACTION = semconv.HEADER_COMPACTION
+
+
+def _id(value: str, param: str) -> str:
+    """A rollout or task id: printable text of at most ROLLOUT_ID_MAX_CHARS characters (every span
+    of the rollout carries it, and every row the trainer stores for it)."""
+    return inputs.short_text(value, param, semconv.ROLLOUT_ID_MAX_CHARS)
 
 
 def _agent(*given: tuple[str | None, str]) -> str | None:

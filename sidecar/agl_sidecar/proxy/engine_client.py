@@ -16,6 +16,7 @@ stream instead of filling memory.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 from collections.abc import Mapping
 from typing import Protocol
@@ -26,7 +27,15 @@ import httptools
 
 HIGH_WATER = 1 << 20  # unread answer bytes past which reading the connection pauses
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers together
+# Bytes of an answer that are not its body (status lines, headers, interim answers, chunk sizes and
+# extensions, trailers), counted as they arrive: at most MAX_HEAD_BYTES plus FRAMING_PER_BODY_BYTE
+# times the body so far. A chunk of one byte costs 5 bytes of framing; vLLM's chunks are hundreds.
+FRAMING_PER_BODY_BYTE = 8
 CONNECT_TIMEOUT_S = 10.0
+# A connect that fails for want of a local resource waits for one to free up (calls end, descriptors
+# close), this long at most, then the call gets LocalResourcesExhausted.
+LOCAL_WAIT_S = 2.0
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
 
 
 class EngineUnreachable(Exception):
@@ -40,6 +49,11 @@ class EngineDisconnected(Exception):
 
 class EngineBrokeOff(Exception):
     """The answer began and then broke: the connection closed or reset mid-body, or it was not HTTP."""
+
+
+class LocalResourcesExhausted(Exception):
+    """This host could not open a connection (no file descriptor, buffer or local port left): the
+    sidecar's own limit, not the engine's fault, so the engine is not taken out of service."""
 
 
 class ResponseTooLarge(Exception):
@@ -227,6 +241,8 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._informational = False
         self._refusal: str | None = None  # why a callback stopped the parser
+        self._received = 0  # bytes of the current answer received, and of them its body's
+        self._body = 0
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -237,15 +253,24 @@ class _Connection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
             return
+        self._received += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            answer = self.answer
-            self.closed = True
-            self.transport.close()
-            if answer is not None:
-                why = self._refusal or f"it is not valid HTTP/1.1 ({exc})"
-                answer._fail(EngineBrokeOff(f"the engine's answer was refused: {why}"))
+            self._refuse(self._refusal or f"it is not valid HTTP/1.1 ({exc})")
+            return
+        # Counted as it arrives, not as a header completes: httptools grows a header by concatenation
+        # until it ends, so one that never ends would grow the sidecar until it is killed.
+        framing = self._received - self._body
+        if framing > MAX_HEAD_BYTES + FRAMING_PER_BODY_BYTE * self._body and self.answer is not None:
+            self._refuse(f"its headers and framing are over {MAX_HEAD_BYTES} bytes (plus the body's size)")
+
+    def _refuse(self, why: str) -> None:
+        answer = self.answer
+        self.closed = True
+        self.transport.close()
+        if answer is not None:
+            answer._fail(EngineBrokeOff(f"the engine's answer was refused: {why}"))
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -258,10 +283,14 @@ class _Connection(asyncio.Protocol):
         if not answer._started.done():
             detail = f" ({exc})" if exc else ""
             answer._fail(EngineDisconnected(f"the engine closed the connection before answering{detail}"))
-        elif answer.content_length is None and "chunked" not in answer.headers.get("transfer-encoding", "").lower():
+        elif (
+            exc is None
+            and answer.content_length is None
+            and "chunked" not in answer.headers.get("transfer-encoding", "").lower()
+        ):
             answer._finish()  # a body delimited by the connection's close (HTTP/1.0 style) is complete
-        else:
-            detail = f" ({exc})" if exc else ""
+        else:  # a close-delimited body cut by a reset is broken off, not complete
+            detail = f" ({exc!r})" if exc else ""
             answer._fail(EngineBrokeOff(f"the engine closed the connection mid-answer{detail}"))
 
     # --- httptools callbacks -----------------------------------------------------------------------
@@ -290,6 +319,7 @@ class _Connection(asyncio.Protocol):
             self.answer._start(status, self._headers)
 
     def on_body(self, body: bytes) -> None:
+        self._body += len(body)
         if self.answer is not None:
             self.answer._feed(body)
 
@@ -376,10 +406,15 @@ class EngineClient:
         self._session: aiohttp.ClientSession | None = None
         self._ssl = ssl_context  # None: the system's trust store, as aiohttp's default
         self.connections_made = 0  # to http:// engines; /metrics shows it beside the calls made
+        self.local_exhaustion_waits = 0  # connects that found no local resource (EMFILE...) and waited
 
-    async def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> EngineResponse:
+    async def post(
+        self, url: str, path: str, body: bytes, headers: Mapping[str, str], *, local_wait_s: float | None = None
+    ) -> EngineResponse:
         """POST `body` to `url` + `path` with `headers` (Host, Content-Length and Accept-Encoding:
-        identity are added); returns once the answer's status line and headers are in."""
+        identity are added); returns once the answer's status line and headers are in. A connect that
+        finds no local resource (EMFILE...) waits up to `local_wait_s` for one, then raises
+        LocalResourcesExhausted."""
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _Target(url)
@@ -392,9 +427,10 @@ class EngineClient:
         started = loop.time()
         conn = self._take_idle(target.key, loop.time())
         if conn is None:
-            conn = await self._connect(target.key, loop)
+            conn = await self._connect(target.key, loop, LOCAL_WAIT_S if local_wait_s is None else local_wait_s)
         answer = _Answer(conn, loop)
         conn.answer = answer
+        conn._received = conn._body = 0
         if self.timeout_s is not None:
             answer._timer = loop.call_at(started + self.timeout_s, answer._time_out)
         head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nAccept-Encoding: identity\r\nContent-Length: %d\r\n" % (
@@ -420,17 +456,30 @@ class EngineClient:
             conn.transport.close()
         return None
 
-    async def _connect(self, key: tuple[str, int], loop: asyncio.AbstractEventLoop) -> _Connection:
+    async def _connect(self, key: tuple[str, int], loop: asyncio.AbstractEventLoop, local_wait_s: float) -> _Connection:
         host, port = key
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                _, conn = await loop.create_connection(lambda: _Connection(self, key), host, port)
-        except TimeoutError as exc:
-            raise EngineUnreachable(f"Cannot connect to host {host}:{port}: no answer within {CONNECT_TIMEOUT_S:g} s") from exc
-        except OSError as exc:
-            raise EngineUnreachable(f"Cannot connect to host {host}:{port} ({exc})") from exc
-        self.connections_made += 1
-        return conn
+        give_up = loop.time() + local_wait_s
+        pause = 0.01
+        while True:
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    _, conn = await loop.create_connection(lambda: _Connection(self, key), host, port)
+            except TimeoutError as exc:
+                raise EngineUnreachable(
+                    f"Cannot connect to host {host}:{port}: no answer within {CONNECT_TIMEOUT_S:g} s"
+                ) from exc
+            except OSError as exc:
+                if exc.errno not in LOCAL_ERRNOS:
+                    raise EngineUnreachable(f"Cannot connect to host {host}:{port} ({exc})") from exc
+                # This host's limit (descriptors, buffers, ports): calls ending free them, so wait a little.
+                self.local_exhaustion_waits += 1
+                if loop.time() + pause > give_up:
+                    raise LocalResourcesExhausted(_local_reason(exc, host, port)) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.2)
+                continue
+            self.connections_made += 1
+            return conn
 
     @property
     def idle_connections(self) -> int:
@@ -455,6 +504,8 @@ class EngineClient:
         try:
             response = await self._session.post(url, data=body, headers=dict(headers))
         except aiohttp.ClientConnectorError as exc:
+            if exc.os_error.errno in LOCAL_ERRNOS:
+                raise LocalResourcesExhausted(_local_reason(exc.os_error, exc.host, exc.port)) from exc
             raise EngineUnreachable(str(exc)) from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise EngineDisconnected(repr(exc)) from exc
@@ -469,3 +520,10 @@ class EngineClient:
         self._idle.clear()
         if self._session is not None:
             await self._session.close()
+
+
+def _local_reason(exc: OSError, host: str, port: int | None) -> str:
+    what = {errno.EMFILE: "this process's open file descriptors (ulimit -n)",
+            errno.ENFILE: "the system's open files", errno.EADDRNOTAVAIL: "local ports"}.get(exc.errno or 0,
+                                                                                           "memory or buffers")  # fmt: skip
+    return f"no connection to {host}:{port} could be opened: the sidecar's host ran out of {what} ({exc.strerror})"

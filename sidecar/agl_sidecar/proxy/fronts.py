@@ -41,9 +41,12 @@ class OpenAIFront:
     def unary(self, body: bytes) -> bytes:
         return body
 
-    def stream_response(self, persist: durable.Persist | None, content_type: str) -> web.StreamResponse:
-        """Where a stream goes: an HTTP stream response (`persist`: durable mode's wait for the span)."""
-        return durable.stream_response(persist, status=200, headers={"Content-Type": content_type})
+    def stream_response(
+        self, persist: durable.Persist | None, log: durable.SpanLog | None, content_type: str
+    ) -> web.StreamResponse:
+        """Where a stream goes: an HTTP stream response (`persist`: durable mode's wait for the span;
+        `log`: where its delivery is marked once the last bytes went out)."""
+        return durable.stream_response(persist, log, status=200, headers={"Content-Type": content_type})
 
     def start_stream(self) -> None:
         pass
@@ -90,8 +93,10 @@ class AdapterFront:
         chat = _decode(body)  # the engine's: a failure is the proxy's upstream error
         return msgspec.json.encode(self.adapter.from_chat_response(chat, self.original))
 
-    def stream_response(self, persist: durable.Persist | None, content_type: str) -> web.StreamResponse:
-        return durable.stream_response(persist, status=200, headers={"Content-Type": content_type})
+    def stream_response(
+        self, persist: durable.Persist | None, log: durable.SpanLog | None, content_type: str
+    ) -> web.StreamResponse:
+        return durable.stream_response(persist, log, status=200, headers={"Content-Type": content_type})
 
     def start_stream(self) -> None:
         self._translator = self.adapter.stream_translator(self.original)

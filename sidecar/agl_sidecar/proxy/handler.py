@@ -23,6 +23,7 @@ from agl_sidecar.proxy.engine_client import (
     EngineDisconnected,
     EngineResponse,
     EngineUnreachable,
+    LocalResourcesExhausted,
     ResponseTooLarge,
 )
 from agl_sidecar.proxy.failures import client_gone, end_call
@@ -91,7 +92,9 @@ class Proxy:
             parsed = decode_request(kind, body)
             identity = identity_from(request, parts.config.rollout_api_keys)
         except (BadRequest, inputs.BadInput) as exc:
-            return front.error(400, exc.message, "invalid_request_error", exc.param)
+            status = getattr(exc, "status", 400)
+            return front.error(status, exc.message, "permission_error" if status == 403 else "invalid_request_error",
+                               exc.param)
         if front.declared is not None:  # what a translated request's body declares (Codex's metadata)
             declare(identity, front.declared)
         mode = identity.mode or parts.config.default_mode
@@ -196,6 +199,11 @@ class Proxy:
                         call, front, 502, f"upstream {upstream.url} is unreachable ({exc})", "upstream_unreachable"
                     )
                 continue
+            except LocalResourcesExhausted as exc:  # this host's limit, not the engine's: it stays in service
+                upstream.in_flight -= 1
+                response = self._fail(call, front, 503, str(exc), "local_resources_exhausted")
+                response.headers["Retry-After"] = "1"
+                return response
             except EngineDisconnected as exc:
                 upstream.in_flight -= 1
                 if stale_connection_retries:
@@ -210,6 +218,11 @@ class Proxy:
                 raise
             break
         try:
+            encoding = upstream_response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):  # asked for identity: these bytes cannot be read nor passed on
+                message = (f"upstream {upstream.url} answered with Content-Encoding: {encoding[:40]} although the "
+                           "sidecar asked for identity (Accept-Encoding: identity); its body is not passed on")
+                return self._fail(call, front, 502, message, "upstream_error")
             if upstream_response.status != 200:
                 try:
                     data = await upstream_response.read(self.parts.config.max_response_bytes)
@@ -269,6 +282,7 @@ class Proxy:
             return self._fail(call, front, 502, message, "upstream_error")
         response = durable.unary_response(  # durable mode: the span is on disk before the body goes
             self.parts.recorder.persister(call),
+            self.parts.recorder.exporter.log,  # and marked delivered once the body is out
             status=200,
             body=translated,
             headers={"Content-Type": upstream_response.headers.get("content-type", "application/json")},
@@ -298,7 +312,7 @@ class Proxy:
     ) -> web.StreamResponse:
         content_type = upstream_response.headers.get("content-type", "text/event-stream; charset=utf-8")
         # durable mode: the last chunk waits for the span
-        response = front.stream_response(self.parts.recorder.persister(call), content_type)
+        response = front.stream_response(self.parts.recorder.persister(call), self.parts.recorder.exporter.log, content_type)
         recorder = StreamRecorder(kind, flags, call)
         front.start_stream()
         splitter = EventSplitter()

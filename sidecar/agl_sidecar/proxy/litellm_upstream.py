@@ -85,7 +85,7 @@ async def complete_via_litellm(
         await out.write_eof()
         parts.recorder.finish(call)
         return out
-    stream = front.stream_response(None, "text/event-stream; charset=utf-8")
+    stream = front.stream_response(None, None, "text/event-stream; charset=utf-8")
     front.start_stream()
     try:
         await stream.prepare(request)

@@ -40,11 +40,11 @@ def decode_request(kind: str, body: bytes) -> wire.Request:
         if text.startswith("Object missing required field"):
             field = text.split("`")[1] if "`" in text else None
             return _raise(f"missing required field '{field}'", field)
-        return _raise(f"invalid request body: {text}", param)
+        return _raise(f"invalid request body: {inputs.shown_message(text)}", param)  # never echoed at length
     except msgspec.DecodeError as exc:
         if not body.strip():
             return _raise("empty request body: send a JSON object", None)
-        return _raise(f"request body is not valid JSON: {exc}", None)
+        return _raise(f"request body is not valid JSON: {inputs.shown_message(str(exc))}", None)
     except RecursionError:
         return _raise(DEEP_JSON, None)
 
@@ -157,7 +157,8 @@ def identity_from(request: web.Request, api_key_rollouts: dict[str, str]) -> Ide
     if path_mode is not None:  # /rollouts/{id}[/attempts/{n}]/modes/{mode}: the URL's mode wins
         if path_mode not in semconv.MODES:
             raise inputs.BadInput(
-                f"mode {path_mode!r} in the URL path is not one of {list(semconv.MODES)}", "mode in the URL path"
+                f"mode {inputs.shown_text(path_mode)} in the URL path is not one of {list(semconv.MODES)}",
+                "mode in the URL path",
             )
         identity.mode = path_mode
     return identity

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import logging
+import re
 import zlib
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -88,7 +90,32 @@ def validate_upstream(url: str) -> str | None:
         return f"upstream {shown!r} is not a valid URL ({exc})"
     if not parts.hostname:
         return f"upstream {shown!r} has no host, e.g. http://127.0.0.1:8000"
+    if parts.port == 0:  # no engine listens on port 0: a connect goes nowhere (or, for some clients, to 80)
+        return f"upstream {shown!r} has port 0; name the engine's port, e.g. http://127.0.0.1:8000"
+    if not _valid_host(parts.hostname):
+        return (f"upstream {shown!r} has a host name that is not valid (labels of letters, digits, '-' or '_', "
+                "1 to 63 characters each, as IDNA encodes them): every call to it would fail")
     return None
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _valid_host(host: str) -> bool:
+    """An IP literal, or a name whose IDNA (ASCII) form is dot-separated labels a resolver takes,
+    and which decodes back (a malformed `xn--` label does not)."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return True
+    except ValueError:
+        pass
+    try:
+        ascii_name = host.encode("idna")
+        ascii_name.decode("idna")
+    except UnicodeError:
+        return False
+    labels = ascii_name.decode("ascii").removesuffix(".").split(".")
+    return len(ascii_name) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
 
 
 class Router:

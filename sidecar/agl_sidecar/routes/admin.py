@@ -4,6 +4,7 @@ token, or loopback with none configured); /healthz and /metrics for operators.""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -17,6 +18,8 @@ from agl_sidecar.config import is_loopback
 from agl_sidecar.routes.common import decode_body, json_reply, sidecar_of
 from agl_sidecar.sidecar import Sidecar, same_secret
 
+
+log = logging.getLogger("agl_sidecar.admin")
 
 MAX_PAUSE_TIMEOUT_S = 7 * 24 * 3600.0  # an event loop timer takes no more
 Body = TypeVar("Body", bound=msgspec.Struct)
@@ -132,7 +135,22 @@ async def flush(request: web.Request) -> web.Response:
 
 
 async def resume(request: web.Request) -> web.Response:
+    """Open the gate, with what the body asks. A body refused (400, 408, 413) still opens it, under
+    the policy version in force: the caller meant to resume, and harness calls must not wait
+    max_hold_s for a 503 because a trainer sent a malformed request; the caller gets the error
+    (the trainer stops its run), and a corrected resume sets the version from then on."""
     sidecar = sidecar_of(request)
+    answer = await _resume(request, sidecar)
+    if answer.status >= 400 and sidecar.gate.paused:
+        sidecar.gate.resume()
+        log.warning("agl-sidecar: a resume was refused (HTTP %d); the gate is open under policy version %d",
+                    answer.status, sidecar.gate.policy_version)
+        refusal = msgspec.json.decode(answer.body)  # type: ignore[arg-type]
+        return json_reply(answer.status, {**_short_state(sidecar), **refusal})
+    return answer
+
+
+async def _resume(request: web.Request, sidecar: Sidecar) -> web.Response:
     body = await _read(
         request, sidecar, ResumeBody, "resume",
         '{"policy_version": 3, "upstreams": ["http://..."], "switch": true, "engine_progress": {"chatcmpl-x": 17}}',

@@ -30,7 +30,8 @@ def openai_error(status: int, message: str, error_type: str = "invalid_request_e
 def bad_input(exc: inputs.BadInput | inputs.BodyRefused) -> web.Response:
     if isinstance(exc, inputs.BodyRefused):
         return openai_error(exc.status, exc.message, "timeout" if exc.status == 408 else "invalid_request_error")
-    return openai_error(400, exc.message, param=exc.param)
+    error_type = "permission_error" if exc.status == 403 else "invalid_request_error"
+    return openai_error(exc.status, exc.message, error_type, param=exc.param)
 
 
 def unauthorized() -> web.Response:
@@ -51,10 +52,10 @@ class BodyError(ValueError):
 def decode_body(raw: bytes, kind: type, what: str) -> Any:
     try:
         return msgspec.json.decode(raw or b"{}", type=kind)
-    except msgspec.ValidationError as exc:
-        raise BodyError(f"{what}: {exc}", wire.error_param(exc)) from None
+    except msgspec.ValidationError as exc:  # it may quote the refused value: never echoed at length
+        raise BodyError(f"{what}: {inputs.shown_message(str(exc))}", wire.error_param(exc)) from None
     except msgspec.DecodeError as exc:
-        raise BodyError(f"{what}: the body is not valid JSON ({exc})") from None
+        raise BodyError(f"{what}: the body is not valid JSON ({inputs.shown_message(str(exc))})") from None
     except RecursionError:
         raise BodyError(f"{what}: {DEEP_JSON}") from None
 

@@ -68,7 +68,7 @@ async def reward(request: web.Request) -> web.Response:
         return openai_error(400, "reward name must be a non-empty string", param="name")
     try:
         inputs.text(body.name, "name")
-        inputs.text(body.task_id, "task_id")
+        inputs.short_text(body.task_id, "task_id", semconv.ROLLOUT_ID_MAX_CHARS) if body.task_id else None
         identity = sidecar.identity(request)
     except inputs.BadInput as exc:
         return bad_input(exc)
@@ -92,12 +92,12 @@ async def end_rollout(request: web.Request) -> web.Response:
     sidecar = sidecar_of(request)
     if body.status not in (semconv.STATUS_SUCCEEDED, semconv.STATUS_FAILED):
         return openai_error(
-            400, f"status must be 'succeeded' or 'failed', got {body.status!r}", param="status"
+            400, f"status must be 'succeeded' or 'failed', got {inputs.shown_text(body.status)}", param="status"
         )
     if body.mode is not None and body.mode not in semconv.MODES:
-        return openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {body.mode!r}", param="mode")
+        return openai_error(400, f"mode must be one of {list(semconv.MODES)}, got {inputs.shown_text(body.mode)}", param="mode")
     try:
-        inputs.text(body.task_id, "task_id")
+        inputs.short_text(body.task_id, "task_id", semconv.ROLLOUT_ID_MAX_CHARS) if body.task_id else None
         identity = sidecar.identity(request)
     except inputs.BadInput as exc:
         return bad_input(exc)

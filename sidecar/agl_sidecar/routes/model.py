@@ -96,8 +96,9 @@ def translated(path: str) -> Any:
                 translation = translation.step.resume(await run_step(sidecar, request, translation.step))
         except ProtocolError as exc:
             return _protocol_error(adapter, exc)
-        except inputs.BadInput as exc:
-            return json_reply(400, adapter.error_body(400, exc.message, "invalid_request_error"))
+        except inputs.BadInput as exc:  # 403: a per-rollout key used for another rollout
+            kind = "permission_error" if exc.status == 403 else "invalid_request_error"
+            return json_reply(exc.status, adapter.error_body(exc.status, exc.message, kind))
         except RecursionError:
             return json_reply(400, adapter.error_body(400, DEEP_JSON, "invalid_request_error"))
         if translation.reply is not None:  # the adapter's whole answer: no engine call

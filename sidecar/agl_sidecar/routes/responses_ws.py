@@ -52,8 +52,8 @@ class _Sink:
 
     status = 200
 
-    def __init__(self, socket: web.WebSocketResponse, persist: durable.Persist | None) -> None:
-        self._socket, self._persist = socket, persist
+    def __init__(self, socket: web.WebSocketResponse, persist: durable.Persist | None, log: durable.SpanLog | None) -> None:
+        self._socket, self._persist, self._log = socket, persist, log
         self._held = b""
         self.prepared = False
 
@@ -72,6 +72,8 @@ class _Sink:
             await self._persist()
         held, self._held = self._held, b""
         await self._send(held + data)
+        if self._persist is not None:
+            durable.delivered_now(self._log)
 
     async def _send(self, data: bytes) -> None:
         for line in data.split(b"\n"):
@@ -86,8 +88,10 @@ class _WebSocketFront(AdapterFront):
         self._socket = socket
         self._responses = adapter
 
-    def stream_response(self, persist: durable.Persist | None, content_type: str) -> _Sink:  # type: ignore[override]
-        return _Sink(self._socket, persist)
+    def stream_response(  # type: ignore[override]
+        self, persist: durable.Persist | None, log: durable.SpanLog | None, content_type: str
+    ) -> _Sink:
+        return _Sink(self._socket, persist, log)
 
     def start_stream(self) -> None:
         self._translator = self._responses.stream_translator(self.original, frame=ws_frame)

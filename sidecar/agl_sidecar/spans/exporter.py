@@ -38,7 +38,7 @@ from typing import NamedTuple
 import aiohttp
 
 from agl_sidecar.spans import deflate, otlp
-from agl_sidecar.spans.durable import SpanLog, read_segment
+from agl_sidecar.spans.durable import SpanLog, read_segment, unknown_delivery
 from agl_sidecar.spans.otlp import RequestFramer
 from agl_sidecar.spans.spool import SPOOL_SUFFIX, WAL_SUFFIX, Spool, spans_in_name, write_atomic
 
@@ -275,6 +275,7 @@ class SpanExporter:
                 raise
             except Exception:  # keep exporting whatever one cycle hit
                 log.exception("agl-sidecar: span export cycle failed")
+                await self._keep_failed_batch()
             if not self._pending and (self.counters.spool_files == 0 or self.down):
                 self._idle.set()
                 if self._stopping:
@@ -300,6 +301,22 @@ class SpanExporter:
             self._in_flight = None
             self.counters.spans_sending = 0
             self._settle(len(batch))
+
+    async def _keep_failed_batch(self) -> None:
+        """After a cycle died of something unplanned (a header aiohttp will not send, a bug), the
+        batch it was sending goes to the spool (or counts as failed), never overwritten by the next
+        cycle's: replayed after the backoff, it is delivered once the cause is gone, and meanwhile
+        counted in spans_in_spool. Parts the endpoint had already acknowledged may arrive twice."""
+        batch, self._in_flight = self._in_flight, None
+        self.counters.spans_sending = 0
+        if not batch:
+            return
+        self._mark_down()
+        try:
+            await self._spool_batches([batch])
+        except Exception as exc:  # the spool path itself is what broke
+            self._fail(len(batch), f"the export cycle failed and the batch cannot be spooled: {exc!r}")
+        self._settle(len(batch))
 
     def _next_batch(self) -> list[bytes]:
         batch: list[bytes] = []
@@ -552,6 +569,11 @@ class SpanExporter:
                     self._spooling -= len(batch)
                     self._count_pending()
                     self._settle(len(batch))
+        except Exception as exc:  # taken off the queue and not written: lost, so counted
+            if settle and unwritten:
+                self._fail(unwritten, f"cannot be spooled: {exc!r}")
+                self._settle(unwritten)
+            raise
         finally:  # cancelled part-way: the count must not stay inflated
             self._spooling -= unwritten
             self._count_pending()
@@ -585,16 +607,24 @@ class SpanExporter:
         self._spool_bytes_now = self.spool.bytes()
 
     async def _recover_span_logs(self) -> None:
-        """Durable-mode log segments a killed sidecar left: their spans become spool files."""
-        for segment in self.spool.files(WAL_SUFFIX):
+        """Durable-mode log segments a killed sidecar left: their spans become spool files; a call
+        span without its delivery marker says its delivery is unknown (durable.unknown_delivery)."""
+        segments = self.spool.files(WAL_SUFFIX)
+        delivered: set[bytes] = set()  # markers may sit in a later segment than their spans
+        read: list[tuple[Path, list[bytes]]] = []
+        for segment in segments:
             try:
-                spans = list(read_segment(segment))
+                read.append((segment, list(read_segment(segment, delivered))))
             except OSError as exc:
                 log.error("agl-sidecar: cannot read span log %s: %s", segment, exc)
-                continue
+        for segment, found in read:
+            spans = [unknown_delivery(span, delivered) for span in found]
             await self._spool_batches(self._batches(spans))
             if spans:
-                log.warning("agl-sidecar: recovered %d span(s) of answered calls from %s", len(spans), segment.name)
+                unknown = sum(after is not before for after, before in zip(spans, found, strict=True))
+                log.warning("agl-sidecar: recovered %d span(s) of answered calls from %s (%d whose last bytes "
+                            "may not have reached the harness: marked delivery unknown)", len(spans), segment.name,
+                            unknown)  # fmt: skip
             segment.unlink(missing_ok=True)
 
     def _fail(self, spans: int, why: str) -> None:

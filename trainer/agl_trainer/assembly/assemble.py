@@ -26,7 +26,7 @@ edit rather than a merge failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -49,6 +49,9 @@ PROMPT_LENGTH_MISMATCH = "prompt_length_mismatch"
 TOKENS_ABSENT = "tokens_absent"
 DUPLICATE_CALL_SEQ = "duplicate_call_seq"
 NOT_DELIVERED = "response_not_delivered"  # agl.call.end_reason in semconv.ENDS_UNDELIVERED
+# delivery_unknown (a span recovered from a killed sidecar's log without its delivery marker) and no
+# later call building on its answer: the harness most likely never got it
+DELIVERY_UNKNOWN = "delivery_unknown_not_built_on"
 OUTSIDE_TRACE = "outside_trace_not_trained"  # agl.call.origin not harness, train_outside_trace off
 LOGPROBS_MISSING = "logprobs_missing"  # trained; Sample.logprob_known 0: re-scored or excluded (agreement.py)
 CALL_REWARD_LOST = "call_reward_lost"  # a per-call reward whose call was skipped or cut away
@@ -241,10 +244,27 @@ def full_sequences(calls: list[CallRow]) -> dict[int, tuple[np.ndarray, np.ndarr
     return {seq: (prompt, full) for seq, (_, prompt, full) in _rebuild_prompts(calls, {}, {}).items()}
 
 
-def _trainable(call: CallRow, config: AssemblyConfig) -> str | None:
+def _built_on(usable: dict[int, tuple[CallRow, np.ndarray, np.ndarray]]) -> set[int]:
+    """The calls of unknown delivery (a killed sidecar could not say their answer went out) that a
+    later call of the rollout builds on: its prompt extends the call's whole sequence, so the
+    harness got the answer. There are few such calls (the ones answered as the sidecar died)."""
+    unknown = [seq for seq, (call, _, _) in usable.items() if call.end_reason == semconv.END_DELIVERY_UNKNOWN]
+    found: set[int] = set()
+    for seq in unknown:
+        full = usable[seq][2]
+        for later, (_, prompt, _) in usable.items():
+            if later > seq and prompt.size >= full.size and np.array_equal(prompt[: full.size], full):
+                found.add(seq)
+                break
+    return found
+
+
+def _trainable(call: CallRow, config: AssemblyConfig, built_on: set[int]) -> str | None:
     """Why a call with usable tokens is not trained, or None."""
     if call.end_reason in semconv.ENDS_UNDELIVERED:
         return NOT_DELIVERED
+    if call.end_reason == semconv.END_DELIVERY_UNKNOWN and call.call_seq not in built_on:
+        return DELIVERY_UNKNOWN
     if not config.train_outside_trace and call.origin not in (None, semconv.ORIGIN_HARNESS):
         return OUTSIDE_TRACE
     return None
@@ -276,6 +296,7 @@ def assemble_rollout(
     special = np.asarray(config.special_token_ids, dtype=np.int32) if config.special_token_ids else None
 
     usable = _rebuild_prompts(data.calls, problems, placements)
+    built_on = _built_on(usable)
     built: list[_Building] = []
     index = PrefixIndex()
     sample_of: dict[int, int] = {}  # call seq -> the sample that ends with it
@@ -286,7 +307,7 @@ def assemble_rollout(
             check()
         call, prompt, full = usable[seq]
         placement = placements[seq]
-        problem = _trainable(call, config)
+        problem = _trainable(call, config, built_on)
         if problem is not None:
             placement.problem = problem
             _count(problems, problem)
@@ -448,6 +469,26 @@ def _finish_samples(
     return samples, kept_index
 
 
+def rewarded_call(named: int, ordered: Sequence[int]) -> int:
+    """The seq of the call a reward's agl.call.seq names: the seq itself, or a position in the
+    rollout (0 = the first call: what a harness counting its calls knows; seqs are clock readings,
+    sidecar/spans/call_seq.py) where no seq can be mistaken for a position (a counted 1, 2 with call
+    0 lost is not positions). `ordered`: the rollout's call seqs, sorted."""
+    by_position = bool(ordered) and ordered[0] >= len(ordered)
+    return ordered[named] if by_position and named < len(ordered) else named
+
+
+def call_rewards(rewards: Iterable[Any], reward_name: str, seqs: Iterable[int]) -> dict[int, float]:
+    """Per-call rewards of `reward_name` by the seq of the call each names (the last one per call
+    wins); the one rule, for training and for the viewer."""
+    ordered = sorted(seqs)
+    per_call: dict[int, float] = {}
+    for reward in rewards:
+        if reward.name == reward_name and reward.call_seq is not None:
+            per_call[rewarded_call(reward.call_seq, ordered)] = reward.value
+    return per_call
+
+
 def _place_call_rewards(
     data: RolloutData,
     config: AssemblyConfig,
@@ -455,18 +496,7 @@ def _place_call_rewards(
     placements: dict[int, CallPlacement],
     problems: dict[str, int],
 ) -> None:
-    # A reward's agl.call.seq names its call by seq, or by position in the rollout (0 = the first
-    # call: what a harness counting its calls knows; seqs are clock readings, sidecar/spans/call_seq.py)
-    # where no seq can be mistaken for a position (a counted 1, 2 with call 0 lost is not positions).
-    ordered = sorted(placements)
-    by_position = bool(ordered) and ordered[0] >= len(ordered)
-    per_call: dict[int, float] = {}
-    for reward in data.rewards:  # the last one per call wins
-        if reward.name == config.reward_name and reward.call_seq is not None:
-            seq = reward.call_seq
-            if by_position and seq < len(ordered):
-                seq = ordered[seq]
-            per_call[seq] = reward.value
+    per_call = call_rewards(data.rewards, config.reward_name, placements)
     for seq, value in sorted(per_call.items()):
         placement = placements.get(seq)
         if placement is None or placement.sample is None:

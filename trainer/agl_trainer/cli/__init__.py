@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from agl_trainer.redaction import redact_text
+
 # Subcommand modules, in the order `agl --help` lists them.
 SUBCOMMANDS: tuple[str, ...] = ("train", "eval", "export", "receive", "traces", "harness", "demo")
 
@@ -54,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(run(args) or 0)
     except CLIError as error:
-        print(f"agl: error: {error}", file=sys.stderr)
+        print(f"agl: error: {redact_text(str(error))}", file=sys.stderr)  # a URL's password never printed
         return 2
     except KeyboardInterrupt:
         print("agl: interrupted", file=sys.stderr)

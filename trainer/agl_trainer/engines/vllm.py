@@ -102,6 +102,7 @@ from agl_trainer.engines.vllm_transfer import (
     server_environment,
 )
 from agl_trainer.engines.weight_files import default_weights_root, read_safetensors, write_safetensors
+from agl_trainer.engines.weights_lock import WeightsDirInUse, WeightsDirLock
 
 __all__ = [  # the engine's public names, importable from here as before the split
     "DEFAULT_VENV_PYTHON", "LOAD_METHOD", "LOG_TAIL_LINES", "REPO_ROOT", "WORKER_CLASS", "WORKER_MODULE",
@@ -165,6 +166,7 @@ class VLLMEngine:
         self._adapter_ids: dict[str, int] = {}
         self.last_update_bytes = 0  # what the latest update of either kind carried
         self._weights_root: Path | None = None
+        self._weights_lock: WeightsDirLock | None = None  # held from start to stop (weights_lock.py)
         self._own_tmp: list[Path] = []
         self._written: list[Path] = []  # weight directories this engine wrote (and may delete)
         self._atexit = False
@@ -194,6 +196,13 @@ class VLLMEngine:
     def start(self) -> None:
         with self._lock:
             self._stopped.clear()
+            if self.config.weights_dir and self._weights_lock is None:  # one run at a time in it
+                lock = WeightsDirLock(Path(self.config.weights_dir))
+                try:
+                    lock.acquire()
+                except WeightsDirInUse as error:
+                    raise VLLMError(str(error)) from None
+                self._weights_lock = lock
             if self.accepts_adapters:  # a fresh start serves the base: no adapter of an earlier run
                 self._adapter_files().prepare()
                 self._latest_adapter = None
@@ -245,6 +254,9 @@ class VLLMEngine:
                 self._written.clear()
                 self._adapters = None
             self._own_tmp.clear()
+            if self._weights_lock is not None:
+                self._weights_lock.release()
+                self._weights_lock = None
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=10)
             self._watchdog = None

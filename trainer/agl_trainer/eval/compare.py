@@ -1,6 +1,7 @@
 """`agl eval --compare A B`: two results side by side, per task and overall, with B - A.
 
-Scores measured under different budgets (turns, context, tokens per call, timeout, k) or sampling
+Both receipts are checked first (receipt.read_result: the results' digest, the results file in the
+receipt's folder, the shapes read here). Scores measured under different budgets (turns, context, tokens per call, timeout, k) or sampling
 (mode, temperature, top_p) are not comparable: the comparison is refused, naming the fields that
 differ, unless asked to warn instead (--warn, or eval.budget_mismatch: warn)."""
 
@@ -38,7 +39,7 @@ def compare(path_a: Path, path_b: Path, *, warn: bool = False) -> tuple[str, lis
             f"comparable: {'; '.join(found)} (fix: evaluate both with the same settings, or --warn to compare anyway)"
         )
     lines = [f"A: {path_a} ({_model(receipt_a)})", f"B: {path_b} ({_model(receipt_b)})"]
-    if receipt_a["tasks"]["sha256"] != receipt_b["tasks"]["sha256"]:
+    if receipt_a["tasks"].get("sha256") != receipt_b["tasks"].get("sha256"):
         found.append("tasks.sha256: the task files differ (only tasks in both are compared per task)")
     summary_a, summary_b = results_a["summary"], results_b["summary"]
     keys = [key for key in summary_a if key in summary_b and (key.startswith(("mean@", "pass@")) or key == "failed")]
@@ -69,4 +70,4 @@ def _model(receipt: dict[str, Any]) -> str:
     model = receipt.get("model", {})
     digest = model.get("sha256")
     where = model.get("path") or model.get("url") or "?"
-    return f"{where}, sha256 {digest[:12]}" if digest else str(where)
+    return f"{where}, sha256 {str(digest)[:12]}" if digest else str(where)

@@ -29,7 +29,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agl_trainer.config import resolved_config
+from agl_trainer.redaction import redact
 
 SCHEMA = "agl.receipt/1"
 RECEIPT_FILE = "receipt.json"
@@ -218,29 +221,87 @@ def write_result(directory: Path, results: dict[str, Any], receipt: dict[str, An
     receipt["results"]["sha256"] = sha256_file(results_path)
     receipt_path = directory / f"{prefix}{RECEIPT_FILE}"
     tmp = receipt_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(receipt, indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(redact(receipt), indent=1, default=str) + "\n")  # shared, uploaded: no secrets
     os.replace(tmp, receipt_path)
     return receipt_path
 
 
+class _ResultsRef(msgspec.Struct, forbid_unknown_fields=False):
+    file: str
+    sha256: str = ""
+
+
+class _Receipt(msgspec.Struct, forbid_unknown_fields=False):
+    """What --compare reads of a receipt, checked before anything is read from it."""
+
+    schema: str
+    results: _ResultsRef
+    budget: dict[str, Any] = {}
+    sampling: dict[str, Any] = {}
+    tasks: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+
+
+class _TaskRow(msgspec.Struct, forbid_unknown_fields=False):
+    task_id: str
+    mean: float
+
+
+class _Results(msgspec.Struct, forbid_unknown_fields=False):
+    summary: dict[str, float]
+    tasks: list[_TaskRow]
+
+
 def read_result(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(receipt, results) from a receipt file or a directory holding receipt.json; ValueError names
-    what is wrong."""
+    """(receipt, results) from a receipt file or a directory holding receipt.json, both checked:
+    the receipt names a results file in its own folder and carries that file's sha256, which the
+    file still has; either one's shape is what --compare reads. ValueError names what is wrong."""
     receipt_path = path / RECEIPT_FILE if path.is_dir() else path
     if not receipt_path.is_file():
         raise ValueError(f"{path}: no receipt (expected {receipt_path}: an agl eval output directory or its receipt)")
-    try:
-        receipt = json.loads(receipt_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{receipt_path}: not a readable JSON receipt ({error})") from None
+    receipt = _read_json(receipt_path, "receipt")
     if not isinstance(receipt, dict) or receipt.get("schema") != SCHEMA:
         raise ValueError(f"{receipt_path}: not an agl receipt (schema {SCHEMA} expected)")
-    results_path = receipt_path.parent / str(receipt.get("results", {}).get("file", RESULTS_FILE))
-    try:
-        results = json.loads(results_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{results_path}: the receipt's results cannot be read ({error})") from None
-    expected = receipt["results"].get("sha256")
-    if expected and sha256_file(results_path) != expected:
+    checked = _shaped(receipt, _Receipt, receipt_path, "receipt")
+    name, digest = checked.results.file, checked.results.sha256
+    folder = receipt_path.parent
+    if not name or name != Path(name).name or name in (".", "..") or "/" in name:
+        raise ValueError(
+            f"{receipt_path}: results.file {name!r} must name a file in the receipt's own folder ({folder})"
+        )
+    results_path = folder / name
+    if results_path.resolve().parent != folder.resolve():  # a link to a file elsewhere
+        raise ValueError(f"{receipt_path}: results.file {name!r} leads out of the receipt's own folder ({folder})")
+    if not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        raise ValueError(
+            f"{receipt_path}: the receipt carries no sha256 of its results (results.sha256 is {digest!r}); without "
+            "it an edited results file cannot be told apart (fix: compare a receipt agl eval wrote, unedited)"
+        )
+    if not results_path.is_file():
+        raise ValueError(f"{results_path}: the receipt's results cannot be read (no such file)")
+    if sha256_file(results_path) != digest:
         raise ValueError(f"{results_path}: changed since its receipt was written (sha256 differs)")
+    results = _read_json(results_path, "results file")
+    _shaped(results, _Results, results_path, "results file")
+    for row in results["tasks"]:
+        for key, value in row.items():
+            if key.startswith("pass@") and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"{results_path}: not an agl results file (a task's {key} is {value!r}, not a number)")
     return receipt, results
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as error:
+        raise ValueError(f"{path}: the {what} cannot be read ({error.strerror or error})") from None
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested past the parser
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
+        raise ValueError(f"{path}: not a readable JSON {what} ({reason})") from None
+
+
+def _shaped(document: Any, shape: type, path: Path, what: str) -> Any:
+    try:
+        return msgspec.convert(document, shape)
+    except msgspec.ValidationError as error:
+        raise ValueError(f"{path}: not an agl {what} ({error})") from None

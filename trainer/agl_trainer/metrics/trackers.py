@@ -18,10 +18,12 @@ MLFLOW_ALLOW_FILE_STORE=true: naming a file: URI here sets it for this process.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,19 @@ class WandbTracker(Tracker):
 
     def close(self) -> None:
         self.run.finish()
+
+
+@contextlib.contextmanager
+def _argv_redacted(secrets: set[str]) -> Iterator[None]:
+    """sys.argv with its secrets redacted (a --model-url password), for a library that records it."""
+    from agl_trainer.redaction import redact_argv
+
+    argv = sys.argv
+    sys.argv = redact_argv(argv, secrets)
+    try:
+        yield
+    finally:
+        sys.argv = argv
 
 
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")
@@ -194,13 +209,17 @@ def check_trackers(config: Config) -> None:
 
 def start_trackers(config: Config, out: Path, *, kind: str) -> Trackers:
     """Start each tracker of metrics.trackers; ConfigError naming the tracker when one cannot start."""
+    from agl_trainer.redaction import redact, secret_values
+
     started: list[Tracker] = []
     names = list(dict.fromkeys(config.metrics.trackers))
-    run_config = resolved_config(config) if names else {}
+    resolved = resolved_config(config) if names else {}
+    run_config = redact(resolved)  # params, the run's config and the trackers' logs: no secrets
     for name in names:
         settings = getattr(config.metrics, name)
         try:
-            started.append(BUILDERS[name](settings, out, run_config, kind))
+            with _argv_redacted(secret_values(resolved)):  # W&B records the command line as it starts
+                started.append(BUILDERS[name](settings, out, run_config, kind))
         except ImportError as error:
             Trackers(started).close()
             raise ConfigError(

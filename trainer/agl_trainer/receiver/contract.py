@@ -89,8 +89,15 @@ def classify(span: RawSpan) -> Record | None:
             span.span_id,
             span.name if _storable(span.name) else "",
             f"{prefix}.{error.reason}",
-            rollout_id if isinstance(rollout_id, str) and _storable(rollout_id) else None,
+            _kept_id(rollout_id),
         )
+
+
+def _kept_id(rollout_id: object) -> str | None:
+    """A violation's rollout id as its row keeps it: none when it is not one a rollout may have."""
+    if isinstance(rollout_id, str) and len(rollout_id) <= semconv.ROLLOUT_ID_MAX_CHARS and _storable(rollout_id):
+        return rollout_id
+    return None
 
 
 def _undecodable(span: RawSpan) -> Violation:
@@ -101,7 +108,7 @@ def _undecodable(span: RawSpan) -> Violation:
         span.span_id,
         "",
         "span.undecodable",
-        rollout_id if isinstance(rollout_id, str) and _storable(rollout_id) else None,
+        _kept_id(rollout_id),
     )
 
 
@@ -145,6 +152,15 @@ def _str(attributes: dict[str, Any], key: str, required: bool = False) -> str | 
         raise ContractError(f"{_attribute_name(key)}_not_string")
     if not value.isascii() and not _storable(value):
         raise ContractError(f"{_attribute_name(key)}_not_utf8")
+    return value
+
+
+def _id(attributes: dict[str, Any], key: str, required: bool = False) -> str | None:
+    """agl.rollout.id / agl.task.id: text of at most ROLLOUT_ID_MAX_CHARS characters (docs/spans.md):
+    an id is in every row of its rollout, so a megabyte one would be stored a thousand times."""
+    value = _str(attributes, key, required)
+    if value is not None and len(value) > semconv.ROLLOUT_ID_MAX_CHARS:
+        raise ContractError(f"{_attribute_name(key)}_too_long")
     return value
 
 
@@ -222,6 +238,16 @@ def _kind(value: Any) -> str:
     return value.reason if type(value) is BadValue else type(value).__name__
 
 
+def _end_reason(attributes: dict[str, Any]) -> str | None:
+    """agl.call.end_reason; a completed call whose span a killed sidecar recovered without proof
+    that its last bytes went out (agl.call.delivery = unknown) ends in `delivery_unknown`."""
+    reason = _str(attributes, semconv.CALL_END_REASON)
+    delivery = _str(attributes, semconv.CALL_DELIVERY)
+    if delivery == semconv.DELIVERY_UNKNOWN and reason in (None, semconv.END_COMPLETED):
+        return semconv.END_DELIVERY_UNKNOWN
+    return reason
+
+
 def _held_ms(attributes: dict[str, Any]) -> float | None:
     """agl.call.held_ms: a finite double >= 0 (an int is taken too)."""
     value = attributes.get(semconv.CALL_HELD_MS)
@@ -294,7 +320,7 @@ def _policy_versions(
 
 def _call(span: RawSpan) -> CallSpan:
     attributes = span.attributes
-    rollout_id = _str(attributes, semconv.ROLLOUT_ID, required=True)
+    rollout_id = _id(attributes, semconv.ROLLOUT_ID, required=True)
     call_seq = _int(attributes, semconv.CALL_SEQ, required=True)
     prompt = _token_array(attributes, semconv.PROMPT_TOKEN_IDS, "prompt_token_ids")
     completion = _token_array(attributes, semconv.COMPLETION_TOKEN_IDS, "completion_token_ids")
@@ -335,7 +361,7 @@ def _call(span: RawSpan) -> CallSpan:
         span_id=span.span_id,
         rollout_id=rollout_id,  # type: ignore[arg-type]
         attempt=_int(attributes, semconv.ATTEMPT) or 0,
-        task_id=_str(attributes, semconv.TASK_ID),
+        task_id=_id(attributes, semconv.TASK_ID),
         mode=_mode(attributes),
         call_seq=call_seq,  # type: ignore[arg-type]
         name=span.name,
@@ -350,7 +376,7 @@ def _call(span: RawSpan) -> CallSpan:
         policy_version=policy_version,
         policy_versions=_policy_versions(attributes, completion, policy_version),
         finish_reason=finish,
-        end_reason=_str(attributes, semconv.CALL_END_REASON),
+        end_reason=_end_reason(attributes),
         tokens_source=_str(attributes, semconv.TOKENS_SOURCE),
         choices=_int(attributes, semconv.COMPLETION_CHOICES) or 1,
         status_code=span.status_code,
@@ -388,9 +414,9 @@ def _rollout(span: RawSpan) -> RolloutSpan:
     return RolloutSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
-        rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
+        rollout_id=_id(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
         attempt=_int(attributes, semconv.ATTEMPT) or 0,
-        task_id=_str(attributes, semconv.TASK_ID),
+        task_id=_id(attributes, semconv.TASK_ID),
         mode=_mode(attributes),
         status=status,
         start_ns=_time(span.start_ns),
@@ -433,9 +459,9 @@ def _reward_record(span: RawSpan, value: Any, name: str) -> RewardSpan:
     return RewardSpan(
         trace_id=span.trace_id,
         span_id=span.span_id,
-        rollout_id=_str(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
+        rollout_id=_id(attributes, semconv.ROLLOUT_ID, required=True),  # type: ignore[arg-type]
         attempt=_int(attributes, semconv.ATTEMPT),
-        task_id=_str(attributes, semconv.TASK_ID),
+        task_id=_id(attributes, semconv.TASK_ID),
         name=name,
         value=float(value),
         call_seq=_int(attributes, semconv.CALL_SEQ),

@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import numpy as np
 
+from agl_trainer.receiver import json_split
 from agl_trainer.receiver.raw_span import MAX_VALUE_DEPTH, BadValue, DecodeError, RawSpan, first_bad
 
 
@@ -211,13 +212,19 @@ def _json_time(value: int | float | str | None) -> int:
 class JsonExport(Generic[Item]):
     """One signal's OTLP JSON export request, decoded in one typed pass; when that fails, item by
     item with protobuf's other JSON spellings (`lenient_item`), so that an item of the wrong shape
-    is refused alone (`broken` says what it becomes). A request whose own frame is wrong is refused
-    with the typed pass's message."""
+    is refused alone (`broken` says what it becomes). When the JSON parser itself refuses the
+    request (a lone surrogate escape in one string, values nested past its depth), the request is
+    split into its items without parsing them (json_split.py), and an item the parser refuses is
+    decoded field by field: what it cannot read costs only its attribute (a BadValue) or, past that,
+    its item. A request whose own frame is wrong is refused."""
 
     def __init__(self, names: tuple[str, str, str], typed_item: type, lenient_item: type) -> None:
+        self._names = names
         self._typed = msgspec.json.Decoder(_frame(names, typed_item, nullable=False))
         self._raw = msgspec.json.Decoder(_frame(names, msgspec.Raw, nullable=True))  # each item on its own
         self._lenient = msgspec.json.Decoder(lenient_item)
+        self._lenient_item = lenient_item
+        self._item_fields = {field.encode_name for field in msgspec.structs.fields(lenient_item)} - {"attributes"}
 
     def decode(
         self, body: bytes, convert: Callable[[Any], Item], broken: Callable[[msgspec.Raw, Exception], Item]
@@ -226,10 +233,8 @@ class JsonExport(Generic[Item]):
             request = self._typed.decode(body)
         except msgspec.ValidationError as error:
             return self._item_by_item(body, error, convert, broken)
-        except msgspec.DecodeError as error:
-            raise DecodeError(f"invalid OTLP JSON: {error}") from None
-        except RecursionError:  # attribute values are Raw: only nesting elsewhere gets this deep
-            raise DecodeError("invalid OTLP JSON: nested too deep") from None
+        except (msgspec.DecodeError, RecursionError):  # the parser's refusal: maybe one item's, maybe the frame's
+            return [self._one(item, convert, broken) for item in json_split.items(body, self._names)]
         return [
             convert(item)
             for resource in request.resources
@@ -246,19 +251,59 @@ class JsonExport(Generic[Item]):
     ) -> list[Item]:
         try:
             request = self._raw.decode(body)
-        except (msgspec.DecodeError, RecursionError):  # the request's own frame: nothing to keep
+        except msgspec.ValidationError:  # the request's own frame: nothing to keep
             raise DecodeError(f"invalid OTLP JSON: {typed_error}") from None
-        items: list[Item] = []
-        for resource in request.resources or ():
-            for scope in resource.scopes or ():
-                for raw in scope.items or ():
-                    try:
-                        item = self._lenient.decode(raw)
-                    except (msgspec.DecodeError, RecursionError) as error:  # this item only
-                        items.append(broken(raw, error))
-                    else:
-                        items.append(convert(item))
-        return items
+        except (msgspec.DecodeError, RecursionError):
+            return [self._one(item, convert, broken) for item in json_split.items(body, self._names)]
+        return [
+            self._one(raw, convert, broken)
+            for resource in request.resources or ()
+            for scope in resource.scopes or ()
+            for raw in scope.items or ()
+        ]
+
+    def _one(
+        self, raw: bytes | msgspec.Raw, convert: Callable[[Any], Item], broken: Callable[[msgspec.Raw, Exception], Item]
+    ) -> Item:
+        try:
+            item = self._lenient.decode(raw)
+        except (msgspec.DecodeError, RecursionError) as error:  # this item only
+            if isinstance(error, msgspec.ValidationError):  # the wrong shape: refused alone
+                return broken(msgspec.Raw(raw), error)
+            try:
+                item = self._by_field(bytes(raw))
+            except (DecodeError, msgspec.DecodeError, RecursionError, ValueError):
+                return broken(msgspec.Raw(raw), error)
+        return convert(item)
+
+    def _by_field(self, raw: bytes) -> Any:
+        """The lenient item from its fields decoded one by one: its own fields by Python's json (it
+        keeps a lone surrogate, which the contract then refuses as not UTF-8), its attributes'
+        values left as Raw for `_json_attribute` (what it cannot decode is that attribute's BadValue)."""
+        plain: dict[str, Any] = {}
+        attributes: list[LenientKeyValue] = []
+        for name, (start, stop) in json_split.fields(raw):
+            if name == "attributes":
+                attributes = [_key_value(raw, where) for where in json_split.elements(raw, (start, stop))]
+            elif name in self._item_fields:
+                plain[name] = json_split.loads(raw[start:stop])
+        item = msgspec.convert(plain, self._lenient_item)
+        item.attributes = attributes
+        return item
+
+
+def _key_value(raw: bytes, where: tuple[int, int]) -> LenientKeyValue:
+    key, value = "", msgspec.Raw()
+    for name, (start, stop) in json_split.fields(raw, where):
+        if name == "key":
+            key = json_split.loads(raw[start:stop])
+            if key is None:  # null: the default, as the lenient pass takes it
+                key = ""
+            elif not isinstance(key, str):
+                raise ValueError("an attribute key is not a string")
+        elif name == "value":
+            value = msgspec.Raw(raw[start:stop])
+    return LenientKeyValue(key, value)
 
 
 def _frame(names: tuple[str, str, str], item: Any, nullable: bool) -> Any:

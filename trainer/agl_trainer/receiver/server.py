@@ -25,6 +25,7 @@ from typing import Any, Self
 import msgspec
 
 from agl_trainer.background_loop import BackgroundLoop
+from agl_trainer.receiver.arrival import Arrivals
 from agl_trainer.receiver.deadlines import ByteBudget, DeadlineSite, HeaderDeadline
 from agl_trainer.receiver.payload import (
     JSON,
@@ -87,6 +88,7 @@ class Receiver:
             self._store, self._owns_store = RolloutStore(store, durability=self.config.durability), True
         self._writer = StoreWriter(self._store)
         self._counter = StatsCounter()
+        self._arrivals = Arrivals()  # a reward cannot have ended after it arrived (arrival.py)
         self._decoders = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-otlp-decode")
         self._warned: dict[str, int] = {}
         self._http = BackgroundLoop("agl-receiver")
@@ -130,7 +132,8 @@ class Receiver:
     def _decode(self, body: bytes, media: str, encoding: str | None, logs: bool = False) -> DecodedBatch:
         try:
             plain = decompress(body, encoding, self.config.max_decompressed_bytes)
-            return decode_logs_body(plain, media) if logs else decode_body(plain, media)
+            batch = decode_logs_body(plain, media) if logs else decode_body(plain, media)
+            return msgspec.structs.replace(batch, records=self._arrivals.settle(batch.records))
         except PayloadTooLarge as error:
             raise RequestRefused(413, "too_large", str(error)) from None
         except DecodeError as error:

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from agl_trainer.assembly import AssemblyConfig, assemble_rollout
+from agl_trainer.assembly.assemble import call_rewards, rewarded_call
 from agl_trainer.batch import Sample
 from agl_trainer.store import queries
 from agl_trainer.store.records import RolloutKey
@@ -86,10 +87,7 @@ def rollout(
     assembly = assemble_rollout(data, config, decoder.tokenizer, check=check)
     check()
     placements = {p.call_seq: p for p in assembly.placements}
-    per_call: dict[int, float] = {}
-    for reward in data.rewards:
-        if reward.name == config.reward_name and reward.call_seq is not None:
-            per_call[reward.call_seq] = reward.value
+    per_call = call_rewards(data.rewards, config.reward_name, placements)  # by seq or by position, as trained
     calls = []
     window = slice(page.calls_offset, page.calls_offset + page.calls_limit)
     for call, row in zip(data.calls[window], rows[window], strict=True):
@@ -126,7 +124,7 @@ def rollout(
         _window(view, sample, page, decoder)
     total_samples = 0 if assembly.result is None else len(assembly.result.samples)
     failures = assembly.merge_failures
-    return {
+    return exact_seqs({
         "info": info,
         "attempts": others,
         "reward": _finite(assembly.reward),
@@ -137,7 +135,7 @@ def rollout(
         "calls": calls,
         "placements": [_builtins(p) for p in assembly.placements[window]],
         "merge_failures": [_builtins(f) for f in failures[: MAX_FAILURES]],
-        "rewards": _rewards(data.rewards, rows),
+        "rewards": _rewards(data.rewards, rows, sorted(placements)),
         "samples": samples,
         "decoded": decoder.decodes,
         "log": _log(run_dir, key),
@@ -147,7 +145,26 @@ def rollout(
             "samples_total": total_samples,
             "merge_failures_total": len(failures),
         },
-    }
+    })
+
+
+JS_EXACT = 2**53 - 1  # a JavaScript number holds integers exactly up to here
+SEQ_KEYS = frozenset({"call_seq", "previous_call_seq", "prompt_ref_seq", "parent", "for_call"})
+
+
+def exact_seqs(value: Any, key: str = "") -> Any:
+    """Call seqs past 2^53 as decimal strings: the sidecar's seqs are clock readings near 2^59,
+    which JSON.parse would round (the page would show, and match, the wrong call). Smaller seqs
+    (another producer's 0, 1, 2, ...) stay numbers; a seq is the same either way on every row."""
+    if isinstance(value, dict):
+        return {k: exact_seqs(v, k) for k, v in value.items()}
+    if key == "call_seqs" and isinstance(value, list):
+        return [exact_seqs(v, "call_seq") for v in value]
+    if isinstance(value, list):
+        return [exact_seqs(v) for v in value]
+    if key in SEQ_KEYS and type(value) is int and abs(value) > JS_EXACT:
+        return str(value)
+    return value
 
 
 def _samples(assembly: Any, page: Page, check: Callable[[], None]) -> tuple[list[dict[str, Any]], list[Sample]]:
@@ -232,9 +249,11 @@ def _log(run_dir: Path | None, key: RolloutKey) -> dict[str, Any] | None:
     return None
 
 
-def _rewards(rewards: Any, calls: queries.CallRows) -> list[dict[str, Any]]:
+def _rewards(rewards: Any, calls: queries.CallRows, ordered: list[int]) -> list[dict[str, Any]]:
     """Each reward span with its end time as people read it: seconds since the epoch (`end_s`, the
-    page shows the local time) and nanoseconds after the rollout's first call started (`after_ns`)."""
+    page shows the local time) and nanoseconds after the rollout's first call started (`after_ns`),
+    and for a per-call one the seq of the call it names (`for_call`: its seq, or the call at its
+    position; `ordered` the rollout's call seqs, sorted)."""
     starts = [start for start in calls.column("start_ns") if isinstance(start, int)]
     first = min(starts) if starts else None
     return [
@@ -242,6 +261,7 @@ def _rewards(rewards: Any, calls: queries.CallRows) -> list[dict[str, Any]]:
             "name": r.name,
             "value": _finite(r.value),
             "call_seq": r.call_seq,
+            "for_call": None if r.call_seq is None else rewarded_call(r.call_seq, ordered),
             "end_ns": r.end_ns,
             "end_s": None if r.end_ns is None else r.end_ns / 1e9,
             "after_ns": None if r.end_ns is None or first is None else r.end_ns - first,

@@ -375,6 +375,14 @@ function tokenPager(sample, params) {
     ...windowLinks(params, "tokens", sample.offset, limit, sample.length));
 }
 
+// A per-call reward names its call by seq or by position (0 = the first call); the API says which
+// call that is (`for_call`). Seqs past 2^53 arrive as strings, so every digit is shown.
+function rewardTarget(w) {
+  if (w.call_seq === null) return "whole rollout";
+  if (w.for_call === null || w.for_call === undefined || String(w.for_call) === String(w.call_seq)) return "call #" + w.call_seq;
+  return "call #" + w.for_call + " (position " + w.call_seq + ")";
+}
+
 function rewardsTable(rewards) {
   if (!rewards.length) return el("p", { class: "muted" }, "No reward spans.");
   // When it was given: after the rollout's first call started, and the local time (the raw
@@ -383,7 +391,7 @@ function rewardsTable(rewards) {
   return [el("h2", {}, "Rewards"), el("table", {},
     el("thead", {}, el("tr", {}, ["name", "value", "call", "given (after the first call's start · local time)"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rewards.map((w) => el("tr", {}, el("td", {}, visible(w.name)), el("td", { class: "num" }, fmt.num(w.value, 6)),
-      el("td", {}, w.call_seq === null ? "whole rollout" : "call " + w.call_seq), el("td", { title: w.end_ns === null ? null : w.end_ns + " ns" }, when(w))))))];
+      el("td", {}, rewardTarget(w)), el("td", { title: w.end_ns === null ? null : w.end_ns + " ns" }, when(w))))))];
 }
 
 // The sidecar's attribution (the replica that served the call, the protocol the harness spoke),
