@@ -23,7 +23,8 @@ from tests.support.waiting import wait_until
 ALGORITHM = AlgorithmConfig(entropy_coef=0.01, importance_cap=1.5)
 # AdamW moves an element by about lr whatever its gradient; eps 1e-4 (not 1e-8) keeps elements whose
 # gradient is at rounding level (k_proj.bias: exactly 0 in theory) from being moved by rounding noise
-OPTIONS = {"num_mini_batches": 2, "micro_batch_tokens": 64, "max_grad_norm": 0.5, "eps": 1e-4}
+# log-softmax in chunks of 4 positions (backends/chunked_logprobs.py): the workers' chunked path too
+OPTIONS = {"num_mini_batches": 2, "micro_batch_tokens": 64, "max_grad_norm": 0.5, "eps": 1e-4, "logit_chunk_tokens": 4}
 LR = 1e-2
 
 
@@ -65,6 +66,10 @@ def test_one_update_equals_the_torch_backend(pair):
     assert abs(want["loss/total"]) > 1e-3 and want["actor/clip_frac"] > 0  # a real, clipped update
     new_torch = _assert_same_update(verl, got, torch_backend, want)
     assert got["policy_version"] == want["policy_version"] == 2 and verl.step == torch_backend.step == 2
+    assert verl.packed and want["perf/micro_batches"] >= 4  # two mini-batches of packed rows, cut by budget
+    if verl.dp_size == 1:  # the same micro-batches (tests/verl/test_payload.py): as many, as padded
+        assert got["perf/micro_batches"] == want["perf/micro_batches"]
+        assert got["perf/padding_frac"] == pytest.approx(want["perf/padding_frac"])
     moved = max(float((new_torch[n] - initial_weights[n]).abs().max()) for n in new_torch)
     assert moved > 0.5 * LR
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from agl_trainer.algorithms import token_entropy, token_logprobs
 from agl_trainer.backends import lora
 from agl_trainer.backends.agreement import PREFIX as AGREE
 from agl_trainer.backends.batch_checks import validate_batch
@@ -32,6 +31,7 @@ from agl_trainer.backends.checkpoint_io import (
     seed_everything,
     set_rng_state,
 )
+from agl_trainer.backends.chunked_logprobs import token_outputs
 from agl_trainer.backends.hf_model import (
     disable_dropout,
     head_sees_only,
@@ -46,6 +46,7 @@ from agl_trainer.backends.step_metrics import step_metrics
 from agl_trainer.backends.step_plan import StepPlan, mini_batches, plan_step
 from agl_trainer.backends.targets import Targets, trained_targets
 from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
+from agl_trainer.backends.weight_buckets import write_buckets
 from agl_trainer.batch import TrainingBatch
 from agl_trainer.models.hf_progress import quiet_progress
 
@@ -74,9 +75,8 @@ class TorchBackend:
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.compute_model = ComputeModel(
-            hidden_size=int(self.model.get_input_embeddings().weight.shape[1]),
-            dense_attention=self.model.config._attn_implementation != "flash_attention_2",
+        self.compute_model = ComputeModel.of(
+            int(self.model.get_input_embeddings().weight.shape[1]), self.model.config._attn_implementation
         )
         self.ref_model = None
         if config.algorithm.kl_coef > 0 and not config.lora.enabled:  # with LoRA: the base, adapters off
@@ -301,12 +301,13 @@ class TorchBackend:
                     logits = model(**inputs).logits[0]  # [K, V]
             else:
                 logits = model(**inputs).logits[rows, positions]
-        log_prob = token_logprobs(logits, micro.input_ids.to(self.device)[rows, positions + 1])
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = token_entropy(logits)
-        return log_prob, entropy
+        return token_outputs(
+            logits,
+            micro.input_ids.to(self.device)[rows, positions + 1],
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            chunk_tokens=self.config.logit_chunk_tokens,
+        )
 
     # ------------------------------------------------------------------------------------ weights
     def state_dict_for_engine(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -316,14 +317,14 @@ class TorchBackend:
         if self.uses_lora:
             return lora.merged_state_dict(self.model, dtype)
         seen: set[int] = set()
-        out: dict[str, torch.Tensor] = {}
+        named = []
         for name, tensor in self.model.state_dict().items():
             key = tensor.data_ptr()
             if key in seen and tensor.numel() > 0:
                 continue  # tied to a tensor already included
             seen.add(key)
-            out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
-        return out
+            named.append((name, tensor))
+        return write_buckets(named, dtype).tensors()  # each cast on its device, then one copy to the host
 
     def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
         """The adapter alone (peft's names and config, CPU copies): what an adapter-only sync moves."""
