@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from agl_trainer.backends import weight_buckets
-from agl_trainer.backends.weight_buckets import ALIGN, BucketWriter, WeightBuckets, write_buckets
+from agl_trainer.backends.weight_buckets import ALIGN, BucketWriter, WeightBuckets, host_copy, write_buckets
 
 
 def named_tensors() -> list[tuple[str, torch.Tensor]]:
@@ -40,23 +40,31 @@ def test_every_tensor_comes_back_cast_once_if_floating(dtype, monkeypatch):
         assert entry.offset % ALIGN == 0
 
 
-def test_the_result_is_a_copy():
-    source = torch.ones(4)
-    out = write_buckets([("w", source)]).tensors()
-    source.add_(1)
-    assert torch.equal(out["w"], torch.ones(4))
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_host_copy_casts_floating_weights_once_and_never_aliases(dtype):
+    for name, tensor in named_tensors():
+        copy = host_copy(tensor, dtype)
+        want = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+        assert copy.dtype == want.dtype and torch.equal(copy, want), name
+        assert copy.numel() == 0 or copy.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
 
 
-def test_buffers_cross_as_numpy_and_come_back_writable_and_owned():
+def test_buffers_cross_as_numpy_and_come_back_as_tensors_of_their_own(tmp_path):
+    from safetensors.torch import load_file, save_file
+
     named = named_tensors()
     arrays, entries = write_buckets(named, torch.bfloat16).to_wire()
     assert all(isinstance(a, np.ndarray) and a.dtype == np.uint8 for a in arrays)
     for array in arrays:  # what Ray's object store hands out
         array.setflags(write=False)
-    received = WeightBuckets.from_wire(arrays, entries).tensors()
+    received = WeightBuckets.from_wire(arrays, entries)
     assert torch.equal(received["embed.weight"], named[0][1].bfloat16())
+    storages = {t.untyped_storage().data_ptr() for t in received.values() if t.numel()}
+    assert len(storages) == sum(1 for t in received.values() if t.numel())  # none shared: no false ties
+    save_file(received, tmp_path / "w.safetensors")  # refuses tensors that share storage
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["norm.weight"], named[1][1])
     received["embed.weight"].zero_()  # memory of its own: writable, and the source is untouched
-    assert torch.equal(WeightBuckets.from_wire(arrays, entries).tensors()["embed.weight"], named[0][1].bfloat16())
+    assert torch.equal(WeightBuckets.from_wire(arrays, entries)["embed.weight"], named[0][1].bfloat16())
 
 
 def test_an_empty_export_is_empty():

@@ -1,13 +1,18 @@
-"""The policy's weights for an engine as a few large host buffers ("buckets"), for both backends.
+"""The policy's weights for an engine, cast once and copied once, for both backends.
 
-Every weight sync starts with the full weights on the host under Hugging Face names. Done tensor by
-tensor, `tensor.to("cpu", dtype)` from a GPU copies the float32 master weights to pageable memory and
-casts there (PyTorch casts blocking device-to-host copies on the CPU): twice the bytes over the bus,
-and a host pass per tensor. Here each tensor is cast once, on its own device, and copied once into
-a slice of a bucket (pinned when the source is on a GPU, copies queued without waiting, one
-synchronisation at the end). A bucket is one contiguous uint8 buffer, so moving the weights between
-processes (verl's workers to the driver, through Ray's object store) moves a few NumPy arrays that
-Ray's serializer passes out of band, not a pickle of every tensor's storage.
+Every weight sync starts with the full weights on the host under Hugging Face names. Done as
+`tensor.to("cpu", dtype)` from a GPU, PyTorch copies the float32 master weights to pageable memory
+and casts there (a blocking device-to-host copy casts on the CPU): twice the bytes over the bus and a
+host pass per tensor. `host_copy` casts on the tensor's device first, then copies once.
+
+Between processes (verl's workers to the driver, through Ray's object store) the weights travel in a
+few large uint8 host buffers ("buckets"): each tensor cast on its device and copied once into a slice
+of one (pinned staging reused across syncs when the source is on a GPU: copies queued without
+waiting, one synchronisation at the end). Ray's serializer passes NumPy arrays out of band (one copy
+into its object store), where a dict of tensors is pickled storage by storage; the receiver copies
+each tensor once out of the object store into memory of its own (`WeightBuckets.from_wire`).
+Tensors handed to callers never share storage: safetensors and save_pretrained take shared storage
+for tied weights.
 """
 
 from __future__ import annotations
@@ -57,17 +62,16 @@ class WeightBuckets:
         into its object store) and the entries: what a Ray call returns."""
         return [buffer.numpy() for buffer in self.buffers], list(self.entries)
 
-    @classmethod
-    def from_wire(cls, arrays: list[Any], entries: list[Entry]) -> WeightBuckets:
-        """Buckets back from `to_wire`'s arrays, each copied once into memory this process owns (Ray
-        hands out read-only views of its object store)."""
+    @staticmethod
+    def from_wire(arrays: list[Any], entries: list[Entry]) -> dict[str, torch.Tensor]:
+        """The named tensors from `to_wire`'s arrays, each copied once into memory of its own (Ray hands
+        out read-only views of its object store)."""
         buffers = []
         for array in arrays:
-            with warnings.catch_warnings():  # read-only: only read, by the copy right here
+            with warnings.catch_warnings():  # read-only: only read, by the copies right here
                 warnings.simplefilter("ignore", UserWarning)
-                view = torch.from_numpy(array)
-            buffers.append(view.clone())
-        return cls(buffers, entries)
+                buffers.append(torch.from_numpy(array))
+        return {name: tensor.clone() for name, tensor in WeightBuckets(buffers, entries).tensors().items()}
 
 
 class BucketWriter:
@@ -125,6 +129,19 @@ class BucketWriter:
         else:
             self.staging.append(bucket)
         return bucket
+
+
+def host_copy(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host copy of one weight, floating ones in `dtype`: cast on its device (half the bytes to move
+    for bfloat16, no host pass), then copied once; on the CPU the cast is the copy."""
+    source = tensor.detach()
+    if dtype is not None and source.is_floating_point() and source.dtype != dtype:
+        source = source.to(dtype)
+        if source.device.type == "cpu":
+            return source
+    if source.device.type == "cpu":
+        return source.clone(memory_format=torch.contiguous_format)
+    return source.to("cpu")
 
 
 def write_buckets(

@@ -239,7 +239,7 @@ class VerlBackend:
         shards (every rank takes part; rank 0's copy comes back); a tied output embedding appears once.
         With LoRA: base + adapter merged, under the base model's names, so any engine loads them."""
         arrays, entries = self._workers.agl_state_dict(dtype)[0]
-        return WeightBuckets.from_wire(arrays, entries).tensors()
+        return WeightBuckets.from_wire(arrays, entries)
 
     def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
         """The adapter alone (peft's names and config, CPU copies gathered from the shards): what an
