@@ -83,10 +83,10 @@ class ComputeModel:
         return cls(hidden_size=hidden_size, dense_attention=attn_implementation not in VARLEN_ATTENTION)
 
 
-# attention whose cost follows each packed sample, not a row's square: flash's varlen kernels, and
-# flex_attention, whose block mask (built by transformers from restarting position_ids) skips the
-# blocks between samples
-VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
+# attention whose cost follows each packed sample, not a row's square: flash's varlen kernels, agl's
+# own over PyTorch's (backends/varlen_attention.py), and flex_attention, whose block mask (built by
+# transformers from restarting position_ids) skips the blocks between samples
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention", "agl_varlen"})
 
 
 def group_rows(

@@ -70,9 +70,9 @@ class TorchBackendConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     param_dtype: str = "float32"  # master weights and optimizer state
     compute_dtype: str = "auto"  # auto: bfloat16 autocast on CUDA; on CPU, param_dtype
-    attn_implementation: str | None = (
-        None  # e.g. sdpa, eager, flash_attention_2 (None: transformers' default)
-    )
+    # e.g. sdpa, eager, flash_attention_2, agl_varlen (packed rows at each sample's cost with PyTorch's
+    # varlen flash attention, no flash-attn package: backends/varlen_attention.py); None: transformers' default
+    attn_implementation: str | None = None
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     disable_dropout: bool = True  # RL wants the sampling policy's log-probs; dropout would perturb them

@@ -39,7 +39,7 @@ from verl.utils.distributed import initialize_global_process_group_ray
 from verl.workers.engine_workers import TrainingWorker
 
 from agl_trainer.algorithms import AlgorithmConfig, token_logprobs
-from agl_trainer.backends import lora
+from agl_trainer.backends import lora, varlen_attention
 from agl_trainer.backends.chunked_logprobs import token_outputs
 from agl_trainer.backends.hf_model import head_sees_only, supports_packing
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
@@ -173,6 +173,8 @@ class AglTrainingWorker(TrainingWorker):
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
         torch.manual_seed(settings.seed)
         use_vectorised_logprobs()
+        if settings.attn_implementation == varlen_attention.NAME:
+            varlen_attention.register()  # in this worker process, before verl loads the model
         super().__init__(build_training_worker_config(settings))
         self.settings = settings
         if settings.lora is not None:  # verl's engine calls it between loading the model and sharding it
@@ -508,7 +510,9 @@ class AglTrainingWorker(TrainingWorker):
             for name, tensor in lora.merged_tensors(module, dtype):  # every rank: each gather is a collective
                 if is_rank0:
                     merging.add(name, tensor)
-            return merging.finish().to_wire() if is_rank0 else None
+            exported = merging.finish().to_wire() if is_rank0 else None
+            self._hand_back_cached_memory()
+            return exported
         seen: set[int] = set()
         duplicates = {}
         for name, parameter in module.named_parameters(remove_duplicate=False):
@@ -521,12 +525,22 @@ class AglTrainingWorker(TrainingWorker):
         for name, tensor in per_tensor:
             if is_rank0 and name not in tied:
                 writer.add(name, tensor)
-        return writer.finish().to_wire() if is_rank0 else None
+        exported = writer.finish().to_wire() if is_rank0 else None
+        self._hand_back_cached_memory()
+        return exported
+
+    def _hand_back_cached_memory(self) -> None:
+        """After an export for the engine (the engine wakes next), the caching allocator's blocks go
+        back to the device, as the torch backend does (a collocated engine takes that memory)."""
+        from verl.utils.device import get_torch_device
+
+        get_torch_device().empty_cache()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def agl_adapter(self, dtype: torch.dtype | None = None) -> lora.AdapterState | None:
         """The adapter, gathered from the shards (every rank takes part), on rank 0; None elsewhere."""
         state = lora.adapter_state(self.engine.module, dtype)
+        self._hand_back_cached_memory()
         return state if torch.distributed.get_rank() == 0 else None
 
     # ----------------------------------------------------------------------------- checkpoints
