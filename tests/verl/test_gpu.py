@@ -62,3 +62,20 @@ def test_offload_around_training_gives_the_same_update(tiny_model):
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4)
     for name, tensor in w_plain.items():
         torch.testing.assert_close(w_offloaded[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_same_micro_batches_as_the_torch_backend_on_cuda(tiny_model):
+    """Packed rows on the GPU: verl's worker runs the torch backend's micro-batches (same count, same
+    padding) and, in float32, the same loss."""
+    config = cuda_config(tiny_model, compute_dtype="float32", micro_batch_tokens=64)
+    batch = random_batch(num_tasks=3, per_task=3, seed=2, version=0)
+    backend = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=1))
+    try:
+        want = TorchBackend(config).train_step(batch, policy_version=1)
+        got = backend.train_step(batch, policy_version=1)
+        assert backend.packed and want["perf/micro_batches"] > 1
+        assert got["perf/micro_batches"] == want["perf/micro_batches"]
+        assert got["perf/padding_frac"] == pytest.approx(want["perf/padding_frac"])
+        assert got["loss/total"] == pytest.approx(want["loss/total"], abs=1e-4)
+    finally:
+        backend.close()
