@@ -254,3 +254,16 @@ def test_a_batch_with_no_signal_is_left_out_as_in_the_torch_backend(local_ray, t
                     assert torch.equal(tensor, before[name]), name
     finally:
         backend.close()
+
+
+def test_bf16_weights_for_the_engine_equal_the_torch_backends(pair):
+    """The export casts each shard before gathering it (a rank's half of the bytes; none gathered at
+    world size 1) and moves the weights through Ray as buffers: the torch backend's bf16 tensors,
+    bit for bit, each with storage of its own."""
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    got, want = verl.state_dict_for_engine(torch.bfloat16), make_torch().state_dict_for_engine(torch.bfloat16)
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], tensor), name
+    assert len({t.untyped_storage().data_ptr() for t in got.values()}) == len(got)

@@ -88,21 +88,24 @@ class BucketWriter:
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         tensor = tensor.detach()
-        if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
-            tensor = tensor.to(self.dtype)  # on its own device, before any copy
-        tensor = tensor.contiguous()
-        size = tensor.numel() * tensor.element_size()
-        queued = tensor.device.type != "cpu" and self.staging is not None  # into pinned staging, no wait
+        dtype = tensor.dtype
+        if self.dtype is not None and tensor.is_floating_point():
+            dtype = self.dtype
+        on_device = tensor.device.type != "cpu"
+        if on_device and dtype != tensor.dtype:
+            tensor = tensor.to(dtype)  # on its own device: fewer bytes to the host, no host pass
+        size = tensor.numel() * _element_size(dtype)
+        queued = on_device and self.staging is not None  # into pinned staging, no wait
         buffers = self.out.buffers
         if not buffers or self._fill + size > buffers[-1].numel():
             buffers.append(self._new_bucket(max(BUCKET_BYTES, size), pinned=queued))
             self._fill = 0
         offset = self._fill
-        target = buffers[-1][offset : offset + size].view(tensor.dtype).view(tensor.shape)
-        target.copy_(tensor, non_blocking=queued)
+        target = buffers[-1][offset : offset + size].view(dtype).view(tensor.shape)
+        target.copy_(tensor, non_blocking=queued)  # on the CPU the cast and the copy are one pass
         self._pending_device = self._pending_device or queued
         self.out.entries.append(
-            Entry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), len(buffers) - 1, offset)
+            Entry(name, str(dtype).removeprefix("torch."), tuple(tensor.shape), len(buffers) - 1, offset)
         )
         self._fill = offset + -(-size // ALIGN) * ALIGN
 
@@ -161,4 +164,4 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize

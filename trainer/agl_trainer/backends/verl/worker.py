@@ -521,13 +521,44 @@ class AglTrainingWorker(TrainingWorker):
             seen.add(id(parameter))
         tied = set(convert_weight_keys(duplicates, getattr(module, "_fsdp_wrapped_module", module)))
         writer = BucketWriter(dtype, staging=self._export_staging)  # cast on the device, one copy to the host
-        per_tensor, _ = self.engine.get_per_tensor_param()
-        for name, tensor in per_tensor:
+        for name, tensor in self._full_tensors(dtype):
             if is_rank0 and name not in tied:
                 writer.add(name, tensor)
         exported = writer.finish().to_wire() if is_rank0 else None
         self._hand_back_cached_memory()
         return exported
+
+    def _full_tensors(self, dtype: torch.dtype | None):
+        """(HF name, full tensor) per weight, every rank taking part in each gather. For FSDP2 (no
+        LoRA, no QAT) as verl's get_per_tensor_param walks them, but a shard about to be gathered or
+        on an accelerator is cast to `dtype` first (a cast is elementwise, so cast-then-gather is the
+        same tensor, with half the bytes gathered for bfloat16), and a one-rank mesh's shard is the
+        tensor itself (no gather; on the CPU the bucket's copy casts it). Otherwise verl's own."""
+        from torch.distributed.tensor import DTensor
+        from verl.utils.device import get_device_id
+        from verl.utils.fsdp_utils import fsdp_version
+        from verl.utils.model import convert_weight_keys
+        from verl.workers.engine.fsdp.utils import unfuse_moe_params
+
+        engine, module = self.engine, self.engine.module
+        inner = getattr(module, "_fsdp_wrapped_module", module)
+        if fsdp_version(module) != 2 or hasattr(inner, "peft_config") or getattr(engine, "_qat_enabled", False):
+            per_tensor, _ = engine.get_per_tensor_param()
+            yield from per_tensor
+            return
+        device = get_device_id()
+
+        def gathered():
+            for name, param in convert_weight_keys(module.state_dict(), inner).items():
+                param = param.to(device, non_blocking=True)
+                alone = not isinstance(param, DTensor) or param.device_mesh.size() == 1
+                if dtype is not None and param.is_floating_point() and not (alone and param.device.type == "cpu"):
+                    param = param.to(dtype)
+                if isinstance(param, DTensor):
+                    param = param.to_local() if alone else param.full_tensor()
+                yield name, param
+
+        yield from unfuse_moe_params(gathered(), engine.model_config.hf_config.model_type)
 
     def _hand_back_cached_memory(self) -> None:
         """After an export for the engine (the engine wakes next), the caching allocator's blocks go
