@@ -13,7 +13,7 @@ reads the run's metrics.jsonl:
 The CPU run of the same task (config.yaml, 2 cores: docs/results.md, "Hops") is the reference: ~240
 steps in 15 minutes, held-out greedy 0.125 -> 0.665 for seed 0.
 
-    python bench/gpu_rl_run.py                              # cuda, 150 s of training (scripts/gpu_check.sh)
+    python bench/gpu_rl_run.py                              # cuda, 150 s of training (gpu_check.sh: 60 s)
     python bench/gpu_rl_run.py --device cpu --budget-s 20 --max-steps 3   # the same run, tiny, on the CPU
     python bench/gpu_rl_run.py ... --json out.json
 """

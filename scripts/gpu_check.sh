@@ -3,26 +3,26 @@
 # 2026-12-04 (docs/results.md, "On a GPU"); scripts/gpu_site.sh packs what a bare CUDA image lacks.
 #
 #   part                                                       estimate   limit   env for the limit
-#   1. gpu tests (pytest -m gpu): bf16 steps, packed           ~90 s     120 s   GPU_CHECK_TESTS_LIMIT_S
+#   1. gpu tests (pytest -m gpu): bf16 steps, packed          ~130 s     150 s   GPU_CHECK_TESTS_LIMIT_S
 #      micro-batches on CUDA, chunked log-probs, varlen
 #      attention, the embedded engine on CUDA
 #   2. bf16 step, Qwen2-0.5B shape, torch + verl (sdpa):       ~80 s     120 s   GPU_CHECK_STEP_LIMIT_S
 #      step time, tokens/s, MFU (model FLOPs; 6ND too),
 #      micro-batches of each, weights export (3 timed)
-#   3. the same with attn_implementation agl_varlen            ~80 s     120 s   GPU_CHECK_STEP_LIMIT_S
+#   3. the same with attn_implementation agl_varlen            ~75 s     110 s   GPU_CHECK_VARLEN_LIMIT_S
 #      (packed rows at each sample's cost)
 #   4. log-probs over the 151,936 vocabulary, whole vs         ~15 s      40 s   GPU_CHECK_CHUNK_LIMIT_S
 #      chunked: time and peak memory (K = 8192, bf16)
-#   5. a whole RL run: examples/hops on the GPU (embedded     ~140 s     170 s   GPU_CHECK_RL_LIMIT_S
-#      engine on CUDA, torch backend in bf16), 90 s of
+#   5. a whole RL run: examples/hops on the GPU (embedded     ~110 s     140 s   GPU_CHECK_RL_LIMIT_S
+#      engine on CUDA, torch backend in bf16), 60 s of
 #      training (GPU_CHECK_RL_BUDGET_S): steps, step time
 #      and its split, the learning curve
 #   (6. GPU_CHECK_FLEX=1: the torch step with flex_attention,  ~50 s      60 s   GPU_CHECK_FLEX_LIMIT_S)
-#   total                                                     ~405 s     570 s   (under a device's 600 s a command)
+#   total                                                     ~410 s     560 s   (under a device's 600 s a command)
 #
 #   bash scripts/gpu_check.sh                 # from the repository root or anywhere
 #   AGL_GPU_CHECK_DRY=1 bash scripts/gpu_check.sh    # (or --cpu-smoke) every part at tiny size on the CPU:
-#                                                    # no GPU needed; checks the script end to end (~6 min here)
+#                                                    # no GPU needed; checks the script end to end (~4 min on 2 cores)
 #   PYTHON=/path/to/python AGL_VLLM_PYTHON=/path/to/vllm-python bash scripts/gpu_check.sh
 #   GPU_CHECK_PEAK_TFLOPS=312 bash scripts/gpu_check.sh      # another GPU's bf16 dense peak (A100: 312)
 #   GPU_CHECK_TEST_PATHS="tests/verl/test_gpu.py" bash scripts/gpu_check.sh   # collect only these files
@@ -46,11 +46,12 @@ for argument in "$@"; do
 done
 PY="${PYTHON:-.venv/bin/python}"
 PEAK="${GPU_CHECK_PEAK_TFLOPS:-989}"
-TESTS_LIMIT_S="${GPU_CHECK_TESTS_LIMIT_S:-120}"
+TESTS_LIMIT_S="${GPU_CHECK_TESTS_LIMIT_S:-150}"
 STEP_LIMIT_S="${GPU_CHECK_STEP_LIMIT_S:-120}"
+VARLEN_LIMIT_S="${GPU_CHECK_VARLEN_LIMIT_S:-110}"
 CHUNK_LIMIT_S="${GPU_CHECK_CHUNK_LIMIT_S:-40}"
-RL_LIMIT_S="${GPU_CHECK_RL_LIMIT_S:-170}"
-RL_BUDGET_S="${GPU_CHECK_RL_BUDGET_S:-90}"
+RL_LIMIT_S="${GPU_CHECK_RL_LIMIT_S:-140}"
+RL_BUDGET_S="${GPU_CHECK_RL_BUDGET_S:-60}"
 FLEX_LIMIT_S="${GPU_CHECK_FLEX_LIMIT_S:-60}"
 PARTS="${GPU_CHECK_PARTS:-tests step varlen chunk rl}"
 if [[ -n "${GPU_CHECK_FLEX:-}" ]]; then PARTS="$PARTS flex"; fi
@@ -141,11 +142,11 @@ fi
 
 if wanted tests; then
     if [[ -n "$DRY" ]]; then  # the selection imports and finds the gpu tests; running them needs CUDA
-        run_part "gpu tests (collected only: dry)" 90 "$TESTS_LIMIT_S" \
+        run_part "gpu tests (collected only: dry)" 130 "$TESTS_LIMIT_S" \
             "$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider "${TEST_PATHS[@]}"
     else
         # -p no:cacheprovider: the checkout may be read-only on a fresh machine.
-        run_part "gpu tests" 90 "$TESTS_LIMIT_S" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        run_part "gpu tests" 130 "$TESTS_LIMIT_S" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
             --junitxml "$OUT_DIR/gpu-tests.xml" "${TEST_PATHS[@]}"
     fi
 fi
@@ -154,7 +155,7 @@ if wanted step; then
         --backend both --peak-tflops "$PEAK" --json "$OUT_DIR/step.json"
 fi
 if wanted varlen; then
-    run_part "bf16 step, torch + verl, agl_varlen" 80 "$STEP_LIMIT_S" "$PY" bench/gpu_step.py "${SIZE[@]}" \
+    run_part "bf16 step, torch + verl, agl_varlen" 75 "$VARLEN_LIMIT_S" "$PY" bench/gpu_step.py "${SIZE[@]}" \
         --backend both --attn agl_varlen --peak-tflops "$PEAK" --json "$OUT_DIR/step-varlen.json"
 fi
 if wanted chunk; then
@@ -168,7 +169,7 @@ import importlib.util, sys
 names = [n.strip() for n in '$needs'.split(',')]
 gone = [n for n in names if importlib.util.find_spec(n) is None]
 print(', '.join(gone)); sys.exit(1 if gone else 0)" 2>&1)"; then
-        run_part "whole RL run (hops, engine + trainer on $DEVICE)" 140 "$RL_LIMIT_S" "$PY" bench/gpu_rl_run.py \
+        run_part "whole RL run (hops, engine + trainer on $DEVICE)" 110 "$RL_LIMIT_S" "$PY" bench/gpu_rl_run.py \
             "${RL[@]}" --out "$OUT_DIR/rl" --json "$OUT_DIR/rl.json"
     else
         not_run "whole RL run" "$PY cannot import $missing (pack them with scripts/gpu_site.sh)"

@@ -158,7 +158,7 @@ def test_every_part_runs_with_its_size_and_the_limits_fit_a_device_command(tmp_p
     assert len(steps) == 2 and all("--device cuda --model 0.5b" in c and "--backend both" in c for c in steps)
     assert "--attn agl_varlen" in steps[1] and "--attn" not in steps[0]
     assert any(c.startswith("bench/chunked_logprobs.py --device cuda --dtype bfloat16") for c in calls)
-    assert any(c.startswith("bench/gpu_rl_run.py --device cuda --budget-s 90") for c in calls)
+    assert any(c.startswith("bench/gpu_rl_run.py --device cuda --budget-s 60") for c in calls)
     assert not any("flex_attention" in c for c in calls)  # opt-in (GPU_CHECK_FLEX=1)
     limits = [int(m) for m in re.findall(r"limit (\d+)\)", result.stdout)]
     estimates = [int(m) for m in re.findall(r"\(estimate (\d+), limit", result.stdout)]
