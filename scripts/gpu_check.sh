@@ -22,7 +22,7 @@
 #
 #   bash scripts/gpu_check.sh                 # from the repository root or anywhere
 #   AGL_GPU_CHECK_DRY=1 bash scripts/gpu_check.sh    # (or --cpu-smoke) every part at tiny size on the CPU:
-#                                                    # no GPU needed; checks the script end to end (~4 min on 2 cores)
+#                                                    # no GPU needed; checks the script end to end (4-8 min on 2 shared cores)
 #   PYTHON=/path/to/python AGL_VLLM_PYTHON=/path/to/vllm-python bash scripts/gpu_check.sh
 #   GPU_CHECK_PEAK_TFLOPS=312 bash scripts/gpu_check.sh      # another GPU's bf16 dense peak (A100: 312)
 #   GPU_CHECK_TEST_PATHS="tests/verl/test_gpu.py" bash scripts/gpu_check.sh   # collect only these files
@@ -65,8 +65,12 @@ if [[ ! -x "$PY" ]] && ! command -v "$PY" >/dev/null 2>&1; then
     exit 2
 fi
 if [[ -n "$DRY" ]]; then
-    echo "gpu_check: dry mode (AGL_GPU_CHECK_DRY / --cpu-smoke): every part at tiny size on the CPU"
+    echo "gpu_check: dry mode (AGL_GPU_CHECK_DRY / --cpu-smoke): every part at tiny size on the CPU" \
+        "(limits x3: a shared CPU is slower than a GPU, and the dry mode checks the script, not the times)"
     DEVICE=cpu
+    for limit in TESTS_LIMIT_S STEP_LIMIT_S VARLEN_LIMIT_S CHUNK_LIMIT_S RL_LIMIT_S FLEX_LIMIT_S; do
+        printf -v "$limit" '%d' $((${!limit} * 3))
+    done
 else
     if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; then
         echo "gpu_check: no NVIDIA GPU here (nvidia-smi is missing or failed); this script is for GPU machines" \
@@ -132,7 +136,7 @@ not_run() {  # not_run NAME WHY
 
 if [[ -n "$DRY" ]]; then
     SIZE=(--device cpu --model tiny --steps 1 --tasks 2 --per-task 2 --max-len 128 --exports 2)
-    CHUNK=(--quick)
+    CHUNK=(--positions 256 --vocab 8192 --hidden 128 --chunk 32 --rounds 1)
     RL=(--device cpu --budget-s 10 --max-steps 2)
 else
     SIZE=(--device cuda --model 0.5b --model-dir "$OUT_DIR/model-0.5b" --steps 3 --exports 3)

@@ -176,7 +176,7 @@ def test_dry_mode_runs_every_part_on_the_cpu_without_a_gpu(tmp_path: Path) -> No
     assert any(c.startswith("-m pytest -m gpu --collect-only") for c in calls)
     steps = [c for c in calls if c.startswith("bench/gpu_step.py")]
     assert len(steps) == 2 and all("--device cpu --model tiny" in c for c in steps)
-    assert any(c.startswith("bench/chunked_logprobs.py --quick") for c in calls)
+    assert any(c.startswith("bench/chunked_logprobs.py --positions 256") for c in calls)
     assert any(c.startswith("bench/gpu_rl_run.py --device cpu") for c in calls)
     # flex_attention has no backward on the CPU: named as not run, which fails the check
     assert "flex_attention: not run: flex_attention has no backward on the CPU" in result.stdout
