@@ -3,7 +3,7 @@
 # CUDA torch and transformers but none of agl's other dependencies, and cannot reach a package
 # index (this workplace's GPU machines). Run here, where pip can download; carry the archive there.
 #
-#   bash scripts/gpu_site.sh                      # writes .whl/gpu-site.tar.xz (~26 MB; .whl/ is ignored)
+#   bash scripts/gpu_site.sh                      # writes .whl/gpu-site.tar.xz (.whl/ is ignored)
 #   GPU_SITE_PYTHON_VERSION=3.11 bash scripts/gpu_site.sh   # for another CPython there (default 3.12)
 #
 # There (the repository root), before gpu_check.sh:
@@ -34,6 +34,13 @@ PACKAGES=(
     opentelemetry-semantic-conventions opentelemetry-exporter-otlp-proto-http
     opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-http-transport
     opentelemetry-exporter-otlp-common
+    # the whole RL run (bench/gpu_rl_run.py: agl train with the sidecar, the embedded engine, the hops
+    # harness over the openai SDK): aiohttp and the sidecar's loop and parser, openai, rich, and what
+    # every run writes (tensorboard/ through torch.utils.tensorboard, reward.png through matplotlib)
+    aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna httptools uvloop
+    openai httpx2 httpcore2 h11 anyio sniffio jiter distro rich markdown-it-py mdurl pygments
+    tensorboard absl-py markdown werkzeug matplotlib contourpy cycler fonttools kiwisolver pillow
+    pyparsing python-dateutil six
 )
 
 if [[ ! -x "$VENV_PY" ]]; then
@@ -60,6 +67,8 @@ site="$work/$SITE_NAME"
 venv_site="$("$VENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 cp -r "$venv_site"/antlr4 "$venv_site"/antlr4_python3_runtime-*.dist-info "$site"/
 rm -rf "$site"/ray/jars "$site"/ray/rllib "$site"/ray/dashboard/client/build/static/js/*.map
+# TensorBoard's web page (a run only writes event files) and matplotlib's sample data
+rm -rf "$site"/tensorboard/webfiles.zip "$site"/matplotlib/mpl-data/sample_data
 find "$site" -name __pycache__ -prune -exec rm -rf {} +
 find "$site" \( -name "*.so" -o -path "*/ray/core/src/ray/*" \) -type f -size +1M \
     -exec strip --strip-unneeded {} + 2>/dev/null || true

@@ -105,13 +105,15 @@ def test_swe_one_gpu_lora_config_fits_on_80_gib(capsys: pytest.CaptureFixture[st
 
     context = 2 * GIB  # trainer + vLLM processes
     state = base + 4 * adapter  # adapters + gradients + AdamW's two moments
-    trainer_peak = max(state + acts, state + merging)
-    assert gib(out, "training") == pytest.approx((state + acts + context) / GIB, abs=0.01)  # vLLM asleep
-    # the trainer keeps its peak reserved (caching allocator) while vLLM claims its budget
-    generating = trainer_peak + budget + context
+    training_total = state + acts + context
+    assert gib(out, "training") == pytest.approx(training_total / GIB, abs=0.01)  # vLLM asleep
+    # the trainer hands its cached blocks back before vLLM wakes: its state stays, not its peak
+    generating = state + budget + context
     assert gib(out, "generating") == pytest.approx(generating / GIB, abs=0.01)
-    assert generating <= 80 * GIB
-    assert f"fits: peak {generating / GIB:.2f} GiB of 80 GiB" in out
+    assert utilization > 0.4  # more than the trainer's retained peak left vLLM
+    peak = max(generating, training_total, state + merging + context)
+    assert peak <= 80 * GIB
+    assert f"fits: peak {peak / GIB:.2f} GiB of 80 GiB" in out
 
 
 def test_the_merging_sync_is_counted_where_the_engine_takes_no_adapter() -> None:

@@ -40,7 +40,6 @@ CASES = [
         "has no field 'no_such_field'",
     ),
     (["--set", 'backend.options={"lr_schedule": "cosine"}'], "backend.total_steps", "set it"),
-    (["--set", 'backend.options={"packing": "packed"}'], "backend.options.packing", "drop packing"),
 ]
 
 

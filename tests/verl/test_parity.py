@@ -23,7 +23,8 @@ from tests.support.waiting import wait_until
 ALGORITHM = AlgorithmConfig(entropy_coef=0.01, importance_cap=1.5)
 # AdamW moves an element by about lr whatever its gradient; eps 1e-4 (not 1e-8) keeps elements whose
 # gradient is at rounding level (k_proj.bias: exactly 0 in theory) from being moved by rounding noise
-OPTIONS = {"num_mini_batches": 2, "micro_batch_tokens": 64, "max_grad_norm": 0.5, "eps": 1e-4}
+# log-softmax in chunks of 4 positions (backends/chunked_logprobs.py): the workers' chunked path too
+OPTIONS = {"num_mini_batches": 2, "micro_batch_tokens": 64, "max_grad_norm": 0.5, "eps": 1e-4, "logit_chunk_tokens": 4}
 LR = 1e-2
 
 
@@ -65,6 +66,10 @@ def test_one_update_equals_the_torch_backend(pair):
     assert abs(want["loss/total"]) > 1e-3 and want["actor/clip_frac"] > 0  # a real, clipped update
     new_torch = _assert_same_update(verl, got, torch_backend, want)
     assert got["policy_version"] == want["policy_version"] == 2 and verl.step == torch_backend.step == 2
+    assert verl.packed and want["perf/micro_batches"] >= 4  # two mini-batches of packed rows, cut by budget
+    if verl.dp_size == 1:  # the same micro-batches (tests/verl/test_payload.py): as many, as padded
+        assert got["perf/micro_batches"] == want["perf/micro_batches"]
+        assert got["perf/padding_frac"] == pytest.approx(want["perf/padding_frac"])
     moved = max(float((new_torch[n] - initial_weights[n]).abs().max()) for n in new_torch)
     assert moved > 0.5 * LR
 
@@ -249,3 +254,16 @@ def test_a_batch_with_no_signal_is_left_out_as_in_the_torch_backend(local_ray, t
                     assert torch.equal(tensor, before[name]), name
     finally:
         backend.close()
+
+
+def test_bf16_weights_for_the_engine_equal_the_torch_backends(pair):
+    """The export casts each shard before gathering it (a rank's half of the bytes; none gathered at
+    world size 1) and moves the weights through Ray as buffers: the torch backend's bf16 tensors,
+    bit for bit, each with storage of its own."""
+    verl, make_torch, initial = pair
+    verl.load_checkpoint(initial)
+    got, want = verl.state_dict_for_engine(torch.bfloat16), make_torch().state_dict_for_engine(torch.bfloat16)
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], tensor), name
+    assert len({t.untyped_storage().data_ptr() for t in got.values()}) == len(got)

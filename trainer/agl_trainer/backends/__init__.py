@@ -43,7 +43,8 @@ What `train_step(batch, policy_version)` does:
      version this update produces).
 
 `verl` (`agl_trainer.backends.verl.VerlBackend`): the same interface and the same update (agl's
-advantages, token weights and `rl_objective`), run by verl 0.9.1's FSDP2 workers in a Ray worker
+advantages, token weights and `rl_objective`, on the micro-batches `packing.pack_samples` cuts for
+both backends), run by verl 0.9.1's FSDP2 workers in a Ray worker
 group: one node or several, GPUs or CPU processes (gloo, through agl's verl platform plugin):
 
     from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig

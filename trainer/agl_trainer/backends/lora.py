@@ -198,7 +198,9 @@ def merged_state_dict(peft_model: Any, dtype: torch.dtype | None = None) -> dict
     """Base + adapter as plain weights (CPU copies) under the base model's Hugging Face names, as
     save_pretrained writes them (a tied output embedding once, under the input embedding's name; an
     adapted tied head as a weight of its own, HEAD_WEIGHT: see config_for_weights)."""
-    return {name: tensor.to("cpu", copy=True) for name, tensor in merged_tensors(peft_model, dtype)}
+    from agl_trainer.backends.weight_buckets import host_copy
+
+    return {name: host_copy(tensor) for name, tensor in merged_tensors(peft_model, dtype)}
 
 
 @torch.no_grad()

@@ -77,6 +77,17 @@ class ComputeModel:
         per_position = 2 * self.hidden_size * (8 * self.hidden_size + (width if self.dense_attention else 0))
         return (count * width + self.overhead_positions) * per_position
 
+    @classmethod
+    def of(cls, hidden_size: int, attn_implementation: str | None) -> ComputeModel:
+        """The cost model of a model with this hidden size run with this attention implementation."""
+        return cls(hidden_size=hidden_size, dense_attention=attn_implementation not in VARLEN_ATTENTION)
+
+
+# attention whose cost follows each packed sample, not a row's square: flash's varlen kernels, agl's
+# own over PyTorch's (backends/varlen_attention.py), and flex_attention, whose block mask (built by
+# transformers from restarting position_ids) skips the blocks between samples
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention", "agl_varlen"})
+
 
 def group_rows(
     row_lengths: Sequence[int], token_budget: int, compute: ComputeModel | None = None
@@ -119,6 +130,38 @@ def choose_row_capacity(lengths: Sequence[int], token_budget: int, compute: Comp
     return min(sorted(candidates, reverse=True), key=cost)  # ties: the longer rows
 
 
+def pack_samples(
+    lengths: torch.Tensor | Sequence[int],
+    samples: Sequence[int],
+    *,
+    token_budget: int,
+    packed: bool,
+    row_capacity: int | None = None,
+    compute: ComputeModel | None = None,
+) -> list[list[list[int]]]:
+    """Which samples go together: micro-batches, each a list of rows, each a list of samples (rows
+    of the [N, L] batch, back to back). Both backends cut a batch with this one decision, so the same
+    samples share a forward/backward whichever runs it. Each micro-batch holds rows x longest row <=
+    token_budget (a sample longer than the budget gets a micro-batch of its own); packed rows are at
+    most `row_capacity` long, or the capacity choose_row_capacity picks."""
+    if token_budget <= 0:
+        raise ValueError(f"token_budget {token_budget} must be positive")
+    if not samples:
+        return []
+    sample_lengths = [int(lengths[s]) for s in samples]
+    compute = compute or ComputeModel()
+    if packed:
+        if row_capacity is None:
+            capacity = choose_row_capacity(sample_lengths, token_budget, compute)
+        else:
+            capacity = min(row_capacity, token_budget)
+        rows = [[samples[i] for i in row] for row in first_fit_decreasing(sample_lengths, capacity)]
+    else:
+        rows = [[s] for s in samples]
+    row_lengths = [sum(int(lengths[s]) for s in row) for row in rows]
+    return [[rows[r] for r in group] for group in group_rows(row_lengths, token_budget, compute)]
+
+
 def plan_micro_batches(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
@@ -131,34 +174,22 @@ def plan_micro_batches(
     compute: ComputeModel | None = None,
     pad_token_id: int = 0,
 ) -> list[MicroBatch]:
-    """Micro-batches holding exactly `samples` (rows of the [N, L] batch), each within token_budget
-    (a sample longer than the budget gets a micro-batch of its own). Packed rows are at most
-    `row_capacity` long, or the capacity choose_row_capacity picks."""
-    if token_budget <= 0:
-        raise ValueError(f"token_budget {token_budget} must be positive")
-    sample_lengths = [int(lengths[s]) for s in samples]
-    if not samples:
-        return []
-    compute = compute or ComputeModel()
-    if packed:
-        if row_capacity is None:
-            capacity = choose_row_capacity(sample_lengths, token_budget, compute)
-        else:
-            capacity = min(row_capacity, token_budget)
-        rows = [[samples[i] for i in row] for row in first_fit_decreasing(sample_lengths, capacity)]
-    else:
-        rows = [[s] for s in samples]
-    row_lengths = [sum(int(lengths[s]) for s in row) for row in rows]
+    """Micro-batches holding exactly `samples` (rows of the [N, L] batch) as `pack_samples` groups
+    them, as tensors: packed rows back to back, padded to the micro-batch's longest row."""
+    plan = pack_samples(
+        lengths, samples, token_budget=token_budget, packed=packed, row_capacity=row_capacity, compute=compute
+    )
     width_of_batch = input_ids.shape[1]
     micro_batches = []
-    for group in group_rows(row_lengths, token_budget, compute):
-        width = max(row_lengths[r] for r in group)
+    for group in plan:
+        row_lengths = [sum(int(lengths[s]) for s in row) for row in group]
+        width = max(row_lengths)
         ids = torch.full((len(group), width), pad_token_id, dtype=input_ids.dtype)
         pos = torch.zeros((len(group), width), dtype=position_ids.dtype)
         source = torch.full((len(group), width), -1, dtype=torch.long)
         for out_row, row in enumerate(group):
             cursor = 0
-            for sample in rows[row]:
+            for sample in row:
                 n = int(lengths[sample])
                 ids[out_row, cursor : cursor + n] = input_ids[sample, :n]
                 pos[out_row, cursor : cursor + n] = position_ids[sample, :n]

@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from agl_trainer.algorithms import token_entropy, token_logprobs
-from agl_trainer.backends import lora
+from agl_trainer.backends import lora, varlen_attention
 from agl_trainer.backends.agreement import PREFIX as AGREE
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import (
@@ -32,6 +31,7 @@ from agl_trainer.backends.checkpoint_io import (
     seed_everything,
     set_rng_state,
 )
+from agl_trainer.backends.chunked_logprobs import token_outputs
 from agl_trainer.backends.hf_model import (
     disable_dropout,
     head_sees_only,
@@ -46,6 +46,7 @@ from agl_trainer.backends.step_metrics import step_metrics
 from agl_trainer.backends.step_plan import StepPlan, mini_batches, plan_step
 from agl_trainer.backends.targets import Targets, trained_targets
 from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
+from agl_trainer.backends.weight_buckets import host_copy
 from agl_trainer.batch import TrainingBatch
 from agl_trainer.models.hf_progress import quiet_progress
 
@@ -65,6 +66,13 @@ class TorchBackend:
         self.autocast_dtype = compute if compute != param_dtype and compute != torch.float32 else None
         seed_everything(config.seed)
         kwargs: dict[str, Any] = {"dtype": param_dtype, "trust_remote_code": config.trust_remote_code}
+        if config.attn_implementation == varlen_attention.NAME:
+            if self.device.type == "cuda" and not varlen_attention.available_on(self.device):
+                raise BackendConfigError(
+                    f"backend.attn_implementation: {varlen_attention.NAME} needs torch.nn.attention.varlen "
+                    f"(PyTorch >= 2.9) on CUDA, which torch {torch.__version__} lacks; use sdpa"
+                )
+            varlen_attention.register()  # packed rows at each sample's cost (backends/varlen_attention.py)
         if config.attn_implementation:
             kwargs["attn_implementation"] = config.attn_implementation
         self.model = AutoModelForCausalLM.from_pretrained(str(config.model_path), **kwargs).to(self.device)
@@ -74,9 +82,8 @@ class TorchBackend:
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.compute_model = ComputeModel(
-            hidden_size=int(self.model.get_input_embeddings().weight.shape[1]),
-            dense_attention=self.model.config._attn_implementation != "flash_attention_2",
+        self.compute_model = ComputeModel.of(
+            int(self.model.get_input_embeddings().weight.shape[1]), self.model.config._attn_implementation
         )
         self.ref_model = None
         if config.algorithm.kl_coef > 0 and not config.lora.enabled:  # with LoRA: the base, adapters off
@@ -301,12 +308,13 @@ class TorchBackend:
                     logits = model(**inputs).logits[0]  # [K, V]
             else:
                 logits = model(**inputs).logits[rows, positions]
-        log_prob = token_logprobs(logits, micro.input_ids.to(self.device)[rows, positions + 1])
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = token_entropy(logits)
-        return log_prob, entropy
+        return token_outputs(
+            logits,
+            micro.input_ids.to(self.device)[rows, positions + 1],
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            chunk_tokens=self.config.logit_chunk_tokens,
+        )
 
     # ------------------------------------------------------------------------------------ weights
     def state_dict_for_engine(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -314,7 +322,9 @@ class TorchBackend:
         writes them (a tied output embedding appears once, under the input embedding's name). With
         LoRA: base + adapter merged, under the base model's names, so any engine loads them."""
         if self.uses_lora:
-            return lora.merged_state_dict(self.model, dtype)
+            merged = lora.merged_state_dict(self.model, dtype)
+            self._hand_back_cached_memory()
+            return merged
         seen: set[int] = set()
         out: dict[str, torch.Tensor] = {}
         for name, tensor in self.model.state_dict().items():
@@ -322,14 +332,24 @@ class TorchBackend:
             if key in seen and tensor.numel() > 0:
                 continue  # tied to a tensor already included
             seen.add(key)
-            out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
+            out[name] = host_copy(tensor, dtype)  # cast on its device, then one copy to the host
+        self._hand_back_cached_memory()
         return out
 
     def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
         """The adapter alone (peft's names and config, CPU copies): what an adapter-only sync moves."""
         if not self.uses_lora:
             raise ValueError("adapter_for_engine: this backend trains every weight (backend.lora.rank is 0)")
-        return lora.adapter_state(self.model, dtype)
+        state = lora.adapter_state(self.model, dtype)
+        self._hand_back_cached_memory()
+        return state
+
+    def _hand_back_cached_memory(self) -> None:
+        """After the export for the engine nothing of the step is live, and the engine wakes next
+        (collocated vLLM, engine.update_weights): the caching allocator's blocks, the step's peak, go
+        back to CUDA so that engine gets them. The next step allocates again (milliseconds)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def save_hf(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
         """The policy as a Hugging Face directory (safetensors + config + the source's tokenizer files),

@@ -70,9 +70,9 @@ class TorchBackendConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     param_dtype: str = "float32"  # master weights and optimizer state
     compute_dtype: str = "auto"  # auto: bfloat16 autocast on CUDA; on CPU, param_dtype
-    attn_implementation: str | None = (
-        None  # e.g. sdpa, eager, flash_attention_2 (None: transformers' default)
-    )
+    # e.g. sdpa, eager, flash_attention_2, agl_varlen (packed rows at each sample's cost with PyTorch's
+    # varlen flash attention, no flash-attn package: backends/varlen_attention.py); None: transformers' default
+    attn_implementation: str | None = None
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     disable_dropout: bool = True  # RL wants the sampling policy's log-probs; dropout would perturb them
@@ -90,6 +90,9 @@ class TorchBackendConfig:
     micro_batch_tokens: int = 8192  # padded positions per forward/backward
     max_row_tokens: int | None = None  # longest packed row (default: the batch's longest sample)
     packing: str = "auto"  # auto (probe the model) | packed | padded
+    # scored positions per chunk of the output head's float32 log-softmax/entropy (backends/chunked_logprobs.py);
+    # None: as many as keep a chunk within 64 Mi logits (441 positions of a 151,936-token vocabulary)
+    logit_chunk_tokens: int | None = None
     num_mini_batches: int = 1  # optimizer steps per train_step; rollouts are never split across them
     ppo_epochs: int = 1  # passes over the batch
     seed: int = 0
@@ -123,6 +126,8 @@ class TorchBackendConfig:
             fail("micro_batch_tokens", f"{self.micro_batch_tokens} must be positive")
         if self.packing not in ("auto", "packed", "padded"):
             fail("packing", f"{self.packing!r} is not one of auto, packed, padded")
+        if self.logit_chunk_tokens is not None and self.logit_chunk_tokens < 1:
+            fail("logit_chunk_tokens", f"{self.logit_chunk_tokens} must be >= 1, or null for the default")
         if self.num_mini_batches < 1 or self.ppo_epochs < 1:
             fail("num_mini_batches", "num_mini_batches and ppo_epochs must be >= 1")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:

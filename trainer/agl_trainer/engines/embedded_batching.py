@@ -214,16 +214,17 @@ class BatchScheduler:
         if self._live:  # feed every live sequence's last token
             mask = torch.cat([self._mask, torch.ones(len(self._live), 1, dtype=self._mask.dtype)], dim=1)
             positions = mask.sum(dim=1, keepdim=True) - 1
+            device = self._device()
             out = self.model(
-                input_ids=self._next[:, None],
-                attention_mask=mask,
-                position_ids=positions,
+                input_ids=self._next[:, None].to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
                 past_key_values=self._cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
             self._mask = mask
-            self._next = self._sample(self._live, out.logits[:, -1, :], updates)
+            self._next = self._sample(self._live, out.logits[:, -1, :].cpu(), updates)
         if admitted:
             self._admit(admitted, updates)
         self._drop_finished()
@@ -242,15 +243,16 @@ class BatchScheduler:
             mask[row, width - n :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
+        device = self._device()
         out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        first = self._sample(admitted, out.logits[:, -1, :], updates)
+        first = self._sample(admitted, out.logits[:, -1, :].cpu(), updates)
         if not self._live:
             self._live, self._cache, self._mask, self._next = list(admitted), cache, mask, first
             return
@@ -266,6 +268,10 @@ class BatchScheduler:
         self._next = torch.cat([self._next, first])
         self._live.extend(admitted)
 
+    def _device(self) -> torch.device:
+        """Where the model runs (EmbeddedEngineConfig.device); the KV cache lives there too."""
+        return next(self.model.parameters()).device
+
     def _drop_finished(self) -> None:
         keep = [row for row, sequence in enumerate(self._live) if not sequence.finished]
         if len(keep) == len(self._live):
@@ -277,8 +283,10 @@ class BatchScheduler:
         self._live = [self._live[row] for row in keep]
         self._mask, self._next = self._mask[index], self._next[index]
         first_used = int(self._mask.any(dim=0).to(torch.int8).argmax())  # drop all-padding columns
+        on_device = index.to(self._device())
         for layer in self._cache.layers:
-            layer.keys, layer.values = layer.keys[index, :, first_used:], layer.values[index, :, first_used:]
+            layer.keys = layer.keys[on_device, :, first_used:]
+            layer.values = layer.values[on_device, :, first_used:]
         self._mask = self._mask[:, first_used:]
 
     # --- sampling --------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ budget after its weights (bf16, split by tensor parallelism) and a reserve for i
 
 The torch backend (one process, nothing offloaded) keeps AdamW's state through forward and backward,
 gives a sample longer than micro_batch_tokens a micro-batch of its own (so the activations are
-counted for max(micro_batch_tokens, engine.options.max_model_len) tokens), keeps a KL reference model
-(kl_coef > 0, full training) and never empties PyTorch's caching allocator: beside a vLLM process,
-its training peak stays reserved while vLLM generates.
+counted for max(micro_batch_tokens, engine.options.max_model_len) tokens) and keeps a KL reference
+model (kl_coef > 0, full training). It hands its caching allocator's blocks back to CUDA after each
+export for the engine, before the engine wakes (TorchBackend._hand_back_cached_memory): while vLLM
+generates, the trainer holds its state, not its training peak.
 
 LoRA (backend.lora.rank > 0, resources/lora.py): the base is frozen in the master dtype
 (backend.options.param_dtype; bfloat16 is the choice for LoRA), once: the KL reference is the base
@@ -137,7 +138,6 @@ class TrainerPlan:
     reference_model: bool = False  # frozen_bytes is a second model (kl_coef > 0 without LoRA)
     longest_sample: int = 0  # engine.options.max_model_len: such a sample is one micro-batch
     sync_bytes: float = 0.0  # held on top while the trainer merges for an engine that takes no adapter
-    retains_peak: bool = False  # the torch backend beside a vLLM process: its peak stays reserved
     lora: LoraPlan | None = None
 
     @property
@@ -145,8 +145,6 @@ class TrainerPlan:
         """Held on the GPU while the engine generates."""
         kept = self.frozen_bytes + (0.0 if self.param_offload else self.params_bytes + self.grads_bytes)
         kept += 0.0 if self.optimizer_offload else self.optimizer_bytes
-        if self.retains_peak:  # PyTorch's caching allocator keeps what the process once held
-            return max(kept, self.training_peak_bytes, self.sync_peak_bytes)
         return kept
 
     @property
@@ -290,7 +288,6 @@ def _trainer_plan(
     gathered = 2 * 2.0 * arch.layer_parameters if world > 1 else 0.0  # bf16, current + prefetched layer
     torch_backend = backend.name == "torch"
     lora = _lora_plan(config, arch, takes_adapters) if torch_backend and backend.lora.rank > 0 else None
-    retains = torch_backend and config.engine.name == "vllm"
     if lora is not None:  # the adapters train, float32; the base is frozen in the master dtype, once
         adapter = lora.adapter_bytes
         # merged_state_dict, one weight at a time: the largest one's float32 update, base copy and sum
@@ -302,7 +299,7 @@ def _trainer_plan(
             param_offload=False, optimizer_offload=False, gradient_checkpointing=checkpointing,
             sequence_parallel=1, trainable_parameters=lora.parameters,
             frozen_bytes=float(parameters * param_bytes), longest_sample=longest, sync_bytes=merging,
-            retains_peak=retains, lora=lora,
+            lora=lora,
         )  # fmt: skip
     reference = torch_backend and float(config.backend.algorithm.get("kl_coef", 0.0) or 0.0) > 0
     return TrainerPlan(
@@ -315,7 +312,7 @@ def _trainer_plan(
         param_offload=param_offload, optimizer_offload=optimizer_offload,
         gradient_checkpointing=checkpointing, sequence_parallel=sp,
         trainable_parameters=parameters, frozen_bytes=float(parameters * param_bytes) if reference else 0.0,
-        reference_model=reference, longest_sample=longest, retains_peak=retains,
+        reference_model=reference, longest_sample=longest,
     )  # fmt: skip
 
 
@@ -553,12 +550,6 @@ def format_plan(plan: ResourcePlan) -> str:
         f"training {_gib(plan.training_bytes)}{syncing} "
         f"(incl. {CUDA_CONTEXT_GIB:g} GiB CUDA context per process)"
     )
-    if trainer.retains_peak:
-        lines.append(
-            "note: the torch backend does not hand memory back between phases (PyTorch's caching allocator): "
-            f"while vLLM generates, the trainer's process still holds its peak, "
-            f"{_gib(trainer.resident_bytes)}"
-        )
     for note in plan.notes:
         lines.append(f"note: {note}")
     if plan.fits:

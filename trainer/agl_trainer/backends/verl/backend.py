@@ -18,15 +18,17 @@ from typing import Any
 import torch
 
 from agl_trainer.backends import lora
+from agl_trainer.backends.agreement import PREFIX as AGREE
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
-from agl_trainer.backends.agreement import PREFIX as AGREE
+from agl_trainer.backends.packing import ComputeModel, pack_samples
 from agl_trainer.backends.step_metrics import step_metrics
 from agl_trainer.backends.step_plan import mini_batches, plan_step
 from agl_trainer.backends.torch_config import BackendConfigError
 from agl_trainer.backends.verl import cluster
 from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
-from agl_trainer.backends.verl.payload import deal_rows, order_micro_batches, payload, scatter_logprobs
+from agl_trainer.backends.verl.payload import Plan, flat_samples, payload, plan_ranks, scatter_logprobs
+from agl_trainer.backends.weight_buckets import WeightBuckets
 from agl_trainer.batch import TrainingBatch
 
 DROPOUT_KEYS = (
@@ -64,6 +66,9 @@ class VerlBackend:
         self.vocab_size = int(self.ranks[0]["vocab_size"])
         self.last_logprobs = None  # the trainer's per-token logprobs stay in the workers
         self.dp_size = int(self.ranks[0]["dp_size"])
+        # the workers probed the model as the torch backend does: do packed samples stay apart?
+        self.packed = bool(self.ranks[0]["packed"])
+        self.compute_model = ComputeModel.of(int(self.ranks[0]["hidden_size"]), self._attention)
         # the first global rank of each data-parallel rank answers for it (ulysses ranks repeat it)
         self._answering = {}
         for info in self.ranks:
@@ -72,6 +77,12 @@ class VerlBackend:
     @property
     def uses_lora(self) -> bool:
         return self.training.lora.enabled
+
+    @property
+    def _attention(self) -> str:
+        t = self.training
+        on_gpu = self.config.device == "cuda"
+        return t.attn_implementation or ("flash_attention_2" if on_gpu and has_flash_attn() else "sdpa")
 
     def _worker_settings(self):
         from agl_trainer.backends.verl.worker import WorkerSettings
@@ -82,7 +93,7 @@ class VerlBackend:
             compute = "bf16" if on_gpu else model_dtype
         else:
             compute = "bf16" if t.compute_dtype == "bfloat16" else "fp32"
-        attention = t.attn_implementation or ("flash_attention_2" if on_gpu and has_flash_attn() else "sdpa")
+        attention = self._attention
         return WorkerSettings(
             model_path=str(t.model_path),
             trust_remote_code=t.trust_remote_code,
@@ -109,6 +120,8 @@ class VerlBackend:
             dist_backend="cpu:gloo" if not on_gpu else None,
             override=dict(self.config.override),
             lora=t.lora if t.lora.enabled else None,
+            packing=t.packing,
+            logit_chunk_tokens=t.logit_chunk_tokens,
         )
 
     # ----------------------------------------------------------------------------------- training
@@ -179,21 +192,35 @@ class VerlBackend:
         """Deal `samples` to the DP ranks and call `method` on every worker; returns the answer of each
         DP rank, the rows each DP rank got, and the call's wall seconds. `apply` False: a training call
         measures and leaves the weights and the optimizer as they are (a zero-signal update)."""
-        dealt = deal_rows(samples, lengths, self.dp_size)
-        longest = max((int(lengths[s]) for s in samples), default=1)
-        budget = max(self.training.micro_batch_tokens, longest)
-        parts, micro_rows = order_micro_batches(dealt, lengths, budget)
+        plans = self.plan(lengths, samples)
         by_dp = []
-        for rows, counts in zip(parts, micro_rows, strict=True):
-            sent = payload(batch, lengths, rows, per_token=per_token, current_version=current_version)
-            sent["micro_rows"] = counts
+        for plan in plans:
+            sent = payload(batch, lengths, plan, per_token=per_token, current_version=current_version)
             sent["apply"] = apply
             by_dp.append(sent)
         args = [by_dp[int(info["dp_rank"])] for info in self.ranks]
         started = time.perf_counter()
         answers = getattr(self._workers, method)(args)
         wall = time.perf_counter() - started
+        parts = [flat_samples(plan) for plan in plans]
         return [answers[self._answering[dp]] for dp in range(self.dp_size)], parts, wall
+
+    def plan(self, lengths: torch.Tensor, samples: list[int]) -> list[Plan]:
+        """Each data-parallel rank's micro-batches for `samples`: the torch backend's packing
+        (`packing.pack_samples`, with the same budget, row capacity and cost model) of the rank's share."""
+        t = self.training
+
+        def pack(rank_samples: list[int]) -> Plan:
+            return pack_samples(
+                lengths,
+                rank_samples,
+                token_budget=t.micro_batch_tokens,
+                packed=self.packed,
+                row_capacity=t.max_row_tokens,
+                compute=self.compute_model,
+            )
+
+        return plan_ranks(samples, lengths, self.dp_size, pack)
 
     # ---------------------------------------------------------------------------------- inference
     @torch.no_grad()
@@ -211,8 +238,8 @@ class VerlBackend:
         """The policy's full weights as CPU tensors under Hugging Face names, gathered from the FSDP
         shards (every rank takes part; rank 0's copy comes back); a tied output embedding appears once.
         With LoRA: base + adapter merged, under the base model's names, so any engine loads them."""
-        answers = self._workers.agl_state_dict(dtype)
-        return answers[0]
+        arrays, entries = self._workers.agl_state_dict(dtype)[0]
+        return WeightBuckets.from_wire(arrays, entries)
 
     def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
         """The adapter alone (peft's names and config, CPU copies gathered from the shards): what an

@@ -55,11 +55,6 @@ class VerlBackendConfig:
                 f"{self.weight_sync!r} moves full weights, but with backend.lora the engine takes the "
                 "adapter alone (megabytes, in place); set weight_sync: auto",
             )
-        if t.packing != "auto" or t.max_row_tokens is not None:
-            fail(
-                "options.packing",
-                "verl packs micro-batches itself (by micro_batch_tokens); drop packing and max_row_tokens",
-            )
         device = self.device
         if device == "cpu":
             gpu_only = {

@@ -1,60 +1,63 @@
-"""Driver side of a worker call: which rows each data-parallel rank gets, and the tensors it gets.
+"""Driver side of a worker call: which samples each data-parallel rank gets, in which micro-batches,
+and the tensors it gets.
 
-Rows are dealt to ranks in equal numbers (verl's micro-batcher wants every rank to take part in
-each collective), balanced by tokens (longest first, to the lightest rank with room). When the rows
-do not divide by the DP size, padding rows fill up: one token, nothing trained, zero weight.
+Samples are dealt to ranks balanced by tokens (longest first, to the lightest rank). Each rank's
+samples are then cut into micro-batches by `packing.pack_samples`, the torch backend's own decision:
+micro-batches of rows, a row holding several samples back to back (position_ids restarting) where
+the model keeps packed samples apart. So at one data-parallel rank verl runs exactly the torch
+backend's micro-batches. Every rank runs the same number of micro-batches (FSDP's collectives run
+once per micro-batch on every rank): a rank with fewer gets micro-batches of one padding row (one
+token, nothing trained, zero weight).
 
-Per-token values travel concatenated over a rank's rows (verl's no-padding layout, `lengths` says
-where rows end). Values about a trained token t are placed at t - 1, the logit position that
-predicts it, which is where verl's log-probs come out.
+A packed row is one of verl's nested rows: values travel concatenated over a rank's samples in
+micro-batch, row, sample order (verl's no-padding layout; `lengths` says where rows end). Values
+about a trained token t are placed at t - 1, the logit position that predicts it, which is where
+verl's log-probs come out; a sample's last position is never trained, so the label verl's roll
+gives it (the next sample's first token) is never read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from agl_trainer.backends.packing import group_rows
 from agl_trainer.batch import TrainingBatch
 
 PADDING_ROW = -1
+Plan = list[list[list[int]]]  # micro-batches -> rows -> samples (batch rows; PADDING_ROW)
 
 
 def deal_rows(samples: Sequence[int], lengths: torch.Tensor, dp_size: int) -> list[list[int]]:
-    """`samples` split into dp_size lists of equal length (PADDING_ROW fills up), similar token totals."""
-    per_rank = -(-len(samples) // dp_size)
+    """`samples` split into dp_size lists of similar token totals (longest first, to the lightest
+    rank; ties to the rank with fewer samples), each sorted."""
     parts: list[list[int]] = [[] for _ in range(dp_size)]
     loads = [0] * dp_size
     for sample in sorted(samples, key=lambda s: (-int(lengths[s]), s)):
-        open_ranks = [r for r in range(dp_size) if len(parts[r]) < per_rank]
-        rank = min(open_ranks, key=lambda r: (loads[r], r))
+        rank = min(range(dp_size), key=lambda r: (loads[r], len(parts[r]), r))
         parts[rank].append(sample)
         loads[rank] += int(lengths[sample])
-    for part in parts:
-        part.sort()
-        part.extend([PADDING_ROW] * (per_rank - len(part)))
-    return parts
+    return [sorted(part) for part in parts]
 
 
-def order_micro_batches(
-    parts: Sequence[Sequence[int]], lengths: torch.Tensor, token_budget: int
-) -> tuple[list[list[int]], list[list[int]]]:
-    """Each rank's rows cut into micro-batches of similar lengths (agl's `group_rows`: longest first,
-    rows x longest <= token_budget, least estimated compute), so verl's padded forward pads little.
-    Every rank gets the same number (FSDP's collectives run once per micro-batch on every rank):
-    a rank with fewer gets one-padding-row micro-batches. Returns (rows in micro-batch order, the
-    row count of each micro-batch), per rank."""
-    plans = []
-    for rows in parts:
-        row_lengths = [1 if row == PADDING_ROW else int(lengths[row]) for row in rows]
-        plans.append([[rows[i] for i in group] for group in group_rows(row_lengths, token_budget)])
-    count = max(len(plan) for plan in plans)
+def plan_ranks(
+    samples: Sequence[int],
+    lengths: torch.Tensor,
+    dp_size: int,
+    pack: Callable[[list[int]], Plan],
+) -> list[Plan]:
+    """Each data-parallel rank's micro-batches: its dealt samples cut by `pack` (the backends' shared
+    `pack_samples`), padded to the same count on every rank with one-padding-row micro-batches."""
+    plans = [pack(part) if part else [] for part in deal_rows(samples, lengths, dp_size)]
+    count = max(1, max(len(plan) for plan in plans))
     for plan in plans:
-        plan.extend([[PADDING_ROW] for _ in range(count - len(plan))])
-    return [[row for group in plan for row in group] for plan in plans], [
-        [len(g) for g in plan] for plan in plans
-    ]
+        plan.extend([[PADDING_ROW]] for _ in range(count - len(plan)))
+    return plans
+
+
+def flat_samples(plan: Plan) -> list[int]:
+    """The plan's samples in the order their values travel (micro-batch, row, sample)."""
+    return [sample for micro in plan for row in micro for sample in row]
 
 
 def shift_to_logits(row_values: torch.Tensor) -> torch.Tensor:
@@ -67,34 +70,41 @@ def shift_to_logits(row_values: torch.Tensor) -> torch.Tensor:
 def payload(
     batch: TrainingBatch,
     lengths: torch.Tensor,
-    rows: Sequence[int],
+    plan: Plan,
     *,
     per_token: dict[str, torch.Tensor] | None = None,
     current_version: int | None = None,
 ) -> dict[str, object]:
-    """One rank's call arguments. `per_token` holds [N, L] tensors in batch layout, shifted here;
-    `current_version` (the loop's policy version) for a training call."""
+    """One rank's call arguments for its micro-batches `plan`. `per_token` holds [N, L] tensors in
+    batch layout, shifted here; `current_version` (the loop's policy version) for a training call.
+    `lengths` of the payload are its nested rows' (packed rows), `micro_rows` the rows of each
+    micro-batch."""
     per_token = per_token or {}
     ids, positions, trained, row_lengths = [], [], [], []
     values: dict[str, list[torch.Tensor]] = {name: [] for name in per_token}
-    for row in rows:
-        if row == PADDING_ROW:
-            ids.append(batch.input_ids[0, :1])
-            positions.append(torch.zeros(1, dtype=torch.long))
-            trained.append(torch.zeros(1))
-            row_lengths.append(1)
-            for name, tensor in per_token.items():
-                values[name].append(torch.zeros(1, dtype=tensor.dtype))
-            continue
-        n = int(lengths[row])
-        ids.append(batch.input_ids[row, :n])
-        positions.append(batch.position_ids[row, :n])
-        trained.append(shift_to_logits(batch.loss_mask[row, :n].float()))
-        row_lengths.append(n)
-        for name, tensor in per_token.items():
-            values[name].append(shift_to_logits(tensor[row, :n]))
+    for micro in plan:
+        for row in micro:
+            row_length = 0
+            for sample in row:
+                if sample == PADDING_ROW:
+                    ids.append(batch.input_ids[0, :1])
+                    positions.append(torch.zeros(1, dtype=torch.long))
+                    trained.append(torch.zeros(1))
+                    row_length += 1
+                    for name, tensor in per_token.items():
+                        values[name].append(torch.zeros(1, dtype=tensor.dtype))
+                    continue
+                n = int(lengths[sample])
+                ids.append(batch.input_ids[sample, :n])
+                positions.append(batch.position_ids[sample, :n])
+                trained.append(shift_to_logits(batch.loss_mask[sample, :n].float()))
+                row_length += n
+                for name, tensor in per_token.items():
+                    values[name].append(shift_to_logits(tensor[sample, :n]))
+            row_lengths.append(row_length)
     out: dict[str, object] = {
         "lengths": torch.tensor(row_lengths, dtype=torch.long),
+        "micro_rows": [len(micro) for micro in plan],
         "input_ids": torch.cat(ids).long(),
         "position_ids": torch.cat(positions).long(),
         "loss_mask": torch.cat(trained),
@@ -109,7 +119,8 @@ def payload(
 def scatter_logprobs(
     out: torch.Tensor, lengths: torch.Tensor, rows: Sequence[int], flat: torch.Tensor
 ) -> None:
-    """Write a rank's log-probs (logit-position layout, rows concatenated) into [N, L] `out`."""
+    """Write a rank's log-probs (logit-position layout, its samples concatenated in `rows`' order,
+    `flat_samples` of its plan) into [N, L] `out`."""
     cursor = 0
     for row in rows:
         if row == PADDING_ROW:

@@ -38,12 +38,14 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.distributed import initialize_global_process_group_ray
 from verl.workers.engine_workers import TrainingWorker
 
-from agl_trainer.algorithms import AlgorithmConfig, token_entropy, token_logprobs
-from agl_trainer.backends import lora
-from agl_trainer.backends.hf_model import head_sees_only
+from agl_trainer.algorithms import AlgorithmConfig, token_logprobs
+from agl_trainer.backends import lora, varlen_attention
+from agl_trainer.backends.chunked_logprobs import token_outputs
+from agl_trainer.backends.hf_model import head_sees_only, supports_packing
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
 from agl_trainer.backends.torch_config import LoraConfig
+from agl_trainer.backends.weight_buckets import BucketWriter
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
 SHIFTED_FIELDS = (
@@ -80,6 +82,8 @@ class WorkerSettings:
     dist_backend: str | None  # "cpu:gloo" on the CPU platform; None lets verl choose (nccl on GPUs)
     override: dict[str, Any] = field(default_factory=dict)  # dotted verl keys, applied last
     lora: LoraConfig | None = None  # adapters over a frozen base; None: every weight trains
+    packing: str = "auto"  # the torch backend's backend.packing: auto (probe the model) | packed | padded
+    logit_chunk_tokens: int | None = None  # the torch backend's: positions per log-softmax chunk
 
 
 def build_training_worker_config(settings: WorkerSettings):
@@ -169,11 +173,15 @@ class AglTrainingWorker(TrainingWorker):
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
         torch.manual_seed(settings.seed)
         use_vectorised_logprobs()
+        if settings.attn_implementation == varlen_attention.NAME:
+            varlen_attention.register()  # in this worker process, before verl loads the model
         super().__init__(build_training_worker_config(settings))
         self.settings = settings
         if settings.lora is not None:  # verl's engine calls it between loading the model and sharding it
             self.engine._build_lora_module = self._with_adapter
         self._verl_forward_step = self.engine.forward_step
+        self.packed = False  # rows hold several samples (agl_init probes the model)
+        self._inputs_for_packed_rows(self.engine)
         if settings.ulysses_sequence_parallel_size == 1:
             # forward_backward_batch calls self.forward_step: this engine instance takes agl's
             self.engine.forward_step = self._forward_trained_positions
@@ -182,6 +190,7 @@ class AglTrainingWorker(TrainingWorker):
         self._maxima: dict[str, float] = defaultdict(float)
         self._current_version: int | None = None  # the driver's, for the agl_train call under way
         self.ref_engine = None
+        self._export_staging: list[torch.Tensor] = []  # pinned host buckets of agl_state_dict, reused
 
     # ---------------------------------------------------------------------------------- set-up
     def _with_adapter(self, module: torch.nn.Module) -> Any:
@@ -212,14 +221,42 @@ class AglTrainingWorker(TrainingWorker):
         self.engine.checkpoint_manager.lr_scheduler = self.engine.lr_scheduler
         if self.settings.algorithm.kl_coef > 0 and self.settings.lora is None:  # with LoRA: the base
             self.ref_engine = self._build_reference()
+        self.packed = self._keeps_packed_samples_apart()
         return {
             "rank": torch.distributed.get_rank(),
             "dp_rank": self.engine.get_data_parallel_rank(),
             "dp_size": self.engine.get_data_parallel_size(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "vocab_size": int(self.engine.model_config.hf_config.vocab_size),
+            "hidden_size": int(self.engine.module.get_input_embeddings().weight.shape[1]),
+            "packed": self.packed,
             "adapter_config": lora.adapter_config(self.engine.module) if self.settings.lora else None,
         }
+
+    def _keeps_packed_samples_apart(self) -> bool:
+        """backend.packing, as the torch backend reads it: `auto` probes the sharded model (every rank
+        runs the same forward) for samples packed in a row with position_ids restarting."""
+        if self.settings.packing != "auto":
+            return self.settings.packing == "packed"
+        module = self.engine.module
+        device = next(module.parameters()).device
+        tolerance = 1e-3 if self.settings.compute_dtype == "fp32" else 5e-2
+        return supports_packing(module, device, tolerance)
+
+    def _inputs_for_packed_rows(self, engine) -> None:
+        """The engine's model inputs, in the padded layout with packed rows, without verl's attention
+        mask: transformers then keeps the samples of a row apart by their restarting position_ids (as
+        in the torch backend's packed rows), where the mask would let them attend to each other. The
+        packed layout (use_remove_padding) passes no mask already. Patched on this engine instance."""
+        verl_prepare = engine.prepare_model_inputs
+
+        def prepare_model_inputs(micro_batch):
+            inputs, output_args = verl_prepare(micro_batch=micro_batch)
+            if self.packed and inputs.get("attention_mask") is not None:
+                inputs["attention_mask"] = None
+            return inputs, output_args
+
+        engine.prepare_model_inputs = prepare_model_inputs
 
     def _build_reference(self):
         """The frozen initial policy for the KL penalty: a second FSDP2 engine of the same model in
@@ -239,6 +276,7 @@ class AglTrainingWorker(TrainingWorker):
         )
         engine.initialize()
         engine.module.requires_grad_(False)
+        self._inputs_for_packed_rows(engine)
         return engine
 
     def _reference_logprobs(self, data) -> torch.Tensor:
@@ -322,9 +360,16 @@ class AglTrainingWorker(TrainingWorker):
                 full = torch.zeros(packed.numel(), dtype=values.dtype, device=values.device)
                 return torch.nested.nested_tensor_from_jagged(full.index_put((trained,), values), offsets)
 
-            model_output = {"log_probs": every_position(token_logprobs(logits, labels))}
-            if calculate_entropy:
-                model_output["entropy"] = every_position(token_entropy(logits))
+            log_prob, entropy = token_outputs(  # backends/chunked_logprobs.py, as the torch backend
+                logits,
+                labels,
+                with_entropy=calculate_entropy,
+                entropy_grad=self.settings.algorithm.entropy_coef > 0,  # else _agl_loss detaches it
+                chunk_tokens=self.settings.logit_chunk_tokens,
+            )
+            model_output = {"log_probs": every_position(log_prob)}
+            if entropy is not None:
+                model_output["entropy"] = every_position(entropy)
             loss, metrics = loss_function(
                 model_output=model_output, data=micro_batch, dp_group=engine.get_data_parallel_group()
             )
@@ -440,7 +485,7 @@ class AglTrainingWorker(TrainingWorker):
         non_tensors = {
             "temperature": 1.0,
             "use_remove_padding": self.settings.use_remove_padding,
-            # the driver made the micro-batches (order_micro_batches): verl runs each as one
+            # the driver made the micro-batches (payload.plan_ranks): verl runs each as one
             "use_dynamic_bsz": False,
             "micro_batch_size_per_gpu": int(lengths.numel()),
             "use_fused_kernels": False,
@@ -451,18 +496,23 @@ class AglTrainingWorker(TrainingWorker):
 
     # --------------------------------------------------------------------------------- weights
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def agl_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
-        """Full tensors under HF names on rank 0 (None elsewhere). Every rank walks the generator:
-        each tensor's gather is a collective. A tied output embedding appears once. With LoRA: base +
-        adapter merged, as the torch backend merges them (lora.merged_tensors)."""
+    def agl_state_dict(self, dtype: torch.dtype | None = None) -> tuple[list[Any], list[Any]] | None:
+        """Full tensors under HF names on rank 0, as WeightBuckets.to_wire (a few NumPy buffers, which
+        Ray moves out of band; None elsewhere). Every rank walks the generator: each tensor's gather
+        is a collective. A tied output embedding appears once. With LoRA: base + adapter merged, as
+        the torch backend merges them (lora.merged_tensors)."""
         from verl.utils.model import convert_weight_keys
 
         module = self.engine.module
         is_rank0 = torch.distributed.get_rank() == 0
         if self.settings.lora is not None:
-            merged = lora.merged_tensors(module, dtype)
-            out = {name: tensor.to("cpu", copy=True) for name, tensor in merged if is_rank0}
-            return out if is_rank0 else None
+            merging = BucketWriter(staging=self._export_staging)  # merged_tensors casts already
+            for name, tensor in lora.merged_tensors(module, dtype):  # every rank: each gather is a collective
+                if is_rank0:
+                    merging.add(name, tensor)
+            exported = merging.finish().to_wire() if is_rank0 else None
+            self._hand_back_cached_memory()
+            return exported
         seen: set[int] = set()
         duplicates = {}
         for name, parameter in module.named_parameters(remove_duplicate=False):
@@ -470,17 +520,58 @@ class AglTrainingWorker(TrainingWorker):
                 duplicates[name] = None  # tied to a parameter listed before it (lm_head to embed_tokens)
             seen.add(id(parameter))
         tied = set(convert_weight_keys(duplicates, getattr(module, "_fsdp_wrapped_module", module)))
-        out: dict[str, torch.Tensor] = {}
-        per_tensor, _ = self.engine.get_per_tensor_param()
-        for name, tensor in per_tensor:
+        writer = BucketWriter(dtype, staging=self._export_staging)  # cast on the device, one copy to the host
+        for name, tensor in self._full_tensors(dtype):
             if is_rank0 and name not in tied:
-                out[name] = tensor.detach().to("cpu", dtype=dtype or tensor.dtype, copy=True)
-        return out if is_rank0 else None
+                writer.add(name, tensor)
+        exported = writer.finish().to_wire() if is_rank0 else None
+        self._hand_back_cached_memory()
+        return exported
+
+    def _full_tensors(self, dtype: torch.dtype | None):
+        """(HF name, full tensor) per weight, every rank taking part in each gather. For FSDP2 (no
+        LoRA, no QAT) as verl's get_per_tensor_param walks them, but a shard about to be gathered or
+        on an accelerator is cast to `dtype` first (a cast is elementwise, so cast-then-gather is the
+        same tensor, with half the bytes gathered for bfloat16), and a one-rank mesh's shard is the
+        tensor itself (no gather; on the CPU the bucket's copy casts it). Otherwise verl's own."""
+        from torch.distributed.tensor import DTensor
+        from verl.utils.device import get_device_id
+        from verl.utils.fsdp_utils import fsdp_version
+        from verl.utils.model import convert_weight_keys
+        from verl.workers.engine.fsdp.utils import unfuse_moe_params
+
+        engine, module = self.engine, self.engine.module
+        inner = getattr(module, "_fsdp_wrapped_module", module)
+        if fsdp_version(module) != 2 or hasattr(inner, "peft_config") or getattr(engine, "_qat_enabled", False):
+            per_tensor, _ = engine.get_per_tensor_param()
+            yield from per_tensor
+            return
+        device = get_device_id()
+
+        def gathered():
+            for name, param in convert_weight_keys(module.state_dict(), inner).items():
+                param = param.to(device, non_blocking=True)
+                alone = not isinstance(param, DTensor) or param.device_mesh.size() == 1
+                if dtype is not None and param.is_floating_point() and not (alone and param.device.type == "cpu"):
+                    param = param.to(dtype)
+                if isinstance(param, DTensor):
+                    param = param.to_local() if alone else param.full_tensor()
+                yield name, param
+
+        yield from unfuse_moe_params(gathered(), engine.model_config.hf_config.model_type)
+
+    def _hand_back_cached_memory(self) -> None:
+        """After an export for the engine (the engine wakes next), the caching allocator's blocks go
+        back to the device, as the torch backend does (a collocated engine takes that memory)."""
+        from verl.utils.device import get_torch_device
+
+        get_torch_device().empty_cache()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def agl_adapter(self, dtype: torch.dtype | None = None) -> lora.AdapterState | None:
         """The adapter, gathered from the shards (every rank takes part), on rank 0; None elsewhere."""
         state = lora.adapter_state(self.engine.module, dtype)
+        self._hand_back_cached_memory()
         return state if torch.distributed.get_rank() == 0 else None
 
     # ----------------------------------------------------------------------------- checkpoints
