@@ -55,10 +55,11 @@ def run(config, resume: bool = False):
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         loop = session.loop
-        engine_weights = {k: v.detach().clone() for k, v in loop.engine.model.state_dict().items()}
+        engine = loop.source.engine  # the live rollout source owns the engine
+        engine_weights = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
         trained = loop.backend.state_dict_for_engine()
         gap = max(float((engine_weights[k].float() - v.float()).abs().max()) for k, v in trained.items())
-        checks.append((step, loop.engine.policy_version, gap))
+        checks.append((step, engine.policy_version, gap))
 
     session.on_step = on_step
     return asyncio.run(session.run()), checks
