@@ -14,6 +14,7 @@ from pathlib import Path
 from agl import semconv
 
 from agl_trainer.cli import CLIError
+from agl_trainer.console import make_console
 
 VIEWER_TOKEN_ENV = semconv.ENV_VIEWER_TOKEN
 
@@ -156,7 +157,6 @@ def _age(seconds: float) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -203,7 +203,7 @@ def run_ls(args: argparse.Namespace) -> int:
             plain(training),
             _age(now - r.last_span_at) + " ago",
         )
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(
         plain(
@@ -218,8 +218,6 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from agl_trainer.assembly import AssemblyConfig, assemble_rollout
     from agl_trainer.assembly.inspect_view import printable, render
 
@@ -259,7 +257,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         config = AssemblyConfig(reward_name=args.reward_name) if args.reward_name else AssemblyConfig()
         data = store.load(info.key)
         render(
-            Console(), data, assemble_rollout(data, config, tokenizer), tokenizer, max_tokens=args.max_tokens
+            make_console(), data, assemble_rollout(data, config, tokenizer), tokenizer, max_tokens=args.max_tokens
         )
     finally:
         store.close()
