@@ -73,7 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " it). Open the printed address in a browser.",
     )
     serve.add_argument("--store", required=True, help="the SQLite rollout store (e.g. runs/agl/rollouts.db)")
-    serve.add_argument("--model", default=None, help="a model or tokenizer directory, to decode tokens to text")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="a model or tokenizer directory, to decode tokens to text (default: the model in the run's"
+        " config.yaml beside the store, when it is still there)",
+    )
     serve.add_argument("--listen", default="127.0.0.1:8500", help="HOST:PORT to serve on (default 127.0.0.1:8500)")
     serve.add_argument(
         "--run-dir", type=Path, default=None, help="the run's output dir, for metrics.jsonl and harness logs"
@@ -161,6 +166,7 @@ def run_ls(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from agl_trainer.printable import plain, printable
+    from agl_trainer.store.queries import shown_mode
 
     if args.limit < 1:
         raise CLIError(f"--limit must be 1 or more, got {args.limit} (or --all for every rollout)")
@@ -195,7 +201,7 @@ def run_ls(args: argparse.Namespace) -> int:
             plain(r.rollout_id),
             str(r.attempt),
             plain(r.task_id or "-"),
-            plain(r.mode or "train"),
+            plain(shown_mode(r.mode, r.dropped_reason)),
             status,
             plain(r.end_cause or "-", style=cause_style),
             str(r.calls),
@@ -293,7 +299,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as error:
         raise CLIError(f"cannot listen on {args.listen}: {error.strerror or error} (fix: --listen HOST:PORT)") from None
     guarded = " (token required)" if token else ""
-    print(f"agl traces: serving {args.store} at {server.url}{guarded} (Ctrl-C stops)", flush=True)
+    decoding = (
+        f"; tokens decoded with {viewer.model} ({'--model' if args.model else viewer.model_source})"
+        if viewer.model
+        else "; tokens shown as ids (--model DIR decodes them)"
+    )
+    print(f"agl traces: serving {args.store} at {server.url}{guarded}{decoding} (Ctrl-C stops)", flush=True)
     import threading
 
     try:
