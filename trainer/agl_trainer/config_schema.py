@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from agl_trainer.algorithms.settings import AlgorithmSettings  # the `backend.algorithm` section
 from agl_trainer.assembly.config import AssemblyConfig  # the `assembly` section
 from agl_trainer.backends.settings import (  # `backend.lora`, `backend.options`, `backend.verl`
     LoraConfig,
@@ -119,10 +120,7 @@ class BackendConfig(_Section):
     name: Annotated[Literal["torch", "verl"], _doc("training backend")] = "torch"
     lr: Annotated[float, _doc("learning rate", gt=0)] = 1e-3
     device: Annotated[str, _doc("torch device: auto, cpu, cuda or cuda:N")] = "auto"
-    algorithm: Annotated[
-        dict[str, Any],
-        _doc("algorithm settings by name (advantage_estimator: grpo, loss_agg_mode, importance_cap, ...)"),
-    ] = {}
+    algorithm: AlgorithmSettings = msgspec.field(default_factory=AlgorithmSettings)  # AlgorithmConfig checks it
     options: TrainingOptions = msgspec.field(default_factory=TrainingOptions)  # both backends take it as it is
     verl: VerlSettings = msgspec.field(default_factory=VerlSettings)  # the verl backend takes it as it is
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)  # the backends take it as it is

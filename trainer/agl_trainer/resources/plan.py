@@ -298,7 +298,7 @@ def _trainer_plan(
             frozen_bytes=float(parameters * param_bytes), longest_sample=longest, sync_bytes=merging,
             lora=lora,
         )  # fmt: skip
-    reference = torch_backend and float(config.backend.algorithm.get("kl_coef", 0.0) or 0.0) > 0
+    reference = torch_backend and config.backend.algorithm.kl_coef > 0
     return TrainerPlan(
         backend=backend.name, world_size=world, nnodes=nnodes, gpus_per_node=per_node,
         param_bytes=param_bytes,

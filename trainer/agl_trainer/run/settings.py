@@ -27,7 +27,7 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
             lr=config.backend.lr,
             device=config.backend.device,
             seed=config.seed,
-            algorithm=AlgorithmConfig.from_dict(config.backend.algorithm),  # an unknown key named there
+            algorithm=AlgorithmConfig(**msgspec.structs.asdict(config.backend.algorithm)),  # the section, checked
             lora=config.backend.lora,
             **msgspec.structs.asdict(config.backend.options),  # the same keys: TorchBackendConfig is a TrainingOptions
         )
@@ -41,8 +41,6 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
             cuda_available=cuda_available,
             **msgspec.structs.asdict(config.backend.verl),  # the section itself: VerlBackendConfig is a VerlSettings
         )
-    except TypeError as error:  # a value of the wrong type in backend.algorithm (a dict: checked here)
-        raise ConfigError(f"config key backend.algorithm: {error} (fix: see `agl train --help`)") from None
     except AlgorithmConfigError as error:
         raise ConfigError(f"config key backend.{error}") from None
     except BackendConfigError as error:
