@@ -63,6 +63,13 @@ def test_the_runs_model_decodes_tokens_without_model(server: ViewerServer) -> No
     assert "the answer is 42" in "".join(body["samples"][0]["text"])
 
 
+def test_traces_inspect_decodes_with_the_runs_model_too(server: ViewerServer, capsys) -> None:
+    from agl_trainer.cli import main
+
+    assert main(["traces", "inspect", TRAIN_ID, "--store", str(server.viewer.store_path)]) == 0
+    assert "the answer is 42" in capsys.readouterr().out
+
+
 def test_validation_rollouts_say_val_sampled_ones_too(server: ViewerServer) -> None:
     _, listing = get(server, "/api/rollouts")
     modes = {row["rollout_id"]: row["mode"] for row in listing["rows"]}

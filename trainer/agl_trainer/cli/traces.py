@@ -58,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("--store", required=True)
     inspect.add_argument("--attempt", type=int, default=None, help="which attempt (default: the latest)")
     inspect.add_argument(
-        "--tokenizer", "--model", default=None, help="a model or tokenizer directory, to decode tokens to text"
+        "--tokenizer",
+        "--model",
+        default=None,
+        help="a model or tokenizer directory, to decode tokens to text (default: the model in the run's"
+        " config.yaml beside the store, when it is still there)",
     )
     inspect.add_argument("--reward-name", default=None, help="the reward trained on (default: reward)")
     inspect.add_argument(
@@ -260,6 +264,16 @@ def run_inspect(args: argparse.Namespace) -> int:
                 tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
             except Exception as error:  # noqa: BLE001 (any loading failure is a user error here)
                 raise CLIError(f"--tokenizer {args.tokenizer}: cannot load a tokenizer: {error}") from None
+        else:  # the run's own model, as the viewer finds it (its config.yaml beside the store)
+            from agl_trainer.viewer.run_model import run_model
+            from agl_trainer.viewer.tokens import TokenizerError, load_tokenizer
+
+            found = run_model(Path(args.store).parent)
+            if found is not None:
+                try:
+                    tokenizer = load_tokenizer(found)
+                except TokenizerError:
+                    tokenizer = None  # token ids, as without a model
         config = AssemblyConfig(reward_name=args.reward_name) if args.reward_name else AssemblyConfig()
         data = store.load(info.key)
         render(
