@@ -40,6 +40,7 @@ def run_demo(
     import asyncio
 
     from agl_trainer.config import load_config
+    from agl_trainer.models.hf_progress import quiet_progress
     from agl_trainer.run.session import Session
 
     if out.exists():
@@ -47,7 +48,8 @@ def run_demo(
     out.mkdir(parents=True)
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
     say("agl demo 1/2: warm start (supervised, on demonstrations)")
-    prepared = prepare_demo_model(out, seed=seed, progress=not quiet)
+    with quiet_progress():  # the warm start shows its own bar; no "Loading weights" at each load
+        prepared = prepare_demo_model(out, seed=seed, progress=not quiet)
     say(
         f"  random model reward {prepared.reward_init:.3f} -> after warm start {prepared.reward_warm:.3f}"
         f" ({prepared.warm_start_seconds:.1f} s)"

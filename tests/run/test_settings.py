@@ -43,6 +43,72 @@ def test_backend_errors_name_the_key_once(tmp_path: Path) -> None:
     config = _config(tmp_path, backend={"options": {"micro_batch_tokens": 0}})
     with pytest.raises(ConfigError, match=r"^config key backend\.micro_batch_tokens: 0 must be positive"):
         backend_settings(config, str(tmp_path))
-    config = _config(tmp_path, backend={"options": {"no_such_option": 1}})
     with pytest.raises(ConfigError, match="config key backend.options: .*no_such_option"):
-        backend_settings(config, str(tmp_path))
+        _config(tmp_path, backend={"options": {"no_such_option": 1}})  # refused as the config is read
+
+
+def test_the_backends_take_the_config_sections_as_they_are(tmp_path: Path) -> None:
+    """One declaration per key: `backend.lora` is the backends' LoraConfig, `backend.options` the
+    TrainingOptions that TorchBackendConfig extends, `backend.verl` the VerlSettings that
+    VerlBackendConfig extends, `backend.algorithm` the AlgorithmSettings that AlgorithmConfig
+    extends; every value set reaches the backend's settings unchanged."""
+    import msgspec
+    from agl_trainer.backends.settings import LoraConfig, TrainingOptions, VerlSettings
+
+    options = {"micro_batch_tokens": 1234, "ppo_epochs": 3, "betas": [0.8, 0.9], "packing": "padded"}
+    verl = {"nnodes": 1, "n_gpus_per_node": 2, "override": {"engine.use_dynamic_bsz": True}}
+    lora = {"rank": 4, "target_modules": "q_proj, v_proj"}
+    algorithm = {"advantage_estimator": "rloo", "kl_coef": 0.05}
+    config = _config(tmp_path, backend={"name": "verl", "device": "cpu", "options": options, "verl": verl, "lora": lora,
+                                        "algorithm": algorithm})  # fmt: skip
+    assert isinstance(config.backend.options, TrainingOptions) and isinstance(config.backend.verl, VerlSettings)
+    assert config.backend.lora == LoraConfig(rank=4, target_modules=("q_proj", "v_proj"))
+    settings = backend_settings(config, str(tmp_path), cuda_available=False)
+    training = settings.training
+    assert training.lora is config.backend.lora  # the section itself, not a copy of its fields
+    for name in msgspec.structs.asdict(config.backend.options):
+        assert getattr(training, name) == getattr(config.backend.options, name), name
+    assert (training.micro_batch_tokens, training.ppo_epochs, training.betas) == (1234, 3, (0.8, 0.9))
+    assert (training.algorithm.advantage_estimator, training.algorithm.kl_coef) == ("rloo", 0.05)
+    assert msgspec.structs.asdict(training.algorithm) == msgspec.structs.asdict(config.backend.algorithm)
+    assert isinstance(settings, VerlSettings) and settings.n_gpus_per_node == 2
+    assert settings.override == {"engine.use_dynamic_bsz": True} and settings.rollouts_per_batch == 64
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"options": {"micro_batch_tokens": "many"}}, "config key backend.options.micro_batch_tokens: expected int, got str"),
+        ({"options": {"micro_batch_tokenz": 1}}, "config key backend.options: unknown setting micro_batch_tokenz (fix: did you mean backend.options.micro_batch_tokens?)"),
+        ({"verl": {"nnodes": 0}}, "config key backend.verl.nnodes: expected int >= 1"),
+        ({"lora": {"rank": 8, "target_modules": ["q_proj", "q_proj"]}}, "config key backend.lora.target_modules: ['q_proj', 'q_proj'] names a module twice"),
+        ({"lora": {"target_modules": ["all-linear", "q_proj"]}}, "config key backend.lora.target_modules: all-linear already names every linear layer; give it alone"),
+        ({"algorithm": {"kl_coeff": 0.1}}, "config key backend.algorithm.kl_coeff: unknown key (fix: did you mean backend.algorithm.kl_coef?)"),
+        ({"algorithm": {"kl_coef": "high"}}, "config key backend.algorithm.kl_coef: expected float, got str"),
+        ({"algorithm": {"kl_coef": -1}}, "config key backend.algorithm.kl_coef: -1.0 must be >= 0"),
+        ({"algorithm": {"loss_agg_mode": "mean"}}, "config key backend.algorithm.loss_agg_mode: 'mean' is not one of"),
+    ],
+)
+def test_a_bad_section_value_is_named_where_the_config_is_read_or_built(
+    tmp_path: Path, sections: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        backend_settings(_config(tmp_path, backend=sections), str(tmp_path))
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_train_help_lists_every_key_of_the_sections_from_their_structs(capsys: pytest.CaptureFixture[str]) -> None:
+    import msgspec
+    from agl_trainer.backends.settings import LoraConfig, TrainingOptions, VerlSettings
+    from agl_trainer.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    from agl_trainer.algorithms.settings import AlgorithmSettings
+
+    sections = (("options", TrainingOptions), ("verl", VerlSettings), ("lora", LoraConfig), ("algorithm", AlgorithmSettings))
+    for section, struct in sections:
+        for field in msgspec.structs.fields(struct):
+            assert f"backend.{section}.{field.name}" in out, (section, field.name)
+    assert "backend.options.micro_batch_tokens (8192)" in out  # its default, from the struct

@@ -1,8 +1,9 @@
 """The viewer and the sidecar's call numbers: seqs are clock readings near 2^59, past the integers a
 JavaScript number holds exactly (2^53), so the API sends each seq beyond that as a decimal string and
-the page shows every digit; a per-call reward named by position (0 = the rollout's first call) shows
-on the call it trains, as assembly places it. Before, such a reward showed on no call, and seqs lost
-their last digits in the page."""
+the page shows every digit on hover; the page numbers a rollout's calls 0, 1, 2 (a seq is unreadable
+as a name); a per-call reward named by position (0 = the rollout's first call) shows on the call it
+trains, as assembly places it. Before, such a reward showed on no call, and seqs lost their last
+digits in the page."""
 
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ def test_seqs_past_2_53_are_exact_strings_and_a_reward_by_position_is_on_its_cal
     assert {b["call_seq"] for b in body["samples"][0]["boundaries"]} == {str(FIRST), str(SECOND)}
     per_call = [r for r in body["rewards"] if r["call_seq"] is not None]
     assert per_call == [{**per_call[0], "call_seq": 1, "for_call": str(SECOND)}]  # as sent, and whose it is
+    assert [call["number"] for call in body["calls"]] == [0, 1]  # in the rollout, in seq order
+    assert body["call_numbers"] == {str(FIRST): 0, str(SECOND): 1}  # for every seq the page names
     # JSON.parse's reading of the text, in Python: every seq survives a double
     text = json.dumps(body)
     assert str(FIRST) in text and float(str(FIRST)) != FIRST
@@ -71,10 +74,13 @@ def test_seqs_past_2_53_are_exact_strings_and_a_reward_by_position_is_on_its_cal
 def test_the_page_shows_every_digit_and_the_reward_on_its_call(server) -> None:
     url = server.url + "#/rollout?" + urllib.parse.urlencode({"id": CLOCK_ID})
     dom = browser.dump_dom(EXECUTABLE, url, expect="Sample 0")
-    assert f"#{FIRST}<" in dom and f"#{SECOND}<" in dom and f"call {SECOND} ▸" in dom
+    first, second = (f'title="seq {seq} (unique across restarts)">' for seq in (FIRST, SECOND))
+    assert first + "#0<" in dom and second + "#1<" in dom  # numbered, every digit of the seq on hover
+    assert second + "call 1 ▸<" in dom  # the sample's boundary
     assert str(FIRST - 1) not in dom  # what a JS number would have shown
-    row = dom[dom.index(f"<td>#{SECOND}") :]  # its row in the calls table
+    calls = dom[dom.index('id="calls"') :]
+    row = calls[calls.index(second + "#1<") :]  # its row in the calls table
     row = row[: row.index("</tr>")]
     assert ">0.75</td>" in row  # the reward given by position, on the call it trains
     rewards = dom[dom.index("<h2>Rewards</h2>") :]
-    assert f"call #{SECOND} (position 1)" in rewards[: rewards.index("</table>")]
+    assert second + "call #1<" in rewards[: rewards.index("</table>")]

@@ -35,6 +35,7 @@ def test_serve_prints_its_address_serves_the_store_and_stops_on_ctrl_c(built):
         line = process.stdout.readline()
         found = re.findall(r"at (http://127\.0\.0\.1:\d+/)", line)
         assert len(found) == 1, line
+        assert f"tokens decoded with {tokenizer} (--model)" in line
         url = found[0]
         with urllib.request.urlopen(url + "api/rollout?id=" + MERGED_ID, timeout=60) as response:
             body = json.loads(response.read())

@@ -130,11 +130,31 @@ def _explain(message: str) -> str:
         known = [k for k, _, _ in describe_keys()]
         close = difflib.get_close_matches(full, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "see `agl train --help` for the keys"
+        if key.endswith(".options"):  # settings by name, said as engine.options says its own
+            names = [k.removeprefix(key + ".") for k in known if k.startswith(key + ".")]
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"did you mean {key}.{close[0]}?" if close else f"one of {', '.join(names)}"
+            return f"config key {key}: unknown setting {name} (fix: {hint})"
         return f"config key {full}: unknown key (fix: {hint})"
+    own = _section_check(key, problem)
+    if own is not None:
+        return own
     problem = problem.replace("`", "")
     problem = problem[0].lower() + problem[1:] if problem else problem
     fix = _fix_for(key)
     return f"config key {key or '(top level)'}: {problem}" + (f" (fix: {fix})" if fix else "")
+
+
+def _section_check(key: str, problem: str) -> str | None:
+    """A section's own check (its `__post_init__`, e.g. backend.lora's) names the key it refuses, whole
+    (`backend.lora.target_modules: ...`) or from the section's name on (`algorithm.kl_coef: ...`):
+    said as that key, once, with the check's own words and fix."""
+    parts = key.split(".") if key else []
+    for start in range(len(parts)):
+        named = ".".join(parts[start:])
+        if problem.startswith(named + ".") and re.match(r"[\w.]+: ", problem):
+            return f"config key {'.'.join([*parts[:start], problem])}"
+    return None
 
 
 def _fix_for(key: str) -> str:

@@ -10,7 +10,13 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from agl_trainer.algorithms.settings import AlgorithmSettings  # the `backend.algorithm` section
 from agl_trainer.assembly.config import AssemblyConfig  # the `assembly` section
+from agl_trainer.backends.settings import (  # `backend.lora`, `backend.options`, `backend.verl`
+    LoraConfig,
+    TrainingOptions,
+    VerlSettings,
+)
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -110,60 +116,14 @@ class ModelConfig(_Section):
     name: Annotated[str, _doc("the model name the engine serves (what harnesses send as `model`)")] = "tiny"
 
 
-class VerlConfig(_Section):
-    """Where verl's workers run. The same config runs on a laptop CPU, one GPU, one node or several."""
-
-    nnodes: Annotated[int, _doc("machines in the Ray cluster that run training workers (verl's trainer.nnodes)", ge=1)] = 1
-    n_gpus_per_node: Annotated[
-        int, _doc("training workers per machine: GPUs, or processes on a CPU (verl's trainer.n_gpus_per_node)", ge=1)
-    ] = 1
-    ray_address: Annotated[
-        str | None,
-        _doc("an existing Ray cluster (`auto`, `HOST:6379`, `ray://HOST:10001`); null starts a local one"),
-    ] = None
-    strategy: Annotated[Literal["fsdp2"], _doc("verl's actor strategy (FSDP2)")] = "fsdp2"
-    param_offload: Annotated[bool, _doc("offload parameters to CPU between steps (collocated GPUs)")] = False
-    optimizer_offload: Annotated[bool, _doc("offload optimizer state to CPU between steps")] = False
-    gradient_checkpointing: Annotated[bool, _doc("recompute activations in backward (less memory)")] = False
-    ulysses_sequence_parallel_size: Annotated[int, _doc("Ulysses sequence parallelism per model replica", ge=1)] = 1
-    weight_sync: Annotated[
-        Literal["auto", "in_place", "nccl", "cuda_ipc"],
-        _doc("how new weights reach the engine: in_place (gathered tensors through the engine's load path), "
-             "nccl or cuda_ipc (vLLM's GPU weight transfer); auto picks cuda_ipc on GPUs, in_place on CPU"),
-    ] = "auto"
-    override: Annotated[
-        dict[str, Any], _doc("verl actor config keys by dotted name, applied last (e.g. fsdp_config.wrap_policy...)")
-    ] = {}
-
-
-class LoraSection(_Section):
-    """Low-rank adapters over a frozen base (backends/lora.py): the torch backend trains only them."""
-
-    rank: Annotated[int, _doc("adapter rank (0: no adapters, every weight trains; 8-64 is usual)", ge=0)] = 0
-    alpha: Annotated[float, _doc("adapter scale: the update is multiplied by alpha / rank", gt=0)] = 16.0
-    dropout: Annotated[
-        float, _doc("dropout on the adapters' input in training (> 0 perturbs the trainer's log-probs)", ge=0, lt=1)
-    ] = 0.0
-    target_modules: Annotated[
-        tuple[str, ...] | str,
-        _doc("the linear layers adapted, by their names' last parts (a comma-separated string works too), or "
-             "all-linear (every one but the output head); the default fits Qwen2/Qwen3/Llama/Mistral"),
-    ] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # DEFAULT_LORA_TARGETS
-
-
 class BackendConfig(_Section):
     name: Annotated[Literal["torch", "verl"], _doc("training backend")] = "torch"
     lr: Annotated[float, _doc("learning rate", gt=0)] = 1e-3
     device: Annotated[str, _doc("torch device: auto, cpu, cuda or cuda:N")] = "auto"
-    algorithm: Annotated[
-        dict[str, Any],
-        _doc("algorithm settings by name (advantage_estimator: grpo, loss_agg_mode, importance_cap, ...)"),
-    ] = {}
-    options: Annotated[
-        dict[str, Any], _doc("further backend settings by name (micro_batch_tokens, warmup_steps, ...)")
-    ] = {}
-    verl: VerlConfig = msgspec.field(default_factory=VerlConfig)
-    lora: LoraSection = msgspec.field(default_factory=LoraSection)
+    algorithm: AlgorithmSettings = msgspec.field(default_factory=AlgorithmSettings)  # AlgorithmConfig checks it
+    options: TrainingOptions = msgspec.field(default_factory=TrainingOptions)  # both backends take it as it is
+    verl: VerlSettings = msgspec.field(default_factory=VerlSettings)  # the verl backend takes it as it is
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)  # the backends take it as it is
 
 
 class EngineConfig(_Section):

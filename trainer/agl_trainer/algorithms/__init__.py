@@ -8,19 +8,48 @@
 - objective: the composition the backends call per micro-batch
 """
 
-from agl_trainer.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    RolloutAdvantages,
-    broadcast_to_tokens,
-    compute_rollout_advantages,
-)
-from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, agg_loss, aggregate, token_weights
-from agl_trainer.algorithms.config import AlgorithmConfig, AlgorithmConfigError
-from agl_trainer.algorithms.importance import ImportanceWeights, truncated_importance_weights
-from agl_trainer.algorithms.kl import KL_ESTIMATORS
-from agl_trainer.algorithms.logits import token_entropy, token_logprobs
-from agl_trainer.algorithms.objective import ObjectiveOutput, rl_objective
-from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig, PolicyLossTerms
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agl_trainer.algorithms.advantages import (
+        ADVANTAGE_ESTIMATORS,
+        RolloutAdvantages,
+        broadcast_to_tokens,
+        compute_rollout_advantages,
+    )
+    from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, agg_loss, aggregate, token_weights
+    from agl_trainer.algorithms.config import AlgorithmConfig, AlgorithmConfigError
+    from agl_trainer.algorithms.importance import ImportanceWeights, truncated_importance_weights
+    from agl_trainer.algorithms.kl import KL_ESTIMATORS
+    from agl_trainer.algorithms.logits import token_entropy, token_logprobs
+    from agl_trainer.algorithms.objective import ObjectiveOutput, rl_objective
+    from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig, PolicyLossTerms
+
+# Each name's module, imported on first use: `agl_trainer.algorithms.settings` (the config's
+# `backend.algorithm` section) is read with the config, which imports no torch.
+_MODULES = {
+    "advantages": ("ADVANTAGE_ESTIMATORS", "RolloutAdvantages", "broadcast_to_tokens", "compute_rollout_advantages"),
+    "aggregation": ("LOSS_AGGREGATIONS", "agg_loss", "aggregate", "token_weights"),
+    "config": ("AlgorithmConfig", "AlgorithmConfigError"),
+    "importance": ("ImportanceWeights", "truncated_importance_weights"),
+    "kl": ("KL_ESTIMATORS",),
+    "logits": ("token_entropy", "token_logprobs"),
+    "objective": ("ObjectiveOutput", "rl_objective"),
+    "policy_loss": ("POLICY_LOSSES", "ClipConfig", "PolicyLossTerms"),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

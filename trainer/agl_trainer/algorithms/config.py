@@ -1,48 +1,28 @@
-"""Algorithm settings, validated when built: a bad value names its key and how to fix it."""
+"""Algorithm settings, validated when built: a bad value names its key and how to fix it.
+
+The settings themselves, with their defaults and meanings, are `AlgorithmSettings` (settings.py,
+torch-free: the config's `backend.algorithm` section); `AlgorithmConfig` is those settings checked
+against the registries of estimators, losses and aggregations.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import msgspec
 
 from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, SMALL_GROUP_POLICIES
 from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, NEEDS_CONSTANT
 from agl_trainer.algorithms.importance import IMPORTANCE_SCOPES
 from agl_trainer.algorithms.kl import KL_ESTIMATORS
 from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig
+from agl_trainer.algorithms.settings import AlgorithmSettings
 
 
 class AlgorithmConfigError(ValueError):
     """A setting that cannot work; the message names the key and the fix."""
 
 
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    # Advantages (per rollout, grouped by task)
-    advantage_estimator: str = "grpo"  # grpo | dr_grpo | rloo
-    min_group_size: int = 2  # smaller groups have no baseline...
-    small_group_policy: str = "zero"  # ...and get advantage 0 ("zero") or leave the loss ("drop")
-    advantage_epsilon: float = 1e-6
-    # Loss
-    policy_loss: str = "ppo"  # ppo | reinforce
-    loss_agg_mode: str = "rollout-mean"
-    loss_norm_constant: float | None = None  # C of the *-token-sum-norm modes
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    dual_clip_c: float | None = 3.0
-    kl_coef: float = 0.0  # > 0 keeps a frozen reference model and adds coef * KL to the loss
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0  # > 0 adds a bonus -coef * entropy; entropy is always measured
-    # A mini-batch whose every trained token has advantage 0 (every group tied) and no KL or entropy
-    # term has a gradient of exactly 0; AdamW would still move the weights by its momentum and weight
-    # decay, carrying the policy on with no signal. True: such an update leaves the weights and the
-    # optimizer's state as they are (the step still counts); false: step anyway.
-    skip_zero_signal_updates: bool = True
-    # Off-policy correction
-    importance_cap: float = 2.0
-    importance_scope: str = "stale"  # stale | all | off
-    bypass_old_logprobs: bool = False  # use the engine's log-probs as the PPO old log-probs
-    # Engine/trainer agreement (backends/agreement.py): agreement/*/frac_over counts |delta| above this
-    agreement_threshold: float = 0.1
+class AlgorithmConfig(AlgorithmSettings, frozen=True, kw_only=True):
+    """`backend.algorithm` (`AlgorithmSettings`) with its values checked."""
 
     def __post_init__(self) -> None:
         def fail(key: str, message: str) -> None:
@@ -98,7 +78,7 @@ class AlgorithmConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> AlgorithmConfig:
-        known = {field.name for field in fields(cls)}
+        known = {field.name for field in msgspec.structs.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise AlgorithmConfigError(f"algorithm: unknown keys {unknown}; known keys are {sorted(known)}")

@@ -242,4 +242,4 @@ def render(
         if sample.token_rewards is not None:
             placed = [(i, r) for i, r in enumerate(sample.token_rewards) if r]
             title += f", per-call rewards at {placed}"
-        console.print(Panel(Group(text, legend), title=title, title_align="left"))
+        console.print(Panel(Group(text, legend), title=title, title_align="left", expand=False))

@@ -9,7 +9,6 @@ update trains the adapters only, and the KL reference is the base, the adapters 
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from agl_trainer.backends import lora, varlen_attention
@@ -469,9 +469,8 @@ class _TokenInputs:
 
 
 def _config_summary(config: TorchBackendConfig) -> dict[str, Any]:
-    summary = dataclasses.asdict(config)
-    summary["model_path"] = str(config.model_path)
-    return summary
+    """The settings as plain values (the LoRA section is a msgspec Struct, paths are strings)."""
+    return msgspec.to_builtins(config, enc_hook=str)
 
 
 __all__ = ["BackendConfigError", "TorchBackend", "TorchBackendConfig"]

@@ -2,102 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import torch
 
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends.schedule import SCHEDULES
+from agl_trainer.backends.settings import (  # re-exported: the sections live there, torch-free
+    ALL_LINEAR as ALL_LINEAR,
+    DEFAULT_LORA_TARGETS as DEFAULT_LORA_TARGETS,
+    BackendConfigError as BackendConfigError,
+    LoraConfig as LoraConfig,
+    TrainingOptions,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class BackendConfigError(ValueError):
-    """A backend setting that cannot work; the message names the key and the fix."""
+class TorchBackendConfig(TrainingOptions, frozen=True, kw_only=True):
+    """What a backend is built from: the shared training options (`backend.options`, declared once in
+    backends/settings.py) and the rest of the `backend` section, with the model's path and the seed.
+    A value that cannot work is refused here, naming its key and the fix."""
 
-
-# Every linear layer of a Qwen2/Qwen3/Llama/Mistral decoder block; other models name theirs otherwise.
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ALL_LINEAR = "all-linear"  # every linear layer but the output head (peft's spelling)
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """Low-rank adapters over a frozen base (backends/lora.py); rank 0 (the default) trains every weight.
-    Target names are module names' last parts (q_proj matches model.layers.3.self_attn.q_proj); those
-    matching no linear layer of the model are refused when it loads."""
-
-    rank: int = 0
-    alpha: float = 16.0  # the update is scaled by alpha / rank
-    dropout: float = 0.0  # on the adapter's input while training; > 0 perturbs the trainer's log-probs
-    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
-
-    def __post_init__(self) -> None:
-        def fail(key: str, message: str) -> None:
-            raise BackendConfigError(f"backend.lora.{key}: {message}")
-
-        if isinstance(self.target_modules, str):  # "q_proj,v_proj" as a flag gives it
-            object.__setattr__(self, "target_modules", tuple(_split_names(self.target_modules)))
-        else:
-            object.__setattr__(self, "target_modules", tuple(self.target_modules))
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            fail("rank", f"{self.rank!r} must be an integer >= 0 (0: no adapters; 8-64 is usual)")
-        if not self.alpha > 0:
-            fail("alpha", f"{self.alpha!r} must be positive (the update is scaled by alpha / rank)")
-        if not 0.0 <= self.dropout < 1.0:
-            fail("dropout", f"{self.dropout!r} must be in [0, 1) (0 is usual for RL)")
-        names = self.target_modules
-        if not names or not all(isinstance(name, str) and name.strip() for name in names):
-            fail("target_modules", f"{list(names)!r}: give layer names (q_proj, v_proj, ...) or {ALL_LINEAR}")
-        if ALL_LINEAR in names and len(names) > 1:
-            fail("target_modules", f"{ALL_LINEAR} already names every linear layer; give it alone")
-        if len(set(names)) != len(names):
-            fail("target_modules", f"{list(names)!r} names a module twice")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-
-def _split_names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
-@dataclass(frozen=True)
-class TorchBackendConfig:
     model_path: str | Path
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
-    param_dtype: str = "float32"  # master weights and optimizer state
-    compute_dtype: str = "auto"  # auto: bfloat16 autocast on CUDA; on CPU, param_dtype
-    # e.g. sdpa, eager, flash_attention_2, agl_varlen (packed rows at each sample's cost with PyTorch's
-    # varlen flash attention, no flash-attn package: backends/varlen_attention.py); None: transformers' default
-    attn_implementation: str | None = None
-    trust_remote_code: bool = False
-    gradient_checkpointing: bool = False
-    disable_dropout: bool = True  # RL wants the sampling policy's log-probs; dropout would perturb them
-    # optimizer and schedule
     lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | linear | cosine
-    total_steps: int | None = None  # needed by linear and cosine
-    min_lr_ratio: float = 0.0
-    # batching
-    micro_batch_tokens: int = 8192  # padded positions per forward/backward
-    max_row_tokens: int | None = None  # longest packed row (default: the batch's longest sample)
-    packing: str = "auto"  # auto (probe the model) | packed | padded
-    # scored positions per chunk of the output head's float32 log-softmax/entropy (backends/chunked_logprobs.py);
-    # None: as many as keep a chunk within 64 Mi logits (441 positions of a 151,936-token vocabulary)
-    logit_chunk_tokens: int | None = None
-    num_mini_batches: int = 1  # optimizer steps per train_step; rollouts are never split across them
-    ppo_epochs: int = 1  # passes over the batch
     seed: int = 0
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)  # rank 0: full training
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)  # rank 0: full training
 
     def __post_init__(self) -> None:
         def fail(key: str, message: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_trainer.cli import CLIError
+from agl_trainer.console import make_console
 
 CHECK_DESCRIPTION = """\
 Will your harness work through agl? This runs COMMAND once, the way `agl train` runs a harness for
@@ -155,8 +156,6 @@ def _options(args: argparse.Namespace) -> Any:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from agl_trainer.harness_check.check import run_check as check
     from agl_trainer.harness_check.render import render
     from agl_trainer.harness_check.report import to_json
@@ -165,7 +164,7 @@ def run_check(args: argparse.Namespace) -> int:
     from agl_trainer.runners.base import HarnessNotFound
 
     options = _options(args)
-    progress = Console(stderr=True)
+    progress = make_console(stderr=True)
     try:
         report = check(options, say=lambda line: progress.print(plain(f"agl harness check: {line}", style="dim")))
     except HarnessNotFound as error:
@@ -176,7 +175,7 @@ def run_check(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(to_json(report) + b"\n")
         sys.stdout.flush()
     else:
-        render(Console(), report)
+        render(make_console(), report)
     return 0 if report.ok else 1
 
 

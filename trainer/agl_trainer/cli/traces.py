@@ -14,6 +14,7 @@ from pathlib import Path
 from agl import semconv
 
 from agl_trainer.cli import CLIError
+from agl_trainer.console import make_console
 
 VIEWER_TOKEN_ENV = semconv.ENV_VIEWER_TOKEN
 
@@ -57,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("--store", required=True)
     inspect.add_argument("--attempt", type=int, default=None, help="which attempt (default: the latest)")
     inspect.add_argument(
-        "--tokenizer", "--model", default=None, help="a model or tokenizer directory, to decode tokens to text"
+        "--tokenizer",
+        "--model",
+        default=None,
+        help="a model or tokenizer directory, to decode tokens to text (default: the model in the run's"
+        " config.yaml beside the store, when it is still there)",
     )
     inspect.add_argument("--reward-name", default=None, help="the reward trained on (default: reward)")
     inspect.add_argument(
@@ -72,7 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " it). Open the printed address in a browser.",
     )
     serve.add_argument("--store", required=True, help="the SQLite rollout store (e.g. runs/agl/rollouts.db)")
-    serve.add_argument("--model", default=None, help="a model or tokenizer directory, to decode tokens to text")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="a model or tokenizer directory, to decode tokens to text (default: the model in the run's"
+        " config.yaml beside the store, when it is still there)",
+    )
     serve.add_argument("--listen", default="127.0.0.1:8500", help="HOST:PORT to serve on (default 127.0.0.1:8500)")
     serve.add_argument(
         "--run-dir", type=Path, default=None, help="the run's output dir, for metrics.jsonl and harness logs"
@@ -156,11 +166,11 @@ def _age(seconds: float) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from agl_trainer.printable import plain, printable
+    from agl_trainer.store.queries import shown_mode
 
     if args.limit < 1:
         raise CLIError(f"--limit must be 1 or more, got {args.limit} (or --all for every rollout)")
@@ -195,7 +205,7 @@ def run_ls(args: argparse.Namespace) -> int:
             plain(r.rollout_id),
             str(r.attempt),
             plain(r.task_id or "-"),
-            plain(r.mode or "train"),
+            plain(shown_mode(r.mode, r.dropped_reason)),
             status,
             plain(r.end_cause or "-", style=cause_style),
             str(r.calls),
@@ -203,7 +213,7 @@ def run_ls(args: argparse.Namespace) -> int:
             plain(training),
             _age(now - r.last_span_at) + " ago",
         )
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(
         plain(
@@ -218,8 +228,6 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from agl_trainer.assembly import AssemblyConfig, assemble_rollout
     from agl_trainer.assembly.inspect_view import printable, render
 
@@ -256,10 +264,20 @@ def run_inspect(args: argparse.Namespace) -> int:
                 tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
             except Exception as error:  # noqa: BLE001 (any loading failure is a user error here)
                 raise CLIError(f"--tokenizer {args.tokenizer}: cannot load a tokenizer: {error}") from None
+        else:  # the run's own model, as the viewer finds it (its config.yaml beside the store)
+            from agl_trainer.viewer.run_model import run_model
+            from agl_trainer.viewer.tokens import TokenizerError, load_tokenizer
+
+            found = run_model(Path(args.store).parent)
+            if found is not None:
+                try:
+                    tokenizer = load_tokenizer(found)
+                except TokenizerError:
+                    tokenizer = None  # token ids, as without a model
         config = AssemblyConfig(reward_name=args.reward_name) if args.reward_name else AssemblyConfig()
         data = store.load(info.key)
         render(
-            Console(), data, assemble_rollout(data, config, tokenizer), tokenizer, max_tokens=args.max_tokens
+            make_console(), data, assemble_rollout(data, config, tokenizer), tokenizer, max_tokens=args.max_tokens
         )
     finally:
         store.close()
@@ -295,7 +313,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as error:
         raise CLIError(f"cannot listen on {args.listen}: {error.strerror or error} (fix: --listen HOST:PORT)") from None
     guarded = " (token required)" if token else ""
-    print(f"agl traces: serving {args.store} at {server.url}{guarded} (Ctrl-C stops)", flush=True)
+    decoding = (
+        f"; tokens decoded with {viewer.model} ({'--model' if args.model else viewer.model_source})"
+        if viewer.model
+        else "; tokens shown as ids (--model DIR decodes them)"
+    )
+    print(f"agl traces: serving {args.store} at {server.url}{guarded}{decoding} (Ctrl-C stops)", flush=True)
     import threading
 
     try:

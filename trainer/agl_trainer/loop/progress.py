@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agl_trainer.console import make_console
+
 
 class LoopProgress:
     """Two bars on stderr; `enabled=False` (tests, logs) makes every method a no-op."""
@@ -13,7 +15,6 @@ class LoopProgress:
         self._progress: Any = None
         if not enabled:
             return
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
@@ -22,7 +23,7 @@ class LoopProgress:
             MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
+            console=make_console(stderr=True),
             transient=False,
         )
         self._steps = self._progress.add_task("steps", total=max_steps, completed=start_step, info="")

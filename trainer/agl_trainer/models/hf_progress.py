@@ -1,10 +1,12 @@
 """`quiet_progress()`: transformers' progress bars off for the calls inside it, back on after.
 
-save_pretrained draws a "Writing model shards" bar for every save, and the loop saves a checkpoint
-every `loop.checkpoint_every` steps: hundreds of bar lines in a run's log that say nothing. Bars of
-other calls (e.g. a large model's first load) stay as the user set them. Nested and concurrent uses
-(the checkpoint and the weight sync can run in different threads) restore the state once, when the
-last one ends.
+transformers draws a bar at every model load ("Loading weights") and every save ("Writing model
+shards"); a run loads the model in its backend, reference model and engine, and saves a checkpoint
+every `loop.checkpoint_every` steps: bar lines in a run's log that say nothing (and `\r` soup in a
+file). A run (`Session.run`) and the demo's warm start hold it for their whole length and report
+progress themselves; outside them bars stay as the user set them. Nested and concurrent uses (the
+checkpoint and the weight sync can run in different threads) restore the state once, when the last
+one ends.
 """
 
 from __future__ import annotations

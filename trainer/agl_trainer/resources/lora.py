@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agl_trainer.backends.settings import ALL_LINEAR
 from agl_trainer.resources.architecture import Architecture
 
-ALL_LINEAR = "all-linear"  # backends/torch_config.py's spelling (peft's)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 

@@ -59,7 +59,6 @@ GIB = 1024**3
 CUDA_CONTEXT_GIB = 1.0  # per process on a GPU: CUDA context, NCCL buffers, allocator slack
 ENGINE_RESERVE_GIB = 1.5  # vLLM's activation peak (profiled at start) and CUDA graphs
 VLLM_DEFAULT_UTILIZATION = 0.9
-DEFAULT_MICRO_BATCH_TOKENS = 8192  # the backends' default (TorchBackendConfig.micro_batch_tokens)
 MAX_GPUS_SEARCHED = 4096
 GPUS_PER_NODE = 8  # the usual node; more GPUs on one node come before more nodes
 ADAPTER_BYTES = 4  # peft keeps adapters (and so their gradients and AdamW state) float32
@@ -242,9 +241,7 @@ def _plan(
 
 def _lora_plan(config: Config, arch: Architecture, takes_adapters: bool) -> LoraPlan:
     lora = config.backend.lora
-    targets = lora.target_modules
-    names = tuple(n.strip() for n in targets.split(",") if n.strip()) if isinstance(targets, str) else targets
-    layers = adapted_layers(arch, tuple(names))
+    layers = adapted_layers(arch, tuple(lora.target_modules))  # a tuple once read: LoraConfig splits a string
     tied_head = arch.tie_word_embeddings and any(layer.name == "lm_head" for layer in layers)
     return LoraPlan(
         rank=lora.rank, alpha=lora.alpha, modules=tuple(short_names(layers)), layers=len(layers),
@@ -265,17 +262,17 @@ def _trainer_plan(
         master = (
             _override(verl.override, "fsdp_config.model_dtype")
             or _override(verl.override, "engine.model_dtype")
-            or str(options.get("param_dtype", "float32"))
+            or options.param_dtype
         )
         param_offload, optimizer_offload = verl.param_offload, verl.optimizer_offload
         checkpointing, sp = verl.gradient_checkpointing, verl.ulysses_sequence_parallel_size
     else:  # the torch backend: one process, nothing sharded or offloaded
         world, nnodes, per_node = 1, 1, 1
-        master = str(options.get("param_dtype", "float32"))
+        master = options.param_dtype
         param_offload = optimizer_offload = False
-        checkpointing, sp = bool(options.get("gradient_checkpointing", False)), 1
+        checkpointing, sp = options.gradient_checkpointing, 1
     param_bytes = dtype_bytes(master, 4)
-    tokens = int(options.get("micro_batch_tokens", DEFAULT_MICRO_BATCH_TOKENS))
+    tokens = options.micro_batch_tokens
     longest = int(config.engine.options.get("max_model_len") or 0) if backend.name == "torch" else 0
     local_tokens = max(1, max(tokens, longest) // sp)
     layer_tensors = 6 * arch.hidden_size + 4 * arch.intermediate_size  # bf16 elements kept per token
@@ -301,7 +298,7 @@ def _trainer_plan(
             frozen_bytes=float(parameters * param_bytes), longest_sample=longest, sync_bytes=merging,
             lora=lora,
         )  # fmt: skip
-    reference = torch_backend and float(config.backend.algorithm.get("kl_coef", 0.0) or 0.0) > 0
+    reference = torch_backend and config.backend.algorithm.kl_coef > 0
     return TrainerPlan(
         backend=backend.name, world_size=world, nnodes=nnodes, gpus_per_node=per_node,
         param_bytes=param_bytes,

@@ -39,6 +39,7 @@ from agl_trainer.loop.inflight import InFlight
 from agl_trainer.loop.live import LiveRollouts
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.loop.stored import StoredRollouts
+from agl_trainer.models.hf_progress import quiet_progress
 from agl_trainer.run.build import build_backend, build_validator, pad_token_id
 from agl_trainer.runners.base import Cause, RolloutOutcome, RolloutSpec
 from agl_trainer.store import RolloutKey
@@ -79,6 +80,9 @@ class Session:
     # --- run ---------------------------------------------------------------------------------
     async def run(self) -> RunResult:
         async with self._stack:
+            # the run reports its own progress: transformers' bars ("Loading weights" at each load of
+            # the backend, the reference model and the engine) are off for its duration
+            self._stack.enter_context(quiet_progress())
             loop = await self._start()
             self._install_signals()
             summary = await loop.run()

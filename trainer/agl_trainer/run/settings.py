@@ -20,7 +20,6 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
     machine's settings on a machine without one)."""
     from agl_trainer.algorithms import AlgorithmConfig, AlgorithmConfigError
     from agl_trainer.backends import BackendConfigError, TorchBackendConfig
-    from agl_trainer.backends.torch_config import LoraConfig
 
     try:
         training = TorchBackendConfig(
@@ -28,32 +27,20 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
             lr=config.backend.lr,
             device=config.backend.device,
             seed=config.seed,
-            algorithm=AlgorithmConfig(**config.backend.algorithm),
-            lora=LoraConfig(**msgspec.structs.asdict(config.backend.lora)),
-            **config.backend.options,
+            algorithm=AlgorithmConfig(**msgspec.structs.asdict(config.backend.algorithm)),  # the section, checked
+            lora=config.backend.lora,
+            **msgspec.structs.asdict(config.backend.options),  # the same keys: TorchBackendConfig is a TrainingOptions
         )
         if config.backend.name != "verl":
             return training
         from agl_trainer.backends.verl import VerlBackendConfig
 
-        verl = config.backend.verl
         return VerlBackendConfig(
             training=training,
-            nnodes=verl.nnodes,
-            n_gpus_per_node=verl.n_gpus_per_node,
-            ray_address=verl.ray_address,
-            strategy=verl.strategy,
-            param_offload=verl.param_offload,
-            optimizer_offload=verl.optimizer_offload,
-            gradient_checkpointing=verl.gradient_checkpointing,
-            ulysses_sequence_parallel_size=verl.ulysses_sequence_parallel_size,
-            weight_sync=verl.weight_sync,
-            override=dict(verl.override),
             rollouts_per_batch=config.loop.batch_rollouts,
             cuda_available=cuda_available,
+            **msgspec.structs.asdict(config.backend.verl),  # the section itself: VerlBackendConfig is a VerlSettings
         )
-    except TypeError as error:
-        raise ConfigError(f"config key backend.options: {error} (fix: see the backend's settings)") from None
     except AlgorithmConfigError as error:
         raise ConfigError(f"config key backend.{error}") from None
     except BackendConfigError as error:

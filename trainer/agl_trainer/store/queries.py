@@ -92,6 +92,18 @@ REWARD = (
     " AND (w.attempt IS NULL OR w.attempt = r.attempt) AND w.name = :reward_name AND w.call_seq IS NULL"
     " ORDER BY w.end_ns DESC, w.span_id DESC LIMIT 1) ELSE m.reward END"
 )
+# A validation round's rollouts are `val` wherever a rollout's mode is shown or filtered: the greedy
+# ones carry mode val, the ones sampled at the training temperature (mean@k) mode train, and both
+# are dropped from training for this reason (loop/validation.py VAL_DROP_REASON).
+VALIDATION_DROP = "validation"
+MODE = f"CASE WHEN r.dropped_reason = '{VALIDATION_DROP}' THEN 'val' ELSE COALESCE(r.mode, 'train') END"
+
+
+def shown_mode(mode: str | None, dropped_reason: str | None) -> str:
+    """`MODE` for one rollout read in Python (the rollout page, `agl traces ls`)."""
+    return "val" if dropped_reason == VALIDATION_DROP else mode or "train"
+
+
 JOIN = "s.rollouts r LEFT JOIN main.summary m ON m.rollout_id = r.rollout_id AND m.attempt = r.attempt"
 
 # API sort key -> SQL expression. Every expression is NULL-free (COALESCE) so that, with the rowid
@@ -100,7 +112,7 @@ SORTS: dict[str, str] = {
     "newest": "r.rowid",
     "rollout": "r.rollout_id",
     "task": "COALESCE(r.task_id, '')",
-    "mode": "COALESCE(r.mode, 'train')",
+    "mode": MODE,
     "step": "COALESCE(r.trained_step, -1)",
     "version": "COALESCE(m.max_version, -1)",
     "reward": f"COALESCE({REWARD}, -1e308)",
@@ -114,7 +126,7 @@ MAX_LIMIT = 500
 
 def _listing() -> str:
     return (
-        "SELECT r.rowid AS rowid, r.rollout_id, r.attempt, r.task_id, COALESCE(r.mode, 'train') AS mode,"
+        f"SELECT r.rowid AS rowid, r.rollout_id, r.attempt, r.task_id, {MODE} AS mode,"
         " r.status, r.complete, r.end_cause, r.trained_step, r.dropped_reason, r.first_seen_at,"
         " r.last_span_at, r.completed_at, r.started_ns, r.ended_ns, r.harness_exit_code, r.error,"
         f" {CALLS} AS calls, {REWARD} AS reward,"
@@ -138,7 +150,7 @@ class Filters:
         if mode:
             if mode not in ("train", "val"):
                 raise QueryError(f"mode must be train or val, got {mode!r}")
-            self.where.append("COALESCE(r.mode, 'train') = :mode")
+            self.where.append(f"{MODE} = :mode")
             self.values["mode"] = mode
         step = params.get("step")
         if step:

@@ -90,11 +90,12 @@ def rollout(
     per_call = call_rewards(data.rewards, config.reward_name, placements)  # by seq or by position, as trained
     calls = []
     window = slice(page.calls_offset, page.calls_offset + page.calls_limit)
-    for call, row in zip(data.calls[window], rows[window], strict=True):
+    for number, (call, row) in enumerate(zip(data.calls[window], rows[window], strict=True), page.calls_offset):
         placement = placements.get(call.call_seq)
         calls.append(
             {
                 **row,
+                "number": number,
                 "name": call.name,
                 "policy_version": call.policy_version,
                 "finish_reason": call.finish_reason,
@@ -116,6 +117,7 @@ def rollout(
             }
         )
     info = _builtins(data.info)
+    info["mode"] = queries.shown_mode(data.info.mode, data.info.dropped_reason)
     samples, kept = _samples(assembly, page, check)
     if kept:  # per-token engine/trainer agreement (viewer/agreement.py), on whole samples
         agreement.attach(samples, kept, run_dir, key)
@@ -124,7 +126,7 @@ def rollout(
         _window(view, sample, page, decoder)
     total_samples = 0 if assembly.result is None else len(assembly.result.samples)
     failures = assembly.merge_failures
-    return exact_seqs({
+    body = {
         "info": info,
         "attempts": others,
         "reward": _finite(assembly.reward),
@@ -145,7 +147,32 @@ def rollout(
             "samples_total": total_samples,
             "merge_failures_total": len(failures),
         },
-    })
+    }
+    body["call_numbers"] = call_numbers([call.call_seq for call in data.calls], body)
+    return exact_seqs(body)
+
+
+def call_numbers(ordered: list[int], body: Any) -> dict[str, int]:
+    """The number in its rollout (0, 1, 2 in seq order) of every call `body` names, by seq: the page
+    says "call 2", the seq (a clock reading, unique across restarts and sidecars) on hover. Only the
+    calls this page names: a 20,000-call rollout comes a window at a time."""
+    first: dict[int, int] = {}
+    for number, seq in enumerate(ordered):
+        first.setdefault(seq, number)
+    named: set[int] = set()
+    _named_seqs(body, "", named)
+    return {str(seq): first[seq] for seq in sorted(named) if seq in first}
+
+
+def _named_seqs(value: Any, key: str, found: set[int]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _named_seqs(v, k, found)
+    elif isinstance(value, list):
+        for v in value:
+            _named_seqs(v, "call_seq" if key == "call_seqs" else "", found)
+    elif key in SEQ_KEYS and type(value) is int:
+        found.add(value)
 
 
 JS_EXACT = 2**53 - 1  # a JavaScript number holds integers exactly up to here

@@ -34,6 +34,7 @@ from agl_trainer.store import queries
 from agl_trainer.store.records import RolloutKey
 from agl_trainer.viewer import access, detail, work
 from agl_trainer.viewer.indexer import Indexer
+from agl_trainer.viewer.run_model import run_model
 from agl_trainer.viewer.tokens import TokenDecoder, TokenizerError, load_tokenizer
 
 log = logging.getLogger("agl.viewer")
@@ -123,8 +124,10 @@ class Viewer:
         self.store_path = Path(store_path)
         self.token = token or None  # off loopback: required of every request (access.py)
         self.database = queries.Database(self.store_path)
-        self.model = model
         self.run_dir = run_dir if run_dir is not None else self.store_path.parent
+        # without --model, the model of the run whose store this is (its config.yaml), if still there
+        self.model_source = "given" if model else "the run's config.yaml"
+        self.model = model or run_model(self.run_dir)
         self.config = AssemblyConfig(reward_name=reward_name) if reward_name else AssemblyConfig()
         self._decoder: TokenDecoder | None = None
         self._decoder_error: str | None = None
@@ -266,6 +269,7 @@ class Viewer:
         return {
             "store": str(self.store_path),
             "model": self.model,
+            "model_source": self.model_source if self.model else None,
             "tokenizer_error": self._decoder_error,
             "reward_name": self.config.reward_name,
             "counts": counts,

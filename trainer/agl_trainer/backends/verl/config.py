@@ -3,33 +3,26 @@ fails here, naming its key and the fix.
 
 The training settings are the torch backend's (`TorchBackendConfig`: model_path, lr, device,
 param_dtype, micro_batch_tokens, num_mini_batches, ppo_epochs, warmup_steps, lr_schedule, ...,
-algorithm), validated by it; the rest says where verl's workers run (`backend.verl.*`).
+algorithm), validated by it; the rest says where verl's workers run (`backend.verl.*`, the config's
+section itself: `VerlBackendConfig` is a `VerlSettings`). Its types are checked as a config is read;
+the checks here also hold a config built in code.
 """
 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
-from typing import Any
 
+from agl_trainer.backends.settings import VerlSettings
 from agl_trainer.backends.torch_config import BackendConfigError, TorchBackendConfig
 
 WEIGHT_SYNCS = ("auto", "in_place", "nccl", "cuda_ipc")
 
 
-@dataclass(frozen=True)
-class VerlBackendConfig:
+class VerlBackendConfig(VerlSettings, frozen=True, kw_only=True):
+    """`backend.verl` (`VerlSettings`, declared once in backends/settings.py: where the workers run)
+    with the training settings and what the checks below need from the rest of the run."""
+
     training: TorchBackendConfig  # model, optimizer, schedule, batching, algorithm: as the torch backend
-    nnodes: int = 1
-    n_gpus_per_node: int = 1  # workers per node: GPUs, or processes on a CPU
-    ray_address: str | None = None  # an existing cluster (auto, HOST:PORT, ray://HOST:PORT); None: start one
-    strategy: str = "fsdp2"
-    param_offload: bool = False
-    optimizer_offload: bool = False
-    gradient_checkpointing: bool = False
-    ulysses_sequence_parallel_size: int = 1
-    weight_sync: str = "auto"  # auto | in_place | nccl | cuda_ipc
-    override: dict[str, Any] = field(default_factory=dict)
     rollouts_per_batch: int | None = None  # the loop's batch_rollouts, for the data-parallel check
     cuda_available: bool | None = None  # None: ask torch (tests pass False to act as a CPU machine)
 

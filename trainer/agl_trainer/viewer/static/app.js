@@ -310,8 +310,21 @@ async function stepPage(params) {
 
 // --- one rollout -------------------------------------------------------------------------------
 
+// Calls are numbered 0, 1, 2 in their rollout (seq order); the sidecar's seq, a clock reading unique
+// across restarts and sidecars, shows on hover. The API sends the numbers of the calls a page names.
+let callNumbers = new Map();
+function callNumber(seq) {
+  const number = callNumbers.get(String(seq));
+  return number === undefined ? "seq " + seq : String(number);
+}
+function seqTip(seq) { return "seq " + seq + " (unique across restarts)"; }
+function callRef(seq, prefix) {
+  return el("span", { class: "call", title: seqTip(seq) }, (prefix === undefined ? "#" : prefix) + callNumber(seq));
+}
+
 async function rolloutPage(params) {
   const r = await api("rollout", params);
+  callNumbers = new Map(Object.entries(r.call_numbers || {}));
   const info = r.info;
   const training = info.trained_step !== null ? el("a", { href: "#/step?step=" + info.trained_step }, "trained at step " + info.trained_step)
     : info.dropped_reason ? "dropped: " + visible(info.dropped_reason) : info.complete ? "ready (not trained yet)" : "open";
@@ -376,11 +389,11 @@ function tokenPager(sample, params) {
 }
 
 // A per-call reward names its call by seq or by position (0 = the first call); the API says which
-// call that is (`for_call`). Seqs past 2^53 arrive as strings, so every digit is shown.
+// call that is (`for_call`), shown by its number. Seqs past 2^53 arrive as strings: every digit shows.
 function rewardTarget(w) {
   if (w.call_seq === null) return "whole rollout";
-  if (w.for_call === null || w.for_call === undefined || String(w.for_call) === String(w.call_seq)) return "call #" + w.call_seq;
-  return "call #" + w.for_call + " (position " + w.call_seq + ")";
+  const call = w.for_call === null || w.for_call === undefined ? w.call_seq : w.for_call;
+  return callRef(call, "call #");
 }
 
 function rewardsTable(rewards) {
@@ -426,13 +439,13 @@ function timeline(calls) {
   for (const c of calls) {
     const left = ((c.start_ns - t0) / span) * 100, width = ((c.end_ns - c.start_ns) / span) * 100;
     const held = heldMs(c);
-    const tip = `call ${c.call_seq}: start +${fmt.ms(c.start_ns - t0)}, duration ${fmt.ms(c.end_ns - c.start_ns)}` +
+    const tip = `call ${callNumber(c.call_seq)} (${seqTip(c.call_seq)}): start +${fmt.ms(c.start_ns - t0)}, duration ${fmt.ms(c.end_ns - c.start_ns)}` +
       (held !== null ? `, held ${held.toFixed(1)} ms` : "") + `, end ${visible(c.end_reason)}, finish ${visible(c.finish_reason)}` +
       (attribution(c) ? ", " + attribution(c) : "");
     const track = el("div", { class: "track" },
       el("div", { class: "bar" + (c.end_reason && c.end_reason !== "completed" ? " badend" : ""), style: null, title: tip, "data-left": left, "data-width": width }));
     if (held) track.append(el("div", { class: "bar held", title: tip, "data-left": left, "data-width": Math.min(width, (held * 1e6 / span) * 100) }));
-    box.append(el("div", { class: "lane" }, el("span", { class: "label" }, "#" + c.call_seq), track));
+    box.append(el("div", { class: "lane" }, el("span", { class: "label", title: seqTip(c.call_seq) }, "#" + callNumber(c.call_seq)), track));
   }
   // Positions through the CSSOM (no inline style attributes: the page's CSP allows none).
   for (const bar of box.querySelectorAll(".bar")) {
@@ -452,11 +465,11 @@ function callsTable(calls, breaks) {
         : (p.merged ? "merged into sample " : "new sample ") + p.sample + (p.start && !p.merged ? " (" + visible(p.start) + ")" : "");
       const held = heldMs(c);
       return el("tr", {},
-        el("td", {}, "#" + c.call_seq, breaks.has(c.call_seq) ? el("span", { class: "tag break" }, "break: " + visible(breaks.get(c.call_seq).kind)) : null),
+        el("td", {}, callRef(c.call_seq), breaks.has(c.call_seq) ? el("span", { class: "tag break" }, "break: " + visible(breaks.get(c.call_seq).kind)) : null),
         el("td", { class: "num" }, "+" + fmt.ms(c.start_ns - t0)), el("td", { class: "num" }, fmt.ms(c.end_ns - c.start_ns)),
         el("td", { class: "num" }, held === null ? "–" : held.toFixed(1) + " ms"),
         el("td", { class: "num" }, c.policy_version ?? "–"),
-        el("td", { class: "num" }, (c.prompt_tokens ?? "–") + (c.prompt_ref_seq !== null ? " (ref #" + c.prompt_ref_seq + ")" : "")),
+        el("td", { class: "num" }, (c.prompt_tokens ?? "–") + (c.prompt_ref_seq !== null ? [" (ref ", callRef(c.prompt_ref_seq), ")"] : "")),
         el("td", { class: "num" }, c.completion_tokens ?? "–"),
         el("td", {}, visible(c.finish_reason)), el("td", {}, visible(c.end_reason)),
         el("td", { class: "id" }, attribution(c) || "–"), el("td", {}, unreadFields(c)), el("td", {}, where),
@@ -476,7 +489,7 @@ function callTree(placements, breaks) {
     else { if (!children.has(parent)) children.set(parent, []); children.get(parent).push(p); }
   }
   const node = (p, depth) => el("li", {},
-    "call " + p.call_seq,
+    callRef(p.call_seq, "call "),
     p.sample !== null ? el("span", { class: "tag" + (p.merged ? " merged" : "") }, (p.merged ? "merged → sample " : "sample ") + p.sample) : null,
     p.start && !p.merged ? el("span", { class: "tag" }, visible(p.start)) : null,
     p.agent_id ? el("span", { class: "tag", title: "the agent the harness declared" }, "agent " + visible(p.agent_id)) : null,
@@ -492,7 +505,7 @@ function callTree(placements, breaks) {
 function breaksTable(failures) {
   return el("table", { id: "breaks" },
     el("thead", {}, el("tr", {}, ["call", "after call", "class", "classified by", "at token", "why"].map((h) => el("th", {}, h)))),
-    el("tbody", {}, failures.map((f) => el("tr", {}, el("td", {}, "#" + f.call_seq), el("td", {}, "#" + f.previous_call_seq),
+    el("tbody", {}, failures.map((f) => el("tr", {}, el("td", {}, callRef(f.call_seq)), el("td", {}, callRef(f.previous_call_seq)),
       el("td", { class: "bad" }, visible(f.kind)), el("td", {}, visible(f.classified_by)), el("td", { class: "num" }, f.position),
       el("td", { class: "id" }, visible(f.detail, true))))));
 }
@@ -505,16 +518,16 @@ function legend() {
 function sampleView(sample, placements, breaks, decoded, params) {
   const markers = new Map();
   for (const b of sample.boundaries) {
-    const label = b.completion ? "call " + b.call_seq + " ▸" : "context before call " + b.call_seq;
+    const label = b.completion ? "call " + callNumber(b.call_seq) + " ▸" : "context before call " + callNumber(b.call_seq);
     if (!markers.has(b.position)) markers.set(b.position, []);
-    markers.get(b.position).push(label);
+    markers.get(b.position).push([label, b.call_seq]);
   }
   const rewards = new Map((sample.token_rewards || []).map(([i, v]) => [i, v]));
   const body = el("div", { class: "tokens" + (decoded ? "" : " ids") });
   const fragment = document.createDocumentFragment();
   const n = sample.ids.length;
   for (let i = 0; i < n; i++) {
-    if (markers.has(i)) for (const label of markers.get(i)) fragment.append(el("span", { class: "boundary" }, label));
+    if (markers.has(i)) for (const [label, seq] of markers.get(i)) fragment.append(el("span", { class: "boundary", title: seqTip(seq) }, label));
     const role = sample.roles[i];
     const version = sample.versions[i];
     const lp = sample.logprobs[i];
@@ -541,9 +554,10 @@ function sampleView(sample, placements, breaks, decoded, params) {
   const failure = breaks.get(first);
   return el("div", { class: "sample" },
     failure ? el("div", { class: "mergebreak" }, el("b", {}, "merge break (" + visible(failure.kind) + ")"),
-      ` before call ${failure.call_seq}: its prompt does not extend call ${failure.previous_call_seq}'s sequence` +
+      ` before call ${callNumber(failure.call_seq)}: its prompt does not extend call ${callNumber(failure.previous_call_seq)}'s sequence` +
       ` (first difference at token ${failure.position}; classified by ${visible(failure.classified_by)}). ` + visible(failure.detail)) : null,
-    el("h3", {}, `Sample ${sample.index}: calls ${sample.call_seqs.join(", ")} · ${sample.length ?? n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
+    el("h3", {}, `Sample ${sample.index}: calls `, sample.call_seqs.map((seq, i) => [i ? ", " : "", callRef(seq, "")]),
+      ` · ${sample.length ?? n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
     tokenPager(sample, params),
     agreementLine(sample),
     body);
