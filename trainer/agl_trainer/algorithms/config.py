@@ -6,9 +6,9 @@ from dataclasses import dataclass, fields
 
 from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, SMALL_GROUP_POLICIES
 from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, NEEDS_CONSTANT
-from agl_trainer.algorithms.importance import IMPORTANCE_SCOPES
 from agl_trainer.algorithms.kl import KL_ESTIMATORS
 from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig
+from agl_trainer.algorithms.token_age import IMPORTANCE_RULES, IMPORTANCE_SCOPES
 
 
 class AlgorithmConfigError(ValueError):
@@ -40,6 +40,10 @@ class AlgorithmConfig:
     # Off-policy correction
     importance_cap: float = 2.0
     importance_scope: str = "stale"  # stale | all | off
+    # truncate: min(r, cap) (TIS); ratio_mask: r inside [importance_floor, importance_cap], else the
+    # token leaves the gradient (in the spirit of IcePop/M2PO; algorithms/token_age.py)
+    importance_rule: str = "truncate"
+    importance_floor: float = 0.5
     bypass_old_logprobs: bool = False  # use the engine's log-probs as the PPO old log-probs
     # Engine/trainer agreement (backends/agreement.py): agreement/*/frac_over counts |delta| above this
     agreement_threshold: float = 0.1
@@ -55,6 +59,7 @@ class AlgorithmConfig:
             "kl_estimator": list(KL_ESTIMATORS),
             "small_group_policy": list(SMALL_GROUP_POLICIES),
             "importance_scope": list(IMPORTANCE_SCOPES),
+            "importance_rule": list(IMPORTANCE_RULES),
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -86,6 +91,11 @@ class AlgorithmConfig:
                 fail(key, f"{getattr(self, key)} must be >= 0")
         if self.importance_cap <= 0:
             fail("importance_cap", f"{self.importance_cap} must be positive (2.0 is usual)")
+        if self.importance_rule == "ratio_mask" and not 0 <= self.importance_floor < self.importance_cap:
+            fail(
+                "importance_floor",
+                f"{self.importance_floor} must be in [0, importance_cap={self.importance_cap}) (0.5 is usual)",
+            )
         if not (isinstance(self.agreement_threshold, (int, float)) and 0 < self.agreement_threshold < float("inf")):
             fail(
                 "agreement_threshold",
