@@ -355,7 +355,11 @@ class CanarySection(_Section):
     ] = 0.05
     probes: Annotated[int, _doc("fixed probe sequences scored by prompt logprobs", ge=1, le=64)] = 4
     tokens: Annotated[int, _doc("tokens per probe sequence", ge=4, le=4096)] = 32
-    generate: Annotated[int, _doc("tokens the cached-prefix and fresh probes generate", ge=1, le=256)] = 2
+    generate: Annotated[
+        int,
+        _doc("tokens the cached-prefix and fresh probes generate (the first reads the prefix's KV: one "
+             "engine step, the canary's cost kept under 2% of a step)", ge=1, le=256),
+    ] = 1
 
 
 class DiagnosticsSection(_Section):

@@ -58,7 +58,7 @@ class CanarySettings:
     tolerance: float = 0.05  # mean |engine - trainer| in nats, per probe kind
     probes: int = 4
     tokens: int = 32  # tokens per probe
-    generate: int = 2  # tokens the cached and fresh probes generate (the first reads the prefix's KV)
+    generate: int = 1  # tokens the cached and fresh probes generate: the first is the one that reads the prefix's KV
     seed: int = 0
 
 

@@ -80,6 +80,7 @@ class LiveRollouts:
         self._in_flight_at_pause = 0
         self._undelivered = 0  # call spans the drain could not deliver
         self._frozen: dict[str, int] | None = None  # loop.switch=keep: engine request id -> tokens at the freeze
+        self._canary_running: asyncio.Task[CanaryResult | None] | None = None  # a keep switch's, beside generation
 
     @property
     def failures(self) -> dict[str, int]:
@@ -109,6 +110,9 @@ class LiveRollouts:
             raise stop
 
     async def stop(self) -> None:
+        if self._canary_running is not None:  # its thread scores with the backend: let it end first
+            await asyncio.gather(self._canary_running, return_exceptions=True)
+            self._canary_running = None
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
@@ -163,7 +167,8 @@ class LiveRollouts:
     # --- around the update ---------------------------------------------------------------------
     async def hold(self, version: int, step: StepRecord) -> None:
         """Pause and drain (or freeze) unless generation goes on while training; drop the groups past
-        the bound."""
+        the bound. First the last keep switch's canary: its trainer scores need the weights it checked."""
+        await self._settle_canary(step)
         self._in_flight_at_pause, self._undelivered, self._frozen = len(self.inflight.tasks), 0, None
         if not self.config.generate_during_training:
             await self._pause_and_drain(step)
@@ -219,11 +224,13 @@ class LiveRollouts:
         await self._sync_weights(version, step)
         keep = self.config.switch == "keep"
         # the canary right after the new weights: on an idle engine before the resume; after a keep
-        # pause the frozen engine generates nothing until the resume (its probes then share the engine)
+        # pause the frozen engine generates nothing until the resume, so its probes share the engine
+        # with generation: checked beside it, off the step's path, reported (and acted on) with the
+        # next step, before the trainer's weights move again (`hold`)
         canary = None if keep else await self._check_canary(version, step)
         await self._resume(version)
-        if keep:
-            canary = await self._check_canary(version, step)
+        if keep and self.canary is not None:
+            self._canary_running = asyncio.create_task(self._check_canary(version, None))
         if canary is not None:
             step.metrics.update(canary.metrics())
         step.metrics["spans/undelivered_at_update"] = float(self._undelivered)
@@ -293,6 +300,22 @@ class LiveRollouts:
         if step is not None:
             step.times.canary = result.seconds
         return result
+
+    async def _settle_canary(self, step: StepRecord) -> None:
+        """The canary a keep switch started beside generation: its metrics go to `step`
+        (agreement/canary/background_s its time, none of it the step's), a stop is raised."""
+        if self._canary_running is None:
+            return
+        running, self._canary_running = self._canary_running, None
+        result = await running
+        if result is None:
+            return
+        metrics = result.metrics()
+        metrics["agreement/canary/background_s"] = metrics.pop("time/canary_s")
+        step.metrics.update(metrics)
+        stop = self._act_on(result)
+        if stop is not None:
+            raise stop
 
     def _act_on(self, result: CanaryResult | None) -> CanaryStop | None:
         """A disagreement is logged, or with diagnostics.canary.action stop, ends the run."""
