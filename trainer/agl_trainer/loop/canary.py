@@ -13,8 +13,8 @@ Probes (token IDs drawn once from the run's seed):
 Several engine replicas: each check probes one, in turn (the check after a sync of version v asks
 replica v mod n), so a replica whose weights did not land is named within n syncs at the cost of
 one replica's probes; the replica is in the message and in `agreement/canary/replica`. The engine's
-two questions go out at once (an engine batches them into the same steps), keeping the canary near
-1-2% of a step.
+two questions go out at once (an engine batches them into the same steps) while the trainer scores
+the fixed probes.
 
 A disagreement above `tolerance` (mean |delta| in nats) gets a verdict:
 - weights_not_loaded: the engine matches the previous weights, not the new ones;
@@ -123,21 +123,21 @@ class Canary:
         replica = version % len(self.engines)
         engine = self.engines[replica]
         fresh_prefix = self._draw(random.Random(f"agl-canary-{self.settings.seed}-fresh-{version}"))
-        try:
-            with ThreadPoolExecutor(2) as pool:  # both questions at once: the engine batches them
-                fixed_scores = pool.submit(engine.prompt_logprobs, self.fixed)
-                generated = pool.submit(engine.generate, [self.cached_prefix, fresh_prefix], self.settings.generate)
+        with ThreadPoolExecutor(2) as pool:  # both questions at once: the engine batches them
+            fixed_scores = pool.submit(engine.prompt_logprobs, self.fixed)
+            generated = pool.submit(engine.generate, [self.cached_prefix, fresh_prefix], self.settings.generate)
+            trainer_fixed = self._trainer_scores([(probe, 1) for probe in self.fixed])  # meanwhile, the trainer's half
+            try:
                 engine_fixed = [torch.tensor(scores) for scores in fixed_scores.result()]
                 (cached_tokens, cached_engine), (fresh_tokens, fresh_engine) = generated.result()
-        except Exception as error:  # an engine that cannot score is reported, never a crash of the run
-            return self._result(
-                version, "error", f"{self.names[replica]} could not score the probes: {error}", started, replica
-            )
+            except Exception as error:  # an engine that cannot score is reported, never a crash of the run
+                return self._result(
+                    version, "error", f"{self.names[replica]} could not score the probes: {error}", started, replica
+                )
         cached_ids, fresh_ids = self.cached_prefix + cached_tokens, fresh_prefix + fresh_tokens
-        trainer = self._trainer_scores(
-            [(probe, 1) for probe in self.fixed] + [(cached_ids, len(self.cached_prefix)), (fresh_ids, len(fresh_prefix))]
+        trainer_cached, trainer_fresh = self._trainer_scores(
+            [(cached_ids, len(self.cached_prefix)), (fresh_ids, len(fresh_prefix))]
         )
-        trainer_fixed, trainer_cached, trainer_fresh = trainer[: len(self.fixed)], trainer[-2], trainer[-1]
         fixed = torch.cat([(e - t).abs() for e, t in zip(engine_fixed, trainer_fixed, strict=True)])
         previous = None
         if self.previous is not None:
