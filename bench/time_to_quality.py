@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _demo_run import run_config
-from async_vs_sync import DEVICE_STEP_MS, LOOPS, STALENESS
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its bench siblings, run as a script or imported
+from _demo_run import run_config  # noqa: E402
+from async_vs_sync import DEVICE_STEP_MS, LOOPS, STALENESS  # noqa: E402  (the loops and device time, reused)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/hops/config.yaml"
