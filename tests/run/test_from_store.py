@@ -141,7 +141,10 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
         assert sum(1 for i in store.rollouts() if i.rewards) == collected
 
     run = tmp_path / "offline"
+    # loop.staleness -1: every stored rollout trains, however far the weights moved (the demo config's
+    # staleness 1, one knob for live and stored rollouts, would drop those 2+ versions behind)
     common = [f"--model.path={prepared.path}", f"--output_dir={run}", f"--seed={seed}", "--loop.batch_rollouts=64",
+              "--loop.staleness=-1",
               "--backend.options.ppo_epochs=3",
               "--loop.checkpoint_every=2", "--loop.completion_grace_s=0", "--quiet"]  # fmt: skip
     assert main(["train", "examples/demo/config.yaml", "--from-store", str(store_path), "--loop.max_steps=4", *common]) == 0
@@ -241,7 +244,7 @@ def test_rollouts_added_between_runs_are_trained_once_across_a_resume(tmp_path: 
         write_rollouts(store, [f"r-{i}" for i in range(16)])
     common = ["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
               f"--output_dir={run}", "--loop.batch_rollouts=4", "--loop.group_size=2", "--loop.checkpoint_every=1",
-              "--loop.completion_grace_s=0", "--quiet"]  # fmt: skip
+              "--loop.completion_grace_s=0", "--loop.staleness=-1", "--quiet"]  # fmt: skip
     assert main([*common, "--loop.max_steps=2"]) == 0
     with RolloutStore(path) as store:
         write_rollouts(store, [f"r-{i}" for i in range(16, 24)])

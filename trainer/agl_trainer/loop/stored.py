@@ -131,6 +131,12 @@ class StoredRollouts:
         self.dropped: dict[str, int] = {}  # dropped or set aside (recorded in the store), by reason
         self.waiting = 0  # ready rollouts left for a later run (a group too small, no reward yet)
         self.ahead = 0  # skipped: their calls say a newer policy version than the weights trained
+        self.staleness = staleness_bound(loop.staleness, live=False)
+        if self.staleness >= 0:  # one knob for live and stored rollouts: say what it does to a store
+            progress.log(
+                f"agl: loop.staleness={self.staleness}: stored rollouts more than {self.staleness} versions behind "
+                "the weights being trained are dropped (recorded as stale; -1: no bound)"
+            )
 
     async def next_batch(self, version: int, step: StepRecord) -> list[RolloutKey] | None:
         batch = await asyncio.to_thread(self._draw, version)
@@ -144,7 +150,7 @@ class StoredRollouts:
             self.cursor.min_versions,
             group_size=self.loop.group_size,
             min_group_size=self.offline.min_group_size,
-            staleness=staleness_bound(self.loop.staleness, live=False),
+            staleness=self.staleness,
             max_age_s=self.offline.max_age_s,
             now=time.time(),
             current=current,
