@@ -51,10 +51,16 @@ def demo_work(prefix: str) -> DemoWork:
 
 
 def run_demo(overrides: list[str]) -> list[dict[str, Any]]:
-    """Train with the demo's config and `overrides`; each step's metrics row. The trace viewer is
-    off (its indexer would take CPU from what the bench measures) unless the overrides say."""
+    """Train with the demo's config and `overrides`; each step's metrics row."""
+    return run_config(ROOT / "examples/demo/config.yaml", overrides).history
+
+
+def run_config(config_path: Path, overrides: list[str]) -> Any:
+    """Train with `config_path` and `overrides` in this process; the run's summary (`history`: each
+    step's metrics row; `validation`: each round's). The trace viewer is off (its indexer would take
+    CPU from what the bench measures) unless the overrides say."""
     from agl_trainer.config import load_config
     from agl_trainer.run.session import Session
 
-    config = load_config(ROOT / "examples/demo/config.yaml", ["--viewer.enabled=false", *overrides])
-    return asyncio.run(Session(config, quiet=True).run()).summary.history
+    config = load_config(config_path, ["--viewer.enabled=false", *overrides])
+    return asyncio.run(Session(config, quiet=True).run()).summary

@@ -42,7 +42,7 @@ def run(path: Path, incremental: bool, steps: int, first_new: int) -> tuple[floa
         for step in range(1, steps + 1):
             started = time.perf_counter()
             infos = reader.refresh(600.0, time.time())
-            selection = select(infos, reader.min_versions, group_size=8, min_group_size=2, max_policy_lag=-1,
+            selection = select(infos, reader.min_versions, group_size=8, min_group_size=2, staleness=-1,
                                max_age_s=0, now=time.time(), current=reader.newest,
                                max_versions=reader.max_versions)  # fmt: skip
             batch = [key for group in selection.groups for key in group][:BATCH]

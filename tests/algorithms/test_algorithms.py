@@ -14,7 +14,6 @@ from agl_trainer.algorithms import (
     token_entropy,
     token_logprobs,
     token_weights,
-    truncated_importance_weights,
 )
 from agl_trainer.backends.schedule import lr_multiplier
 
@@ -62,20 +61,6 @@ def test_bad_inputs_name_the_problem():
         AlgorithmConfig(dual_clip_c=0.5)
     with pytest.raises(AlgorithmConfigError, match=r"unknown keys \['clip'\]"):
         AlgorithmConfig.from_dict({"clip": 0.2})
-
-
-def test_truncated_importance_applies_to_stale_tokens_only():
-    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5, 0.1]]))
-    engine = torch.log(torch.tensor([[0.5, 0.25, 0.1, 0.5, 0.5]]))
-    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 1.0]])
-    versions = torch.tensor([[-1, 3, 3, 4, 2]])
-    iw = truncated_importance_weights(old, engine, mask, versions, current_version=4, cap=3.0)
-    # token 1: 0.5/0.25 = 2; token 2: 5 capped at 3; token 3 is current (no weight); token 4: 0.1/0.5
-    torch.testing.assert_close(iw.weights, torch.tensor([[1.0, 2.0, 3.0, 1.0, 0.2]]))
-    assert iw.applied.tolist() == [[False, True, True, False, True]]
-    assert iw.capped.tolist() == [[False, False, True, False, False]]
-    every = truncated_importance_weights(old, engine, mask, versions, current_version=4, cap=3.0, scope="all")
-    assert every.applied.tolist() == [[False, True, True, True, True]]
 
 
 def test_rollout_mean_ignores_rollouts_without_trained_tokens():

@@ -71,7 +71,7 @@ def test_the_staleness_bound_looks_at_every_token() -> None:
         return RolloutResult(rollout_id=f"r{versions}", task_id="t", reward=1.0, samples=[sample])
 
     def filtered(policy: str, results: list[RolloutResult]):  # type: ignore[no-untyped-def]
-        return filter_stale(results, 5 - 1, masking=policy == "mask")  # version 5, loop.staleness 1
+        return filter_stale(results, 5, 1, masking=policy == "mask")  # version 5, loop.staleness 1
 
     kept, dropped, masked = filtered("wait", [result([4, 4, 5]), result([3, 4, 5]), result([5, 5])])
     assert [r.rollout_id for r in kept] == ["r[4, 4, 5]", "r[5, 5]"]  # one token at v3 drops its rollout

@@ -50,3 +50,23 @@ def test_an_engine_that_takes_no_adapter_refuses_one_clearly() -> None:
     with pytest.raises(ValueError, match="adapter-only update"):
         engine.update_weights(WeightUpdate(1, adapter=AdapterState({}, {})))
 
+
+
+def test_an_engine_says_whether_a_frozen_call_keeps_the_old_kv_and_the_loop_buckets_by_it(tmp_path) -> None:
+    """switch_kv: recompute (vLLM's default) recomputes a frozen call's prefix with the new weights: the
+    tokens after the switch are the new policy's own, so the loop drops their keep_kv mark."""
+    import sys
+
+    from agl_trainer.batch import RolloutResult, Sample
+    from agl_trainer.engines.vllm_config import VLLMConfig
+    from agl_trainer.loop.live import forget_switches
+
+    def vllm(switch_kv: str) -> VLLMEngine:
+        return VLLMEngine(VLLMConfig(model="m", switch_kv=switch_kv, weights_dir=str(tmp_path / switch_kv),
+                                     python=sys.executable, device="cpu"))  # fmt: skip
+
+    assert EmbeddedEngine.keeps_kv_at_switch and vllm("keep").keeps_kv_at_switch
+    assert not vllm("recompute").keeps_kv_at_switch
+    sample = Sample("r", "t", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [-1, 3, 4], after_switch=[0, 0, 1])
+    forget_switches([RolloutResult("r", "t", 1.0, [sample])])
+    assert sample.after_switch is None and sample.policy_versions == [-1, 3, 4]  # bucketed by lag alone

@@ -272,3 +272,45 @@ def test_runs_made_apart_combine_into_one_table_and_plot(tmp_path: Path, capsys)
         with pytest.raises(SystemExit) as refused:
             hops_run.main(["--combine", *map(str, folders), "--out", str(tmp_path / "x")])
         assert refused.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_partial_run_accounts_for_every_trained_tokens_age_weight_and_mask(tmp_path: Path, prepared) -> None:
+    """loop.stale_policy mask with generation during training (bench/time_to_quality.py's `partial`):
+    in each step's metrics the tokens in the loss add up by lag, every stale one got an importance
+    weight (here the ratio mask's), and the agreement buckets cover the tokens whose logprob and
+    version are known. Identities, whatever the machine's speed made stale."""
+    from agl_trainer.config import load_config
+    from agl_trainer.metrics import read_jsonl
+    from agl_trainer.run.session import Session
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in make_tasks(16, seed=5)))
+    overrides = {
+        "tasks": tasks, "output_dir": tmp_path / "run", "model.path": prepared.path,
+        "loop.mode": "collocated-async", "loop.switch": "keep", "loop.stale_policy": "mask",
+        "loop.generate_during_training": "true", "loop.staleness": 1, "loop.max_span": 3,
+        "loop.batch_rollouts": 8, "loop.group_size": 4, "loop.concurrency": 16, "loop.max_steps": 4,
+        "loop.val_every": 0, "loop.val_sampled": 0, "loop.completion_grace_s": 0.2, "viewer.enabled": "false",
+        "backend.algorithm.importance_rule": "ratio_mask", "backend.algorithm.importance_cap": 2.0,
+    }  # fmt: skip
+    config = load_config(CONFIG, [f"--{k}={v}" for k, v in overrides.items()] + ["--val_tasks=null"])
+    result = asyncio.run(Session(config, quiet=True).run())
+    assert result.summary.steps == 4
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+    assert len(rows) == 4
+    for row in rows:
+        in_loss = row["staleness/tokens"]
+        assert in_loss == row["perf/trained_tokens"] > 0  # the step plan's tokens, counted once
+        by_lag = sum(row[f"staleness/tokens_lag{k}"] for k in range(4)) + row["staleness/tokens_lag4plus"]
+        assert by_lag + row["staleness/tokens_unknown"] == in_loss
+        assert row["staleness/max"] <= 1 and row["staleness/tokens_lag2"] == row["staleness/tokens_lag3"] == 0
+        # the batch's trained tokens after the bound's mask, less those without a logprob the trainer can stand for
+        assert row["tokens/trained"] == in_loss + row["agreement/logprobs_missing_excluded"]
+        # every stale token (known version, lag >= 1) was weighed, and only those
+        stale = in_loss - row["staleness/tokens_lag0"] - row["staleness/tokens_unknown"]
+        assert row["importance/applied_tokens"] == stale
+        assert row["importance/ratio_masked_tokens"] <= stale and row["importance/capped_tokens"] <= stale
+        assert row["importance/max"] <= 2.0
+        buckets = sum(row.get(f"agreement/{b}/tokens", 0.0) for b in ("lag0", "stale", "keep_kv"))
+        assert buckets == in_loss - row["staleness/tokens_unknown"] - row["agreement/logprobs_missing_rescored"]

@@ -161,3 +161,45 @@ def test_the_canary_probes_the_policy_the_harness_calls(cards: list, probed: str
     probes._client = httpx.Client(transport=httpx.MockTransport(engine))
     probes._post({"prompt": [[1, 2]], "max_tokens": 1})
     assert asked == [probed]
+
+
+class _Replica:
+    """A ProbeEngine answering every logprob with `value`; its two questions meet at `barrier`, so a
+    canary that asked them one after the other would break it (and report an error)."""
+
+    def __init__(self, value: float, barrier: Any) -> None:
+        self.value, self.barrier, self.asked = value, barrier, 0
+
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        self.asked += 1
+        self.barrier.wait(timeout=30)
+        return [[self.value] * (len(p) - 1) for p in prompts]
+
+    def generate(self, prefixes: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        self.barrier.wait(timeout=30)
+        return [([5] * max_tokens, [self.value] * max_tokens) for _ in prefixes]
+
+
+class _Trainer:
+    def compute_logprobs(self, batch: Any) -> torch.Tensor:
+        return torch.zeros(batch.input_ids.shape)
+
+
+def test_the_canary_probes_each_replica_in_turn_and_names_the_one_that_disagrees() -> None:
+    import threading
+
+    from agl_trainer.loop.canary import Canary, CanarySettings
+
+    barrier = threading.Barrier(2)
+    good, stale = _Replica(0.0, barrier), _Replica(-0.5, barrier)
+    canary = Canary(
+        CanarySettings(probes=2, tokens=8), engines=[good, stale], vocab_size=50, backend=_Trainer(),
+        names=["http://a:1", "http://b:2"],
+    )  # fmt: skip
+    results = [canary.check(version) for version in range(4)]
+    assert [r.replica for r in results] == [0, 1, 0, 1] and (good.asked, stale.asked) == (2, 2)
+    assert [r.verdict for r in results[::2]] == ["agree", "agree"]
+    for result in results[1::2]:
+        assert result.verdict not in ("agree", "error") and result.message.startswith("http://b:2: ")
+        assert result.metrics()["agreement/canary/replica"] == 1.0
+    assert results[0].metrics()["agreement/canary/replica"] == 0.0

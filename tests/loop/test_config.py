@@ -121,3 +121,21 @@ def test_traces_ls_builds_no_config_and_train_help_still_lists_the_keys(tmp_path
     )
     assert helped.returncode == 0 and "config keys (default):" in helped.stdout
     assert "loop.val_sampled" in helped.stdout and "backend.lr (0.001)" in helped.stdout
+
+
+def test_one_staleness_knob_the_offline_spelling_names_it() -> None:
+    with pytest.raises(ConfigError, match=r"offline.max_policy_lag is now loop.staleness .*set loop.staleness to 2"):
+        validate({"offline": {"max_policy_lag": 2}})
+    assert validate({}).loop.staleness is None  # unset: 1 live, no bound from a store (token_age.py)
+    assert validate({"loop": {"staleness": -1}}).loop.staleness == -1
+    with pytest.raises(ConfigError, match="loop.staleness"):
+        validate({"loop": {"staleness": -2}})
+
+
+def test_a_live_run_refuses_an_unbounded_staleness(tmp_path: Path) -> None:
+    from agl_trainer.loop.inflight import InFlight
+
+    config = validate({"loop": {"staleness": -1}}).loop
+    with pytest.raises(ConfigError, match="loop.staleness -1 .* is for --from-store runs"):
+        InFlight(config, schedule=None, runner=None, journal=None, data=None, progress=None)  # type: ignore[arg-type]
+    assert InFlight(validate({}).loop, schedule=None, runner=None, journal=None, data=None, progress=None).staleness == 1  # type: ignore[arg-type]

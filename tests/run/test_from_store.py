@@ -33,11 +33,11 @@ def test_selection_groups_by_task_and_applies_the_policies() -> None:
         info("e1", "E"), info("e2", "E"),
     ]  # fmt: skip
     versions = {RolloutKey(r.rollout_id): 5 for r in infos} | {RolloutKey("e1"): 2}
-    chosen = select(infos, versions, group_size=2, min_group_size=2, max_policy_lag=2, max_age_s=60, now=150.0, current=5)
+    chosen = select(infos, versions, group_size=2, min_group_size=2, staleness=2, max_age_s=60, now=150.0, current=5)
     assert chosen.groups == [[RolloutKey("a1"), RolloutKey("a2")]]
     assert chosen.dropped == {"failed": [RolloutKey("c1")], "too_old": [RolloutKey("d1")], "stale": [RolloutKey("e1")]}
     assert chosen.waiting == 4  # a3, b1, b2, e2
-    unbounded = select(infos, versions, group_size=8, min_group_size=1, max_policy_lag=-1, max_age_s=0, now=150.0,
+    unbounded = select(infos, versions, group_size=8, min_group_size=1, staleness=-1, max_age_s=0, now=150.0,
                        current=5)  # fmt: skip
     assert [len(g) for g in unbounded.groups] == [3, 1, 1, 2] and unbounded.dropped == {"failed": [RolloutKey("c1")]}
 
@@ -141,7 +141,10 @@ def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_p
         assert sum(1 for i in store.rollouts() if i.rewards) == collected
 
     run = tmp_path / "offline"
+    # loop.staleness -1: every stored rollout trains, however far the weights moved (the demo config's
+    # staleness 1, one knob for live and stored rollouts, would drop those 2+ versions behind)
     common = [f"--model.path={prepared.path}", f"--output_dir={run}", f"--seed={seed}", "--loop.batch_rollouts=64",
+              "--loop.staleness=-1",
               "--backend.options.ppo_epochs=3",
               "--loop.checkpoint_every=2", "--loop.completion_grace_s=0", "--quiet"]  # fmt: skip
     assert main(["train", "examples/demo/config.yaml", "--from-store", str(store_path), "--loop.max_steps=4", *common]) == 0
@@ -203,7 +206,7 @@ def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_sc
             assert [(i.key, i.calls, i.rewards) for i in ours] == [(i.key, i.calls, i.rewards) for i in reference]
             assert (cursor.min_versions, cursor.max_versions) == (full.min_versions, full.max_versions)
             assert cursor.newest == full.newest
-            policy = dict(group_size=4, min_group_size=2, max_policy_lag=0, max_age_s=0, now=now, current=1)
+            policy = dict(group_size=4, min_group_size=2, staleness=0, max_age_s=0, now=now, current=1)
             assert select(ours, cursor.min_versions, max_versions=cursor.max_versions, **policy) == select(
                 reference, full.min_versions, max_versions=full.max_versions, **policy
             )
@@ -241,7 +244,7 @@ def test_rollouts_added_between_runs_are_trained_once_across_a_resume(tmp_path: 
         write_rollouts(store, [f"r-{i}" for i in range(16)])
     common = ["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
               f"--output_dir={run}", "--loop.batch_rollouts=4", "--loop.group_size=2", "--loop.checkpoint_every=1",
-              "--loop.completion_grace_s=0", "--quiet"]  # fmt: skip
+              "--loop.completion_grace_s=0", "--loop.staleness=-1", "--quiet"]  # fmt: skip
     assert main([*common, "--loop.max_steps=2"]) == 0
     with RolloutStore(path) as store:
         write_rollouts(store, [f"r-{i}" for i in range(16, 24)])
@@ -310,7 +313,7 @@ def test_a_hostile_store_sets_bad_rollouts_aside_and_trains_the_rest(tmp_path: P
         write_rollouts(store, [f"r-{i}" for i in range(8)], tasks=2)  # version 0: model.path's weights
     common = ["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
               f"--output_dir={run}", "--loop.batch_rollouts=8", "--loop.group_size=2", "--loop.checkpoint_every=1",
-              "--loop.completion_grace_s=0", "--offline.max_policy_lag=1", "--offline.min_group_size=1",
+              "--loop.completion_grace_s=0", "--loop.staleness=1", "--offline.min_group_size=1",
               "--loop.max_steps=100"]  # fmt: skip
     assert main(common) == 0
     out = capsys.readouterr().out

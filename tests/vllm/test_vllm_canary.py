@@ -33,7 +33,7 @@ def test_canary_names_a_stale_prefix_cache(vllm_engine, tiny_model_dir: Path) ->
     original = backend.state_dict_for_engine()
     vllm_engine.update_weights(WeightUpdate(version=0, state_dict=original))  # the trainer's weights
     probes = HttpProbeEngine(vllm_engine.urls[0])
-    canary = Canary(SETTINGS, engine=probes, vocab_size=380, backend=backend)
+    canary = Canary(SETTINGS, engines=[probes], vocab_size=380, backend=backend)
     config = vllm_engine.config
     try:
         start = canary.check(0)  # also puts the cached probe's prefix into vLLM's prefix cache

@@ -46,7 +46,23 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check
     return config
 
 
+# Keys renamed: the old spelling is refused with the new one named (a silent alias would let two
+# spellings of one bound disagree).
+RENAMED = {
+    ("offline", "max_policy_lag"): (
+        "loop.staleness",
+        "one bound on a trained token's age for live and stored rollouts; -1: no bound, the old default",
+    ),
+}
+
+
 def validate(raw: dict[str, Any]) -> Config:
+    for (section, key), (new, why) in RENAMED.items():
+        part = raw.get(section)
+        if isinstance(part, dict) and key in part:
+            raise ConfigError(
+                f"config key {section}.{key} is now {new} ({why}); fix: set {new} to {part[key]!r} instead"
+            )
     try:
         return msgspec.convert(raw, Config, strict=False)  # strict=False: "1e-3" from a flag is a float
     except msgspec.ValidationError as error:

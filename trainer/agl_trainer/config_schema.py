@@ -214,15 +214,10 @@ class ReceiverSection(_Section):
 class OfflineConfig(_Section):
     """`agl train CONFIG --from-store traces.db`: train on rollouts collected earlier."""
 
-    max_policy_lag: Annotated[
-        int,
-        _doc("drop rollouts whose tokens are more than this many policy versions older than the weights "
-             "being trained (policy_version plus the steps taken; -1: no bound)", ge=-1),
-    ] = -1
     policy_version: Annotated[
         int,
         _doc("the policy version the store's calls give model.path's weights (what the engine serving them "
-             "reported); the weights trained are this plus the steps taken. Staleness and max_policy_lag "
+             "reported); the weights trained are this plus the steps taken. Staleness and its bound (loop.staleness) "
              "are measured against them; rollouts with a newer version are skipped", ge=0),
     ] = 0
     max_age_s: Annotated[
@@ -245,7 +240,13 @@ class LoopConfig(_Section):
     ] = "collocated-async"
     batch_rollouts: Annotated[int, _doc("rollouts per training step (a multiple of group_size)", ge=1)] = 64
     group_size: Annotated[int, _doc("rollouts per task in a step (the advantage group)", ge=1)] = 8
-    staleness: Annotated[int, _doc("most policy versions a trained call may lag behind", ge=0)] = 1
+    staleness: Annotated[
+        Annotated[int, msgspec.Meta(ge=-1)] | None,
+        _doc(
+            "most policy versions a trained token may lag behind the weights trained (-1: no bound, "
+            "--from-store only; unset: 1 live, no bound from a store); algorithms/token_age.py"
+        ),
+    ] = None
     stale_policy: Annotated[
         Literal["wait", "drop", "mask"],
         _doc(
@@ -314,7 +315,11 @@ class CanarySection(_Section):
     ] = 0.05
     probes: Annotated[int, _doc("fixed probe sequences scored by prompt logprobs", ge=1, le=64)] = 4
     tokens: Annotated[int, _doc("tokens per probe sequence", ge=4, le=4096)] = 32
-    generate: Annotated[int, _doc("tokens the cached-prefix and fresh probes generate", ge=1, le=256)] = 2
+    generate: Annotated[
+        int,
+        _doc("tokens the cached-prefix and fresh probes generate (the first reads the prefix's KV: one "
+             "engine step, the canary's cost kept under 2% of a step)", ge=1, le=256),
+    ] = 1
 
 
 class DiagnosticsSection(_Section):

@@ -11,10 +11,10 @@ import msgspec
 
 from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, SMALL_GROUP_POLICIES
 from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, NEEDS_CONSTANT
-from agl_trainer.algorithms.importance import IMPORTANCE_SCOPES
 from agl_trainer.algorithms.kl import KL_ESTIMATORS
 from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig
 from agl_trainer.algorithms.settings import AlgorithmSettings
+from agl_trainer.algorithms.token_age import IMPORTANCE_RULES, IMPORTANCE_SCOPES
 
 
 class AlgorithmConfigError(ValueError):
@@ -35,6 +35,7 @@ class AlgorithmConfig(AlgorithmSettings, frozen=True, kw_only=True):
             "kl_estimator": list(KL_ESTIMATORS),
             "small_group_policy": list(SMALL_GROUP_POLICIES),
             "importance_scope": list(IMPORTANCE_SCOPES),
+            "importance_rule": list(IMPORTANCE_RULES),
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -66,6 +67,11 @@ class AlgorithmConfig(AlgorithmSettings, frozen=True, kw_only=True):
                 fail(key, f"{getattr(self, key)} must be >= 0")
         if self.importance_cap <= 0:
             fail("importance_cap", f"{self.importance_cap} must be positive (2.0 is usual)")
+        if self.importance_rule == "ratio_mask" and not 0 <= self.importance_floor < self.importance_cap:
+            fail(
+                "importance_floor",
+                f"{self.importance_floor} must be in [0, importance_cap={self.importance_cap}) (0.5 is usual)",
+            )
         if not (isinstance(self.agreement_threshold, (int, float)) and 0 < self.agreement_threshold < float("inf")):
             fail(
                 "agreement_threshold",

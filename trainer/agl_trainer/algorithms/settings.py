@@ -50,6 +50,12 @@ class AlgorithmSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     # Off-policy correction
     importance_cap: Annotated[float, _doc("truncated importance weights are capped at this value")] = 2.0
     importance_scope: Annotated[str, _doc("importance weights for stale tokens, all tokens, or off")] = "stale"
+    # truncate: min(r, cap) (TIS); ratio_mask: r inside [importance_floor, importance_cap], else the
+    # token leaves the gradient (in the spirit of IcePop/M2PO; algorithms/token_age.py)
+    importance_rule: Annotated[
+        str, _doc("truncate: weight min(r, cap); ratio_mask: a token whose r is outside [floor, cap] leaves the loss")
+    ] = "truncate"
+    importance_floor: Annotated[float, _doc("ratio_mask's lower bound on the importance ratio (0.5 is usual)")] = 0.5
     bypass_old_logprobs: Annotated[bool, _doc("use the engine's log-probs as the PPO old log-probs")] = False
     # Engine/trainer agreement (backends/agreement.py): agreement/*/frac_over counts |delta| above this
     agreement_threshold: Annotated[

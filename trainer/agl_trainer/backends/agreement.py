@@ -7,9 +7,10 @@ the version being trained (lag 0): its old-logprob pass before the update is exa
 - lag0: tokens sampled by the current version, not after a keep switch. A gap here is an error
   (weights that did not land, a stale prefix cache, a dtype mismatch).
 - stale: tokens of older versions (lag >= 1); the gap is staleness, what importance weights correct.
-- keep_kv: tokens sampled after a drain-free switch in their call (loop.switch: keep; with
-  switch_kv: keep over the old weights' KV of their prefix), whatever their lag: expected to differ,
-  never a failure.
+- keep_kv: tokens sampled after a drain-free switch in their call over the old weights' KV of their
+  prefix (loop.switch: keep with switch_kv: keep), whatever their lag: expected to differ, never a
+  failure. With switch_kv: recompute the prefix was recomputed by the new weights: such tokens are
+  not marked (loop/live.py) and are bucketed by their lag. The buckets are algorithms/token_age.py's.
 
 A token whose engine logprob is unknown (missing, NaN) is never weighed with a placeholder: at lag 0
 it is re-scored (the trainer's pre-update logprob stands in for the engine's, so its importance
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from agl_trainer.algorithms.kl import kl_k3
+from agl_trainer.algorithms.token_age import BUCKETS, agreement_buckets
 
-BUCKETS = ("lag0", "stale", "keep_kv")
 PREFIX = "agree_"  # micro-batch statistic keys; a backend counts them in its first epoch only
 
 
@@ -89,13 +90,7 @@ def agreement_stats(
     trainer, engine = trainer.detach().float(), engine.detach().float()
     versions = versions.to(trainer.device)
     known, switched = known.to(trainer.device).bool(), switched.to(trainer.device).bool()
-    lag0 = versions == current_version
-    versioned = known & (versions >= 0)
-    buckets = {
-        "lag0": versioned & lag0 & ~switched,
-        "stale": versioned & (versions < current_version) & ~switched,
-        "keep_kv": versioned & switched,
-    }
+    buckets = agreement_buckets(known, versions, switched, current_version)
     delta = (trainer - engine).abs()
     k3 = kl_k3(engine.double(), trainer.double())  # samples from the engine: KL(engine || trainer); float64:
     # exp(r) - r - 1 of a float32 r near 0 rounds below 0

@@ -2,8 +2,8 @@
 
 A backend runs its own forward (the torch backend on packed rows, verl's worker inside its FSDP
 engine) and gathers the kept tokens' per-token inputs; from there the math is this one function:
-unknown engine logprobs re-scored (`resolve_logprobs`), engine/trainer agreement measured, truncated
-importance weights and their statistics, then `rl_objective`. The caller runs backward (verl's worker
+unknown engine logprobs re-scored (`resolve_logprobs`), engine/trainer agreement measured, importance
+weights and their statistics (algorithms/token_age.py), then `rl_objective`. The caller runs backward (verl's worker
 scales the loss by its data-parallel size first) and adds the statistics to its step's sums.
 """
 
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from agl_trainer.algorithms import AlgorithmConfig, rl_objective, truncated_importance_weights
+from agl_trainer.algorithms import AlgorithmConfig, importance_weights, rl_objective
+from agl_trainer.algorithms.token_age import importance_sums
 from agl_trainer.backends.agreement import agreement_stats, resolve_logprobs
 
 
@@ -69,7 +70,7 @@ def micro_batch_loss(
     sums["agreement_s"] = time.perf_counter() - measuring
     importance = None
     if not algo.bypass_old_logprobs and algo.importance_scope != "off":
-        iw = truncated_importance_weights(
+        iw = importance_weights(
             old,
             engine,
             tokens.weights,
@@ -77,14 +78,13 @@ def micro_batch_loss(
             current_version,
             cap=algo.importance_cap,
             scope=algo.importance_scope,  # type: ignore[arg-type]
+            rule=algo.importance_rule,  # type: ignore[arg-type]
+            floor=algo.importance_floor,
         )
         importance = iw.weights
-        applied = torch.where(iw.applied, iw.weights, 0.0)
-        sums["is_applied"] = float(iw.applied.sum())
-        sums["is_capped"] = float(iw.capped.sum())
-        sums["is_weight_sum"] = float(applied.sum())
-        if iw.applied.any():
-            maxima["is_weight_max"] = float(applied.max())
+        is_sums, is_maxima = importance_sums(iw)
+        sums.update(is_sums)
+        maxima.update(is_maxima)
     out = rl_objective(
         algo,
         log_prob=log_prob,

@@ -4,6 +4,7 @@ No reward/*: the loop reports those, over every trained rollout (one rollout may
 
 from __future__ import annotations
 
+from agl_trainer.algorithms.token_age import importance_metrics
 from agl_trainer.backends.agreement import agreement_metrics
 from agl_trainer.backends.step_plan import StepPlan
 
@@ -28,7 +29,6 @@ def step_metrics(
     trained_adv = advantages.values[advantages.trained]
     updates = max(len(grad_norms), 1)
     tokens = max(sums["tokens"], 1.0)
-    applied = sums["is_applied"]
     out = {
         "step": float(step),
         "policy_version": float(policy_version),
@@ -51,10 +51,6 @@ def step_metrics(
         "actor/lr": float(lr),
         "actor/skipped_steps": float(skipped_steps),
         "actor/zero_signal_updates": sums["zero_signal_updates"],  # this step's, left unapplied (no gradient)
-        "importance/stale_token_frac": applied / tokens,
-        "importance/mean": sums["is_weight_sum"] / applied if applied else 1.0,
-        "importance/max": maxima["is_weight_max"] if applied else 1.0,
-        "importance/capped_frac": sums["is_capped"] / applied if applied else 0.0,
         "perf/step_s": elapsed,
         "perf/tokens": float(real_positions),
         "perf/trained_tokens": float(plan.loss_mask.sum()),
@@ -63,6 +59,8 @@ def step_metrics(
         "perf/micro_batches": float(sums["micro_batches"]),
         "perf/optimizer_steps": float(len(grad_norms)),
     }
+    out.update(importance_metrics(sums, maxima))
+    out.update(plan.staleness)  # staleness/*: the tokens in the loss by lag (algorithms/token_age.py)
     out.update(agreement_metrics(sums, maxima))
     if "agreement_s" in sums:  # what measuring agreement cost this step (backends/agreement.py)
         out["perf/agreement_s"] = sums["agreement_s"]

@@ -15,6 +15,7 @@ from agl_trainer.algorithms import (
     compute_rollout_advantages,
     token_weights,
 )
+from agl_trainer.algorithms.token_age import staleness_metrics
 from agl_trainer.backends.agreement import MissingPlan, plan_missing
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.packing import split_rollouts
@@ -28,7 +29,8 @@ class StepPlan:
     loss_mask: torch.Tensor  # [N, T] the batch's, less rollouts the advantage estimator leaves out
     token_advantages: torch.Tensor  # [N, T]
     missing: MissingPlan  # engine logprobs unknown: re-scored at lag 0, else out of loss_mask
-    switched: torch.Tensor  # [N, T] bool: sampled after a keep switch
+    switched: torch.Tensor  # [N, T] bool: sampled after a keep switch over the old weights' KV
+    staleness: dict[str, float]  # staleness/* of the tokens in loss_mask (algorithms/token_age.py)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ def plan_step(
     missing = plan_missing(batch.known_logprobs(), loss_mask, batch.policy_versions, policy_version)
     loss_mask = loss_mask * ~missing.excluded
     token_advantages = broadcast_to_tokens(advantages.values, batch.rollout_index, loss_mask)
-    return StepPlan(lengths, advantages, loss_mask, token_advantages, missing, batch.switched())
+    staleness = staleness_metrics(loss_mask, batch.policy_versions, policy_version) if policy_version is not None else {}
+    return StepPlan(lengths, advantages, loss_mask, token_advantages, missing, batch.switched(), staleness)
 
 
 def mini_batches(

@@ -59,6 +59,9 @@ def policy_update(backend: PolicySource, engine: InferenceEngine, version: int) 
 class InferenceEngine(Protocol):
     # update_weights takes a WeightUpdate that carries an adapter (LoRA: adapter-only sync)
     accepts_adapters: bool
+    # a call frozen across a keep switch continues over the old weights' KV of its prefix (True), or
+    # its prefix is recomputed by the new weights (False: vLLM's switch_kv recompute)
+    keeps_kv_at_switch: bool
 
     @property
     def urls(self) -> list[str]:

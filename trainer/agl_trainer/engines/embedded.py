@@ -86,6 +86,7 @@ class EmbeddedEngine:
     """An InferenceEngine (engines/base.py) serving one transformers model from this process."""
 
     accepts_adapters = True  # a WeightUpdate with an adapter: merged into the pristine base (update_adapter)
+    keeps_kv_at_switch = True  # thaw() continues a frozen call over the KV it had
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config

@@ -137,6 +137,7 @@ class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
 
     accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (vllm_lora.py)
+    keeps_kv_at_switch = False  # switch_kv: recompute (the default); keep sets it per instance
 
     def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
         """`VLLMEngine(VLLMConfig(...))`, or `VLLMEngine(model, replicas=2, **settings)` with the
@@ -155,6 +156,7 @@ class VLLMEngine:
         # LoRA: the adapter files, the latest adapter (version, directory) over the weights above, and
         # vLLM's id of the served adapter on each server (by URL)
         self.accepts_adapters = config.lora_rank > 0
+        self.keeps_kv_at_switch = config.switch_kv == "keep"
         self.adapter_name = config.served_model_name or config.model or ""
         if self.accepts_adapters and not (self.adapter_name and config.model):
             raise ValueError(

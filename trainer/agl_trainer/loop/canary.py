@@ -10,6 +10,12 @@ Probes (token IDs drawn once from the run's seed):
   generated tokens. Prompt logprobs do not read vLLM's prefix cache; generation does.
 - fresh: a prefix never sent before, generated from the same way.
 
+Several engine replicas: each check probes one, in turn (the check after a sync of version v asks
+replica v mod n), so a replica whose weights did not land is named within n syncs at the cost of
+one replica's probes; the replica is in the message and in `agreement/canary/replica`. The engine's
+two questions go out at once (an engine batches them into the same steps) while the trainer scores
+the fixed probes.
+
 A disagreement above `tolerance` (mean |delta| in nats) gets a verdict:
 - weights_not_loaded: the engine matches the previous weights, not the new ones;
 - stale_cache: the cached probe disagrees while the fresh one and the fixed probes agree;
@@ -23,6 +29,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +58,7 @@ class CanarySettings:
     tolerance: float = 0.05  # mean |engine - trainer| in nats, per probe kind
     probes: int = 4
     tokens: int = 32  # tokens per probe
-    generate: int = 2  # tokens the cached and fresh probes generate (the first reads the prefix's KV)
+    generate: int = 1  # tokens the cached and fresh probes generate: the first is the one that reads the prefix's KV
     seed: int = 0
 
 
@@ -65,9 +73,11 @@ class CanaryResult:
     fresh: float | None
     max_delta: float
     seconds: float
+    replica: int = 0  # which engine replica was probed (index into the engine's servers)
 
     def metrics(self) -> dict[str, float]:
         out = {
+            "agreement/canary/replica": float(self.replica),
             "agreement/canary/mean_abs_delta": self.fixed,
             "agreement/canary/max_abs_delta": self.max_delta,
             "agreement/canary/ok": float(self.verdict == "agree"),
@@ -81,12 +91,24 @@ class CanaryResult:
 
 
 class Canary:
-    """Scores the probes on `engine` (the engine's answers: loop.ports.ProbeEngine, over HTTP in
-    engines/probes.py) and with `backend.compute_logprobs`. Blocking: the loop runs it in a thread."""
+    """Scores the probes on one of `engines` (the engine's replicas, in turn: loop.ports.ProbeEngine,
+    over HTTP in engines/probes.py) and with `backend.compute_logprobs`. Blocking: the loop runs it in
+    a thread. `names`: how the message names each replica (its URL)."""
 
-    def __init__(self, settings: CanarySettings, *, engine: ProbeEngine, vocab_size: int, backend: Any) -> None:
+    def __init__(
+        self,
+        settings: CanarySettings,
+        *,
+        engines: Sequence[ProbeEngine],
+        vocab_size: int,
+        backend: Any,
+        names: Sequence[str] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("the canary needs at least one engine replica to probe")
         self.settings = settings
-        self.engine = engine
+        self.engines = list(engines)
+        self.names = list(names) if names is not None else [f"replica {i}" for i in range(len(self.engines))]
         self.backend = backend
         self._ids = range(min(3, vocab_size - 1), vocab_size)  # the lowest ids are special in most tokenizers
         rng = random.Random(f"agl-canary-{settings.seed}")
@@ -96,21 +118,26 @@ class Canary:
 
     # ------------------------------------------------------------------------------------- check
     def check(self, version: int) -> CanaryResult:
-        """Score every probe now (the engine and the trainer both at `version`) and judge."""
+        """Score every probe now on one replica (the engine and the trainer both at `version`) and judge."""
         started = time.perf_counter()
-        try:
-            engine_fixed = [torch.tensor(scores) for scores in self.engine.prompt_logprobs(self.fixed)]
-            fresh_prefix = self._draw(random.Random(f"agl-canary-{self.settings.seed}-fresh-{version}"))
-            (cached_tokens, cached_engine), (fresh_tokens, fresh_engine) = self.engine.generate(
-                [self.cached_prefix, fresh_prefix], self.settings.generate
-            )
-        except Exception as error:  # an engine that cannot score is reported, never a crash of the run
-            return self._result(version, "error", f"the engine could not score the probes: {error}", started)
+        replica = version % len(self.engines)
+        engine = self.engines[replica]
+        fresh_prefix = self._draw(random.Random(f"agl-canary-{self.settings.seed}-fresh-{version}"))
+        with ThreadPoolExecutor(2) as pool:  # both questions at once: the engine batches them
+            fixed_scores = pool.submit(engine.prompt_logprobs, self.fixed)
+            generated = pool.submit(engine.generate, [self.cached_prefix, fresh_prefix], self.settings.generate)
+            trainer_fixed = self._trainer_scores([(probe, 1) for probe in self.fixed])  # meanwhile, the trainer's half
+            try:
+                engine_fixed = [torch.tensor(scores) for scores in fixed_scores.result()]
+                (cached_tokens, cached_engine), (fresh_tokens, fresh_engine) = generated.result()
+            except Exception as error:  # an engine that cannot score is reported, never a crash of the run
+                return self._result(
+                    version, "error", f"{self.names[replica]} could not score the probes: {error}", started, replica
+                )
         cached_ids, fresh_ids = self.cached_prefix + cached_tokens, fresh_prefix + fresh_tokens
-        trainer = self._trainer_scores(
-            [(probe, 1) for probe in self.fixed] + [(cached_ids, len(self.cached_prefix)), (fresh_ids, len(fresh_prefix))]
+        trainer_cached, trainer_fresh = self._trainer_scores(
+            [(cached_ids, len(self.cached_prefix)), (fresh_ids, len(fresh_prefix))]
         )
-        trainer_fixed, trainer_cached, trainer_fresh = trainer[: len(self.fixed)], trainer[-2], trainer[-1]
         fixed = torch.cat([(e - t).abs() for e, t in zip(engine_fixed, trainer_fixed, strict=True)])
         previous = None
         if self.previous is not None:
@@ -119,6 +146,8 @@ class Canary:
         cached = (torch.tensor(cached_engine) - trainer_cached).abs()
         fresh = (torch.tensor(fresh_engine) - trainer_fresh).abs()
         verdict, message = judge(fixed, previous, cached, fresh, self.settings.tolerance)
+        if len(self.engines) > 1:
+            message = f"{self.names[replica]}: {message}"
         every = torch.cat([fixed, cached, fresh])
         return CanaryResult(
             version=version,
@@ -130,13 +159,16 @@ class Canary:
             fresh=float(fresh.mean()) if fresh.numel() else None,
             max_delta=float(every.max()) if every.numel() else 0.0,
             seconds=time.perf_counter() - started,
+            replica=replica,
         )
 
     def _draw(self, rng: random.Random) -> list[int]:
         return [rng.choice(self._ids) for _ in range(self.settings.tokens)]
 
-    def _result(self, version: int, verdict: str, message: str, started: float) -> CanaryResult:
-        return CanaryResult(version, verdict, message, 0.0, None, None, None, 0.0, time.perf_counter() - started)
+    def _result(self, version: int, verdict: str, message: str, started: float, replica: int) -> CanaryResult:
+        return CanaryResult(
+            version, verdict, message, 0.0, None, None, None, 0.0, time.perf_counter() - started, replica
+        )
 
     # ----------------------------------------------------------------------------------- trainer
     def _trainer_scores(self, sequences: list[tuple[list[int], int]]) -> list[torch.Tensor]:

@@ -225,7 +225,7 @@ class TrainingLoop:
         if self.agreement_log is not None and self.backend.last_logprobs is not None:
             self.agreement_log.write(self.state.step + 1, self.version, results, self.backend.last_logprobs)
         step.metrics.update({k: float(v) for k, v in train_metrics.items() if number(v)})
-        step.metrics.update(batch_metrics(training_batch, self.version))
+        step.metrics.update(batch_metrics(training_batch))
 
     def _advance(self, results: list[RolloutResult], step: StepRecord) -> None:
         """The loop's state after the step: version, step, what was trained; checkpoint when due."""

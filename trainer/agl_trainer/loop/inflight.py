@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agl_trainer.config import LoopConfig
+from agl_trainer.algorithms.token_age import staleness_bound
+from agl_trainer.config import ConfigError, LoopConfig
 from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.ports import DataPlane
 from agl_trainer.loop.progress import LoopProgress
@@ -52,6 +53,12 @@ class InFlight:
         on_fatal: Callable[[BaseException], None] = lambda error: None,
     ) -> None:
         self.config = config
+        self.staleness = staleness_bound(config.staleness, live=True)  # versions a trained token may lag
+        if self.staleness < 0:
+            raise ConfigError(
+                "loop.staleness -1 (no bound) is for --from-store runs: a live run launches at most "
+                "staleness + 1 batches ahead (fix: set loop.staleness to 0 or more, or leave it unset: 1)"
+            )
         self.schedule = schedule
         self.runner = runner
         self.journal = journal
@@ -75,7 +82,7 @@ class InFlight:
         size = self.config.group_size
         # Launched and untrained: at most the batches that may train before a group breaks its bound
         # (staleness + 1 steps; with stale_policy=mask, loop.max_span steps).
-        batches = self.config.max_span if self.config.stale_policy == "mask" else self.config.staleness + 1
+        batches = self.config.max_span if self.config.stale_policy == "mask" else self.staleness + 1
         cap = batches * self.config.batch_rollouts
         while True:
             untrained = sum(len(g.rollout_ids) for g in self.groups.values())
@@ -114,7 +121,7 @@ class InFlight:
         """Groups that must be in the next batch: after the update they would be too stale."""
         # Trained after this update (at version + 1 or later), a group launched under v lags by
         # at least version + 1 - v: it must be trained now when that would exceed the bound.
-        return [g for g in self.groups.values() if g.launched_version <= version - self.config.staleness]
+        return [g for g in self.groups.values() if g.launched_version <= version - self.staleness]
 
     def ready_batch(self, version: int) -> list[Group] | None:
         complete = sorted((g for g in self.groups.values() if g.done), key=self._batch_order)

@@ -14,7 +14,7 @@ c - v <= loop.staleness. Before an update, groups that would break the bound are
 (stale_policy=wait: the batch takes them) or dropped (stale_policy=drop: their harnesses are
 killed). stale_policy=mask bounds each token instead: no step waits for a running group, which
 runs on across updates (up to loop.max_span) and trains later; its tokens sampled by a version
-older than c - loop.staleness get no loss (`filter_stale`). Calls a rollout made under older weights
+older than c - loop.staleness get no loss (`filter_stale`, by algorithms/token_age.py's rule). Calls a rollout made under older weights
 keep their engine logprobs and versions; the algorithms correct them with truncated importance weights.
 
 loop.generate_during_training (with switch=keep): the rollouts in flight go on, and new ones
@@ -31,6 +31,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import numpy as np
+
+from agl_trainer.algorithms.token_age import too_old
 from agl_trainer.batch import RolloutResult
 from agl_trainer.engines.base import InferenceEngine, PolicySource, policy_update
 from agl_trainer.loop.canary import Canary, CanaryResult, CanaryStop
@@ -62,6 +65,7 @@ class LiveRollouts:
         self.data = inflight.data
         self.progress = inflight.progress
         self.engine = engine
+        self.engine_keeps_kv = engine.keeps_kv_at_switch  # what the KV of a token after a keep switch was
         self.sidecar = sidecar
         self.policy = policy  # the backend whose weights each publish sends to the engine
         self.canary = canary
@@ -76,6 +80,7 @@ class LiveRollouts:
         self._in_flight_at_pause = 0
         self._undelivered = 0  # call spans the drain could not deliver
         self._frozen: dict[str, int] | None = None  # loop.switch=keep: engine request id -> tokens at the freeze
+        self._canary_running: asyncio.Task[CanaryResult | None] | None = None  # a keep switch's, beside generation
 
     @property
     def failures(self) -> dict[str, int]:
@@ -105,6 +110,9 @@ class LiveRollouts:
             raise stop
 
     async def stop(self) -> None:
+        if self._canary_running is not None:  # its thread scores with the backend: let it end first
+            await asyncio.gather(self._canary_running, return_exceptions=True)
+            self._canary_running = None
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
@@ -159,7 +167,8 @@ class LiveRollouts:
     # --- around the update ---------------------------------------------------------------------
     async def hold(self, version: int, step: StepRecord) -> None:
         """Pause and drain (or freeze) unless generation goes on while training; drop the groups past
-        the bound."""
+        the bound. First the last keep switch's canary: its trainer scores need the weights it checked."""
+        await self._settle_canary(step)
         self._in_flight_at_pause, self._undelivered, self._frozen = len(self.inflight.tasks), 0, None
         if not self.config.generate_during_training:
             await self._pause_and_drain(step)
@@ -172,8 +181,10 @@ class LiveRollouts:
             for result in results:
                 if result.rollout_id in failed:
                     result.reward = 0.0
+        if not self.engine_keeps_kv:
+            forget_switches(results)  # switch_kv: recompute: tokens after a switch are the new weights' own
         kept, too_stale, masked = filter_stale(
-            results, version - self.config.staleness, masking=self.config.stale_policy == "mask"
+            results, version, self.inflight.staleness, masking=self.config.stale_policy == "mask"
         )
         if too_stale:
             self.data.mark_dropped([RolloutKey(r.rollout_id, r.attempt) for r in too_stale], "stale tokens")
@@ -213,11 +224,13 @@ class LiveRollouts:
         await self._sync_weights(version, step)
         keep = self.config.switch == "keep"
         # the canary right after the new weights: on an idle engine before the resume; after a keep
-        # pause the frozen engine generates nothing until the resume (its probes then share the engine)
+        # pause the frozen engine generates nothing until the resume, so its probes share the engine
+        # with generation: checked beside it, off the step's path, reported (and acted on) with the
+        # next step, before the trainer's weights move again (`hold`)
         canary = None if keep else await self._check_canary(version, step)
         await self._resume(version)
-        if keep:
-            canary = await self._check_canary(version, step)
+        if keep and self.canary is not None:
+            self._canary_running = asyncio.create_task(self._check_canary(version, None))
         if canary is not None:
             step.metrics.update(canary.metrics())
         step.metrics["spans/undelivered_at_update"] = float(self._undelivered)
@@ -288,6 +301,22 @@ class LiveRollouts:
             step.times.canary = result.seconds
         return result
 
+    async def _settle_canary(self, step: StepRecord) -> None:
+        """The canary a keep switch started beside generation: its metrics go to `step`
+        (agreement/canary/background_s its time, none of it the step's), a stop is raised."""
+        if self._canary_running is None:
+            return
+        running, self._canary_running = self._canary_running, None
+        result = await running
+        if result is None:
+            return
+        metrics = result.metrics()
+        metrics["agreement/canary/background_s"] = metrics.pop("time/canary_s")
+        step.metrics.update(metrics)
+        stop = self._act_on(result)
+        if stop is not None:
+            raise stop
+
     def _act_on(self, result: CanaryResult | None) -> CanaryStop | None:
         """A disagreement is logged, or with diagnostics.canary.action stop, ends the run."""
         if result is None or result.verdict == "agree":
@@ -299,29 +328,36 @@ class LiveRollouts:
         return None
 
 
+def forget_switches(results: list[RolloutResult]) -> None:
+    """Under switch_kv: recompute a token sampled after a keep switch was sampled by the new weights over
+    their own KV of its prefix: the new policy's own token, bucketed by its lag, not as keep_kv."""
+    for result in results:
+        for sample in result.samples:
+            sample.after_switch = None
+
+
 def filter_stale(
-    results: list[RolloutResult], oldest_allowed: int, *, masking: bool
+    results: list[RolloutResult], current: int, bound: int, *, masking: bool
 ) -> tuple[list[RolloutResult], list[RolloutResult], int]:
-    """The staleness bound on what trains: tokens sampled by a version older than `oldest_allowed`.
-    With stale_policy=mask (`masking`) they leave the loss (a rollout left with none is dropped);
-    otherwise (a safety net: the scheduling already keeps them out) their rollout is dropped. Returns
-    the results kept, those dropped, the tokens masked."""
+    """The staleness bound on what trains (algorithms/token_age.py `too_old`): trained tokens sampled
+    more than `bound` versions before `current`, or by an unknown version. With stale_policy=mask
+    (`masking`) they leave the loss (a rollout left with none is dropped); otherwise (a safety net:
+    the scheduling already keeps them out) their rollout is dropped. Returns the results kept, those
+    dropped, the tokens masked."""
     kept: list[RolloutResult] = []
     dropped: list[RolloutResult] = []
     masked = 0
     for result in results:
-        stale = [
-            (sample, i)
-            for sample in result.samples
-            for i, (v, m) in enumerate(zip(sample.policy_versions, sample.loss_mask))
-            if m and v < oldest_allowed
-        ]
+        old = [too_old(np.asarray(s.policy_versions), np.asarray(s.loss_mask), current, bound) for s in result.samples]
+        stale = sum(int(o.sum()) for o in old)
         if stale and not masking:
             dropped.append(result)
             continue
-        for sample, i in stale:
-            sample.loss_mask[i] = 0
-        masked += len(stale)
+        if stale:
+            for sample, out in zip(result.samples, old, strict=True):
+                if out.any():
+                    sample.loss_mask = np.where(out, 0, np.asarray(sample.loss_mask)).tolist()
+        masked += stale
         if not stale or any(sample.num_trained_tokens for sample in result.samples):
             kept.append(result)
         else:

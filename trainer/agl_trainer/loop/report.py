@@ -1,5 +1,5 @@
-"""What a training step reports beside the backend's metrics: its times, the staleness of what it
-trained and the rewards of its rollouts, whichever source the rollouts came from."""
+"""What a training step reports beside the backend's metrics: its times, what its batch held
+and the rewards of its rollouts, whichever source the rollouts came from."""
 
 from __future__ import annotations
 
@@ -49,20 +49,13 @@ def number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item")
 
 
-def batch_metrics(batch: TrainingBatch, version: int) -> dict[str, float]:
-    """Staleness of what was trained: how many trained tokens older weights generated."""
-    trained = batch.loss_mask > 0
-    versions = batch.policy_versions[trained]
-    if versions.numel() == 0:
+def batch_metrics(batch: TrainingBatch) -> dict[str, float]:
+    """What the batch handed to the backend holds; staleness/* of the tokens that entered the loss
+    come from the backend's step plan (algorithms/token_age.py)."""
+    trained = int((batch.loss_mask > 0).sum())
+    if trained == 0:
         return {}
-    lag = (version - versions).float()
-    return {
-        "staleness/max": float(lag.max()),
-        "staleness/mean": float(lag.mean()),
-        "staleness/stale_token_fraction": float((lag > 0).float().mean()),
-        "tokens/trained": float(trained.sum()),
-        "samples": float(batch.num_samples),
-    }
+    return {"tokens/trained": float(trained), "samples": float(batch.num_samples)}
 
 
 def reward_metrics(rewards: list[float]) -> dict[str, float]:

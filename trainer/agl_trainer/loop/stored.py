@@ -9,7 +9,7 @@ without running any harness or engine:
              offline.quiet_s
     select   complete, untrained rollouts of mode train with a reward, oldest first; drop (and record
              why) those that failed, are older than offline.max_age_s, or whose calls lag more than
-             offline.max_policy_lag versions behind the weights being trained (the loop's policy
+             loop.staleness versions behind the weights being trained (unset: no bound; the loop's policy
              version: a new run starts at offline.policy_version, the version the store gives
              model.path's weights, and each step adds one); skip, unrecorded, those whose calls say a
              newer version (a later run may reach it)
@@ -19,9 +19,9 @@ without running any harness or engine:
              set aside with its reason, recorded (stored_checks.py); the rest of the step trains. A
              draw with nothing left to train is no step: the next is drawn
     train    loop.batch_rollouts a step. A token sampled by an older version than the weights being
-             trained is stale: truncated importance weights min(exp(old - engine),
-             backend.algorithm.importance_cap) against the recorded engine logprobs; staleness/* is
-             measured against the loop's version
+             trained is stale: importance weights against the recorded engine logprobs
+             (algorithms/token_age.py, as for live rollouts); staleness/* is measured against the
+             loop's version
     record   at each checkpoint the step's rollouts are marked trained in the store (and in
              OUTPUT_DIR/trained.jsonl), so a second run, or --resume, continues where this one
              stopped and never trains a rollout twice (the loop's checkpoints, as for a live run)
@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agl_trainer.algorithms.token_age import rollout_too_old, staleness_bound
 from agl_trainer.batch import RolloutResult
 from agl_trainer.config_schema import LoopConfig, OfflineConfig
 from agl_trainer.loop.checkpoint import LoopState
@@ -65,7 +66,7 @@ def select(
     *,
     group_size: int,
     min_group_size: int,
-    max_policy_lag: int,
+    staleness: int,
     max_age_s: float,
     now: float,
     current: int,
@@ -88,7 +89,7 @@ def select(
             dropped["too_old"].append(key)
         elif (max_versions or {}).get(key, min_versions.get(key, current)) > current:
             ahead.append(key)
-        elif max_policy_lag >= 0 and current - min_versions.get(key, current) > max_policy_lag:
+        elif rollout_too_old(min_versions.get(key, current), current, staleness):
             dropped["stale"].append(key)
         elif info.rewards == 0 or info.calls == 0:
             waiting += 1  # a reward (or the calls) may still arrive
@@ -130,6 +131,12 @@ class StoredRollouts:
         self.dropped: dict[str, int] = {}  # dropped or set aside (recorded in the store), by reason
         self.waiting = 0  # ready rollouts left for a later run (a group too small, no reward yet)
         self.ahead = 0  # skipped: their calls say a newer policy version than the weights trained
+        self.staleness = staleness_bound(loop.staleness, live=False)
+        if self.staleness >= 0:  # one knob for live and stored rollouts: say what it does to a store
+            progress.log(
+                f"agl: loop.staleness={self.staleness}: stored rollouts more than {self.staleness} versions behind "
+                "the weights being trained are dropped (recorded as stale; -1: no bound)"
+            )
 
     async def next_batch(self, version: int, step: StepRecord) -> list[RolloutKey] | None:
         batch = await asyncio.to_thread(self._draw, version)
@@ -143,7 +150,7 @@ class StoredRollouts:
             self.cursor.min_versions,
             group_size=self.loop.group_size,
             min_group_size=self.offline.min_group_size,
-            max_policy_lag=self.offline.max_policy_lag,
+            staleness=self.staleness,
             max_age_s=self.offline.max_age_s,
             now=time.time(),
             current=current,

@@ -259,7 +259,7 @@ class Session:
         return log
 
     def _canary(self, config: Config, engine: Any, backend: Any, model_path: str) -> Any:
-        """The canary on the engine's first server (diagnostics.canary), closed with the session."""
+        """The canary on the engine's servers, one in turn (diagnostics.canary), closed with the session."""
         settings = config.diagnostics.canary
         if not settings.enabled or engine is None or not engine.urls:  # no engine of ours: nothing to probe
             return None
@@ -268,8 +268,9 @@ class Session:
         from agl_trainer.engines.probes import HttpProbeEngine
         from agl_trainer.loop.canary import Canary, CanarySettings
 
-        probes = HttpProbeEngine(engine.urls[0])
-        self._stack.callback(probes.close)
+        probes = [HttpProbeEngine(url) for url in engine.urls]
+        for probe in probes:
+            self._stack.callback(probe.close)
         return Canary(
             CanarySettings(
                 action=settings.action,
@@ -279,9 +280,10 @@ class Session:
                 generate=settings.generate,
                 seed=config.seed,
             ),
-            engine=probes,
+            engines=probes,
             vocab_size=len(AutoTokenizer.from_pretrained(model_path)),
             backend=backend,
+            names=list(engine.urls),
         )
 
     def _run_id(self, out: Path) -> str:

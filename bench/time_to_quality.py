@@ -1,0 +1,197 @@
+"""Time to quality: which loop reaches a held-out target soonest on examples/hops, the task its warm
+start cannot do. Each loop of bench/async_vs_sync.py (sync, drain, keep, partial with stale_policy
+mask, their overrides reused from its LOOPS) trains the same warm start of each seed through the
+whole pipeline, with the same simulated device time per engine step (`engine.options.device_step_ms`,
+60 ms: a CPU alone leaves async nothing to overlap) and the same wall budget of training
+(`loop.max_train_s`; validation rounds are not counted). A greedy held-out round every
+`--val-every` steps and after the last gives the curve.
+
+    python bench/time_to_quality.py --quick               # 1 seed, 45 s of RL a loop (about 10 minutes)
+    python bench/time_to_quality.py --seeds 0 1 2 --budget-s 900 --val-every 10   # the full comparison
+
+Per seed and loop: the training wall time to the first round at or above `--target` (a bound from
+above: rounds come every --val-every steps), the held-out greedy reward of the last round (the
+policy at the wall budget), trained rollouts/s, and tokens that entered the loss per second (less
+those masked as too stale, dropped with their group at loop.max_span, or left out by a ratio mask:
+a rollout whose stale tokens were masked is not a fully trained rollout). Ratios against sync,
+measured in the same run; curves against wall time in OUT/time_to_quality.png, numbers in
+OUT/time_to_quality.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its bench siblings, run as a script or imported
+from _demo_run import run_config  # noqa: E402
+from async_vs_sync import DEVICE_STEP_MS, LOOPS, STALENESS  # noqa: E402  (the loops and device time, reused)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples/hops/config.yaml"
+sys.path.insert(0, str(ROOT))
+
+
+def run_loop(name: str, prepared: Any, seed: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One loop on one seed's warm start: its curve against training wall time and its throughput."""
+    mode, switch, extra = LOOPS[name]
+    started = time.monotonic()
+    summary = run_config(
+        CONFIG,
+        [
+            f"--engine.options.device_step_ms={args.device_step_ms}",
+            f"--tasks={prepared.tasks}", f"--val_tasks={prepared.val_tasks}", f"--model.path={prepared.path}",
+            f"--seed={seed}", f"--output_dir={out / f'seed-{seed}' / name}",
+            f"--loop.mode={mode}", f"--loop.switch={switch}", f"--loop.staleness={STALENESS}",
+            f"--loop.max_train_s={args.budget_s}", "--loop.max_steps=100000", "--loop.checkpoint_every=100000",
+            f"--loop.val_every={args.val_every}", "--loop.val_sampled=0", *extra,
+        ],
+    )  # fmt: skip
+    return measure(summary.history, summary.validation, args.target) | {"seconds": time.monotonic() - started}
+
+
+def measure(history: list[dict[str, float]], validation: list[dict[str, float]], target: float) -> dict[str, Any]:
+    """The curve (training wall time at each validation round, its greedy reward) and the totals."""
+    walls = [0.0]
+    for row in history:
+        walls.append(walls[-1] + row["time/step_s"])
+    curve = [(walls[min(int(r["step"]), len(history))], r["val/reward"]) for r in validation if "val/reward" in r]
+    reached = next((wall for wall, reward in curve if reward >= target), None)
+    wall = walls[-1]
+
+    def total(key: str) -> float:
+        return sum(row.get(key, 0.0) for row in history)
+
+    loss_tokens = total("perf/trained_tokens") - total("importance/ratio_masked_tokens")
+    masked = total("staleness/masked_tokens")
+    return {
+        "steps": len(history),
+        "wall_s": wall,
+        "curve": curve,
+        "time_to_target_s": reached,
+        "final": curve[-1][1] if curve else None,
+        "start": curve[0][1] if curve else None,
+        "rollouts_per_s": total("rollouts/trained") / wall if wall else 0.0,
+        "loss_tokens_per_s": loss_tokens / wall if wall else 0.0,
+        "masked_share": masked / (masked + total("tokens/trained")) if masked else 0.0,
+        "dropped_rollouts": total("rollouts/dropped_stale"),
+        "staleness_mean": statistics.fmean([row.get("staleness/mean", 0.0) for row in history]) if history else 0.0,
+        "capped_frac": statistics.fmean([row.get("importance/capped_frac", 0.0) for row in history]) if history else 0.0,
+        "canary_share": total("time/canary_s") / wall if wall else 0.0,
+    }
+
+
+def ratio(value: float | None, reference: float | None) -> str:
+    return f"{value / reference:.2f}x" if value and reference else "-"
+
+
+def table(seed: int, results: dict[str, dict[str, Any]], target: float) -> str:
+    sync = results.get("sync", {})
+    lines = [
+        f"seed {seed} (held-out greedy target {target:g}):",
+        f"{'loop':8} {'steps':>5} {'wall s':>7} {'to target s':>11} {'vs sync':>7} {'start':>6} {'final':>6}"
+        f" {'rollouts/s':>10} {'vs sync':>7} {'loss tok/s':>10} {'vs sync':>7} {'masked':>6} {'lag':>5}"
+        f" {'capped':>6} {'canary':>6}",
+    ]
+    for name, r in results.items():
+        to_target = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "not reached"
+        lines.append(
+            f"{name:8} {r['steps']:5d} {r['wall_s']:7.1f} {to_target:>11} "
+            f"{ratio(r['time_to_target_s'], sync.get('time_to_target_s')):>7} "
+            f"{r['start'] if r['start'] is not None else float('nan'):6.3f} {r['final'] if r['final'] is not None else float('nan'):6.3f} "
+            f"{r['rollouts_per_s']:10.2f} {ratio(r['rollouts_per_s'], sync.get('rollouts_per_s')):>7} "
+            f"{r['loss_tokens_per_s']:10.0f} {ratio(r['loss_tokens_per_s'], sync.get('loss_tokens_per_s')):>7} "
+            f"{r['masked_share']:6.1%} {r['staleness_mean']:5.2f} {r['capped_frac']:6.1%} {r['canary_share']:6.2%}"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(all_results: dict[int, dict[str, dict[str, Any]]], target: float, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted(all_results)
+    figure, axes = plt.subplots(1, len(seeds), figsize=(6 * len(seeds), 4.2), dpi=100, squeeze=False)
+    for axis, seed in zip(axes[0], seeds):
+        for name, r in all_results[seed].items():
+            if r["curve"]:
+                axis.plot(*zip(*r["curve"]), "o-", label=name, markersize=3)
+        axis.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
+        axis.set(title=f"hops seed {seed}: held-out greedy reward", xlabel="training wall time (s)", ylabel="reward")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 seed, 45 s of RL a loop, a round every 5 steps")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--quick: 0)")
+    parser.add_argument("--loops", nargs="+", choices=tuple(LOOPS), default=list(LOOPS))
+    parser.add_argument("--budget-s", type=float, default=None, help="seconds of RL a loop (default 900; --quick 45)")
+    parser.add_argument("--val-every", type=int, default=None, help="steps between rounds (default 10; --quick 5)")
+    parser.add_argument("--target", type=float, default=None, help="held-out greedy target (default 0.5; --quick 0.25)")
+    parser.add_argument("--device-step-ms", type=float, default=DEVICE_STEP_MS)
+    parser.add_argument("--out", type=Path, default=None, help="where runs, JSON and PNG go (default: a temp folder)")
+    args = parser.parse_args()
+    quick = args.quick
+    args.seeds = args.seeds or ([0] if quick else [0, 1, 2])
+    args.budget_s = args.budget_s or (45.0 if quick else 900.0)
+    args.val_every = args.val_every or (5 if quick else 10)
+    args.target = args.target if args.target is not None else (0.25 if quick else 0.5)
+    bad = [value for value in (args.budget_s, args.val_every) if value <= 0]
+    if bad or not 0 < args.target <= 1:
+        parser.error("--budget-s and --val-every must be positive and --target in (0, 1]")
+    if "sync" not in args.loops:
+        args.loops = ["sync", *args.loops]  # every ratio is against sync, measured in the same run
+    out = args.out or Path(tempfile.mkdtemp(prefix="agl-bench-ttq-"))
+    out.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    from examples.hops.prepare import prepare_hops
+
+    transformers.utils.logging.disable_progress_bar()
+    print(
+        f"hops, {args.device_step_ms:g} ms of device time a step, {args.budget_s:g} s of RL a loop, a greedy "
+        f"held-out round every {args.val_every} steps, target {args.target:g}; work in {out}",
+        flush=True,
+    )
+    all_results: dict[int, dict[str, dict[str, Any]]] = {}
+    for seed in args.seeds:
+        prepared = prepare_hops(out / f"seed-{seed}" / "prepared", seed=seed)
+        all_results[seed] = {}
+        for name in args.loops:
+            all_results[seed][name] = run_loop(name, prepared, seed, out, args)
+            (out / "time_to_quality.json").write_text(json.dumps(all_results, indent=1))
+        print(table(seed, all_results[seed], args.target), flush=True)
+    if len(args.seeds) > 1:
+        for name in args.loops:
+            rates = [
+                all_results[s][name]["loss_tokens_per_s"] / all_results[s]["sync"]["loss_tokens_per_s"]
+                for s in args.seeds
+                if all_results[s]["sync"]["loss_tokens_per_s"]
+            ]
+            finals = [all_results[s][name]["final"] for s in args.seeds if all_results[s][name]["final"] is not None]
+            reached = sum(all_results[s][name]["time_to_target_s"] is not None for s in args.seeds)
+            print(
+                f"{name:8} over {len(args.seeds)} seeds: final greedy mean {statistics.fmean(finals):.3f}"
+                f" (min {min(finals):.3f}, max {max(finals):.3f}); target reached by {reached}; loss tokens/s"
+                f" {statistics.fmean(rates):.2f}x sync"
+            )
+    print(f"curves {plot(all_results, args.target, out / 'time_to_quality.png')}; numbers {out / 'time_to_quality.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

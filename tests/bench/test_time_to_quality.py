@@ -1,0 +1,47 @@
+"""bench/time_to_quality.py's measurements from a run's rows, against values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.time_to_quality import measure, table
+
+
+def rows() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    history = [
+        {"time/step_s": 2.0, "rollouts/trained": 8, "perf/trained_tokens": 100, "tokens/trained": 100,
+         "staleness/mean": 0.0, "time/canary_s": 0.02},
+        {"time/step_s": 3.0, "rollouts/trained": 8, "perf/trained_tokens": 80, "tokens/trained": 80,
+         "staleness/masked_tokens": 20, "importance/ratio_masked_tokens": 5, "staleness/mean": 1.0},
+        {"time/step_s": 5.0, "rollouts/trained": 4, "perf/trained_tokens": 60, "tokens/trained": 60,
+         "rollouts/dropped_stale": 4, "staleness/mean": 0.5, "importance/capped_frac": 0.3},
+    ]  # fmt: skip
+    validation = [{"step": 0.0, "val/reward": 0.1}, {"step": 2.0, "val/reward": 0.3}, {"step": 3.0, "val/reward": 0.6}]
+    return history, validation
+
+
+def test_time_to_target_is_the_wall_at_the_first_round_at_or_above_it() -> None:
+    history, validation = rows()
+    m = measure(history, validation, target=0.3)
+    assert m["curve"] == [(0.0, 0.1), (5.0, 0.3), (10.0, 0.6)]  # rounds after 0, 2 and 3 steps
+    assert m["time_to_target_s"] == 5.0 and m["final"] == 0.6 and m["start"] == 0.1 and m["steps"] == 3
+    assert measure(history, validation, target=0.7)["time_to_target_s"] is None
+
+
+def test_throughput_counts_only_tokens_that_entered_the_loss() -> None:
+    m = measure(*rows(), target=0.5)
+    assert m["rollouts_per_s"] == pytest.approx(20 / 10)
+    assert m["loss_tokens_per_s"] == pytest.approx((240 - 5) / 10)  # less the ratio-masked ones
+    assert m["masked_share"] == pytest.approx(20 / (20 + 240)) and m["dropped_rollouts"] == 4
+    assert m["staleness_mean"] == pytest.approx(0.5) and m["capped_frac"] == pytest.approx(0.1)
+    assert m["canary_share"] == pytest.approx(0.02 / 10)
+
+
+def test_the_table_prints_ratios_against_sync() -> None:
+    history, validation = rows()
+    sync = measure(history, validation, target=0.3)
+    fast = measure([{**row, "time/step_s": row["time/step_s"] / 2} for row in history], validation, target=0.3)
+    text = table(0, {"sync": sync, "partial": fast}, 0.3)
+    partial = next(line for line in text.splitlines() if line.startswith("partial"))
+    assert "0.50x" in partial and "2.00x" in partial  # half the wall to the target, twice the rates
+    assert "not reached" in table(0, {"sync": measure(history, validation, target=0.9)}, 0.9)
