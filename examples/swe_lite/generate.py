@@ -151,7 +151,7 @@ def make_task(rng: random.Random, split: str, index: int, hint_file: bool) -> di
     kind, got = outcome(buggy_source, first.call)
     result = f"returns {got!r}" if kind == "value" else f"raises {got}"
     where = f" The bug is in {package}/{module.name}.py." if hint_file else " Find the function, fix the bug, run the tests."
-    files = {f"{package}/__init__.py": "", "pytest.ini": "[pytest]\n",
+    files = {f"{package}/__init__.py": "", "pytest.ini": "[pytest]\naddopts = -p no:asyncio\n",
              "conftest.py": "# Makes the package at the repository root importable from tests/.\n"}  # fmt: skip
     for m in modules:
         files[f"{package}/{m.name}.py"] = buggy_source if m is module else m.source()
