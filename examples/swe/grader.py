@@ -5,7 +5,9 @@ PASS_TO_PASS tests in the rollout's workspace and print the reward on the last s
     python examples/swe/grader.py --task-json '{...}' --workspace DIR     # by hand
 
 Reward 1.0 when every listed test passes, else 0.0 (SWE-bench's "resolved"). The test files are
-restored from the task's repo first, so editing a test does not pass it. pytest's usage errors (a
+restored from the task's repo first, so editing a test does not pass it; with `--refuse-test-edits`
+a workspace whose tests differ from the task's (a graded test file, anything under `tests/`, a
+`test_*.py`, pytest's config or a conftest.py: changed, added or removed) gets 0.0 without running. pytest's usage errors (a
 test id that does not exist) are the task's fault: exit 2 with the message, no reward.
 """
 
@@ -25,12 +27,43 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable fro
 from examples.swe.swe_task import SweTask, TaskError, parse_task, workspace_for
 
 PYTEST_PASSED, PYTEST_FAILED = 0, 1
+PYTEST_CONFIG = frozenset({"conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"})
+NOT_SOURCE = frozenset({"__pycache__", ".pytest_cache"})  # what running the tests leaves behind
 
 
-def grade(task: SweTask, workspace: Path, timeout_s: float = 300.0) -> float:
-    """1.0 if all of the task's tests pass in `workspace`, 0.0 if any fails."""
+def is_test_path(task: SweTask, relative: Path) -> bool:
+    return (
+        relative.as_posix() in task.test_files
+        or relative.parts[0] == "tests"
+        or relative.name.startswith("test_")
+        or relative.name in PYTEST_CONFIG
+    )
+
+
+def edited_tests(task: SweTask, workspace: Path) -> list[str]:
+    """The test files (is_test_path) that differ between the task's repo and `workspace`: changed,
+    added or removed."""
+
+    def tests_in(root: Path) -> dict[str, bytes]:
+        files = {}
+        for path in root.rglob("*"):
+            relative = path.relative_to(root)
+            if path.is_file() and not NOT_SOURCE.intersection(relative.parts) and is_test_path(task, relative):
+                files[relative.as_posix()] = path.read_bytes()
+        return files
+
+    original, current = tests_in(task.repo), tests_in(workspace)
+    return sorted(name for name in original.keys() | current.keys() if original.get(name) != current.get(name))
+
+
+def grade(task: SweTask, workspace: Path, timeout_s: float = 300.0, refuse_test_edits: bool = False) -> float:
+    """1.0 if all of the task's tests pass in `workspace`, 0.0 if any fails (or, with
+    `refuse_test_edits`, if the workspace's tests were edited)."""
     if not workspace.is_dir():
         raise TaskError(f"workspace {workspace} does not exist (did the harness run?)")
+    if refuse_test_edits and (edited := edited_tests(task, workspace)):
+        sys.stderr.write(f"grader: refused, the patch edits the tests ({', '.join(edited)}): reward 0.0\n")
+        return 0.0
     for name in task.test_files:
         original = task.repo / name
         if not original.is_file():
@@ -61,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", default=os.environ.get("AGL_SWE_KEEP") == "1",
                         help="keep the workspace (default: removed after grading; AGL_SWE_KEEP=1)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--refuse-test-edits", action="store_true",
+                        help="0.0 when the workspace's tests differ from the task's (default: restore them and run)")
     args = parser.parse_args(argv)
     try:
         if not args.task_json:
@@ -70,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workspace and not rollout_id:
             raise TaskError("no workspace: pass --workspace or set AGL_ROLLOUT_ID (the runner does)")
         workspace = Path(args.workspace) if args.workspace else workspace_for(rollout_id)
-        reward = grade(task, workspace, args.timeout_s)
+        reward = grade(task, workspace, args.timeout_s, args.refuse_test_edits)
     except (TaskError, json.JSONDecodeError, subprocess.TimeoutExpired) as error:
         print(f"grader: {error}", file=sys.stderr)
         return 2

@@ -10,8 +10,10 @@ workspace; the reward comes afterwards from grader.py (harness.grader), which ru
 The agent's settings are mini-swe-agent's own config files (sections `agent`, `model`,
 `environment`); the default is its `mini_textbased.yaml` (bash blocks parsed from the text, so any
 model works without a tool-call parser). `agent-compact.yaml` has short prompts for tiny models.
-Exit status: 0 when the agent ended by itself (submitted, step limit, repeated format errors),
-non-zero when a model call or the environment failed (the runner retries those).
+`--network none` runs each bash command without network (sandbox.py: a network namespace); the
+agent's commands find this Python (and its pytest) first on PATH. Exit status: 0 when the agent
+ended by itself (submitted, step limit, repeated format errors), non-zero when a model call or the
+environment failed (the runner retries those).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable fro
 import agl
 import yaml
 
+from examples.swe.sandbox import IsolationError, isolated_environment, require_isolation
 from examples.swe.swe_task import TaskError, fresh_copy, parse_task, workspace_for
 
 
@@ -45,11 +48,21 @@ def load_agent_config(path: Path) -> dict[str, Any]:
     return data
 
 
+def make_environment(settings: dict[str, Any], workspace: Path, network: str) -> Any:
+    """mini-swe-agent's local environment in `workspace`, this Python first on PATH; without
+    network (sandbox.py) unless `network` is "host"."""
+    from minisweagent.environments.local import LocalEnvironment
+
+    config = {**(settings.get("environment") or {}), "cwd": str(workspace)}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    config["env"] = {**config.get("env", {}), "PATH": path}
+    return LocalEnvironment(**config) if network == "host" else isolated_environment(**config)
+
+
 def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Path, step_limit: int,
-        max_tokens: int, temperature: float | None) -> dict[str, Any]:  # fmt: skip
+        max_tokens: int, temperature: float | None, network: str = "host") -> dict[str, Any]:  # fmt: skip
     from agl_integrations.mini_swe_agent import swe_model
     from minisweagent.agents.default import DefaultAgent
-    from minisweagent.environments.local import LocalEnvironment
 
     task = parse_task(task_raw)
     workspace = fresh_copy(task, workspace_for(rollout_id))
@@ -59,11 +72,10 @@ def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Pat
     model_kwargs = {**model_settings.pop("model_kwargs", {}), "max_tokens": max_tokens}
     if temperature is not None:
         model_kwargs["temperature"] = temperature
-    environment = {**(settings.get("environment") or {}), "cwd": str(workspace)}
     with agl.rollout(task_id=task.id):  # the rollout's id comes from the runner (AGL_ROLLOUT_ID)
         agent = DefaultAgent(
             swe_model(model, model_kwargs=model_kwargs, **model_settings),
-            LocalEnvironment(**environment),
+            make_environment(settings, workspace, network),
             **agent_settings,
         )
         result = agent.run(task.problem_statement)
@@ -77,17 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-limit", type=int, default=30, help="most model calls per rollout")
     parser.add_argument("--max-tokens", type=int, default=2048, help="most tokens per model reply")
     parser.add_argument("--temperature", type=float, default=None, help="default: the engine's sampling config")
+    parser.add_argument("--network", choices=("host", "none"), default="host",
+                        help="none: each bash command in a network namespace without network (sandbox.py)")
     args = parser.parse_args(argv)
     task_json, rollout_id = os.environ.get("AGL_TASK"), os.environ.get("AGL_ROLLOUT_ID")
     if not task_json or not rollout_id:
         print("harness: AGL_TASK and AGL_ROLLOUT_ID must be set (agl's runner sets them)", file=sys.stderr)
         return 2
     try:
+        if args.network == "none":
+            require_isolation()
         outcome = run(
             json.loads(task_json), rollout_id, args.model, args.agent_config or default_agent_config(),
-            args.step_limit, args.max_tokens, args.temperature,
+            args.step_limit, args.max_tokens, args.temperature, args.network,
         )  # fmt: skip
-    except (TaskError, json.JSONDecodeError) as error:
+    except (TaskError, IsolationError, json.JSONDecodeError) as error:
         print(f"harness: {error}", file=sys.stderr)
         return 2
     print(json.dumps(outcome))

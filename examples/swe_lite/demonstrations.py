@@ -1,0 +1,112 @@
+"""swe-lite's demonstrations: mini-swe-agent trajectories of a scripted policy, and their tokens.
+
+    from examples.swe_lite.demonstrations import record, replies, training_tokens
+
+    replies(task)                           # the scripted policy's replies: look, fix, test, submit
+    replies(task, search=True)              # ... with `grep -rn "def f" .` first (never demonstrated)
+    record(task, "runs/swe_lite/demos")     # mini-swe-agent runs them: <id>.traj.json in its own format
+    training_tokens(trajectory, tokenizer)  # (token ids, loss mask): the assistant turns to learn
+
+`record` runs mini-swe-agent's DefaultAgent with its DeterministicModel (the replies in order) on a
+fresh copy of the task's repo, through examples/swe's harness settings (agent.yaml, the same
+environment, network off), so each observation is what the agent really saw. The replies need the
+task's `fix` and `placement` (generate.py), which the agent never sees.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from examples.swe.harness import load_agent_config, make_environment
+from examples.swe.swe_task import fresh_copy, parse_task
+
+HERE = Path(__file__).resolve().parent
+AGENT_CONFIG = HERE / "agent.yaml"
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+SED_PATTERN_SPECIALS = "\\/.*[]^$"
+SED_REPLACEMENT_SPECIALS = "\\/&"
+
+
+def sed_escape(text: str, specials: str) -> str:
+    return "".join(f"\\{c}" if c in specials else c for c in text)
+
+
+def reply(thought: str, command: str) -> str:
+    """A reply in mini-swe-agent's text-based format (mini_textbased.yaml's action block)."""
+    return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
+
+
+def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True) -> list[str]:
+    """The scripted policy for `task`: (search,) look, fix (unless `fix` is False), test, submit."""
+    path, function = task["fix"]["path"], task["placement"]["function"]
+    buggy, correct = task["fix"]["buggy"], task["fix"]["correct"]
+    steps = []
+    if search:
+        steps.append(reply(f"Find where {function} is defined.", f'grep -rn "def {function}" .'))
+    steps.append(reply(f"Read {path}.", f"cat {path}"))
+    if fix:
+        sed = f"s/{sed_escape(buggy, SED_PATTERN_SPECIALS)}/{sed_escape(correct, SED_REPLACEMENT_SPECIALS)}/"
+        steps.append(reply(f"{buggy} should be {correct}.", f"sed -i '{sed}' {path}"))
+    steps.append(reply("Run the tests.", "python -m pytest -q tests"))
+    steps.append(reply("Submit.", SUBMIT))
+    return steps
+
+
+def record(task: dict[str, Any], out_dir: str | Path, *, search: bool = False, network: str = "none") -> Path:
+    """Run mini-swe-agent with the scripted replies on a fresh copy of the task's repo; save its
+    trajectory (mini-swe-agent's `.traj.json`) to `out_dir/<task id>.traj.json` and return the path."""
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.models.test_models import DeterministicModel, make_output
+
+    settings = load_agent_config(AGENT_CONFIG)
+    model_settings = {k: v for k, v in (settings.get("model") or {}).items() if k == "observation_template"}
+    outputs = [make_output(text, [{"command": text.split("```mswea_bash_command\n")[1][:-4]}], cost=0.0)
+               for text in replies(task, search=search)]  # fmt: skip
+    parsed = parse_task(task)
+    with tempfile.TemporaryDirectory(prefix="swe-lite-demo-") as scratch:
+        workspace = fresh_copy(parsed, Path(scratch) / "repo")
+        agent = DefaultAgent(
+            DeterministicModel(outputs=outputs, **model_settings),
+            make_environment(settings, workspace, network),
+            **{**settings["agent"], "step_limit": len(outputs) + 1, "cost_limit": 0},
+        )
+        agent.run(parsed.problem_statement)
+        path = Path(out_dir) / f"{parsed.id}.traj.json"
+        agent.save(path, {"info": {"swe_lite": {"search": search, "workspace": "<temporary>"}}})
+    return path
+
+
+def load_trajectory(path: str | Path) -> dict[str, Any]:
+    data = json.loads(Path(path).read_text())
+    if data.get("trajectory_format") != "mini-swe-agent-1.1" or not isinstance(data.get("messages"), list):
+        raise ValueError(f"{path}: not a mini-swe-agent-1.1 trajectory (expected `trajectory_format` and `messages`)")
+    return data
+
+
+def chat_messages(trajectory: dict[str, Any]) -> list[dict[str, str]]:
+    """The conversation the model saw: system, user and assistant turns (mini-swe-agent's `exit`
+    record and each message's `extra` are not sent to the model)."""
+    return [{"role": m["role"], "content": m["content"]} for m in trajectory["messages"] if m["role"] in ("system", "user", "assistant")]
+
+
+def training_tokens(trajectory: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The conversation's token ids as the chat template renders it, and a mask of the assistant
+    turns (content and end of turn): what a warm start learns."""
+    messages = chat_messages(trajectory)
+
+    def ids(upto: int, generation_prompt: bool) -> list[int]:
+        return list(tokenizer.apply_chat_template(messages[:upto], tokenize=True, add_generation_prompt=generation_prompt, return_dict=False))
+
+    full = ids(len(messages), False)
+    mask = [0] * len(full)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start, end = len(ids(index, True)), len(ids(index + 1, False))
+        if full[:end] != ids(index + 1, False) or full[end - 2] != tokenizer.eos_token_id:
+            raise ValueError("training_tokens: the chat template's tokens of a prefix are not a prefix of the whole")
+        mask[start : end - 1] = [1] * (end - 1 - start)  # the reply and its end of turn, not the newline after
+    return full, mask

@@ -1,0 +1,232 @@
+"""swe-lite's task generator: small Python repositories with one bug each, reproducible from a seed.
+
+    python -m examples.swe_lite.generate --out runs/swe_lite/tasks --split train --count 2000 --seed 0
+
+A repository is a package (`<package>/`) of 2-3 modules of 2 functions each (functions.py), with one
+test file per module (`tests/test_<module>.py`, one test per call, its expected value computed from
+the correct source). A task puts one bug (functions.FAMILIES) into one function: its FAIL_TO_PASS
+tests are those the bug breaks, its PASS_TO_PASS tests all the others; both are computed by running
+the tests in-process on the correct and the buggy source, so a task whose bug breaks nothing, or
+breaks a test of another function, is never made.
+
+Splits (`train`, `heldout`) draw package and module names from disjoint pools, so a held-out task's
+repository, its files' paths and its problem statement never occur in training (`overlap()` checks
+what the model sees; tests/swe_lite/test_generate.py runs it). The problem statement gives a failing
+call and its wrong result but not the file (`hint_file=True` names it: the demonstrations' easier case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from examples.swe_lite.functions import FUNCTIONS, Bug, Function
+
+SPLITS = ("train", "heldout", "demo")
+# Disjoint name pools per split: a held-out repository shares no package or module name with training.
+PACKAGES = {
+    "train": ("ledger", "orchard", "harbor", "meadow", "quarry", "summit", "canyon", "lagoon", "prairie", "tundra",
+              "glacier", "delta", "marsh", "ridge", "grove", "bayou", "fjord", "mesa", "atoll", "savanna"),
+    "heldout": ("beacon", "lantern", "compass", "anchor", "sextant", "rudder"),
+}
+MODULES = {
+    "train": ("mathx", "stats", "units", "prices", "lists", "calendar", "numbers", "convert", "shop", "seqs",
+              "metrics", "helpers", "tools", "measure", "counts", "ranges"),
+    "heldout": ("calc", "figures", "series", "common"),
+}
+PACKAGES["demo"], MODULES["demo"] = PACKAGES["train"], MODULES["train"]  # demonstrations: training's pools
+SPLIT_SALT = {"train": 0, "heldout": 1_000_003, "demo": 2_000_029}  # a split's seeds never meet another's
+
+
+class GenerationError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    functions: tuple[tuple[Function, dict[str, int]], ...]  # each function with its drawn constants
+
+    def source(self, bug: tuple[str, Bug] | None = None) -> str:
+        parts = []
+        for function, values in self.functions:
+            text = render(function.source, values)
+            if bug and bug[0] == function.name:
+                correct, buggy = render(bug[1].correct, values), render(bug[1].buggy, values)
+                if text.count(correct) != 1:
+                    raise GenerationError(f"{function.name}: bug snippet {correct!r} is not unique")
+                text = text.replace(correct, buggy)
+            parts.append(text)
+        return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Case:
+    test: str  # tests/test_<module>.py::test_<function>_<n>
+    module: str
+    function: str
+    call: str  # e.g. "clamp(5, 0, 10)"
+    expected: Any
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a task's bug sits: what the held-out split must never share with training."""
+
+    package: str
+    module: str
+    function: str
+    family: str
+    buggy: str
+
+
+def render(template: str, values: dict[str, int]) -> str:
+    return template.format(**values, **{f"{k}_bad": v + 1 for k, v in values.items()})
+
+
+def draw_repository(rng: random.Random, split: str) -> tuple[str, list[Module]]:
+    package = rng.choice(PACKAGES[split])
+    names = rng.sample(MODULES[split], rng.randint(2, 3))
+    functions = rng.sample(FUNCTIONS, 2 * len(names))
+    modules = []
+    for i, name in enumerate(names):
+        chosen = functions[2 * i : 2 * i + 2]
+        modules.append(
+            Module(name, tuple((f, {k: rng.choice(v) for k, v in f.constants.items()}) for f in chosen))
+        )
+    return package, modules
+
+
+def cases(modules: Sequence[Module]) -> list[Case]:
+    out = []
+    for module in modules:
+        namespace = run_source(module.source())
+        for function, _ in module.functions:
+            for n, args in enumerate(function.cases):
+                call = f"{function.name}({', '.join(repr(a) for a in args)})"
+                out.append(Case(f"tests/test_{module.name}.py::test_{function.name}_{n}", module.name,
+                                function.name, call, eval(call, dict(namespace))))  # fmt: skip
+    return out
+
+
+def run_source(source: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<swe-lite>", "exec"), namespace)
+    return namespace
+
+
+def outcome(source: str, call: str) -> tuple[str, Any]:
+    """('value', result) or ('raises', exception name) of `call` against `source`."""
+    try:
+        return "value", eval(call, run_source(source))
+    except Exception as error:  # a bug may raise anything; the statement reports which
+        return "raises", type(error).__name__
+
+
+def test_module_source(package: str, module: str, module_cases: Iterable[Case]) -> str:
+    lines = [f"from {package} import {module}\n"]
+    for case in module_cases:
+        name = case.test.split("::")[1]
+        lines.append(f"\ndef {name}():\n    assert {module}.{case.call} == {case.expected!r}\n")
+    return "".join(lines)
+
+
+def make_task(rng: random.Random, split: str, index: int, hint_file: bool) -> dict[str, Any] | None:
+    """One task, or None when the drawn bug breaks no test or a test of another function."""
+    package, modules = draw_repository(rng, split)
+    module = rng.choice(modules)
+    function, values = rng.choice(module.functions)
+    bug = rng.choice(function.bugs)
+    buggy_source = module.source((function.name, bug))
+    all_cases = cases(modules)
+    failing = [c for c in all_cases if c.module == module.name and outcome(buggy_source, c.call) != ("value", c.expected)]
+    if not failing or any(c.function != function.name for c in failing):
+        return None
+    first = failing[0]
+    kind, got = outcome(buggy_source, first.call)
+    result = f"returns {got!r}" if kind == "value" else f"raises {got}"
+    where = f" The bug is in {package}/{module.name}.py." if hint_file else " Find the function, fix the bug, run the tests."
+    files = {f"{package}/__init__.py": "", "pytest.ini": "[pytest]\naddopts = -p no:asyncio\n",
+             "conftest.py": "# Makes the package at the repository root importable from tests/.\n"}  # fmt: skip
+    for m in modules:
+        files[f"{package}/{m.name}.py"] = buggy_source if m is module else m.source()
+        files[f"tests/test_{m.name}.py"] = test_module_source(package, m.name, [c for c in all_cases if c.module == m.name])
+    fixed, broken = render(bug.correct, values), render(bug.buggy, values)
+    return {
+        "id": f"{split}-{index:05d}",
+        "problem_statement": f"In {package}, {first.call} {result} but it should return {first.expected!r}.{where}",
+        "FAIL_TO_PASS": [c.test for c in failing],
+        "PASS_TO_PASS": [c.test for c in all_cases if c not in failing],
+        "files": files,
+        "placement": asdict(Placement(package, module.name, function.name, bug.family, broken)),
+        "fix": {"path": f"{package}/{module.name}.py", "buggy": broken, "correct": fixed},
+    }
+
+
+def generate(split: str, count: int, seed: int, hint_file: bool | None = None) -> list[dict[str, Any]]:
+    """`count` tasks of `split`, the same for the same seed. hint_file defaults to True for `demo` only."""
+    if split not in SPLITS:
+        raise GenerationError(f"split {split!r}: expected one of {SPLITS}")
+    rng = random.Random(seed * 7919 + SPLIT_SALT[split])
+    hint = split == "demo" if hint_file is None else hint_file
+    tasks: list[dict[str, Any]] = []
+    while len(tasks) < count:
+        task = make_task(rng, split, len(tasks), hint)
+        if task is not None:
+            tasks.append(task)
+    return tasks
+
+
+def seen(task: dict[str, Any]) -> set[str]:
+    """What the model sees of a task, as comparable keys: its statement, each file (path and text),
+    and where its bug sits."""
+    placement = task["placement"]
+    keys = {f"statement:{task['problem_statement']}", f"placement:{json.dumps(placement, sort_keys=True)}"}
+    keys.update(f"file:{path}:{text}" for path, text in task["files"].items() if text.strip() and "/" in path)
+    return keys
+
+
+def overlap(train: Iterable[dict[str, Any]], heldout: Iterable[dict[str, Any]]) -> list[str]:
+    """Keys of what the model sees (seen()) that a held-out task shares with a training one."""
+    train_keys: set[str] = set()
+    for task in train:
+        train_keys |= seen(task)
+    return sorted({key for task in heldout for key in seen(task) & train_keys})
+
+
+def write_tasks(tasks: Sequence[dict[str, Any]], out: str | Path) -> Path:
+    """Each task's repository under `out/repos/<id>/`, and `out/tasks.jsonl` (examples/swe's fields,
+    `repo` absolute; `files` stay out of the line, `placement` and `fix` stay in)."""
+    out = Path(out).resolve()
+    lines = []
+    for task in tasks:
+        repo = out / "repos" / task["id"]
+        for path, text in task["files"].items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text(text)
+        lines.append(json.dumps({**{k: v for k, v in task.items() if k != "files"}, "repo": str(repo)}))
+    (out / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    return out / "tasks.jsonl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.swe_lite.generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for tasks.jsonl and repos/")
+    parser.add_argument("--split", choices=SPLITS, default="train")
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.count < 1:
+        parser.error(f"--count must be >= 1, got {args.count}")
+    path = write_tasks(generate(args.split, args.count, args.seed), args.out)
+    print(f"swe-lite: {args.count} {args.split} tasks (seed {args.seed}) in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

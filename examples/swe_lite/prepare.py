@@ -1,0 +1,103 @@
+"""swe-lite's tasks, demonstrations and warm-started tiny model, built offline.
+
+    python -m examples.swe_lite.prepare --out runs/swe_lite --seed 0
+
+writes `train/tasks.jsonl` (2000 tasks, their repos in `train/repos/`), `heldout/tasks.jsonl` (64
+tasks of other repositories and bug placements), `demos/*.traj.json` (mini-swe-agent trajectories
+of the scripted policy on the easier case: the statement names the file, so the agent reads it,
+fixes it, runs the tests and submits; it never searches), `model-init/` (a tiny Llama with a BPE
+vocabulary trained on the demonstrations and training repositories, 2048 positions: a rollout's
+conversation is 400-1500 tokens) and `model-warm/` (model-init after a short supervised warm
+start on the demonstrations' assistant turns): what `config.yaml` trains from.
+
+The training and held-out statements do not name the file: finding it (`grep -rn "def f" .`, or
+listing the package) is what RL has to add to what the warm start shows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from examples.swe_lite.generate import generate, write_tasks
+
+TRAIN_TASKS = 2000
+HELDOUT_TASKS = 64
+DEMOS = 24
+WARM_START_STEPS = 200
+WARM_START_LR = 1e-3
+WARM_START_BATCH = 8
+VOCAB_SIZE = 1024
+CORPUS_REPOS = 300  # training repositories the BPE vocabulary sees (never held-out ones)
+
+
+@dataclass
+class PreparedSweLite:
+    model: Path
+    train_tasks: Path
+    heldout_tasks: Path
+    demos: list[Path]
+    warm_start_seconds: float
+    final_loss: float
+
+
+def model_spec(seed: int):
+    from agl_trainer.models.tiny import TinyModelSpec
+
+    return TinyModelSpec(hidden=128, layers=2, heads=2, kv_heads=2, intermediate=512, max_positions=2048, seed=seed)
+
+
+def prepare_swe_lite(
+    workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
+    train: int = TRAIN_TASKS, heldout: int = HELDOUT_TASKS, progress: bool = False,
+) -> PreparedSweLite:  # fmt: skip
+    from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
+    from transformers import AutoTokenizer
+
+    from examples.demo.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
+    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, record, training_tokens
+
+    workdir = Path(workdir)
+    train_rows = generate("train", train, seed)
+    train_tasks = write_tasks(train_rows, workdir / "train")
+    heldout_tasks = write_tasks(generate("heldout", heldout, seed), workdir / "heldout")
+    demo_tasks = write_tasks(generate("demo", demos, seed), workdir / "demo")
+    shown = [record(json.loads(line), workdir / "demos") for line in demo_tasks.read_text().splitlines()]
+    trajectories = [load_trajectory(path) for path in shown]
+    corpus = ["\n".join(m["content"] for m in chat_messages(t)) for t in trajectories]
+    corpus += ["\n".join([t["problem_statement"], *t["files"].values()]) for t in train_rows[:CORPUS_REPOS]]
+    tokenizer = build_bpe_tokenizer(corpus, VOCAB_SIZE)
+    initial = save_model(workdir / "model-init", tokenizer, model_spec(seed), {"tokenizer": "byte-level-bpe"})
+    tokenizer = AutoTokenizer.from_pretrained(initial)  # as the engine loads it
+    examples = [Demonstration(*training_tokens(t, tokenizer)) for t in trajectories]
+    result = supervised_warm_start(
+        initial, workdir / "model-warm", examples,
+        WarmStartConfig(steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed), progress=progress,
+    )  # fmt: skip
+    return PreparedSweLite(result.path, train_tasks, heldout_tasks, shown, result.seconds, result.losses[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m examples.swe_lite.prepare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/swe_lite", help="directory for the tasks, demos/, model-init/, model-warm/")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=WARM_START_STEPS, help="warm-start steps")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    prepared = prepare_swe_lite(args.out, seed=args.seed, steps=args.steps, progress=True)
+    print(
+        f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "
+        f"{prepared.final_loss:.3f}; wrote {prepared.model}, {prepared.train_tasks}, {prepared.heldout_tasks}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

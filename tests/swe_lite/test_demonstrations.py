@@ -1,0 +1,99 @@
+"""swe-lite's demonstrations: the scripted policy's replies parse as mini-swe-agent actions, its sed
+fixes every bug the generator makes, a recorded trajectory is mini-swe-agent's own format with the
+agent's real observations (the tests pass after the fix), demonstrations never search for the file,
+and the warm start learns exactly the assistant turns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from examples.swe_lite.demonstrations import chat_messages, load_trajectory, record, replies, training_tokens
+from examples.swe_lite.functions import FUNCTIONS
+from examples.swe_lite.generate import Module, generate, render, write_tasks
+
+ACTION = r"```mswea_bash_command\s*\n(.*?)\n```"  # mini-swe-agent's text-based action regex
+
+
+def command(text: str) -> str:
+    from minisweagent.models.utils.actions_text import parse_regex_actions
+
+    (action,) = parse_regex_actions(text, action_regex=ACTION, format_error_template="bad")
+    return action["command"]
+
+
+def test_demonstrations_look_fix_test_submit_and_never_search() -> None:
+    task = generate("demo", 1, seed=0)[0]
+    shown = [command(r) for r in replies(task)]
+    assert [c.split()[0] for c in shown] == ["cat", "sed", "python", "echo"]
+    searched = [command(r) for r in replies(task, search=True)]
+    assert searched[0] == f'grep -rn "def {task["placement"]["function"]}" .' and searched[1:] == shown
+    assert [c.split()[0] for c in (command(r) for r in replies(task, fix=False))] == ["cat", "python", "echo"]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS, ids=[f.name for f in FUNCTIONS])
+def test_the_scripted_sed_fixes_every_bug(function, tmp_path: Path) -> None:
+    values = {k: v[0] for k, v in function.constants.items()}
+    module = Module("m", ((function, values),))
+    for bug in function.bugs:
+        target = tmp_path / "pkg" / "m.py"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(module.source((function.name, bug)))
+        task = {"fix": {"path": "pkg/m.py", "buggy": render(bug.buggy, values), "correct": render(bug.correct, values)},
+                "placement": {"function": function.name}}  # fmt: skip
+        sed = command(replies(task)[1])
+        subprocess.run(["bash", "-c", sed], cwd=tmp_path, check=True)
+        assert target.read_text() == module.source(), (bug, sed)
+
+
+@pytest.fixture(scope="module")
+def trajectory(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("demo")
+    (row,) = (json.loads(line) for line in write_tasks(generate("demo", 1, seed=5), out / "tasks").read_text().splitlines())
+    return load_trajectory(record(row, out / "demos"))
+
+
+def test_a_recorded_demonstration_is_a_real_mini_swe_agent_trajectory(trajectory: dict) -> None:
+    assert trajectory["trajectory_format"] == "mini-swe-agent-1.1"
+    assert trajectory["info"]["exit_status"] == "Submitted"
+    messages = chat_messages(trajectory)
+    assert [m["role"] for m in messages] == ["system", "user"] + ["assistant", "user"] * 3 + ["assistant"]
+    looked, fixed, tested = (messages[i]["content"] for i in (3, 5, 7))
+    assert looked.startswith("rc=0\ndef ") and fixed == "rc=0\n"
+    assert tested.startswith("rc=0") and " passed" in tested and "failed" not in tested  # the fix worked
+
+
+def test_the_warm_start_learns_the_assistant_turns_only(trajectory: dict) -> None:
+    from agl_trainer.models.tiny import build_bpe_tokenizer
+
+    tokenizer = build_bpe_tokenizer()
+    ids, mask = training_tokens(trajectory, tokenizer)
+    assert ids == list(tokenizer.apply_chat_template(chat_messages(trajectory), tokenize=True, return_dict=False))
+    learned = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    replies_text = [m["content"] + "<|im_end|>" for m in chat_messages(trajectory) if m["role"] == "assistant"]
+    assert learned == "".join(replies_text)
+
+
+def test_a_file_that_is_not_a_trajectory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"messages": []}))
+    with pytest.raises(ValueError, match="not a mini-swe-agent-1.1 trajectory"):
+        load_trajectory(path)
+
+
+@pytest.mark.slow
+def test_prepare_writes_the_tasks_the_demonstrations_and_a_warm_started_model(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from examples.swe_lite.prepare import prepare_swe_lite
+
+    prepared = prepare_swe_lite(tmp_path, seed=0, demos=2, steps=3, train=10, heldout=4)
+    assert len(prepared.train_tasks.read_text().splitlines()) == 10
+    assert len(prepared.heldout_tasks.read_text().splitlines()) == 4
+    assert [load_trajectory(p)["info"]["exit_status"] for p in prepared.demos] == ["Submitted"] * 2
+    assert AutoConfig.from_pretrained(prepared.model).max_position_embeddings == 2048
+    tokenizer = AutoTokenizer.from_pretrained(prepared.model)
+    assert len(training_tokens(load_trajectory(prepared.demos[0]), tokenizer)[0]) < 1024  # fits with room for searching

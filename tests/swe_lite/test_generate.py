@@ -1,0 +1,134 @@
+"""swe-lite's task generator: reproducible tasks whose bug breaks exactly its FAIL_TO_PASS tests (checked
+with real pytest through examples/swe's grader), every bug family, and a held-out split that shares
+nothing the model sees with training (and a check that would say so if the generator leaked)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import examples.swe_lite.generate as generate_module
+from examples.swe.grader import grade
+from examples.swe.swe_task import fresh_copy, parse_task
+from examples.swe_lite.functions import FAMILIES, FUNCTIONS
+from examples.swe_lite.generate import GenerationError, cases, generate, outcome, overlap, render, write_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_same_seed_gives_the_same_tasks_and_another_seed_others() -> None:
+    assert generate("train", 50, seed=3) == generate("train", 50, seed=3)
+    first, other = generate("train", 50, seed=3), generate("train", 50, seed=4)
+    assert [t["problem_statement"] for t in first] != [t["problem_statement"] for t in other]
+
+
+def test_thousands_of_distinct_training_tasks_cover_every_bug_family() -> None:
+    tasks = generate("train", 2000, seed=0)
+    assert len({json.dumps(t["files"], sort_keys=True) for t in tasks}) == 2000
+    assert set(collections.Counter(t["placement"]["family"] for t in tasks)) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("function", FUNCTIONS, ids=[f.name for f in FUNCTIONS])
+def test_each_bug_is_one_snippet_and_breaks_a_call(function) -> None:
+    from examples.swe_lite.generate import Module
+
+    values = {k: v[0] for k, v in function.constants.items()}
+    module = Module("m", ((function, values),))
+    expected = {c.call: c.expected for c in cases([module])}
+    for bug in function.bugs:
+        broken = module.source((function.name, bug))  # raises GenerationError unless the snippet is unique
+        assert render(bug.buggy, values) in broken
+        assert any(outcome(broken, call) != ("value", value) for call, value in expected.items()), bug
+
+
+def test_the_heldout_split_shares_nothing_the_model_sees_with_training() -> None:
+    train, heldout = generate("train", 2000, seed=0), generate("heldout", 200, seed=0)
+    assert overlap(train, heldout) == []
+
+
+def test_the_disjointness_check_fails_when_the_generator_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held-out tasks drawn from training's name pools: the check must find what they share."""
+    monkeypatch.setitem(generate_module.PACKAGES, "heldout", generate_module.PACKAGES["train"])
+    monkeypatch.setitem(generate_module.MODULES, "heldout", generate_module.MODULES["train"])
+    leaked = overlap(generate("train", 2000, seed=0), generate("heldout", 200, seed=0))
+    assert any(key.startswith("file:") for key in leaked)
+    monkeypatch.setitem(generate_module.SPLIT_SALT, "heldout", generate_module.SPLIT_SALT["train"])
+    same = overlap(generate("train", 50, seed=0), generate("heldout", 50, seed=0))
+    assert any(key.startswith("statement:") for key in same) and any(key.startswith("placement:") for key in same)
+
+
+def test_the_statement_names_the_file_only_in_demonstrations() -> None:
+    for task in generate("demo", 20, seed=0):
+        assert f"The bug is in {task['fix']['path']}." in task["problem_statement"]
+    for task in generate("train", 20, seed=0) + generate("heldout", 20, seed=0):
+        assert task["fix"]["path"] not in task["problem_statement"]
+
+
+def one_task_per_family(tmp_path: Path) -> list[dict]:
+    chosen = {}
+    for task in generate("train", 200, seed=1):
+        chosen.setdefault(task["placement"]["family"], task)
+    write_tasks(list(chosen.values()), tmp_path / "tasks")
+    return [json.loads(line) for line in (tmp_path / "tasks" / "tasks.jsonl").read_text().splitlines()]
+
+
+def test_pytest_fails_the_bug_and_passes_the_fix(tmp_path: Path) -> None:
+    rows = one_task_per_family(tmp_path)
+    assert len(rows) == len(FAMILIES)
+    for row in rows:
+        task = parse_task(row)
+        workspace = fresh_copy(task, tmp_path / "ws" / row["id"])
+        assert grade(task, workspace) == 0.0, row["placement"]
+        fix = workspace / row["fix"]["path"]
+        fix.write_text(fix.read_text().replace(row["fix"]["buggy"], row["fix"]["correct"]))
+        assert grade(task, workspace) == 1.0, row["placement"]
+
+
+@pytest.mark.parametrize("edit", ["change", "add", "remove", "conftest"])
+def test_the_grader_refuses_a_patch_that_edits_the_tests(tmp_path: Path, edit: str) -> None:
+    row = one_task_per_family(tmp_path)[0]
+    task = parse_task(row)
+    workspace = fresh_copy(task, tmp_path / "r-1")
+    fix = workspace / row["fix"]["path"]
+    fix.write_text(fix.read_text().replace(row["fix"]["buggy"], row["fix"]["correct"]))
+    test = workspace / task.test_files[0]
+    if edit == "change":
+        test.write_text(test.read_text() + "\n# edited\n")
+    elif edit == "add":
+        (workspace / "tests" / "test_extra.py").write_text("def test_x():\n    pass\n")
+    elif edit == "remove":
+        test.unlink()
+    else:
+        (workspace / "conftest.py").write_text("collect_ignore = ['tests']\n")
+    env = {**os.environ, "AGL_TASK": json.dumps(row), "AGL_ROLLOUT_ID": "r-1", "AGL_SWE_WORKDIR": str(tmp_path)}
+    grader = [sys.executable, str(ROOT / "examples/swe/grader.py"), "--refuse-test-edits", "--keep"]
+    result = subprocess.run(grader, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "0.0", result.stderr
+    assert "refused, the patch edits the tests" in result.stderr
+    assert grade(task, workspace) == 1.0  # without the flag the tests are restored and the fix passes
+
+
+def test_a_fix_that_leaves_the_tests_alone_is_not_refused(tmp_path: Path) -> None:
+    row = one_task_per_family(tmp_path)[0]
+    task = parse_task(row)
+    workspace = fresh_copy(task, tmp_path / "ws")
+    fix = workspace / row["fix"]["path"]
+    fix.write_text(fix.read_text().replace(row["fix"]["buggy"], row["fix"]["correct"]))
+    for left in ("tests/__pycache__/test_x.cpython-311.pyc", ".pytest_cache/v/cache/lastfailed"):
+        (workspace / left).parent.mkdir(parents=True, exist_ok=True)  # what running the tests leaves behind
+        (workspace / left).write_text("x")
+    assert grade(task, workspace, refuse_test_edits=True) == 1.0
+
+
+def test_bad_generator_input_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(GenerationError, match="split 'nope'"):
+        generate("nope", 1, seed=0)
+    with pytest.raises(SystemExit):
+        generate_module.main(["--out", "x", "--count", "0"])
+    assert "--count must be >= 1" in capsys.readouterr().err
