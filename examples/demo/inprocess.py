@@ -31,7 +31,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.demo.episodes import DemoTokens, Episode, run_episodes
-from examples.demo.task import make_tasks
+from examples.demo.task import check_split, make_tasks
 
 
 @dataclass
@@ -209,7 +209,8 @@ def _held_out_comparison(rl: InProcessRL, split: str, seed: int) -> Any:
     """A printer of the sampled reward on fresh training tasks and on `split`'s tasks."""
     from examples.demo.episodes import mean_reward
 
-    train, held_out = make_tasks(64, seed + 20_000), make_tasks(64, seed + 10_000, split)  # type: ignore[arg-type]
+    train = make_tasks(64, seed + 20_000)
+    held_out = make_tasks(64, seed + 10_000, check_split(split))
 
     def compare(step: int) -> None:
         rl.model.eval()

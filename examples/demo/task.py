@@ -17,10 +17,12 @@ about 0.04).
 Held out by construction: all the model sees of an episode is the key and the tool's value, so a
 held-out task is one whose (key, value) pair training never shows. A pair's split is fixed by its
 offset (value index - key index) mod N_VALUES (`split_of`): every key and every value is in
-training, each with most values and keys, but never with its held-out partners, and no training
+training, each with half the values or keys, but never with its held-out partners, and no training
 table holds a held-out pair under any key (a wrong lookup cannot show it either). What a held-out
-task measures is whether copying the tool's value carries over to pairs never seen together. Everything here is plain Python (no torch, no openai) so the harness, the warm start
-and the in-process reference share one definition of the task.
+task measures is whether copying the tool's value carries over to pairs never seen together.
+
+Everything here is plain Python (no torch, no openai) so the harness, the warm start and the
+in-process reference share one definition of the task.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def make_task(
     table = {k: rng.choice(values_for(k, "train")) for k in KEYS}
     table[key] = value or rng.choice(values_for(key, split))
     if split_of(key, table[key]) != split:
-        raise ValueError(f"make_task: ({key}, {table[key]}) is a {split_of(key, table[key])} pair, not {split}")
+        found = split_of(key, table[key])
+        raise ValueError(f"make_task: ({key}, {table[key]}) is a {found} pair, not a {split} pair")
     return {"task_id": f"{ID_PREFIX[split]}-{index:05d}", "key": key, "table": table}
 
 

@@ -30,9 +30,8 @@ def test_demo_reward_rises(tmp_path: Path, capfd: pytest.CaptureFixture[str]) ->
     # warm start is about 0.5 (greedy already solves the held-out tasks, so it cannot show a gain).
     assert summary["val_sampled_last"] >= summary["val_sampled_first"] + 0.08, summary
     assert "agl demo: held-out gain: val/sampled/reward (mean@4" in printed.out
-    assert "agl demo: held-out: 32 tasks (test split) over 16 (key, value) pairs the training never shows" in (
-        printed.out
-    )
+    held_out = "agl demo: held-out: 32 tasks (test split) over 16 (key, value) pairs the training never shows"
+    assert held_out in printed.out
     assert "Writing model shards" not in printed.err + printed.out  # no bar per checkpoint
     out = tmp_path / "demo"
     assert (out / "reward.png").stat().st_size > 0
