@@ -7,6 +7,7 @@
 
     python -m examples.demo.inprocess --steps 200       # train and print reward per step
     python -m examples.demo.inprocess --steps 100 --lora 8 --lr 3e-3   # LoRA (peft) instead
+    python -m examples.demo.inprocess --steps 150 --held-out val   # + sampled reward on val pairs
 
 A step: sample 16 tasks x 8 episodes (two batched calls each, as the harness makes them), reward
 them, GRPO advantages per task group (agl_trainer.algorithms), one on-policy policy-gradient update
@@ -30,7 +31,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.demo.episodes import DemoTokens, Episode, run_episodes
-from examples.demo.task import make_tasks
+from examples.demo.task import check_split, make_tasks
 
 
 @dataclass
@@ -178,20 +179,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--lora", type=int, default=0, metavar="RANK",
         help="train LoRA adapters of this rank (the demo config's targets: the projections and lm_head)",
     )
+    parser.add_argument(
+        "--held-out", choices=("val", "test"), default=None,
+        help="every 25 steps, the sampled reward (mean@4) on 64 tasks of this held-out split beside "
+        "64 training tasks: does what RL learns carry over to (key, value) pairs it never shows?",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     from examples.demo.prepare import prepare_demo_model
 
     prepared = prepare_demo_model(args.workdir, seed=args.seed)
     print(f"reward: random init {prepared.reward_init:.3f}, after warm start {prepared.reward_warm:.3f}")
     rl = InProcessRL(prepared.path, lr=args.lr, seed=args.seed, lora_rank=args.lora)
+    compare = _held_out_comparison(rl, args.held_out, args.seed) if args.held_out else None
     for step in range(1, args.steps + 1):
+        if compare and step % 25 == 1:
+            compare(step - 1)
         stats = rl.step()
         if step % 10 == 0 or step == 1:
             print(
                 f"step {step:4d} reward {stats.reward:.3f} ({stats.seconds * 1000:.0f} ms: "
                 f"sample {stats.sample_s * 1000:.0f}, train {stats.train_s * 1000:.0f})"
             )
+    if compare:
+        compare(args.steps)
     return 0
+
+
+def _held_out_comparison(rl: InProcessRL, split: str, seed: int) -> Any:
+    """A printer of the sampled reward on fresh training tasks and on `split`'s tasks."""
+    from examples.demo.episodes import mean_reward
+
+    train = make_tasks(64, seed + 20_000)
+    held_out = make_tasks(64, seed + 10_000, check_split(split))
+
+    def compare(step: int) -> None:
+        rl.model.eval()
+        print(
+            f"step {step:4d} sampled mean@4: training tasks {mean_reward(rl.model, rl.tokens, train):.3f}, "
+            f"{split} tasks {mean_reward(rl.model, rl.tokens, held_out):.3f}"
+        )
+
+    return compare
 
 
 if __name__ == "__main__":

@@ -12,8 +12,17 @@ model emits it reliably, the chat template renders it back to the same tokens, a
 still sends the tool's answer back as a `tool` message, as a real tool-using harness does.
 
 Reward: the fraction of the 5 generated positions that are right (a uniform random policy gets
-about 0.04). Everything here is plain Python (no torch, no openai) so the harness, the warm start
-and the in-process reference share one definition of the task.
+about 0.04).
+
+Held out by construction: all the model sees of an episode is the key and the tool's value, so a
+held-out task is one whose (key, value) pair training never shows. A pair's split is fixed by its
+offset (value index - key index) mod N_VALUES (`split_of`): every key and every value is in
+training, each with half the values or keys, but never with its held-out partners, and no training
+table holds a held-out pair under any key (a wrong lookup cannot show it either). What a held-out
+task measures is whether copying the tool's value carries over to pairs never seen together.
+
+Everything here is plain Python (no torch, no openai) so the harness, the warm start and the
+in-process reference share one definition of the task.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 N_KEYS = 8
 N_VALUES = 8
@@ -37,30 +46,80 @@ CALL2_MAX_TOKENS = 2
 POSITIONS = CALL1_MAX_TOKENS + CALL2_MAX_TOKENS
 TOOL_CALL_ID = "lookup-1"
 
-
-def make_task(rng: random.Random, index: int) -> dict[str, Any]:
-    """One task: a key to look up and this task's table (every key -> a random value)."""
-    return {
-        "task_id": f"demo-{index:05d}",
-        "key": rng.choice(KEYS),
-        "table": {key: rng.choice(VALUES) for key in KEYS},
-    }
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test")
+# (value index - key index) mod N_VALUES of the held-out pairs: `val` for choosing settings, `test`
+# for reporting (never for choosing); every other offset is training's (4 of each key's 8 values)
+HELD_OUT_OFFSETS: dict[Split, tuple[int, ...]] = {"val": (2, 3), "test": (6, 7)}
+ID_PREFIX: dict[Split, str] = {"train": "demo", "val": "val", "test": "test"}
 
 
-def make_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` tasks, the same ones for the same seed."""
+def split_of(key: str, value: str) -> Split:
+    """The split a (key, value) pair belongs to."""
+    offset = (VALUES.index(value) - KEYS.index(key)) % N_VALUES
+    return next((split for split, held in HELD_OUT_OFFSETS.items() if offset in held), "train")
+
+
+def values_for(key: str, split: Split) -> tuple[str, ...]:
+    """The values `key` may have in a task of `split` (never empty)."""
+    return tuple(value for value in VALUES if split_of(key, value) == split)
+
+
+def check_split(split: str) -> Split:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    return split  # type: ignore[return-value]
+
+
+def split_pairs(split: Split) -> list[tuple[str, str]]:
+    """Every (key, value) pair of `split`, in a fixed order."""
+    return [(key, value) for key in KEYS for value in values_for(key, split)]
+
+
+def make_task(
+    rng: random.Random, index: int, split: Split = "train", pair: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """One task of `split`: a key to look up (with its value: `pair`, else drawn) and this task's
+    table. Every other entry holds a training pair, so a wrong lookup shows a training pair too."""
+    key, value = pair or (rng.choice(KEYS), None)
+    table = {k: rng.choice(values_for(k, "train")) for k in KEYS}
+    table[key] = value or rng.choice(values_for(key, split))
+    if split_of(key, table[key]) != split:
+        found = split_of(key, table[key])
+        raise ValueError(f"make_task: ({key}, {table[key]}) is a {found} pair, not a {split} pair")
+    return {"task_id": f"{ID_PREFIX[split]}-{index:05d}", "key": key, "table": table}
+
+
+def make_tasks(n: int, seed: int = 0, split: Split = "train") -> list[dict[str, Any]]:
+    """`n` tasks of `split`, the same ones for the same seed. Held-out tasks go through their
+    split's pairs in a seeded order, so `n` >= the pairs' count measures each of them."""
     if n < 1:
         raise ValueError(f"make_tasks: n must be >= 1, got {n}")
     rng = random.Random(seed)
-    return [make_task(rng, index) for index in range(n)]
+    if check_split(split) == "train":
+        return [make_task(rng, index) for index in range(n)]
+    pairs = split_pairs(split)
+    rng.shuffle(pairs)
+    return [make_task(rng, index, split, pairs[index % len(pairs)]) for index in range(n)]
 
 
-def write_tasks(path: str | Path, n: int, seed: int = 0) -> Path:
-    """Write `n` seeded tasks as JSONL (one task per line) and return the path."""
+def write_tasks(path: str | Path, n: int, seed: int = 0, split: Split = "train") -> Path:
+    """Write `n` seeded tasks of `split` as JSONL (one task per line) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(task) + "\n" for task in make_tasks(n, seed)))
+    path.write_text("".join(json.dumps(task) + "\n" for task in make_tasks(n, seed, split)))
     return path
+
+
+def shown_pairs(tasks: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
+    """Every (key, value) pair an episode of these tasks can show the model: any key it may look
+    up, with that key's value in its table."""
+    return {(key, value) for task in tasks for key, value in task["table"].items()}
+
+
+def answer_pair(task: dict[str, Any]) -> tuple[str, str]:
+    """What the model sees that decides a task's answer: its key and the key's value."""
+    return task["key"], task["table"][task["key"]]
 
 
 def check_task(task: Any) -> dict[str, Any]:

@@ -3,11 +3,17 @@
     from examples.hops.prepare import prepare_hops
     prepared = prepare_hops("runs/hops", seed=0)
     prepared.path                     # runs/hops/model-warm: what RL starts from
-    prepared.warm                     # held-out reward of the warm start: {"greedy", "sampled"}
+    prepared.warm                     # test-split reward of the warm start: {"greedy", "sampled"}
 
 The warm start is deliberately short (a few demonstrations, few steps): it teaches the format
 (the main agent's `call <key>`, the sub-agent's lookup and answer) and leaves the copying to RL,
-so the held-out reward has room to rise. Held-out tasks come from another seed (ids `val-...`).
+so the held-out reward has room to rise.
+
+Two held-out splits, disjoint from training and from each other by what the model sees (each
+chain's last lookup is a (key, value) pair training never shows: task.make_tasks): `val_tasks.jsonl`
+(ids `val-...`), which the training run validates on and settings are chosen on, and
+`test_tasks.jsonl` (ids `test-...`), which only `python -m examples.hops.run` reads, once, after
+training, for the numbers it reports: nothing is chosen on it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from examples.hops.task import demonstration, make_tasks
 
@@ -25,6 +31,7 @@ WARM_START_LR = 1e-3
 WARM_START_HOPS = 1  # one-hop demonstrations: continuing a chain (3-4 hops, compactions) is for RL to find
 TRAIN_TASKS = 512
 VAL_TASKS = 64
+TEST_TASKS = 64
 EVAL_K = 4
 
 
@@ -33,12 +40,32 @@ class PreparedHops:
     path: Path
     tasks: Path
     val_tasks: Path
-    warm: dict[str, float]
+    test_tasks: Path
+    warm: dict[str, float]  # on the test split
     warm_start_seconds: float
 
 
+def train_tasks(n: int = TRAIN_TASKS, seed: int = 0) -> list[dict[str, Any]]:
+    return make_tasks(n, seed, prefix="train")
+
+
+def warm_start_tasks(
+    n: int = WARM_START_TASKS, seed: int = 0, hops: int = WARM_START_HOPS
+) -> list[dict[str, Any]]:
+    return make_tasks(n, seed + 1, prefix="demo", max_hops=hops)
+
+
+HELD_OUT_SEEDS = {"val": 10_000, "test": 20_000}  # added to the run's seed
+
+
+def held_out_tasks(split: Literal["val", "test"], n: int = VAL_TASKS, seed: int = 0) -> list[dict[str, Any]]:
+    """`val`: the training run's validation rounds, for choosing settings. `test`: for reported
+    numbers only, never for choosing."""
+    return make_tasks(n, HELD_OUT_SEEDS[split] + seed, prefix=split, split=split)
+
+
 def val_tasks(n: int = VAL_TASKS, seed: int = 0) -> list[dict[str, Any]]:
-    return make_tasks(n, 10_000 + seed, prefix="val")
+    return held_out_tasks("val", n, seed)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -69,7 +96,7 @@ def prepare_hops(
     tokens = HopsTokens(AutoTokenizer.from_pretrained(initial))
     shown = [
         Demonstration(*tokens.demonstration(conversation))
-        for task in make_tasks(demos, seed + 1, prefix="demo", max_hops=demo_hops)
+        for task in warm_start_tasks(demos, seed, demo_hops)
         for conversation in demonstration(task)
     ]
     result = supervised_warm_start(
@@ -79,17 +106,18 @@ def prepare_hops(
         WarmStartConfig(steps=steps, lr=WARM_START_LR, seed=seed),
         progress=progress,
     )
-    held_out = val_tasks(seed=seed)
+    test = held_out_tasks("test", TEST_TASKS, seed)
     warm = evaluate(
         AutoModelForCausalLM.from_pretrained(result.path, dtype=torch.float32),
         tokens,
-        held_out,
+        test,
         k=EVAL_K,
         seed=seed,
     )
-    tasks = write_jsonl(workdir / "tasks.jsonl", make_tasks(TRAIN_TASKS, seed, prefix="train"))
-    val = write_jsonl(workdir / "val_tasks.jsonl", held_out)
-    return PreparedHops(result.path, tasks, val, warm, result.seconds)
+    tasks = write_jsonl(workdir / "tasks.jsonl", train_tasks(seed=seed))
+    val = write_jsonl(workdir / "val_tasks.jsonl", val_tasks(seed=seed))
+    test_path = write_jsonl(workdir / "test_tasks.jsonl", test)
+    return PreparedHops(result.path, tasks, val, test_path, warm, result.seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m examples.hops.prepare", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--out", default="runs/hops", help="directory for model-warm/, tasks.jsonl, val_tasks.jsonl"
+        "--out", default="runs/hops",
+        help="directory for model-warm/, tasks.jsonl, val_tasks.jsonl, test_tasks.jsonl",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -108,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     prepared = prepare_hops(args.out, seed=args.seed)
     print(
-        f"hops: warm start in {prepared.warm_start_seconds:.1f} s; held-out reward greedy {prepared.warm['greedy']:.3f}, "
-        f"sampled mean@{EVAL_K} {prepared.warm['sampled']:.3f}; wrote {prepared.path}, {prepared.tasks}, {prepared.val_tasks}"
+        f"hops: warm start in {prepared.warm_start_seconds:.1f} s; test-split reward greedy "
+        f"{prepared.warm['greedy']:.3f}, sampled mean@{EVAL_K} {prepared.warm['sampled']:.3f}; wrote "
+        f"{prepared.path}, {prepared.tasks}, {prepared.val_tasks}, {prepared.test_tasks}"
     )
     return 0
 

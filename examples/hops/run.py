@@ -1,7 +1,8 @@
 """The hops example for several seeds: prepare each seed's warm start and tasks, train it with
-`agl train examples/hops/config.yaml` (the whole pipeline, in its own process), then measure the
-held-out reward of the warm start and of the final weights in-process (greedy, and sampled mean@4),
-and plot every seed's held-out curves together.
+`agl train examples/hops/config.yaml` (the whole pipeline, in its own process; its validation rounds
+run on the val split), then measure the test-split reward of the warm start and of the final
+weights in-process (greedy, and sampled mean@4), and plot every seed's curves together. The test
+split is read here only, after training: choose settings on the val split (the pipeline rounds).
 
     python -m examples.hops.run                       # seeds 0 1 2, 15 minutes of RL each
     python -m examples.hops.run --seeds 0 --budget-s 120 --out runs/hops-smoke
@@ -75,11 +76,11 @@ def train_seed(out: Path, seed: int, budget_s: float, overrides: tuple[str, ...]
         / "model"
     )
     tokens = HopsTokens(AutoTokenizer.from_pretrained(prepared.path))
-    held_out = [json.loads(line) for line in prepared.val_tasks.read_text().splitlines()]
+    test = [json.loads(line) for line in prepared.test_tasks.read_text().splitlines()]
     final = evaluate(
         AutoModelForCausalLM.from_pretrained(final_model, dtype=torch.float32),
         tokens,
-        held_out,
+        test,
         k=EVAL_K,
         seed=seed,
     )
@@ -88,11 +89,12 @@ def train_seed(out: Path, seed: int, budget_s: float, overrides: tuple[str, ...]
         "steps": len(train),
         "rl_seconds": seconds,
         "load_average": {"mean": statistics.fmean(loads), "max": max(loads)},
-        "warm": prepared.warm,  # in-process, before RL: greedy and sampled mean@4
-        "final": final,  # in-process, the last checkpoint
+        "held_out": "test split for warm/final, val split for val/val_sampled (disjoint from training)",
+        "warm": prepared.warm,  # in-process, before RL, test split: greedy and sampled mean@4
+        "final": final,  # in-process, the last checkpoint, test split
         "final_checkpoint": str(final_model),
-        "val": val,  # through the pipeline: greedy rounds
-        "val_sampled": sampled,  # through the pipeline: mean@2 rounds
+        "val": val,  # through the pipeline, val split: greedy rounds
+        "val_sampled": sampled,  # through the pipeline, val split: mean@2 rounds
         "train": train,
     }
 
@@ -119,7 +121,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
             )
         axes[1].plot(*zip(*result["train"]), color=color, alpha=0.7, label=f"seed {seed}")
     axes[0].set(
-        title="held-out reward (64 chains, through the pipeline)", xlabel="training step", ylabel="reward"
+        title="val-split reward (64 chains, through the pipeline)", xlabel="training step", ylabel="reward"
     )
     axes[1].set(
         title="training reward (mean of the step's rollouts)", xlabel="training step", ylabel="reward"
@@ -173,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
 def describe(result: dict[str, Any]) -> str:
     return (
         f"hops seed {result['seed']}: {result['steps']} steps in {result['rl_seconds']:.0f} s (load average "
-        f"{result['load_average']['mean']:.1f}, max {result['load_average']['max']:.1f}); held-out greedy "
-        f"{result['warm']['greedy']:.3f} -> {result['final']['greedy']:.3f}, sampled mean@4 "
-        f"{result['warm']['sampled']:.3f} -> {result['final']['sampled']:.3f}; pipeline rounds greedy "
-        f"{result['val'][0][1]:.3f} -> {result['val'][-1][1]:.3f}"
+        f"{result['load_average']['mean']:.1f}, max {result['load_average']['max']:.1f}); test split "
+        f"greedy {result['warm']['greedy']:.3f} -> {result['final']['greedy']:.3f}, sampled mean@4 "
+        f"{result['warm']['sampled']:.3f} -> {result['final']['sampled']:.3f}; val split (pipeline "
+        f"rounds) greedy {result['val'][0][1]:.3f} -> {result['val'][-1][1]:.3f}"
     )
 
 
@@ -201,7 +203,7 @@ def summarize(results: list[dict[str, Any]], out: Path) -> int:
     (out / "hops.json").write_text(json.dumps(results, indent=1))
     for key in ("greedy", "sampled"):
         gains = [r["final"][key] - r["warm"][key] for r in results]
-        print(f"hops: held-out {key} gain over {len(results)} seed(s): {statistics.fmean(gains):+.3f} "
+        print(f"hops: test-split {key} gain over {len(results)} seed(s): {statistics.fmean(gains):+.3f} "
               f"(min {min(gains):+.3f}, max {max(gains):+.3f})")  # fmt: skip
     print(f"hops: curves {plot(results, out / 'hops.png')}; numbers {out / 'hops.json'}")
     return 0

@@ -46,16 +46,23 @@ MAIN_ROLE = "main"  # the main agent's system message: what tells its context fr
 WORDS = (*demo.WORDS, MAIN_ROLE)  # the hops model's vocabulary (beyond specials and role names)
 
 
-def make_tasks(n: int, seed: int, prefix: str = "hops", max_hops: int = MAX_HOPS) -> list[dict[str, Any]]:
-    """`n` tasks: a start key, a chain length and a table in which the chain's keys point onward."""
+def make_tasks(
+    n: int, seed: int, prefix: str = "hops", max_hops: int = MAX_HOPS, split: demo.Split = "train"
+) -> list[dict[str, Any]]:
+    """`n` tasks of `split`: a start key, a chain length and a table in which the chain's keys point
+    onward. Held out by construction, as the demo's tasks: the chain's last lookup, (its last key,
+    the answer), is a pair of `split` (demo.split_of), and every other key -> value entry a training
+    pair, so no training chain or lookup ever shows a held-out chain's last step."""
     if n < 1:
         raise ValueError(f"make_tasks: n must be >= 1, got {n}")
+    demo.check_split(split)
     rng = random.Random(seed)
     tasks = []
     for index in range(n):
         length = rng.randint(1, max_hops)
         chain = rng.sample(demo.KEYS, length)
-        table = {key: rng.choice(demo.VALUES) for key in demo.KEYS}
+        table = {key: rng.choice(demo.values_for(key, "train")) for key in demo.KEYS}
+        table[chain[-1]] = rng.choice(demo.values_for(chain[-1], split))
         for here, there in itertools.pairwise(chain):
             table[here] = there
         tasks.append({"id": f"{prefix}-{seed}-{index:05d}", "key": chain[0], "hops": length, "table": table})

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from examples.demo import task as demo
 from examples.demo.episodes import DemoTokens
+from examples.demo.tasks import main as main_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,24 +102,55 @@ def test_token_ids_match_the_chat_template(prepared) -> None:
     assert len(tokenizer) <= 26  # the vocabulary the experiment in ENVIRONMENT.md used
 
 
-def test_val_tasks_are_held_out_from_the_training_tasks(tmp_path) -> None:
-    import json
+def _shown(tasks: list[dict]) -> set[tuple[str, str]]:
+    """Every (key, value) a training episode can show: any key the model may look up, its value."""
+    return {(key, value) for task in tasks for key, value in task["table"].items()}
 
-    from examples.demo.run import write_val_tasks
-    from examples.demo.task import make_tasks
 
-    train = make_tasks(256, 0)
+def _answer(task: dict) -> tuple[str, str]:
+    """All the model sees that decides a task's answer: the key and the value the tool gives."""
+    return task["key"], task["table"][task["key"]]
+
+
+def test_held_out_tasks_show_the_model_no_pair_the_training_shows(tmp_path, prepared) -> None:
+    """What the demo writes as held-out (its validation rounds) holds (key, value) pairs that no
+    training task nor warm-start demonstration holds under any key, and whose episode's tokens no
+    training episode has; yet every key and value is trained (generalisation, not unseen words).
+    The old generator (another seed's tables, whole tables excluded) failed this: 26 of its 32
+    held-out tasks' pairs were in training tables."""
+    from examples.demo.prepare import warm_start_tasks
+    from examples.demo.run import held_out_description, write_val_tasks
+
+    train = [*demo.make_tasks(256, 0), *warm_start_tasks(0)]
     path = write_val_tasks(tmp_path / "val.jsonl", 32, 0, exclude=train)
-    val = [json.loads(line) for line in path.read_text().splitlines()]
+    held_out = [json.loads(line) for line in path.read_text().splitlines()]
+    pairs = {_answer(t) for t in held_out}
+    assert not pairs & _shown(train) and len(pairs) == 16
+    assert len(held_out) == 32 and [t["task_id"] for t in held_out] == [f"test-{i:05d}" for i in range(32)]
+    assert {k for k, _ in _shown(train)} == set(demo.KEYS)
+    assert {v for _, v in _shown(train)} == set(demo.VALUES)
+    tokens = DemoTokens(AutoTokenizer.from_pretrained(prepared.path))
+    trained_ids = {tuple(tokens.demonstration(t).token_ids) for t in train}
+    assert not {tuple(tokens.demonstration(t).token_ids) for t in held_out} & trained_ids
+    # the validation split (for choosing settings) is disjoint from the test split and from training
+    val = demo.make_tasks(64, 5, "val")
+    assert {_answer(t) for t in val} == set(demo.split_pairs("val")) and not set(demo.split_pairs("val")) & (
+        pairs | _shown(train)
+    )
+    assert "16 (key, value) pairs the training never shows" in held_out_description(32)
+    # a task set that does show a held-out pair is refused, named, not silently written
+    leaky = [{**held_out[0], "task_id": "demo-x"}]
+    with pytest.raises(ValueError, match=r"held-out pairs \[\('k"):
+        write_val_tasks(tmp_path / "val2.jsonl", 32, 0, exclude=leaky)
 
-    def content(task):
-        return task["key"], tuple(sorted(task["table"].items()))
 
-    assert len(val) == 32 and [t["task_id"] for t in val] == [f"val-{i:05d}" for i in range(32)]
-    assert not {content(t) for t in val} & {content(t) for t in train}
-    # a candidate equal to a training task is skipped, not written: exclude the first one given
-    first = val[0]
-    again = write_val_tasks(tmp_path / "val2.jsonl", 32, 0, exclude=[*train, {**first, "task_id": "demo-x"}])
-    rewritten = [json.loads(line) for line in again.read_text().splitlines()]
-    assert len(rewritten) == 32 and content(first) not in {content(t) for t in rewritten}
-    assert content(rewritten[0]) == content(val[1])
+def test_a_task_of_a_split_holds_only_that_split_s_pair(tmp_path) -> None:
+    for split in demo.SPLITS:
+        for task in demo.make_tasks(50, 1, split):
+            assert demo.split_of(*_answer(task)) == split
+            assert all(demo.split_of(k, v) == "train" for k, v in task["table"].items() if k != task["key"])
+    with pytest.raises(ValueError, match="split must be one of train, val, test"):
+        demo.make_tasks(2, 0, "holdout")  # type: ignore[arg-type]
+    out = tmp_path / "test.jsonl"
+    assert main_tasks(["--n", "4", "--split", "test", "--out", str(out)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == demo.make_tasks(4, 0, "test")

@@ -114,7 +114,7 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     assert Path(trained_receipt["model"]["path"]).parts[-2:] == ("backend", "model")
     assert main(["eval", "--compare", str(warm), str(trained)]) == 0
     table = capsys.readouterr().out
-    assert "mean@3" in table and "pass@3" in table and "val-00000" in table
+    assert "mean@3" in table and "pass@3" in table and "test-00000" in table
 
     # A different turn budget (handed to the harness as AGL_MAX_TURNS) is in the receipt; --compare refuses it.
     budget = evaluate(demo, "turns", demo["warm"], "--eval.max_turns=5", *TRACKERS)

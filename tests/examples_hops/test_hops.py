@@ -49,6 +49,37 @@ def test_tasks_are_seeded_chains_that_end_on_a_value() -> None:
         check_task({**tasks[0], "key": "v1"})
 
 
+def test_held_out_chains_show_the_model_nothing_the_training_shows() -> None:
+    """For every seed the runner uses: no val or test chain is a training or warm-start chain (the
+    start key and each lookup's result: what the main agent sees), the last lookup of each held-out
+    chain is a (key, value) pair no training table holds (what its sub-agent sees), and the val
+    split (settings are chosen on it) shares no chain or last pair with the test split (the
+    reported numbers). The old generator (another seed, same space) failed the first: 12, 14 and
+    14 of the 64 held-out chains of seeds 0, 1, 2 were training chains."""
+    from examples.hops.prepare import held_out_tasks, train_tasks, warm_start_tasks
+
+    def seen(task: dict) -> tuple[str, ...]:
+        return (task["key"], *chain(task))
+
+    def last(task: dict) -> tuple[str, str]:
+        steps = [task["key"], *chain(task)]
+        return steps[-2], steps[-1]
+
+    for seed in (0, 1, 2):
+        trained = [*train_tasks(seed=seed), *warm_start_tasks(seed=seed)]
+        trained += warm_start_tasks(64, seed, MAX_HOPS)  # the fixture's longer warm start
+        val, test = held_out_tasks("val", 64, seed), held_out_tasks("test", 64, seed)
+        trained_chains = {seen(t) for t in trained}
+        shown = {(k, v) for t in trained for k, v in t["table"].items() if v in demo.VALUES}
+        for held_out in (val, test):
+            assert not {seen(t) for t in held_out} & trained_chains
+            assert not {last(t) for t in held_out} & shown
+        assert not {seen(t) for t in val} & {seen(t) for t in test}
+        assert not {last(t) for t in val} & {last(t) for t in test}
+        assert {t["hops"] for t in test} == set(range(1, MAX_HOPS + 1))  # every length is tested
+        assert [t["id"] for t in test[:2]] == [f"test-{20_000 + seed}-00000", f"test-{20_000 + seed}-00001"]
+
+
 def test_the_ideal_rollout_solves_the_chain_with_a_sub_agent_per_hop_and_a_compaction() -> None:
     task = next(t for t in make_tasks(50, seed=1) if t["hops"] == 3)
     conversations = demonstration(task)
@@ -224,7 +255,9 @@ def test_the_seed_runner_passes_config_overrides_to_agl_train(tmp_path: Path, mo
 
     def fake_prepare(workdir, *, seed):  # the warm start is not what this checks
         Path(workdir).mkdir(parents=True)
-        return prepare.PreparedHops(Path(workdir) / "model", Path("t.jsonl"), Path("v.jsonl"), {}, 0.0)
+        return prepare.PreparedHops(
+            Path(workdir) / "model", Path("t.jsonl"), Path("v.jsonl"), Path("x.jsonl"), {}, 0.0
+        )
 
     class Stop(Exception):
         pass
@@ -266,7 +299,7 @@ def test_runs_made_apart_combine_into_one_table_and_plot(tmp_path: Path, capsys)
     assert hops_run.main(["--combine", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
     assert [r["seed"] for r in json.loads((out / "hops.json").read_text())] == [0, 1, 2]
     printed = capsys.readouterr().out
-    assert "held-out greedy gain over 3 seed(s): +0.300 (min +0.100, max +0.500)" in printed
+    assert "test-split greedy gain over 3 seed(s): +0.300 (min +0.100, max +0.500)" in printed
     assert (out / "hops.png").read_bytes()[:4] == b"\x89PNG"
     for folders, message in (([tmp_path / "a", tmp_path / "a"], "seed 2 is in two"), ([tmp_path], "does not exist")):
         with pytest.raises(SystemExit) as refused:

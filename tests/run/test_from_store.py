@@ -104,7 +104,8 @@ def held_out_reward(model_dir: Path, seed: int, repeats: int = 16) -> float:
 
     tokens = DemoTokens(AutoTokenizer.from_pretrained(model_dir))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return mean_reward(model, tokens, make_tasks(EVAL_TASKS, seed + 10_000), seed=seed, repeats=repeats)
+    held_out = make_tasks(EVAL_TASKS, seed + 10_000, "test")  # pairs no training task shows
+    return mean_reward(model, tokens, held_out, seed=seed, repeats=repeats)
 
 
 @pytest.mark.slow

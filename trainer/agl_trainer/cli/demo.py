@@ -19,7 +19,8 @@ def register(subparsers: Any) -> None:
         description="Build the tiny demo model, warm-start it (its own phase, reward measured after "
         "it), then train the demo task by RL through the full pipeline in collocated-async mode and "
         "print the training reward before and after and the held-out gain (val/sampled/reward: 32 "
-        "held-out tasks, 4 samples each at the training temperature). Run from the repository root. Writes OUTPUT_DIR "
+        "held-out tasks whose (key, value) pairs the training never shows, 4 samples each at the "
+        "training temperature). Run from the repository root. Writes OUTPUT_DIR "
         "(metrics.jsonl, metrics.prom, tensorboard/, reward.png, checkpoints/, rollouts.db).",
     )
     parser.add_argument("--output-dir", default="runs/demo", help="where it all goes (default runs/demo; replaced)")
