@@ -121,7 +121,7 @@ def test_a_rollout_with_sub_agents_and_a_compaction_assembles_into_the_harness_s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agl_trainer.assembly import AssemblyConfig, assemble
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from examples.hops.harness import play_rollout
     from examples.hops.play import play
     from examples.hops.tokens import HopsTokens

@@ -111,7 +111,7 @@ def held_out_reward(model_dir: Path, seed: int, repeats: int = 16) -> float:
 def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_path: Path) -> None:
     import agl
     from agl_trainer.cli import main
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from agl_trainer.run.sidecar_client import SidecarProcess
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore

@@ -11,7 +11,7 @@ import pytest
 import torch
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import TorchBackend, TorchBackendConfig
-from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.weights.update import WeightUpdate
 from agl_trainer.engines.probes import HttpProbeEngine
 from agl_trainer.loop.canary import Canary, CanarySettings
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from agl_trainer.backends.lora import AdapterState
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm import LOAD_METHOD, VLLMEngine, VLLMError
+from agl_trainer.weights.update import AdapterState, WeightUpdate
+from agl_trainer.engines.vllm.engine import LOAD_METHOD, VLLMEngine, VLLMError
 
 from tests.vllm.test_engine_control import fake_config, read_events
 

@@ -40,6 +40,7 @@ from verl.workers.engine_workers import TrainingWorker
 
 from agl_trainer.algorithms import AlgorithmConfig, token_logprobs
 from agl_trainer.backends import lora, varlen_attention
+from agl_trainer.weights.update import AdapterState
 from agl_trainer.backends.chunked_logprobs import token_outputs
 from agl_trainer.backends.hf_model import head_sees_only, supports_packing
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
@@ -568,7 +569,7 @@ class AglTrainingWorker(TrainingWorker):
         get_torch_device().empty_cache()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def agl_adapter(self, dtype: torch.dtype | None = None) -> lora.AdapterState | None:
+    def agl_adapter(self, dtype: torch.dtype | None = None) -> AdapterState | None:
         """The adapter, gathered from the shards (every rank takes part), on rank 0; None elsewhere."""
         state = lora.adapter_state(self.engine.module, dtype)
         self._hand_back_cached_memory()

