@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from agl_trainer.weights.update import AdapterState, WeightUpdate
-from agl_trainer.engines.vllm.engine import LOAD_METHOD, VLLMEngine, VLLMError
+from agl_trainer.engines.vllm.config import LOAD_METHOD
+from agl_trainer.engines.vllm.engine import VLLMEngine, VLLMError
 
 from tests.vllm.test_engine_control import fake_config, read_events
 

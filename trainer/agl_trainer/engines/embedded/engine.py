@@ -11,14 +11,14 @@
 It is the default engine for the demo and the tests, not a rival to vLLM: it speaks vLLM's wire
 format (`return_token_ids`, `prompt_token_ids`, `logprobs`, `stop_reason`, streaming chunks,
 errors) so the sidecar and the trainer cannot tell it from a vLLM server, and it batches
-concurrent requests continuously (see embedded/batching.py), which is what makes a 2-core machine
+concurrent requests continuously (see batching.py), which is what makes a 2-core machine
 usable. Routes: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;
 GET /v1/models, /health, /ping, /version, /metrics (Prometheus text).
 
-Its modules: this one (configuration, lifecycle, weight updates), embedded/routes.py (HTTP
-handlers), embedded/requests.py (request validation), embedded/stream.py (following generation,
-the one streaming loop), embedded/wire.py (vLLM's wire format), embedded/batching.py (continuous
-batching and sampling), embedded/in_place.py (in-place state_dict loading).
+Its modules: this one (configuration, lifecycle, weight updates), routes.py (HTTP
+handlers), requests.py (request validation), stream.py (following generation,
+the one streaming loop), wire.py (vLLM's wire format), batching.py (continuous
+batching and sampling), in_place.py (in-place state_dict loading).
 
 Supported request fields: model, messages / prompt, max_tokens (max_completion_tokens), n, seed,
 temperature, top_p, top_k, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, prompt_logprobs,
@@ -32,7 +32,7 @@ save_pretrained directory into the model in place, between batching steps, and r
 There is no prefix cache, so no stale KV survives an update between requests; a sequence still
 generating across an update (the loop drains the sidecar first, so normally none) keeps the KV of
 its earlier tokens and continues with the new weights. `update_adapter` is the LoRA sync: only the
-adapter comes (peft's format, backends/lora.py), merged into the base weights the engine loaded,
+adapter comes (peft's format, weights/peft_files.py), merged into the base weights the engine loaded,
 each adapter replacing the last (an adapter on a tied output head unties the served head first).
 `last_update_bytes` is what the latest update of either kind moved.
 """

@@ -2,8 +2,8 @@
 POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;
 GET /v1/models, /health, /ping, /version, /metrics (Prometheus text).
 
-A handler reads its request (embedded/requests.py), submits sequences to the engine's scheduler,
-and answers with a body (embedded/wire.py) or a stream (embedded/stream.py).
+A handler reads its request (requests.py), submits sequences to the engine's scheduler,
+and answers with a body (wire.py) or a stream (stream.py).
 """
 
 from __future__ import annotations

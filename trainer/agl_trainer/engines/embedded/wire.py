@@ -63,7 +63,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt: Any  # str | list[str] | list[int] | list[list[int]]: checked in prompts_of()
     logprobs: int | None = None
     echo: bool = False
-    prompt_logprobs: int | None = None  # embedded/prompt_logprobs.py
+    prompt_logprobs: int | None = None  # prompt_logprobs.py
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

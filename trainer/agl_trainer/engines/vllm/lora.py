@@ -10,7 +10,7 @@ symlink to the latest version's directory (peft's adapter_config.json + adapter_
 it starts at an adapter of zeros (the base itself, policy version 0), which the server
 registers at start under a vLLM id (1 on a fresh server; the engine asks the workers). An update
 writes `<root>/v<N>`, has every worker load it in place under that id (agl_load_adapter in
-vllm/worker.py, through /collective_rpc, with the server paused as for full weights), points
+worker.py, through /collective_rpc, with the server paused as for full weights), points
 `current` at it (what a restarted server registers) and removes older directories.
 
 Why not vLLM's own `POST /v1/load_lora_adapter` with `load_inplace: true` (read in vLLM 0.32's
@@ -37,7 +37,7 @@ Two vLLM 0.32 faults worked around (tests/vllm/test_vllm_lora.py checks both): a
 weights fails to load (so the base-only adapter holds zeros on one layer, sized from the model's
 config.json), and prompt_logprobs of two prompts or more with LoRA on kill the engine (vLLM adds the
 head's delta with one LoRA index per request, not per prompt row: agl_patch_lora_logits in
-vllm/worker.py gives each prompt row its token's index, and skips a head delta of zeros). The runtime
+worker.py gives each prompt row its token's index, and skips a head delta of zeros). The runtime
 /v1/load_lora_adapter endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING) are not needed and stay off.
 """
 
