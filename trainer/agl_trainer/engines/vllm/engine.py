@@ -177,6 +177,7 @@ class VLLMEngine:
     def _servers(self) -> list[Server]:
         return self._supervisor.servers
 
+    # the parts' state under the names the engine's tests read (tests/vllm, tests/engine)
     @property
     def _transfer(self) -> GpuWeightTransfer | None:
         return self._gpu.transfer if self._gpu is not None else None
