@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import LoraConfig
-from agl_trainer.weights.update import WeightUpdate
 from agl_trainer.engines.vllm.config import DEFAULT_VENV_PYTHON
 from agl_trainer.engines.vllm.engine import SyncReport, VLLMConfig, VLLMEngine
 from agl_trainer.engines.vllm.lora import base_model_name
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
+from agl_trainer.weights.update import WeightUpdate
 
 SIZES = {
     "S": TinyModelSpec(hidden=128, heads=2, kv_heads=2, layers=2, intermediate=512),

@@ -10,13 +10,13 @@ import torch
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import BackendConfigError, TorchBackend
 from agl_trainer.backends import lora
-from agl_trainer.weights.merge import AdapterDeltas, adapter_deltas
-from agl_trainer.weights.peft_files import ADAPTER_WEIGHTS
-from agl_trainer.weights.update import AdapterState, WeightUpdate
 from agl_trainer.backends.torch_config import DEFAULT_LORA_TARGETS, LoraConfig
 from agl_trainer.config import ConfigError, load_config, validate
 from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from agl_trainer.run.settings import backend_settings
+from agl_trainer.weights.merge import AdapterDeltas, adapter_deltas
+from agl_trainer.weights.peft_files import ADAPTER_WEIGHTS
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 from transformers import AutoModelForCausalLM
 
 from tests.algorithms.test_torch_backend import good_and_bad_batch, mean_logprob

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from agl_trainer.weights.update import WeightUpdate
 from agl_trainer.engines.vllm.config import LOAD_METHOD, WORKER_CLASS, WORKER_MODULE, VLLMConfig, VLLMError
 from agl_trainer.engines.vllm.engine import VLLMEngine
 from agl_trainer.weights.files import write_safetensors
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.support.waiting import wait_until
 

@@ -22,9 +22,9 @@ import httpx
 import pytest
 import torch
 from agl_trainer.backends import lora
-from agl_trainer.weights.update import AdapterState, WeightUpdate
 from agl_trainer.backends.torch_config import LoraConfig
 from agl_trainer.engines.vllm.lora import AdapterFiles
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 from tests.support.waiting import wait_until
 from tests.vllm.conftest import SERVED_NAME, hf_token_logprobs, start_engine

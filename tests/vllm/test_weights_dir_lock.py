@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from agl_trainer.weights.update import WeightUpdate
 from agl_trainer.engines.vllm.engine import VLLMEngine, VLLMError
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.vllm.test_engine_control import fake_config
 from tests.vllm.test_vllm_lora_control import adapter, model_config

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from agl_trainer.backends import lora, varlen_attention
+from agl_trainer.backends.agreement import PREFIX as AGREE
+from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.weights.peft_files import read_adapter
 from agl_trainer.weights.tied_head import HEAD_WEIGHT, config_for_weights
 from agl_trainer.weights.update import AdapterState
-from agl_trainer.backends.agreement import PREFIX as AGREE
-from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import (
     atomic_directory,
     check_loaded,

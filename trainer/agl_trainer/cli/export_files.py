@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
+from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints
 from agl_trainer.weights.merge import adapter_deltas
 from agl_trainer.weights.peft_files import ADAPTER_CONFIG, PEFT_PREFIX, read_adapter
 from agl_trainer.weights.tied_head import HEAD_WEIGHT, config_for_weights, ties_head
 from agl_trainer.weights.update import AdapterState
-from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
-from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints
 
 Kind = Literal["lora", "full", "verl"]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -18,9 +18,6 @@ from typing import Any
 import torch
 
 from agl_trainer.backends import lora
-from agl_trainer.weights.peft_files import read_adapter, write_adapter
-from agl_trainer.weights.tied_head import config_for_weights
-from agl_trainer.weights.update import AdapterState
 from agl_trainer.backends.agreement import PREFIX as AGREE
 from agl_trainer.backends.batch_checks import validate_batch
 from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
@@ -33,6 +30,9 @@ from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
 from agl_trainer.backends.verl.payload import Plan, flat_samples, payload, plan_ranks, scatter_logprobs
 from agl_trainer.backends.weight_buckets import WeightBuckets
 from agl_trainer.batch import TrainingBatch
+from agl_trainer.weights.peft_files import read_adapter, write_adapter
+from agl_trainer.weights.tied_head import config_for_weights
+from agl_trainer.weights.update import AdapterState
 
 DROPOUT_KEYS = (
     "attention_dropout",

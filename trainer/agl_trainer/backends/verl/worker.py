@@ -40,13 +40,13 @@ from verl.workers.engine_workers import TrainingWorker
 
 from agl_trainer.algorithms import AlgorithmConfig, token_logprobs
 from agl_trainer.backends import lora, varlen_attention
-from agl_trainer.weights.update import AdapterState
 from agl_trainer.backends.chunked_logprobs import token_outputs
 from agl_trainer.backends.hf_model import head_sees_only, supports_packing
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
 from agl_trainer.backends.torch_config import LoraConfig
 from agl_trainer.backends.weight_buckets import BucketWriter
+from agl_trainer.weights.update import AdapterState
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
 SHIFTED_FIELDS = (

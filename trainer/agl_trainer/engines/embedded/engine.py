@@ -47,14 +47,14 @@ from pathlib import Path
 from typing import Any, Self
 
 from agl_trainer.background_loop import BackgroundLoop
-from agl_trainer.weights.merge import AdapterMerger
-from agl_trainer.weights.update import AdapterState, WeightUpdate
 from agl_trainer.engines.embedded.batching import BatchScheduler, Sequence
+from agl_trainer.engines.embedded.in_place import load_in_place
 from agl_trainer.engines.embedded.requests import RequestReader
 from agl_trainer.engines.embedded.routes import EngineRoutes
 from agl_trainer.engines.embedded.stream import deliver
-from agl_trainer.engines.embedded.in_place import load_in_place
 from agl_trainer.weights.files import read_safetensors
+from agl_trainer.weights.merge import AdapterMerger
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 
 @dataclass(frozen=True)
