@@ -86,7 +86,7 @@ def main() -> int:
     tasks_per_batch, episodes_per_task = (8, 8) if args.quick else (16, 8)
 
     import torch
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from examples.demo.episodes import DemoTokens, run_episodes

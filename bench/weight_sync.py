@@ -16,7 +16,7 @@ LoRA (--lora-rank R, default 8; 0 measures full syncs on a server without LoRA, 
 is started with engine.vllm.lora_rank R (the base served as bench-base, the adapter as bench) and the
 same run measures, interleaved, both kinds of sync into it:
   - full: the whole state_dict, as above; on a LoRA server it also loads the engine's "empty" adapter in
-    the same pause (full weights are the new base; engines/vllm_lora.py), a few ms in the worker's load;
+    the same pause (full weights are the new base; engines/vllm/lora.py), a few ms in the worker's load;
     "full MB" is the engine's count, the tied output head included;
   - adapter: VLLMEngine.update_weights with WeightUpdate.adapter, peft's A and B of every linear layer of
     a block (backend.lora's default targets) after a LoRA training step over the same sequences.
@@ -50,10 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import LoraConfig
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm import DEFAULT_VENV_PYTHON, SyncReport, VLLMConfig, VLLMEngine
-from agl_trainer.engines.vllm_lora import base_model_name
+from agl_trainer.engines.vllm.config import DEFAULT_VENV_PYTHON
+from agl_trainer.engines.vllm.engine import SyncReport, VLLMConfig, VLLMEngine
+from agl_trainer.engines.vllm.lora import base_model_name
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
+from agl_trainer.weights.update import WeightUpdate
 
 SIZES = {
     "S": TinyModelSpec(hidden=128, heads=2, kv_heads=2, layers=2, intermediate=512),

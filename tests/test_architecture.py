@@ -8,6 +8,9 @@
   imports the run's wiring (`run/`: what builds the parts and starts the processes), nor an engine,
   a backend or a runner beyond their base protocols, nor an HTTP client (the canary asks the engine
   through loop.ports.ProbeEngine);
+- weights sit between backends and engines: engines never import a backend (the update and adapter
+  types, peft's files and the merge are `agl_trainer.weights`), and `weights/` imports neither;
+  an engine's modules live in its package (`engines/embedded/`, `engines/vllm/`), none flat;
 - the layers below the wiring never reach up: the viewer reads no part of the loop, `eval/` (scores
   and receipts) never imports `run/` (`run/evaluation.py` runs an evaluation and imports `eval/`),
   `metrics/` never imports `eval/`, and `runners/` never imports `agl_trainer.config` (run/build.py
@@ -81,13 +84,23 @@ def violations(folder: Path, forbidden: tuple[str, ...]) -> list[str]:
         (TRAINER / "eval", ("agl_trainer.run",)),
         (TRAINER / "metrics", ("agl_trainer.eval",)),
         (TRAINER / "runners", ("agl_trainer.config",)),
+        (TRAINER / "engines", ("agl_trainer.backends",)),
+        (TRAINER / "weights", ("agl_trainer.backends", "agl_trainer.engines", "agl_trainer.loop", "agl_trainer.run")),
     ],
     ids=["sidecar-not-trainer", "trainer-not-sidecar", "sdk-none-of-them", "store-not-receiver", "loop-not-wiring",
-         "viewer-not-loop", "eval-not-run", "metrics-not-eval", "runners-not-config"],
+         "viewer-not-loop", "eval-not-run", "metrics-not-eval", "runners-not-config", "engines-not-backends",
+         "weights-below-both"],
 )
 def test_import_rule(folder: Path, forbidden: tuple[str, ...]) -> None:
     assert folder.is_dir(), folder
     assert violations(folder, forbidden) == []
+
+
+def test_each_engine_is_a_package_with_no_flat_modules_left() -> None:
+    engines = TRAINER / "engines"
+    assert (engines / "embedded" / "engine.py").is_file() and (engines / "vllm" / "engine.py").is_file()
+    flat = sorted(p.name for p in engines.glob("*.py") if p.name.startswith(("embedded", "vllm")))
+    assert flat == [], "an engine's module belongs in its package: engines/embedded/ or engines/vllm/"
 
 
 def test_the_scan_sees_absolute_relative_and_nested_imports() -> None:

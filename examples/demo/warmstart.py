@@ -43,7 +43,7 @@ class WarmStartConfig:
     batch_size: int = 64
     weight_decay: float = 0.0
     seed: int = 0
-    # process-wide torch.set_num_threads; 1 suits tiny models (see engines/embedded.py); None: leave it
+    # process-wide torch.set_num_threads; 1 suits tiny models (see engines/embedded/engine.py); None: leave it
     torch_threads: int | None = 1
 
     def __post_init__(self) -> None:

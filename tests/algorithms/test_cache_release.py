@@ -12,7 +12,8 @@ import pytest
 import torch
 from agl_trainer.backends import TorchBackend
 from agl_trainer.backends.torch_config import LoraConfig
-from agl_trainer.engines.base import WeightUpdate, policy_update
+from agl_trainer.engines.base import policy_update
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.algorithms.tiny import make_tiny_model, random_batch, training_config
 

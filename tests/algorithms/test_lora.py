@@ -12,8 +12,11 @@ from agl_trainer.backends import BackendConfigError, TorchBackend
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import DEFAULT_LORA_TARGETS, LoraConfig
 from agl_trainer.config import ConfigError, load_config, validate
-from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from agl_trainer.run.settings import backend_settings
+from agl_trainer.weights.merge import AdapterDeltas, adapter_deltas
+from agl_trainer.weights.peft_files import ADAPTER_WEIGHTS
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 from transformers import AutoModelForCausalLM
 
 from tests.algorithms.test_torch_backend import good_and_bad_batch, mean_logprob
@@ -107,7 +110,6 @@ def test_an_adapter_on_the_tied_output_head_merges_into_an_untied_head(
 def test_the_engine_serves_an_adapter_on_the_tied_output_head(model_dir: Path) -> None:
     """The embedded engine unties its head for the adapter (its logits are peft's); the base's tied
     full weights tie it back, a merged policy's untied ones untie it again."""
-    from agl_trainer.engines.base import WeightUpdate
 
     backend = trained(model_dir, lora={"target_modules": HEAD_TARGETS})
     peft_logits = logits(backend.model)
@@ -182,7 +184,7 @@ def test_steps_raise_logprob_of_rewarded_tokens(model_dir: Path) -> None:
 def test_resume_continues_exactly(model_dir: Path, tmp_path: Path) -> None:
     first = trained(model_dir, steps=1)
     first.save_checkpoint(tmp_path / "ckpt")
-    assert (tmp_path / "ckpt" / "adapter" / lora.ADAPTER_WEIGHTS).is_file()
+    assert (tmp_path / "ckpt" / "adapter" / ADAPTER_WEIGHTS).is_file()
     assert not (tmp_path / "ckpt" / "model").exists()  # the base is model_path's: not copied per checkpoint
     batch = random_batch(2, 2, seed=7)
     continued = first.train_step(batch, 1)
@@ -234,7 +236,7 @@ def test_the_engine_serves_base_plus_each_new_adapter(model_dir: Path) -> None:
             assert engine.policy_version == version + 1 and engine.last_update_bytes == adapter.nbytes
         full_bytes = sum(t.numel() * t.element_size() for t in merged.values())
         assert adapter.nbytes < full_bytes / 5
-        only_q = lora.AdapterState(
+        only_q = AdapterState(
             {n: t for n, t in adapter.weights.items() if ".q_proj." in n},
             {**adapter.config, "target_modules": ["q_proj"]},
         )
@@ -245,7 +247,7 @@ def test_the_engine_serves_base_plus_each_new_adapter(model_dir: Path) -> None:
         before = {n: p.detach().clone() for n, p in served.items()}
         nowhere = "base_model.model.model.nowhere"
         extra = {f"{nowhere}.lora_A.weight": torch.ones(4, 8), f"{nowhere}.lora_B.weight": torch.ones(8, 4)}
-        bad = lora.AdapterState({**adapter.weights, **extra}, adapter.config)
+        bad = AdapterState({**adapter.weights, **extra}, adapter.config)
         with pytest.raises(KeyError, match="model.nowhere.weight"):
             engine.update_adapter(5, bad)
         assert engine.policy_version == 4  # refused whole: nothing changed
@@ -343,20 +345,20 @@ def test_adapter_updates_are_computed_when_read_and_checked_without_computing(mo
     """A merge reads one weight's float32 update at a time (an 8B's together are 26 GiB): membership and
     shapes come without a matmul, and each update is scaling x B @ A (transposed for fan-in-first)."""
     a, b = torch.randn(4, 6), torch.randn(10, 4)
-    state = lora.AdapterState(
+    state = AdapterState(
         {"base_model.model.layer.q_proj.lora_A.weight": a, "base_model.model.layer.q_proj.lora_B.weight": b},
         {"r": 4, "lora_alpha": 8, "fan_in_fan_out": fan_in_fan_out},
     )
-    deltas = lora.adapter_deltas(state)
+    deltas = adapter_deltas(state)
     computed = 0
-    real_getitem = lora.AdapterDeltas.__getitem__
+    real_getitem = AdapterDeltas.__getitem__
 
     def counted(self, name):
         nonlocal computed
         computed += 1
         return real_getitem(self, name)
 
-    monkeypatch.setattr(lora.AdapterDeltas, "__getitem__", counted)
+    monkeypatch.setattr(AdapterDeltas, "__getitem__", counted)
     name = "layer.q_proj.weight"
     assert name in deltas and "layer.k_proj.weight" not in deltas and list(deltas) == [name]
     expected = (b @ a) * 2.0

@@ -16,7 +16,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedModel:
 
 @pytest.fixture(scope="module")
 def demo_engine(prepared: PreparedModel) -> Iterator[object]:
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
     with EmbeddedEngine(EmbeddedEngineConfig(model_path=prepared.path, served_model_name="tiny")) as engine:
         yield engine

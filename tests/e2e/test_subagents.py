@@ -22,7 +22,7 @@ from agl import semconv
 
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
-from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 from tests.support.pipeline import pipeline
 

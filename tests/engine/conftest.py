@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 
 

@@ -91,7 +91,7 @@ async def test_a_client_that_leaves_frees_its_rows(base_url: str, engine: Any, c
 async def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(base_url: str, engine: Any) -> None:
     import time
 
-    from agl_trainer.engines.embedded_batching import SamplingParams, Sequence
+    from agl_trainer.engines.embedded.batching import SamplingParams, Sequence
 
     broken = Sequence([10**6], SamplingParams(max_tokens=2), sink=asyncio.Queue())  # no such embedding row
     engine._scheduler.submit([broken])
@@ -107,7 +107,7 @@ def test_simulated_device_time_waits_each_step_and_leaves_answers_alone(bpe_mode
     the same answer as an engine without it; out-of-range values are refused naming the key."""
     import time
 
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0, "return_token_ids": True,
             "ignore_eos": True}  # fmt: skip
@@ -135,7 +135,7 @@ def test_stopping_with_requests_frozen_or_generating_answers_them_aborted(
     import logging
     import threading
 
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from tests.support.waiting import wait_until
 
     caplog.set_level(logging.ERROR)

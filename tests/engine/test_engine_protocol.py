@@ -8,8 +8,8 @@ import inspect
 import pytest
 
 from agl_trainer.engines.base import InferenceEngine
-from agl_trainer.engines.embedded import EmbeddedEngine
-from agl_trainer.engines.vllm import VLLMEngine
+from agl_trainer.engines.embedded.engine import EmbeddedEngine
+from agl_trainer.engines.vllm.engine import VLLMEngine
 
 DECLARED = [name for name, _ in inspect.getmembers(InferenceEngine) if not name.startswith("_")]
 
@@ -19,7 +19,7 @@ def test_the_protocol_declares_what_the_loop_calls() -> None:
 
 
 def test_the_embedded_engine_declines_to_sleep(tmp_path) -> None:
-    from agl_trainer.engines.embedded import EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngineConfig
 
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=str(tmp_path)))  # never started: nothing loaded
     assert engine.sleep() is False  # its model shares the process's memory with the trainer: nothing to free
@@ -42,8 +42,7 @@ def test_engine_implements_the_protocol(engine: type) -> None:
 
 
 def test_an_engine_that_takes_no_adapter_refuses_one_clearly() -> None:
-    from agl_trainer.backends.lora import AdapterState
-    from agl_trainer.engines.base import WeightUpdate
+    from agl_trainer.weights.update import AdapterState, WeightUpdate
 
     assert EmbeddedEngine.accepts_adapters and not VLLMEngine.accepts_adapters
     engine = VLLMEngine.__new__(VLLMEngine)  # the check comes before anything the engine holds
@@ -58,7 +57,7 @@ def test_an_engine_says_whether_a_frozen_call_keeps_the_old_kv_and_the_loop_buck
     import sys
 
     from agl_trainer.batch import RolloutResult, Sample
-    from agl_trainer.engines.vllm_config import VLLMConfig
+    from agl_trainer.engines.vllm.config import VLLMConfig
     from agl_trainer.loop.live import forget_switches
 
     def vllm(switch_kv: str) -> VLLMEngine:

@@ -18,8 +18,8 @@ import torch
 from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.support.otlp_sink import OTLPSink, ReceivedSpan
 from tests.support.waiting import wait_until

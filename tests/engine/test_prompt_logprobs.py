@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 import torch
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.embedded import EmbeddedEngine
+from agl_trainer.engines.embedded.engine import EmbeddedEngine
+from agl_trainer.weights.update import WeightUpdate
 
 PROMPT = [5, 17, 42, 99, 7, 63, 12]
 

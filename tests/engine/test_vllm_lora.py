@@ -14,15 +14,10 @@ import torch
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import LoraConfig
 from agl_trainer.config import ConfigError, validate
-from agl_trainer.engines.vllm import VLLMConfig, VLLMEngine
-from agl_trainer.engines.vllm_lora import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    AdapterFiles,
-    base_model_name,
-    max_lora_rank,
-)
+from agl_trainer.engines.vllm.engine import VLLMConfig, VLLMEngine
+from agl_trainer.engines.vllm.lora import AdapterFiles, base_model_name, max_lora_rank
 from agl_trainer.run.settings import vllm_settings
+from agl_trainer.weights.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 
 @pytest.fixture
@@ -199,7 +194,7 @@ def test_merged_weights_with_an_untied_head_are_refused_for_a_tied_served_model(
 ) -> None:
     """A LoRA policy whose adapter covers the tied lm_head, merged, holds lm_head.weight of its own: a
     vLLM serving the tied model would load the embedding in its place, so the update is refused."""
-    from agl_trainer.engines.base import WeightUpdate
+    from agl_trainer.weights.update import WeightUpdate
 
     assert json.loads((bpe_model_dir / "config.json").read_text())["tie_word_embeddings"]
     engine = VLLMEngine(VLLMConfig(model=str(bpe_model_dir), served_model_name="tiny", python=sys.executable,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agl_trainer.engines.vllm import VLLMEngine
-from agl_trainer.engines.vllm_transfer import GpuWeightTransfer, WeightTransferError, unique_tensors
+from agl_trainer.engines.vllm.engine import VLLMEngine
+from agl_trainer.engines.vllm.transfer import GpuWeightTransfer, WeightTransferError, unique_tensors
 
 
 def engine(**settings: object) -> VLLMEngine:

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.weights.update import WeightUpdate
 
 BODY = {
     "model": "tiny",

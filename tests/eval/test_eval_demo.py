@@ -100,7 +100,7 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     assert "eval-00005-2" in capsys.readouterr().out
 
     # The same weights served elsewhere (an OpenAI-compatible URL): the same samples, the URL in the receipt.
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
     with EmbeddedEngine(EmbeddedEngineConfig(model_path=str(demo["warm"]), served_model_name="tiny")) as engine:
         url = f"{engine.urls[0]}/v1"

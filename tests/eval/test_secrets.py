@@ -36,7 +36,7 @@ def files_holding(root: Path, secrets: dict[str, str]) -> list[str]:
 def test_agl_eval_writes_no_planted_secret_anywhere(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from examples.demo.model import build_demo_model
     from examples.demo.run import write_val_tasks
 

@@ -152,7 +152,7 @@ def test_a_rollout_with_sub_agents_and_a_compaction_assembles_into_the_harness_s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agl_trainer.assembly import AssemblyConfig, assemble
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from examples.hops.harness import play_rollout
     from examples.hops.play import play
     from examples.hops.tokens import HopsTokens
@@ -210,8 +210,8 @@ def test_a_rollout_with_sub_agents_and_a_compaction_assembles_into_the_harness_s
 @pytest.mark.slow
 def test_agl_train_runs_the_hops_config_on_tree_shaped_rollouts(tmp_path: Path, prepared) -> None:
     from agl_trainer.config import load_config
-    from agl_trainer.run.session import Session
     from agl_trainer.metrics import read_jsonl
+    from agl_trainer.run.session import Session
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in make_tasks(4, seed=5)))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from agl_trainer.algorithms import token_entropy, token_logprobs
 from agl_trainer.backends.chunked_logprobs import token_outputs
-from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 on_gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -212,9 +212,9 @@ def test_one_rl_step_on_claude_code_rollouts_with_the_embedded_engine(claude_cli
     from agl_trainer.backends.torch_backend import TorchBackend
     from agl_trainer.backends.torch_config import TorchBackendConfig
     from agl_trainer.batch import TrainingBatch
-    from agl_trainer.engines.base import WeightUpdate
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from agl_trainer.models.tiny import TinyModelSpec, save_model
+    from agl_trainer.weights.update import WeightUpdate
 
     model_dir = save_model(tmp_path / "model", cc_tokenizer, TinyModelSpec(hidden=64, max_positions=4096))
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model_dir))

@@ -162,7 +162,7 @@ def test_one_rl_step_on_codex_runs_with_the_embedded_engine(tmp_path: Path) -> N
     from agl_trainer.backends.torch_config import TorchBackendConfig
     from agl_trainer.batch import TrainingBatch
     from agl_trainer.engines.base import policy_update
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 
     spec = TinyModelSpec(hidden=128, heads=2, kv_heads=2, intermediate=256, max_positions=4096)

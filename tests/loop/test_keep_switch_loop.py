@@ -17,7 +17,7 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     # Long-tailed lengths (most short, a few long), streamed and unary: at every update some calls
     # are mid-generation. What each freeze reported is recorded: the checks below compare the stored
     # boundaries with the engine's own counts, not with how long anything took.
-    from agl_trainer.engines.embedded import EmbeddedEngine
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine
 
     reports: list[dict[str, int]] = []
     freeze = EmbeddedEngine.freeze

@@ -111,7 +111,7 @@ def test_generation_goes_on_while_the_trainer_trains_only_when_asked(
     # while it trains. With generate_during_training the rollouts in flight and new launches keep the
     # engine stepping; without it the keep switch has frozen the engine for the whole update.
     from agl_trainer.backends.torch_backend import TorchBackend
-    from agl_trainer.engines.embedded_batching import BatchScheduler
+    from agl_trainer.engines.embedded.batching import BatchScheduler
 
     decode_steps = [0]
     step = BatchScheduler._step

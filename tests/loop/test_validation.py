@@ -55,7 +55,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 def test_val_rounds_are_greedy_never_trained_and_reported(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agl_trainer.engines.embedded_requests import RequestReader
+    from agl_trainer.engines.embedded.requests import RequestReader
     from agl_trainer.run.session import Session
 
     seen: list[tuple[int | None, float, float]] = []  # what the engine was asked: (max_tokens, temperature, top_p)

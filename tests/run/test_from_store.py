@@ -55,9 +55,9 @@ def test_a_missing_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 
 def test_a_rollout_that_never_sent_its_end_is_trained_once_quiet(tmp_path: Path) -> None:
     import httpx
-    from agl_trainer.store.cursor import close_quiet_among
     from agl_trainer.receiver import Receiver, ReceiverConfig
     from agl_trainer.store import RolloutStore
+    from agl_trainer.store.cursor import close_quiet_among
     from tests.dataplane.otlp import call_span, request, reward_span, rollout_span
 
     spans = [call_span("ended", 0, [1, 2], [3, 4]), reward_span("ended", 1.0), rollout_span("ended"),
@@ -112,9 +112,9 @@ def held_out_reward(model_dir: Path, seed: int, repeats: int = 16) -> float:
 def test_rollouts_collected_in_production_train_later_and_the_reward_rises(tmp_path: Path) -> None:
     import agl
     from agl_trainer.cli import main
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
-    from agl_trainer.run.sidecar_client import SidecarProcess
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
     from agl_trainer.receiver import Receiver, ReceiverConfig
+    from agl_trainer.run.sidecar_client import SidecarProcess
     from agl_trainer.store import RolloutStore
     from examples.demo.prepare import prepare_demo_model
     from examples.demo.task import make_tasks
@@ -190,8 +190,8 @@ async def _drain(sidecar: Any) -> None:
 
 
 def test_a_step_after_the_first_reads_only_what_changed_and_selects_as_a_full_scan(tmp_path: Path) -> None:
-    from agl_trainer.store.cursor import FullScan, StoreCursor
     from agl_trainer.store import RolloutStore
+    from agl_trainer.store.cursor import FullScan, StoreCursor
     from agl_testing.rollouts import end, reward, write_rollouts
 
     path = tmp_path / "t.db"

@@ -34,7 +34,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start_engine(model_dir: Path, python: str, log_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
     """A started VLLMEngine over one CPU server (the caller stops it)."""
-    from agl_trainer.engines.vllm import VLLMConfig, VLLMEngine
+    from agl_trainer.engines.vllm.engine import VLLMConfig, VLLMEngine
 
     logging.getLogger("agl.engine.vllm").setLevel(logging.INFO)
     settings: dict = {

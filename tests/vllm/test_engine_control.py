@@ -17,16 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm import (
-    LOAD_METHOD,
-    WORKER_CLASS,
-    WORKER_MODULE,
-    VLLMConfig,
-    VLLMEngine,
-    VLLMError,
-    write_safetensors,
-)
+from agl_trainer.engines.vllm.config import LOAD_METHOD, WORKER_CLASS, WORKER_MODULE, VLLMConfig, VLLMError
+from agl_trainer.engines.vllm.engine import VLLMEngine
+from agl_trainer.weights.files import write_safetensors
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.support.waiting import wait_until
 
@@ -142,7 +136,7 @@ def test_cpu_command_line_and_environment(tmp_path: Path) -> None:
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) >= 600  # idle proxy connections outlive a step
     worker_dir = Path(env["PYTHONPATH"].split(os.pathsep)[0])
-    # only the extension: engines/ itself would shadow the real vllm package with engines/vllm.py
+    # only the extension: engines/ itself would shadow the real vllm package with the engines/vllm/ package
     assert [p.name for p in worker_dir.iterdir() if p.suffix == ".py"] == [f"{WORKER_MODULE}.py"]
     assert str(FAKE_VLLM) in env["PYTHONPATH"].split(os.pathsep)
 

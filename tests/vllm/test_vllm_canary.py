@@ -11,9 +11,9 @@ import pytest
 import torch
 from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import TorchBackend, TorchBackendConfig
-from agl_trainer.engines.base import WeightUpdate
 from agl_trainer.engines.probes import HttpProbeEngine
 from agl_trainer.loop.canary import Canary, CanarySettings
+from agl_trainer.weights.update import WeightUpdate
 
 pytestmark = pytest.mark.vllm
 

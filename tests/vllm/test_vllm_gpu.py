@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.vllm.conftest import SERVED_NAME, hf_token_logprobs, start_engine
 

@@ -18,7 +18,7 @@ import torch
 from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
-from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.support.otlp_sink import OTLPSink
 from tests.support.waiting import wait_until

@@ -1,4 +1,4 @@
-"""Real vLLM (CPU build) serving LoRA: the base once, only the adapter synced (engines/vllm_lora.py).
+"""Real vLLM (CPU build) serving LoRA: the base once, only the adapter synced (engines/vllm/lora.py).
 
 One server for the module, started with engine.vllm.lora_rank (a start costs 30-140 s). The trainer's
 side is peft over the same tiny model, as the torch backend wraps it (backends/lora.py); its adapters
@@ -23,8 +23,8 @@ import pytest
 import torch
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import LoraConfig
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm_lora import AdapterFiles
+from agl_trainer.engines.vllm.lora import AdapterFiles
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 from tests.support.waiting import wait_until
 from tests.vllm.conftest import SERVED_NAME, hf_token_logprobs, start_engine
@@ -67,7 +67,7 @@ def trainer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     return lora.wrap(base, LoraConfig(rank=RANK, alpha=16.0)).eval()
 
 
-def set_adapter(model, seed: int) -> lora.AdapterState:  # type: ignore[no-untyped-def]
+def set_adapter(model, seed: int) -> AdapterState:  # type: ignore[no-untyped-def]
     """Random A and B, as training would leave them (B = 0 is the base)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -133,14 +133,14 @@ def test_adapter_syncs_give_the_trainers_logprobs(engine, trainer) -> None:  # t
     assert after_second.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, after_second.tokens), abs=ATOL)
     first_model_logprobs = _with_adapter(trainer, first, PROMPT, after_second.tokens)
     assert far(after_second.logprobs, first_model_logprobs) > 100 * ATOL  # not the first adapter's
-    # one read per sync: the served adapter is never re-read per step (vllm_lora.py: load_inplace)
+    # one read per sync: the served adapter is never re-read per step (vllm/lora.py: load_inplace)
     assert loads(engine) == 2
     root = Path(engine.config.weights_dir) / "lora"
     assert sorted(p.name for p in root.iterdir()) == ["current", "v0-empty", "v2"]
     assert httpx.get(f"{url}/weight_info").json() == {"weight_version": "2"}
 
 
-def _with_adapter(model, state: lora.AdapterState, prompt: list[int], tokens: list[int]) -> list[float]:  # type: ignore[no-untyped-def]
+def _with_adapter(model, state: AdapterState, prompt: list[int], tokens: list[int]) -> list[float]:  # type: ignore[no-untyped-def]
     saved = lora.adapter_state(model)
     lora.load_adapter_weights(model, state.weights)
     try:
@@ -243,7 +243,7 @@ def assert_prompt_logprobs_are(url: str, model: Any) -> None:
 
 def test_prompt_logprobs_on_the_adapter_are_the_trainers(engine, trainer) -> None:  # type: ignore[no-untyped-def]
     """The canary's request (loop/canary.py): several prompts scored with prompt_logprobs. vLLM 0.32 with
-    LoRA on dies on it unless the worker skips the output head's zero LoRA delta (vllm_worker.py)."""
+    LoRA on dies on it unless the worker skips the output head's zero LoRA delta (vllm/worker.py)."""
     (url,) = engine.urls
     engine.update_weights(WeightUpdate(version=5, adapter=set_adapter(trainer, seed=8)))
     assert_prompt_logprobs_are(url, trainer)
@@ -285,7 +285,7 @@ def test_full_weights_on_a_lora_engine_are_the_base_again(engine, trainer, tiny_
 
 
 def test_vllms_own_load_inplace_would_reread_the_adapter_every_step(engine, trainer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Why the engine loads through its worker extension (vllm_lora.py), and a canary for a vLLM upgrade
+    """Why the engine loads through its worker extension (vllm/lora.py), and a canary for a vLLM upgrade
     that changes it; last in the module (it leaves the flag on the served adapter). vLLM 0.32's
     POST /v1/load_lora_adapter with load_inplace stores the flag in the served LoRARequest: every later
     request carries it, and the worker re-reads the adapter from that request's path at each step (a

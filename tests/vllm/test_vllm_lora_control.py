@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from agl_trainer.backends.lora import AdapterState
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm import LOAD_METHOD, VLLMEngine, VLLMError
+from agl_trainer.engines.vllm.config import LOAD_METHOD
+from agl_trainer.engines.vllm.engine import VLLMEngine, VLLMError
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 from tests.vllm.test_engine_control import fake_config, read_events
 

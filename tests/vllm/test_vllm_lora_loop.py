@@ -1,5 +1,5 @@
 """`agl train` with LoRA on real vLLM (CPU build): the demo task with backend.lora.rank 8, so every step
-syncs the adapter alone into the vLLM server that serves the base (engines/vllm_lora.py)."""
+syncs the adapter alone into the vLLM server that serves the base (engines/vllm/lora.py)."""
 
 from __future__ import annotations
 

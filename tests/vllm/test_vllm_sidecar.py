@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 from agl import semconv
-from agl_trainer.engines.base import WeightUpdate
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.support.otlp_sink import OTLPSink, ReceivedSpan
 from tests.vllm.conftest import SERVED_NAME, hf_token_logprobs

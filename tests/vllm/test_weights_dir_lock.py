@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm import VLLMEngine, VLLMError
+from agl_trainer.engines.vllm.engine import VLLMEngine, VLLMError
+from agl_trainer.weights.update import WeightUpdate
 
 from tests.vllm.test_engine_control import fake_config
 from tests.vllm.test_vllm_lora_control import adapter, model_config
@@ -20,7 +20,7 @@ from tests.vllm.test_vllm_lora_control import adapter, model_config
 OTHER_RUN = """
 import sys
 from pathlib import Path
-from agl_trainer.engines.weights_lock import WeightsDirInUse, WeightsDirLock
+from agl_trainer.engines.vllm.weights_lock import WeightsDirInUse, WeightsDirLock
 lock = WeightsDirLock(Path(sys.argv[1]))
 try:
     lock.acquire()

@@ -15,40 +15,22 @@ base's. Merged, such a policy is no longer tied: its lm_head is written as a wei
 The trainer-side functions also take a peft model sharded by FSDP2 (the verl workers): its DTensors
 are gathered whole, a collective, so there every rank calls them, in the same order.
 
-peft is imported inside the functions that wrap: an engine applying adapters needs only torch.
+peft is imported inside the functions that wrap. The adapter's types, files and merge live in the
+weights layer (agl_trainer.weights), which engines import instead of this module.
 """
 
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agl_trainer.backends.torch_config import ALL_LINEAR, DEFAULT_LORA_TARGETS, BackendConfigError, LoraConfig
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's names: PeftModel.from_pretrained and vLLM read them
-ADAPTER_CONFIG = "adapter_config.json"
-_PREFIX = "base_model.model."  # peft's names: base_model.model.<module>.lora_A.weight
-
-
-@dataclass(frozen=True)
-class AdapterState:
-    """An adapter as peft saves it: `weights` under peft's names (CPU tensors) and `config`, its
-    peft LoraConfig as a dict (r, lora_alpha, target_modules, use_rslora, fan_in_fan_out, ...)."""
-
-    weights: dict[str, torch.Tensor]
-    config: dict[str, Any]
-
-    @property
-    def nbytes(self) -> int:
-        """What a sync of this adapter moves (the config's few hundred bytes aside)."""
-        return sum(t.numel() * t.element_size() for t in self.weights.values())
-
+from agl_trainer.weights.merge import adapter_deltas, merge
+from agl_trainer.weights.update import AdapterState
 
 # ------------------------------------------------------------------------------------- trainer side
 def wrap(model: torch.nn.Module, config: LoraConfig, seed: int | None = None) -> Any:
@@ -197,7 +179,7 @@ def load_adapter_weights(peft_model: Any, weights: dict[str, torch.Tensor]) -> N
 def merged_state_dict(peft_model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Base + adapter as plain weights (CPU copies) under the base model's Hugging Face names, as
     save_pretrained writes them (a tied output embedding once, under the input embedding's name; an
-    adapted tied head as a weight of its own, HEAD_WEIGHT: see config_for_weights)."""
+    adapted tied head as a weight of its own, weights/tied_head.HEAD_WEIGHT)."""
     from agl_trainer.backends.weight_buckets import host_copy
 
     return {name: host_copy(tensor) for name, tensor in merged_tensors(peft_model, dtype)}
@@ -217,33 +199,10 @@ def merged_tensors(peft_model: Any, dtype: torch.dtype | None = None) -> Iterato
         whole = _whole(tensor).detach()
         target = dtype or whole.dtype
         if hf_name in deltas:  # an adapted tied head too: its own weight, the embedding stays as it is
-            yield hf_name, _merge(whole, deltas[hf_name]).to(dtype=target)
+            yield hf_name, merge(whole, deltas[hf_name]).to(dtype=target)
         else:
             seen.add(id(tensor))
             yield hf_name, whole.to(dtype=target)
-
-
-HEAD_WEIGHT = "lm_head.weight"  # the output head's weight (Llama/Qwen-style names), as merged
-
-
-def ties_head(config: dict[str, Any]) -> bool:
-    """A model's config.json (a dict) ties its output head to the input embedding (a multimodal one's
-    text_config says so where the top level does not)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-
-
-def config_for_weights(config: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
-    """A model's config.json (a dict) for weights under `names`: where they hold an output head of
-    their own (an untied model's, or a tied one's merged with its adapter) it says tie_word_embeddings
-    false (a multimodal one's text_config too), so transformers and vLLM load that head instead of
-    tying it to the embedding. Weights without one: the config as it is."""
-    if HEAD_WEIGHT not in set(names):
-        return config
-    out = {**config, "tie_word_embeddings": False}
-    if isinstance(config.get("text_config"), dict):
-        out["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
-    return out
 
 
 def check_checkpoint_kind(directory: Path, holds_adapter: bool, uses_lora: bool) -> None:
@@ -275,162 +234,3 @@ def check_same_adapter(current: dict[str, Any], saved: dict[str, Any]) -> None:
 def save_adapter(peft_model: Any, directory: Path) -> None:
     """The bare adapter in peft's format (adapter_model.safetensors + adapter_config.json)."""
     peft_model.save_pretrained(directory, save_embedding_layers=False)  # A and B only, as _peft_state
-
-
-def write_adapter(state: AdapterState, directory: Path) -> None:
-    """An AdapterState in the files save_adapter writes (the verl backend holds no peft model)."""
-    import json
-
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    weights = {name: t.contiguous() for name, t in state.weights.items()}
-    save_file(weights, directory / ADAPTER_WEIGHTS, {"format": "pt"})
-    (directory / ADAPTER_CONFIG).write_text(json.dumps(state.config, indent=2, sort_keys=True))
-
-
-def read_adapter(directory: Path) -> AdapterState:
-    """What save_adapter wrote."""
-    import json
-
-    from safetensors.torch import load_file
-
-    weights, config = directory / ADAPTER_WEIGHTS, directory / ADAPTER_CONFIG
-    if not weights.is_file() or not config.is_file():
-        raise FileNotFoundError(f"{directory} holds no peft adapter ({ADAPTER_WEIGHTS} and {ADAPTER_CONFIG})")
-    return AdapterState(load_file(weights), json.loads(config.read_text()))
-
-
-# ------------------------------------------------------------------------------- both sides: merging
-def adapter_deltas(state: AdapterState) -> AdapterDeltas:
-    """Each adapted weight's update, float32 on the weights' device, by the base model's Hugging Face
-    weight name: scaling x B @ A (transposed where the layer stores its weight fan-in first). Checked
-    whole here; each update is computed when it is read, so a merge holds one at a time (an 8B's
-    float32 updates of every linear layer together are 26 GiB)."""
-    config = state.config
-    if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise ValueError("adapter_deltas: DoRA and per-layer rank or alpha patterns are not supported")
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in state.weights.items():
-        module, _, part = name.removeprefix(_PREFIX).rpartition(".lora_")
-        if part not in ("A.weight", "B.weight"):
-            raise ValueError(f"adapter_deltas: {name} is not a LoRA A or B weight")
-        pairs.setdefault(module, {})[part[0]] = tensor
-    for module, pair in pairs.items():
-        if set(pair) != {"A", "B"}:
-            raise ValueError(f"adapter_deltas: {module} has lora_{''.join(pair)} only")
-    rank, alpha = int(config["r"]), float(config["lora_alpha"])
-    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    return AdapterDeltas(
-        {f"{module}.weight": (pair["A"], pair["B"]) for module, pair in pairs.items()},
-        scaling,
-        bool(config.get("fan_in_fan_out")),
-    )
-
-
-class AdapterDeltas(Mapping[str, torch.Tensor]):
-    """Weight name -> its update, computed when read (not kept)."""
-
-    def __init__(
-        self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float, fan_in_fan_out: bool
-    ) -> None:
-        self._pairs = pairs
-        self._scaling = scaling
-        self._transposed = fan_in_fan_out
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        a, b = self._pairs[name]
-        delta = (b.float() @ a.float()) * self._scaling
-        return delta.T if self._transposed else delta
-
-    def __contains__(self, name: object) -> bool:  # Mapping's own would compute the update
-        return name in self._pairs
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._pairs)
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def shape(self, name: str) -> tuple[int, int]:
-        """The update's shape, without computing it."""
-        a, b = self._pairs[name]
-        out, fan_in = int(b.shape[0]), int(a.shape[1])
-        return (fan_in, out) if self._transposed else (out, fan_in)
-
-
-def _merge(base: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """base + delta in float32, on the base's device (a bfloat16 sum would round the small update away)."""
-    return base.detach().float() + delta.to(base.device)
-
-
-class AdapterMerger:
-    """Applies successive adapters to a served model: each one replaces the last, merged into the
-    base weights the model had before the first (a copy of the adapted ones is kept), so neither
-    rounding nor old adapters accumulate. An adapter on a tied output head unties it first (untie_weight):
-    the head gets a weight of its own, the embedding stays the base's."""
-
-    def __init__(self) -> None:
-        self._pristine: dict[str, torch.Tensor] = {}  # HF weight name -> the base weight, as loaded
-
-    def apply(self, model: torch.nn.Module, state: AdapterState) -> None:
-        """Set the model's weights to base + this adapter; checked whole before anything changes."""
-        deltas = adapter_deltas(state)
-        every = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
-        unknown = sorted(name for name in deltas if name not in every)
-        if unknown:
-            raise KeyError(f"update_adapter: weights the model does not have: {unknown[:5]}")
-        for name in deltas:
-            if deltas.shape(name) != tuple(every[name].shape):
-                raise ValueError(
-                    f"update_adapter: {name}'s update has shape {deltas.shape(name)}, the model "
-                    f"{tuple(every[name].shape)}"
-                )
-        with torch.no_grad():
-            params = dict(model.named_parameters())
-            for name in deltas:
-                if name not in params:  # tied: it shares the weight it is listed with
-                    untie_weight(model, name)
-            params = dict(model.named_parameters())
-            for name in deltas:
-                self._pristine.setdefault(name, params[name].detach().clone())
-            for name, base in self._pristine.items():  # a module the new adapter leaves out: back to base
-                merged = _merge(base, deltas[name]) if name in deltas else base
-                params[name].copy_(merged.to(dtype=params[name].dtype))
-
-    def forget(self) -> None:
-        """Full weights were loaded: they are the new base (a later adapter merges into them)."""
-        self._pristine.clear()
-
-
-# ------------------------------------------------------------------ a served model's tied output head
-def untie_weight(model: torch.nn.Module, name: str) -> None:
-    """Give the module that holds weight `name` (a tied output head: lm_head.weight) a weight of its
-    own, a copy of the one it shared; the model's config then says tie_word_embeddings false, so
-    transformers does not tie it back. retie_weights undoes it."""
-    module_name, _, attribute = name.rpartition(".")
-    module = model.get_submodule(module_name)
-    shared = getattr(module, attribute)
-    untied = getattr(model, "_agl_untied", {})
-    owner = next(n for n, p in model.named_parameters() if p is shared)
-    own = torch.nn.Parameter(shared.detach().clone(), requires_grad=shared.requires_grad)
-    setattr(module, attribute, own)
-    untied[name] = owner
-    model._agl_untied = untied  # type: ignore[assignment]
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "tie_word_embeddings"):
-        config.tie_word_embeddings = False
-
-
-def retie_weights(model: torch.nn.Module, names: set[str] | None = None) -> list[str]:
-    """Tie back what untie_weight untied (those of `names`, or all): each shares its owner's weight
-    again. Returns the names retied."""
-    untied: dict[str, str] = getattr(model, "_agl_untied", {})
-    done = [name for name in untied if names is None or name in names]
-    params = dict(model.named_parameters())
-    for name in done:
-        module_name, _, attribute = name.rpartition(".")
-        setattr(model.get_submodule(module_name), attribute, params[untied.pop(name)])
-    if done and not untied and getattr(model, "config", None) is not None:
-        model.config.tie_word_embeddings = True
-    return done

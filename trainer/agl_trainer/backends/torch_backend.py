@@ -23,6 +23,9 @@ import torch
 from agl_trainer.backends import lora, varlen_attention
 from agl_trainer.backends.agreement import PREFIX as AGREE
 from agl_trainer.backends.batch_checks import validate_batch
+from agl_trainer.weights.peft_files import read_adapter
+from agl_trainer.weights.tied_head import HEAD_WEIGHT, config_for_weights
+from agl_trainer.weights.update import AdapterState
 from agl_trainer.backends.checkpoint_io import (
     atomic_directory,
     check_loaded,
@@ -336,7 +339,7 @@ class TorchBackend:
         self._hand_back_cached_memory()
         return out
 
-    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
+    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> AdapterState:
         """The adapter alone (peft's names and config, CPU copies): what an adapter-only sync moves."""
         if not self.uses_lora:
             raise ValueError("adapter_for_engine: this backend trains every weight (backend.lora.rank is 0)")
@@ -362,9 +365,9 @@ class TorchBackend:
             model = self.model.get_base_model() if self.uses_lora else self.model
             with quiet_progress():  # no "Writing model shards" bar per save
                 model.save_pretrained(tmp, state_dict=state)
-            if state is not None and lora.HEAD_WEIGHT in state:  # a tied head merged with its adapter: untied
+            if state is not None and HEAD_WEIGHT in state:  # a tied head merged with its adapter: untied
                 config = json.loads((tmp / "config.json").read_text())
-                (tmp / "config.json").write_text(json.dumps(lora.config_for_weights(config, state), indent=2))
+                (tmp / "config.json").write_text(json.dumps(config_for_weights(config, state), indent=2))
             copy_tokenizer_files(Path(self.config.model_path), tmp)
 
         atomic_directory(directory, write)
@@ -426,7 +429,7 @@ class TorchBackend:
             )
         lora.check_checkpoint_kind(directory, adapter_dir.is_dir(), self.uses_lora)
         if self.uses_lora:
-            saved = lora.read_adapter(adapter_dir)
+            saved = read_adapter(adapter_dir)
             lora.check_same_adapter(lora.adapter_state(self.model).config, saved.config)
             lora.load_adapter_weights(self.model, saved.weights)
         else:

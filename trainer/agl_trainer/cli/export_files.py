@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-
-from agl_trainer.backends import lora
 from agl_trainer.backends.checkpoint_io import atomic_directory, copy_tokenizer_files
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints
+from agl_trainer.weights.merge import adapter_deltas
+from agl_trainer.weights.peft_files import ADAPTER_CONFIG, PEFT_PREFIX, read_adapter
+from agl_trainer.weights.tied_head import HEAD_WEIGHT, config_for_weights, ties_head
+from agl_trainer.weights.update import AdapterState
 
 Kind = Literal["lora", "full", "verl"]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 MODEL_FILES = ("config.json", "generation_config.json")  # beside the weights and the tokenizer's files
 INDEX = "model.safetensors.index.json"
-PEFT_PREFIX = "base_model.model."  # peft's weight names: base_model.model.<module>.lora_A.weight
 
 
 class ExportError(Exception):
@@ -128,7 +129,7 @@ def find_checkpoint(source: Path) -> Source:
 
 
 def _kind(directory: Path) -> Kind | None:
-    if (directory / "adapter" / lora.ADAPTER_CONFIG).is_file():
+    if (directory / "adapter" / ADAPTER_CONFIG).is_file():
         return "lora"
     if (directory / "model" / "config.json").is_file() and any((directory / "model").glob("*.safetensors")):
         return "full"
@@ -140,15 +141,15 @@ def _kind(directory: Path) -> Kind | None:
 def _describe(found: Source) -> str:
     if found.kind == "full":
         return "full weights"
-    config = json.loads((found.backend_dir / "adapter" / lora.ADAPTER_CONFIG).read_text())
+    config = json.loads((found.backend_dir / "adapter" / ADAPTER_CONFIG).read_text())
     targets = config.get("target_modules")
     names = ", ".join(sorted(targets)) if isinstance(targets, list) else str(targets)
     return f"LoRA adapter, rank {config.get('r')}, alpha {config.get('lora_alpha')}, on {names}"
 
 
-def _read_adapter(directory: Path) -> lora.AdapterState:
+def _read_adapter(directory: Path) -> AdapterState:
     try:
-        return lora.read_adapter(directory)
+        return read_adapter(directory)
     except FileNotFoundError as error:
         raise ExportError(f"{error} (fix: the checkpoint is incomplete; export an earlier one)") from None
 
@@ -176,7 +177,7 @@ def _recorded_base(backend_dir: Path) -> Path | None:
         path = (state.get("config") or {}).get("model_path")
         if path:
             return Path(path)
-    config = json.loads((backend_dir / "adapter" / lora.ADAPTER_CONFIG).read_text())
+    config = json.loads((backend_dir / "adapter" / ADAPTER_CONFIG).read_text())
     name = config.get("base_model_name_or_path")
     return Path(name) if name else None
 
@@ -197,7 +198,7 @@ def _check_out(out: Path, backend_dir: Path, force: bool) -> None:
 
 # ------------------------------------------------------------------------------------ the model
 def write_model(
-    source: Path, target: Path, adapter: lora.AdapterState | None, dtype: torch.dtype | None
+    source: Path, target: Path, adapter: AdapterState | None, dtype: torch.dtype | None
 ) -> int:
     """The model in `source` (safetensors + config + tokenizer) into `target`, each weight the adapter
     adapts merged in float32 and rounded once; returns the weights' bytes written."""
@@ -212,9 +213,9 @@ def write_model(
     for shard in shards:
         with safe_open(str(shard), framework="pt") as handle:
             shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()})
-    tied_to = _tied_head_source(source, shapes) if lora.HEAD_WEIGHT in adapted else None
+    tied_to = _tied_head_source(source, shapes) if HEAD_WEIGHT in adapted else None
     if tied_to is not None:  # a tied head merged with its adapter: a weight of its own, beside the embedding
-        shapes[lora.HEAD_WEIGHT] = shapes[tied_to]
+        shapes[HEAD_WEIGHT] = shapes[tied_to]
     missing = sorted(set(adapted) - set(shapes))
     if missing:
         raise ExportError(
@@ -226,11 +227,11 @@ def write_model(
     for shard in shards:
         tensors = load_file(shard)
         if tied_to in tensors:
-            tensors[lora.HEAD_WEIGHT] = tensors[tied_to]
+            tensors[HEAD_WEIGHT] = tensors[tied_to]
             head_shard = shard.name
         for name, tensor in tensors.items():
             if name in adapted:
-                (delta,) = lora.adapter_deltas(adapted[name]).values()
+                (delta,) = adapter_deltas(adapted[name]).values()
                 if tuple(delta.shape) != shapes[name]:
                     raise ExportError(
                         f"the adapter's update of {name} has shape {tuple(delta.shape)}, {source} has "
@@ -249,26 +250,26 @@ def write_model(
 def _tied_head_source(source: Path, shapes: dict[str, tuple[int, ...]]) -> str | None:
     """The weight a tied output head shares (the input embedding), where the model ties its head and
     so stores no lm_head; None where the head is a weight of its own."""
-    if lora.HEAD_WEIGHT in shapes:
+    if HEAD_WEIGHT in shapes:
         return None
     config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
     embeddings = [name for name in shapes if name.endswith("embed_tokens.weight")]
-    if not lora.ties_head(config) or len(embeddings) != 1:
+    if not ties_head(config) or len(embeddings) != 1:
         raise ExportError(
-            f"the adapter adapts {lora.HEAD_WEIGHT}, which {source} neither has nor ties to one input "
+            f"the adapter adapts {HEAD_WEIGHT}, which {source} neither has nor ties to one input "
             "embedding (fix: --base the model the run trained)"
         )
     return embeddings[0]
 
 
-def _per_weight(adapter: lora.AdapterState) -> dict[str, lora.AdapterState]:
+def _per_weight(adapter: AdapterState) -> dict[str, AdapterState]:
     """The adapter split by the base weight each A, B pair updates (its Hugging Face name), so one
     update at a time is in memory (an 8B model's, all at once in float32, are ~28 GB)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in adapter.weights.items():
         module = name.rpartition(".lora_")[0]
         pairs.setdefault(module.removeprefix(PEFT_PREFIX) + ".weight", {})[name] = tensor
-    return {weight: lora.AdapterState(part, adapter.config) for weight, part in pairs.items()}
+    return {weight: AdapterState(part, adapter.config) for weight, part in pairs.items()}
 
 
 def _copy_metadata(
@@ -281,7 +282,7 @@ def _copy_metadata(
             shutil.copy2(source / name, target / name)
     if head_shard is not None and (target / "config.json").is_file():
         config = json.loads((target / "config.json").read_text())
-        config = lora.config_for_weights(config, [lora.HEAD_WEIGHT])
+        config = config_for_weights(config, [HEAD_WEIGHT])
         (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if dtype is not None and (target / "config.json").is_file():
         config = json.loads((target / "config.json").read_text())
@@ -292,6 +293,6 @@ def _copy_metadata(
         index = json.loads((source / INDEX).read_text())
         index.setdefault("metadata", {})["total_size"] = total
         if head_shard is not None:
-            index.setdefault("weight_map", {})[lora.HEAD_WEIGHT] = head_shard
+            index.setdefault("weight_map", {})[HEAD_WEIGHT] = head_shard
         (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     copy_tokenizer_files(source, target)

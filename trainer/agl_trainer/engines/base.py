@@ -8,33 +8,9 @@ rollouts the loop pushes new weights into it in place, without a restart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
-from agl_trainer.backends.lora import AdapterState
-
-
-@dataclass(frozen=True)
-class WeightUpdate:
-    """New policy weights. `state_dict` holds CPU tensors under Hugging Face names; `directory`
-    holds the same weights saved with save_pretrained (engines in other processes read it);
-    `adapter` a LoRA adapter alone, for the base the engine serves (an engine that
-    `accepts_adapters`: megabytes a sync instead of the whole model)."""
-
-    version: int
-    state_dict: Mapping[str, torch.Tensor] | None = None
-    directory: Path | None = None
-    adapter: AdapterState | None = None
-
-    @property
-    def nbytes(self) -> int:
-        """The tensor bytes the update carries (0 for a directory: the engine reads it from disk)."""
-        if self.adapter is not None:
-            return self.adapter.nbytes
-        return sum(t.numel() * t.element_size() for t in (self.state_dict or {}).values())
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 
 class PolicySource(Protocol):

@@ -3,7 +3,7 @@
 Why not the embedded engine with a tiny model: a random model's text is noise, and a harness needs
 plausible answers (a tool call it can run, then text that ends its turn) to go through its loop as it
 would in training. This engine answers each call with the script's next turn (script.py), tokenized
-and templated by chatml.py, in vLLM 0.32's wire format (embedded_wire.py builds the bodies): prompt
+and templated by chatml.py, in vLLM 0.32's wire format (embedded/wire.py builds the bodies): prompt
 and completion token IDs when asked (`return_token_ids`), a logprob per token, tool calls as vLLM's
 hermes parser returns them (`tool_calls`, finish_reason `tool_calls`), reasoning in `reasoning`.
 Streams send one chunk per token (markup tokens ride with the next chunk; a tool call's arguments
@@ -26,7 +26,7 @@ import msgspec
 from aiohttp import web
 
 from agl_trainer.background_loop import AppServer
-from agl_trainer.engines import embedded_wire as wire
+from agl_trainer.engines.embedded import wire
 from agl_trainer.harness_check import chatml
 from agl_trainer.harness_check.script import Script, Turn
 

@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 import msgspec
 
-from agl_trainer.backends.lora import AdapterState
 from agl_trainer.batch import RolloutResult, TrainingBatch
 from agl_trainer.loop.checkpoint import LoopState
 from agl_trainer.loop.report import StepTimes
 from agl_trainer.store.records import RolloutKey
+from agl_trainer.weights.update import AdapterState
 
 
 @dataclass

@@ -17,7 +17,7 @@ def check_settings(config: Config) -> None:
     assert config.model.path is not None
     backend_settings(config, str(config.model.path), cuda_available=config.backend.device != "cpu")
     if config.engine.name == "vllm":
-        from agl_trainer.engines.vllm_config import resolve_weight_sync, vllm_config
+        from agl_trainer.engines.vllm.config import resolve_weight_sync, vllm_config
 
         settings = {"model": config.model.path, "replicas": config.engine.replicas}
         settings.update(vllm_settings(config, str(config.model.path)))
@@ -36,7 +36,7 @@ def engine_takes_adapters(config: Config) -> bool:
         return False
     if config.engine.name != "vllm":
         return True
-    from agl_trainer.engines.vllm_config import vllm_config
+    from agl_trainer.engines.vllm.config import vllm_config
     from agl_trainer.run.settings import vllm_settings
 
     assert config.model.path is not None

@@ -37,7 +37,7 @@ def build_backend(config: Config, model_path: str) -> Backend:
 def build_engine(config: Config, model_path: str) -> InferenceEngine:
     """The inference engine named by engine.name (not started), validated (errors name the key)."""
     if config.engine.name == "embedded":
-        from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
         try:
             engine_config = EmbeddedEngineConfig(
@@ -49,7 +49,7 @@ def build_engine(config: Config, model_path: str) -> InferenceEngine:
         except TypeError as error:
             raise ConfigError(f"config key engine.options: {error} (fix: see EmbeddedEngineConfig)") from None
         return EmbeddedEngine(engine_config)
-    from agl_trainer.engines.vllm import VLLMEngine
+    from agl_trainer.engines.vllm.engine import VLLMEngine
 
     try:
         return VLLMEngine(model_path, replicas=config.engine.replicas, **vllm_settings(config, model_path))

@@ -30,6 +30,9 @@ from agl_trainer.backends.verl.config import VerlBackendConfig, has_flash_attn
 from agl_trainer.backends.verl.payload import Plan, flat_samples, payload, plan_ranks, scatter_logprobs
 from agl_trainer.backends.weight_buckets import WeightBuckets
 from agl_trainer.batch import TrainingBatch
+from agl_trainer.weights.peft_files import read_adapter, write_adapter
+from agl_trainer.weights.tied_head import config_for_weights
+from agl_trainer.weights.update import AdapterState
 
 DROPOUT_KEYS = (
     "attention_dropout",
@@ -241,7 +244,7 @@ class VerlBackend:
         arrays, entries = self._workers.agl_state_dict(dtype)[0]
         return WeightBuckets.from_wire(arrays, entries)
 
-    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> lora.AdapterState:
+    def adapter_for_engine(self, dtype: torch.dtype | None = None) -> AdapterState:
         """The adapter alone (peft's names and config, CPU copies gathered from the shards): what an
         adapter-only sync moves."""
         if not self.uses_lora:
@@ -254,7 +257,7 @@ class VerlBackend:
             raise ValueError("save_adapter: this backend trains every weight (backend.lora.rank is 0)")
         state = self.adapter_for_engine()
         directory = Path(directory)
-        atomic_directory(directory, lambda tmp: lora.write_adapter(state, tmp))
+        atomic_directory(directory, lambda tmp: write_adapter(state, tmp))
         return directory
 
     def save_hf(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -268,7 +271,7 @@ class VerlBackend:
 
         def write(tmp: Path) -> None:
             save_torch_state_dict(state, tmp)
-            config = lora.config_for_weights(json.loads((source / "config.json").read_text()), state)
+            config = config_for_weights(json.loads((source / "config.json").read_text()), state)
             if dtype is not None:
                 config["torch_dtype"] = str(dtype).removeprefix("torch.")
             (tmp / "config.json").write_text(json.dumps(config, indent=2))
@@ -292,7 +295,7 @@ class VerlBackend:
         def write(tmp: Path) -> None:
             self._workers.agl_save_checkpoint(str((tmp / "verl").resolve()))
             if adapter is not None:
-                lora.write_adapter(adapter, tmp / CHECKPOINT_ADAPTER)
+                write_adapter(adapter, tmp / CHECKPOINT_ADAPTER)
             state = {
                 "format": 1,
                 "step": self.step,
@@ -322,7 +325,7 @@ class VerlBackend:
         adapter_dir = directory / CHECKPOINT_ADAPTER
         lora.check_checkpoint_kind(directory, adapter_dir.is_dir(), self.uses_lora)
         if self.uses_lora:
-            saved = lora.read_adapter(adapter_dir)
+            saved = read_adapter(adapter_dir)
             lora.check_same_adapter(self.ranks[0]["adapter_config"], saved.config)
         self._workers.agl_load_checkpoint(str((directory / "verl").resolve()))
         self.step = int(state["step"])  # older checkpoints also carry a policy_version: the loop's is used

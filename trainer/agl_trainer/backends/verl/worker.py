@@ -46,6 +46,7 @@ from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
 from agl_trainer.backends.torch_config import LoraConfig
 from agl_trainer.backends.weight_buckets import BucketWriter
+from agl_trainer.weights.update import AdapterState
 
 # payload fields aligned to logit positions: value t belongs to the token at t + 1
 SHIFTED_FIELDS = (
@@ -568,7 +569,7 @@ class AglTrainingWorker(TrainingWorker):
         get_torch_device().empty_cache()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def agl_adapter(self, dtype: torch.dtype | None = None) -> lora.AdapterState | None:
+    def agl_adapter(self, dtype: torch.dtype | None = None) -> AdapterState | None:
         """The adapter, gathered from the shards (every rank takes part), on rank 0; None elsewhere."""
         state = lora.adapter_state(self.engine.module, dtype)
         self._hand_back_cached_memory()

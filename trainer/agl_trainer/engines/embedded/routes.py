@@ -2,8 +2,8 @@
 POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;
 GET /v1/models, /health, /ping, /version, /metrics (Prometheus text).
 
-A handler reads its request (embedded_requests.py), submits sequences to the engine's scheduler,
-and answers with a body (embedded_wire.py) or a stream (embedded_stream.py).
+A handler reads its request (requests.py), submits sequences to the engine's scheduler,
+and answers with a body (wire.py) or a stream (stream.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from agl_trainer.engines import embedded_stream as stream
-from agl_trainer.engines import embedded_wire as wire
-from agl_trainer.engines.embedded_batching import BatchScheduler, Sequence
-from agl_trainer.engines.embedded_prompt_logprobs import prompt_logprobs
-from agl_trainer.engines.embedded_requests import RequestReader
-from agl_trainer.engines.embedded_requests import sequences as sequences_of
-from agl_trainer.engines.embedded_wire import RequestError
+from agl_trainer.engines.embedded import stream
+from agl_trainer.engines.embedded import wire
+from agl_trainer.engines.embedded.batching import BatchScheduler, Sequence
+from agl_trainer.engines.embedded.prompt_logprobs import prompt_logprobs
+from agl_trainer.engines.embedded.requests import RequestReader
+from agl_trainer.engines.embedded.requests import sequences as sequences_of
+from agl_trainer.engines.embedded.wire import RequestError
 
 if TYPE_CHECKING:
     from aiohttp import web

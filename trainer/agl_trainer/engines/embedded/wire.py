@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:  # annotations only: the wire format loads without torch (harness_check/engine.py)
-    from agl_trainer.engines.embedded_batching import Sequence
+    from agl_trainer.engines.embedded.batching import Sequence
 
 SYSTEM_FINGERPRINT = "agl-embedded-0.1.0"
 MAX_LOGPROBS = 20
@@ -63,7 +63,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt: Any  # str | list[str] | list[int] | list[list[int]]: checked in prompts_of()
     logprobs: int | None = None
     echo: bool = False
-    prompt_logprobs: int | None = None  # embedded_prompt_logprobs.py
+    prompt_logprobs: int | None = None  # prompt_logprobs.py
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from agl_trainer.engines import embedded_wire as wire
-from agl_trainer.engines.embedded_batching import Sequence
-from agl_trainer.engines.embedded_wire import RequestError
+from agl_trainer.engines.embedded import wire
+from agl_trainer.engines.embedded.batching import Sequence
+from agl_trainer.engines.embedded.wire import RequestError
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 _json = msgspec.json.Encoder()

@@ -1,11 +1,11 @@
 """Weight updates for the embedded engine: a state_dict (or a save_pretrained directory, read by
-weight_files.read_safetensors) copied into the served model in place, all-or-nothing."""
+weights/files.read_safetensors) copied into the served model in place, all-or-nothing."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agl_trainer.backends.lora import retie_weights, untie_weight
+from agl_trainer.weights.tied_head import retie_weights, untie_weight
 
 
 def load_in_place(model: Any, state: Any) -> None:
@@ -13,9 +13,9 @@ def load_in_place(model: Any, state: Any) -> None:
     under either of its names), with its shape, and no unknown name is accepted. Everything is
     checked before anything is copied, so a refused update leaves the old weights whole.
 
-    Ties follow the state: a tied pair given as two different tensors (a LoRA policy's merged head,
-    backends/lora.py) unties the model's head; a head an adapter untied (AdapterMerger) is tied back
-    when the state gives only the weight it shared (a tied model's full weights)."""
+    Ties follow the state (weights/tied_head.py): a tied pair given as two different tensors (a LoRA
+    policy's merged head) unties the model's head; a head an adapter untied (AdapterMerger) is tied
+    back when the state gives only the weight it shared (a tied model's full weights)."""
     import torch
 
     every = dict(model.named_parameters(remove_duplicate=False))

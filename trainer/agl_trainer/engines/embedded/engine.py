@@ -1,6 +1,6 @@
 """The embedded engine: an OpenAI-compatible server over a transformers model, for CPU machines.
 
-    from agl_trainer.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_path="runs/demo/model", served_model_name="tiny"))
     engine.start()                       # own thread + event loop, 127.0.0.1, a free port
@@ -11,14 +11,14 @@
 It is the default engine for the demo and the tests, not a rival to vLLM: it speaks vLLM's wire
 format (`return_token_ids`, `prompt_token_ids`, `logprobs`, `stop_reason`, streaming chunks,
 errors) so the sidecar and the trainer cannot tell it from a vLLM server, and it batches
-concurrent requests continuously (see embedded_batching.py), which is what makes a 2-core machine
+concurrent requests continuously (see batching.py), which is what makes a 2-core machine
 usable. Routes: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;
 GET /v1/models, /health, /ping, /version, /metrics (Prometheus text).
 
-Its modules: this one (configuration, lifecycle, weight updates), embedded_routes.py (HTTP
-handlers), embedded_requests.py (request validation), embedded_stream.py (following generation,
-the one streaming loop), embedded_wire.py (vLLM's wire format), embedded_batching.py (continuous
-batching and sampling), embedded_weights.py (in-place state_dict loading).
+Its modules: this one (configuration, lifecycle, weight updates), routes.py (HTTP
+handlers), requests.py (request validation), stream.py (following generation,
+the one streaming loop), wire.py (vLLM's wire format), batching.py (continuous
+batching and sampling), in_place.py (in-place state_dict loading).
 
 Supported request fields: model, messages / prompt, max_tokens (max_completion_tokens), n, seed,
 temperature, top_p, top_k, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, prompt_logprobs,
@@ -32,7 +32,7 @@ save_pretrained directory into the model in place, between batching steps, and r
 There is no prefix cache, so no stale KV survives an update between requests; a sequence still
 generating across an update (the loop drains the sidecar first, so normally none) keeps the KV of
 its earlier tokens and continues with the new weights. `update_adapter` is the LoRA sync: only the
-adapter comes (peft's format, backends/lora.py), merged into the base weights the engine loaded,
+adapter comes (peft's format, weights/peft_files.py), merged into the base weights the engine loaded,
 each adapter replacing the last (an adapter on a tied output head unties the served head first).
 `last_update_bytes` is what the latest update of either kind moved.
 """
@@ -47,14 +47,14 @@ from pathlib import Path
 from typing import Any, Self
 
 from agl_trainer.background_loop import BackgroundLoop
-from agl_trainer.backends.lora import AdapterMerger, AdapterState
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.embedded_batching import BatchScheduler, Sequence
-from agl_trainer.engines.embedded_requests import RequestReader
-from agl_trainer.engines.embedded_routes import EngineRoutes
-from agl_trainer.engines.embedded_stream import deliver
-from agl_trainer.engines.embedded_weights import load_in_place
-from agl_trainer.engines.weight_files import read_safetensors
+from agl_trainer.engines.embedded.batching import BatchScheduler, Sequence
+from agl_trainer.engines.embedded.in_place import load_in_place
+from agl_trainer.engines.embedded.requests import RequestReader
+from agl_trainer.engines.embedded.routes import EngineRoutes
+from agl_trainer.engines.embedded.stream import deliver
+from agl_trainer.weights.files import read_safetensors
+from agl_trainer.weights.merge import AdapterMerger
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 
 @dataclass(frozen=True)

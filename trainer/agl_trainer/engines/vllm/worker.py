@@ -149,7 +149,7 @@ class WeightSyncExtension:
     def agl_load_adapter(self, directory: str, lora_int_id: int) -> dict[str, object]:
         """Load the LoRA adapter in `directory` in place under vLLM's id `lora_int_id` (the adapter the
         server serves), so every request in flight with it, frozen ones too, continues under the new
-        weights (vllm_lora.py says why not vLLM's load_inplace). The worker reads the files and swaps
+        weights (lora.py says why not vLLM's load_inplace). The worker reads the files and swaps
         the adapter's slot between engine steps (collective_rpc shares the engine's loop); a file
         that does not load leaves the old adapter in place."""
         from vllm.lora.request import LoRARequest

