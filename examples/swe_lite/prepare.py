@@ -17,6 +17,7 @@ listing the package) is what RL has to add to what the warm start shows.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from examples.swe_lite.generate import generate, write_tasks
 
 TRAIN_TASKS = 2000
 HELDOUT_TASKS = 64
-DEMOS = 24
-WARM_START_STEPS = 200
+DEMOS = 256  # many: with 24 the model learned their file names and sed lines, not to copy the task's
+WARM_START_STEPS = 600
+RECORD_WORKERS = 2  # demonstrations recorded in parallel (each is mini-swe-agent running four commands)
 WARM_START_LR = 1e-3
 WARM_START_BATCH = 8
 VOCAB_SIZE = 1024
@@ -63,7 +65,9 @@ def prepare_swe_lite(
     train_tasks = write_tasks(train_rows, workdir / "train")
     heldout_tasks = write_tasks(generate("heldout", heldout, seed), workdir / "heldout")
     demo_tasks = write_tasks(generate("demo", demos, seed), workdir / "demo")
-    shown = [record(json.loads(line), workdir / "demos") for line in demo_tasks.read_text().splitlines()]
+    demo_rows = [json.loads(line) for line in demo_tasks.read_text().splitlines()]
+    with ProcessPoolExecutor(RECORD_WORKERS) as pool:
+        shown = list(pool.map(record, demo_rows, [workdir / "demos"] * len(demo_rows)))
     trajectories = [load_trajectory(path) for path in shown]
     corpus = ["\n".join(m["content"] for m in chat_messages(t)) for t in trajectories]
     corpus += ["\n".join([t["problem_statement"], *t["files"].values()]) for t in train_rows[:CORPUS_REPOS]]
@@ -85,13 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/swe_lite", help="directory for the tasks, demos/, model-init/, model-warm/")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=WARM_START_STEPS, help="warm-start steps")
+    parser.add_argument("--demos", type=int, default=DEMOS, help="demonstrations (the easier case) to record")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.demos < 1:
+        parser.error(f"--demos must be >= 1, got {args.demos}")
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    prepared = prepare_swe_lite(args.out, seed=args.seed, steps=args.steps, progress=True)
+    prepared = prepare_swe_lite(args.out, seed=args.seed, steps=args.steps, demos=args.demos, progress=True)
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "
         f"{prepared.final_loss:.3f}; wrote {prepared.model}, {prepared.train_tasks}, {prepared.heldout_tasks}"

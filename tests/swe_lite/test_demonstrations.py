@@ -77,6 +77,19 @@ def test_the_warm_start_learns_the_assistant_turns_only(trajectory: dict) -> Non
     assert learned == "".join(replies_text)
 
 
+def test_the_agents_pytest_loads_no_third_party_plugins(tmp_path: Path) -> None:
+    """agent.yaml's environment reaches each bash command: pytest without the venv's plugins (3.5 s
+    a run otherwise, most of a demonstration's recording and of a rollout's test step)."""
+    from examples.swe.harness import load_agent_config, make_environment
+    from examples.swe.swe_task import fresh_copy, parse_task
+    from examples.swe_lite.demonstrations import AGENT_CONFIG
+
+    (row,) = (json.loads(line) for line in write_tasks(generate("demo", 1, seed=3), tmp_path / "tasks").read_text().splitlines())
+    workspace = fresh_copy(parse_task(row), tmp_path / "repo")
+    result = make_environment(load_agent_config(AGENT_CONFIG), workspace, "none").execute({"command": "python -m pytest tests"})
+    assert "test session starts" in result["output"] and "plugins:" not in result["output"], result["output"]
+
+
 def test_a_file_that_is_not_a_trajectory_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"messages": []}))
