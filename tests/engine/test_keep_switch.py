@@ -54,6 +54,21 @@ def perturbed(state: dict[str, torch.Tensor], scale: float = 0.05) -> dict[str, 
     return {k: v + scale * torch.randn(v.shape, generator=generator) for k, v in state.items()}
 
 
+def freeze_at(engine: EmbeddedEngine, tokens: int, calls: int) -> dict[str, int]:
+    """Freeze the engine once each of `calls` unfinished calls has at least `tokens` tokens. Frozen
+    first, checked after (thawed again if short), so the batch cannot run to its end between the
+    check and the freeze however slowly this thread or the switch's HTTP calls are scheduled."""
+    deadline = time.monotonic() + 120
+    while True:
+        progress = engine.freeze()
+        if len(progress) == calls and min(progress.values()) >= tokens:
+            return progress
+        assert len(progress) >= calls, f"a call ended before {tokens} tokens: {progress}"
+        assert time.monotonic() < deadline, f"the batch did not reach {tokens} tokens: {progress}"
+        engine.thaw()
+        time.sleep(0.001)  # let a step run
+
+
 def switch(sidecar: BackgroundSidecar, engine: EmbeddedEngine, weights: dict[str, torch.Tensor]) -> dict[str, int]:
     """One keep-mode switch as the loop does it: hold, freeze, load, record, continue."""
     paused = httpx.post(f"{sidecar.url}{semconv.ADMIN_PAUSE_PATH}", json={"mode": "keep"}, timeout=30)
@@ -105,7 +120,8 @@ def test_a_200_token_generation_frozen_mid_way_continues_on_the_old_kv(
 
     reader = threading.Thread(target=read)
     reader.start()
-    wait_until(lambda: any(n >= 60 for n in engine.scheduler.progress().values()), "60 tokens generated")
+    wait_until(lambda: len(engine.scheduler.progress()) == 1, "the call at the engine")
+    freeze_at(engine, 60, calls=1)  # switch() freezes again: the same place
     progress = switch(sidecar, engine, new_state)
     reader.join(120)
 
@@ -169,9 +185,7 @@ def test_every_api_streaming_and_unary_records_where_the_new_version_starts(
         thread.start()
     wait_until(lambda: len(engine.scheduler.progress()) == 8, "8 calls at the engine", timeout=120)
     engine.thaw()
-    deadline = time.monotonic() + 60
-    while min(engine.scheduler.progress().values(), default=0) < 4:  # no sleep: a step takes milliseconds
-        assert time.monotonic() < deadline, "the batch did not reach 4 tokens"
+    freeze_at(engine, 4, calls=8)  # switch() freezes again: the same place
     progress = switch(sidecar, engine, new_state)
     for thread in threads:
         thread.join(120)
@@ -214,11 +228,9 @@ def test_without_the_engines_word_a_stream_is_cut_where_the_sidecar_saw_the_swit
         thread.start()
     wait_until(lambda: len(engine.scheduler.progress()) == 2, "2 calls at the engine")
     engine.thaw()
-    deadline = time.monotonic() + 60
-    while min(engine.scheduler.progress().values(), default=0) < 4:
-        assert time.monotonic() < deadline, "the batch did not reach 4 tokens"
+    freeze_at(engine, 4, calls=2)
     assert httpx.post(f"{sidecar.url}{semconv.ADMIN_PAUSE_PATH}", json={"mode": "keep"}).status_code == 200
-    progress = engine.freeze()
+    progress = engine.freeze()  # already frozen: the same place
     wait_until(lambda: True in ids and len(received[True]) == progress[ids[True]], "the frozen stream's tokens")
     engine.update_weights(WeightUpdate(version=1, state_dict=new_state))
     resumed = httpx.post(f"{sidecar.url}{semconv.ADMIN_RESUME_PATH}", json={"policy_version": 1, "switch": True})

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agl_trainer.config import load_config
@@ -158,7 +159,7 @@ def test_a_lora_run_syncs_only_the_adapter_and_the_engine_serves_the_trainers_we
         tmp_path, model_dir, tasks, "tests.loop.harnesses:calls",
         mode="sync", batch_rollouts=12, group_size=4, concurrency=12, max_steps=3,
     )  # fmt: skip
-    config.backend.lora.rank = 4
+    config.backend.lora = msgspec.structs.replace(config.backend.lora, rank=4)  # a frozen section
     config.backend.lr = 5e-2  # the adapter must move for the check to mean anything
     steps: list[dict[str, float]] = []
     result = run_session(config, lambda step, metrics: steps.append(metrics))

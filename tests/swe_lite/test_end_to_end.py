@@ -58,6 +58,7 @@ def test_swe_lite_config_trains_a_step_on_a_solved_and_an_unsolved_task(tmp_path
                 "harness.timeout_s": 120, "engine.max_batch": 4, "receiver.listen": f"127.0.0.1:{receiver_port}",
                 "loop.batch_rollouts": 2, "loop.group_size": 1, "loop.concurrency": 2, "loop.max_steps": 1,
                 "loop.max_train_s": 0, "loop.completion_grace_s": 0.5,
+                "val_tasks": "null", "loop.val_every": 0,  # no held-out rounds (and no prepared set needed)
             }  # fmt: skip
             args = [f"--{key}={value}" for key, value in overrides.items()]
             args += [f"--harness.env.AGL_SWE_WORKDIR={tmp_path / 'workspaces'}", "--sidecar.attach",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.verl.test_demo_verl import demo_config, demo_model, run  # noqa: F401 - demo_model: a fixture
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def lora_config(tmp_path: Path, model: Path, max_steps: int):
     config = demo_config(tmp_path, model, max_steps)
-    config.backend.lora.rank = 8
+    config.backend.lora = msgspec.structs.replace(config.backend.lora, rank=8)  # a frozen section
     config.backend.lr = 2e-3  # the adapter moves each step, so an engine serving the base would show a gap
     return config
 

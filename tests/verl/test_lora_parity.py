@@ -14,6 +14,8 @@ from agl_trainer.algorithms import AlgorithmConfig
 from agl_trainer.backends import TorchBackend, lora
 from agl_trainer.backends.torch_config import BackendConfigError, LoraConfig
 from agl_trainer.backends.verl import VerlBackend, VerlBackendConfig
+from agl_trainer.weights.peft_files import read_adapter, write_adapter
+from agl_trainer.weights.update import AdapterState
 from transformers import AutoModelForCausalLM
 
 from tests.algorithms.tiny import training_config
@@ -41,7 +43,7 @@ def pair(request, local_ray, tiny_model, tmp_path_factory):
     backend.close()
 
 
-def _assert_same_adapter(got: lora.AdapterState, want: lora.AdapterState, exact: bool = False) -> None:
+def _assert_same_adapter(got: AdapterState, want: AdapterState, exact: bool = False) -> None:
     assert got.config == want.config
     assert set(got.weights) == set(want.weights) and want.weights
     for name, tensor in want.weights.items():
@@ -98,7 +100,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(pair, tmp_path):
     batch = parity_batch()
     verl.train_step(batch, 0)
     middle = verl.save_checkpoint(tmp_path / "middle")
-    saved = lora.read_adapter(middle / "adapter")  # peft's format, as the torch backend writes it
+    saved = read_adapter(middle / "adapter")  # peft's format, as the torch backend writes it
     _assert_same_adapter(saved, verl.adapter_for_engine(), exact=True)
     after_two = verl.train_step(batch, 1)
     weights_two, adapter_two = verl.state_dict_for_engine(), verl.adapter_for_engine()
@@ -125,8 +127,8 @@ def test_a_checkpoint_of_other_settings_is_refused(pair, tmp_path):
     (other / "agl_state.json").write_text((initial / "agl_state.json").read_text())
     with pytest.raises(ValueError, match="holds full weights but this backend trains an adapter"):
         verl.load_checkpoint(other)
-    state = lora.read_adapter(initial / "adapter")
-    lora.write_adapter(lora.AdapterState(state.weights, {**state.config, "r": 8}), other / "adapter")
+    state = read_adapter(initial / "adapter")
+    write_adapter(AdapterState(state.weights, {**state.config, "r": 8}), other / "adapter")
     with pytest.raises(ValueError, match="r 8 .now 4."):
         verl.load_checkpoint(other)
 
