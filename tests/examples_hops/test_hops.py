@@ -330,8 +330,11 @@ def test_a_partial_run_accounts_for_every_trained_tokens_age_weight_and_mask(tmp
     config = load_config(CONFIG, [f"--{k}={v}" for k, v in overrides.items()] + ["--val_tasks=null"])
     result = asyncio.run(Session(config, quiet=True).run())
     assert result.summary.steps == 4
-    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
-    assert len(rows) == 4
+    steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "time/step_s" in r]
+    assert len(steps) == 4
+    # a step may train nothing (every rollout it took dropped at max_span or too old): no identity to check
+    rows = [r for r in steps if r.get("perf/trained_tokens", 0) > 0]
+    assert rows, "no step trained a token"
     for row in rows:
         in_loss = row["staleness/tokens"]
         assert in_loss == row["perf/trained_tokens"] > 0  # the step plan's tokens, counted once

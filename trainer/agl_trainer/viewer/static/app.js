@@ -469,7 +469,7 @@ function callsTable(calls, breaks) {
         el("td", { class: "num" }, "+" + fmt.ms(c.start_ns - t0)), el("td", { class: "num" }, fmt.ms(c.end_ns - c.start_ns)),
         el("td", { class: "num" }, held === null ? "–" : held.toFixed(1) + " ms"),
         el("td", { class: "num" }, c.policy_version ?? "–"),
-        el("td", { class: "num" }, (c.prompt_tokens ?? "–") + (c.prompt_ref_seq !== null ? [" (ref ", callRef(c.prompt_ref_seq), ")"] : "")),
+        el("td", { class: "num" }, c.prompt_tokens ?? "–", c.prompt_ref_seq !== null ? [" (ref ", callRef(c.prompt_ref_seq), ")"] : null),
         el("td", { class: "num" }, c.completion_tokens ?? "–"),
         el("td", {}, visible(c.finish_reason)), el("td", {}, visible(c.end_reason)),
         el("td", { class: "id" }, attribution(c) || "–"), el("td", {}, unreadFields(c)), el("td", {}, where),
@@ -556,8 +556,7 @@ function sampleView(sample, placements, breaks, decoded, params) {
     failure ? el("div", { class: "mergebreak" }, el("b", {}, "merge break (" + visible(failure.kind) + ")"),
       ` before call ${callNumber(failure.call_seq)}: its prompt does not extend call ${callNumber(failure.previous_call_seq)}'s sequence` +
       ` (first difference at token ${failure.position}; classified by ${visible(failure.classified_by)}). ` + visible(failure.detail)) : null,
-    el("h3", {}, `Sample ${sample.index}: calls `, sample.call_seqs.map((seq, i) => [i ? ", " : "", callRef(seq, "")]),
-      ` · ${sample.length ?? n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
+    el("h3", {}, `Sample ${sample.index}: calls ${sample.call_seqs.map(callNumber).join(", ")} · ${sample.length ?? n} tokens · ${sample.trained_tokens} trained · policy versions ${versions.join(", ") || "–"}`),
     tokenPager(sample, params),
     agreementLine(sample),
     body);
