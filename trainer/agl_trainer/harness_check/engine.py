@@ -127,14 +127,7 @@ class ScriptedEngine(AppServer):
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=256 * 1024**2)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/tokenize", self.tokenize)
-        app.router.add_post("/detokenize", self.detokenize)
-        app.router.add_get("/health", self.empty)
-        app.router.add_get("/ping", self.empty)
-        app.router.add_get("/version", self.version)
+        wire.add_routes(app, self)
         return app
 
     # --- small routes ---------------------------------------------------------------------------

@@ -96,6 +96,19 @@ class RequestError(Exception):
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
+def add_routes(app: Any, server: Any) -> None:
+    """Mount vLLM's OpenAI-server paths on an aiohttp `app`, each served by `server`'s method of the
+    same role (chat, completions, models, tokenize, detokenize, version; empty for the probes)."""
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/v1/completions", server.completions)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_post("/tokenize", server.tokenize)
+    app.router.add_post("/detokenize", server.detokenize)
+    app.router.add_get("/health", server.empty)
+    app.router.add_get("/ping", server.empty)
+    app.router.add_get("/version", server.version)
+
+
 def decode_request(body: bytes, kind: type[msgspec.Struct]) -> Any:
     """The request as a Struct, or a RequestError naming the field (`param: body.<field>`)."""
     try:
