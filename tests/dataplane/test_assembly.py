@@ -39,12 +39,12 @@ def test_exact_prefixes_merge_into_one_sample_with_a_mask_over_generated_tokens(
     result = assemble(store, store.ready_rollouts())
     [rollout] = result.rollouts
     [sample] = rollout.samples
-    assert sample.token_ids == p2 + c2
-    assert sample.loss_mask == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1]
+    assert sample.token_ids.tolist() == p2 + c2
+    assert sample.loss_mask.tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1]
     generated = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
     assert generated == c0 + c1 + c2
-    assert sample.engine_logprobs == pytest.approx([0, 0, 0, -0.1, -0.2, -0.3, 0, 0, -0.4, -0.5, 0, -0.3])
-    assert sample.policy_versions == [-1, -1, -1, 3, 3, 3, -1, -1, 3, 3, -1, 4]
+    assert sample.engine_logprobs.tolist() == pytest.approx([0, 0, 0, -0.1, -0.2, -0.3, 0, 0, -0.4, -0.5, 0, -0.3])
+    assert sample.policy_versions.tolist() == [-1, -1, -1, 3, 3, 3, -1, -1, 3, 3, -1, 4]
     assert sample.call_seqs == [0, 1, 2]
     assert result.report.merged_calls == 2 and result.report.merge_failures == {}
     TrainingBatch.from_rollouts(result.rollouts)  # the algorithms' input builds from it
@@ -64,8 +64,8 @@ def test_prompt_by_reference_is_rebuilt_exactly(store):
     finish(store)
     result = assemble(store, store.ready_rollouts())
     first, second = result.rollouts[0].samples
-    assert first.token_ids == full0 + [20, 21, 12] and first.call_seqs == [0, 1]
-    assert second.token_ids == full0 + [20, 21, 30, 13] and second.loss_mask == [0] * 8 + [1]
+    assert first.token_ids.tolist() == full0 + [20, 21, 12] and first.call_seqs == [0, 1]
+    assert second.token_ids.tolist() == full0 + [20, 21, 30, 13] and second.loss_mask.tolist() == [0] * 8 + [1]
     # In the call tree, call 2 is a branch of call 0 (whose sample call 1 continues); it went past
     # call 1's prompt and then differs, so it is also a failed merge onto call 1. Without a tokenizer,
     # a difference in the last token only looks like a turn end rendered differently.
@@ -167,8 +167,8 @@ def test_truncation_is_explicit_and_counted(store):
     result = assemble(store, store.ready_rollouts(), config)
     by_id = {r.rollout_id: r for r in result.rollouts}
     assert set(by_id) == {"long-response", "long-total"}
-    assert by_id["long-response"].samples[0].token_ids == [1, 2] + list(range(30, 36))
-    assert by_id["long-total"].samples[0].token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert by_id["long-response"].samples[0].token_ids.tolist() == [1, 2] + list(range(30, 36))
+    assert by_id["long-total"].samples[0].token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
     assert result.report.truncations == {"prompt_too_long": 1, "response_truncated": 1, "total_truncated": 1}
     assert result.report.dropped == {"no_samples": 1}
 
@@ -179,7 +179,7 @@ def test_a_call_cut_away_by_truncation_leaves_the_sample(store):
     finish(store)
     result = assemble(store, store.ready_rollouts(), AssemblyConfig(max_total_length=5))
     [sample] = result.rollouts[0].samples
-    assert sample.token_ids == [1, 2, 3, 4, 5] and sample.call_seqs == [0]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5] and sample.call_seqs == [0]
     assert result.report.call_problems == {"call_reward_lost": 1}
 
 
@@ -203,8 +203,8 @@ def test_rewards_final_last_wins_and_per_call_on_the_last_generated_token(store)
     [rollout] = result.rollouts
     assert rollout.reward == 0.9
     [sample] = rollout.samples
-    assert sample.token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert sample.token_rewards == [0, 0, 0, 0.25, 0, 0, 0, -1.0]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert sample.token_rewards.tolist() == [0, 0, 0, 0.25, 0, 0, 0, -1.0]
     assert result.report.call_problems == {"call_reward_lost": 1}
     assert assemble(store, ["r"], AssemblyConfig(reward_name="format")).rollouts[0].reward == 5.0
 
@@ -248,7 +248,7 @@ def test_absent_tokens_and_duplicate_seqs_are_counted(store):
     finish(store)
     result = assemble(store, store.ready_rollouts())
     [sample] = result.rollouts[0].samples
-    assert sample.token_ids == [1, 2, 3, 4, 5, 6, 7] and sample.call_seqs == [0, 2, 3]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7] and sample.call_seqs == [0, 2, 3]
     assert result.report.call_problems == {
         "tokens_absent": 1,
         "duplicate_call_seq": 1,

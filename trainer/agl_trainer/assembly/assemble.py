@@ -129,7 +129,7 @@ class _Building:
         self, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
         self.tokens = [prompt, completion]
-        self.mask = [np.zeros(prompt.size, np.int8), np.ones(completion.size, np.int8)]
+        self.mask = [np.zeros(prompt.size, np.bool_), np.ones(completion.size, np.bool_)]
         self.logprobs = [np.zeros(prompt.size, np.float32), logprobs]
         self.versions = [np.full(prompt.size, -1, np.int64), versions]
         self.size = int(prompt.size + completion.size)
@@ -140,7 +140,7 @@ class _Building:
         self, context: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
         self.tokens += [context, completion]
-        self.mask += [np.zeros(context.size, np.int8), np.ones(completion.size, np.int8)]
+        self.mask += [np.zeros(context.size, np.bool_), np.ones(completion.size, np.bool_)]
         self.logprobs += [np.zeros(context.size, np.float32), logprobs]
         self.versions += [np.full(context.size, -1, np.int64), versions]
         self.call_seqs.append(call_seq)
@@ -457,13 +457,13 @@ def _finish_samples(
             Sample(
                 rollout_id=info.rollout_id,
                 task_id=info.task_id or info.rollout_id,
-                token_ids=tokens[:end].tolist(),
-                loss_mask=mask[:end].tolist(),
-                engine_logprobs=np.where(known, logprobs[:end], 0.0).tolist(),
-                policy_versions=versions[:end].tolist(),
+                token_ids=tokens[:end],
+                loss_mask=mask[:end],
+                engine_logprobs=np.where(known, logprobs[:end], np.float32(0.0)),
+                policy_versions=versions[:end],
                 call_seqs=kept_calls,
-                logprob_known=None if known.all() else known.astype(np.int8).tolist(),
-                after_switch=None if switched is None else switched.tolist(),
+                logprob_known=None if known.all() else known,
+                after_switch=switched,
             )
         )
     return samples, kept_index
@@ -508,5 +508,5 @@ def _place_call_rewards(
             _count(problems, CALL_REWARD_LOST)
             continue
         if sample.token_rewards is None:
-            sample.token_rewards = [0.0] * len(sample.token_ids)
+            sample.token_rewards = np.zeros(sample.token_ids.size)
         sample.token_rewards[last] += value
