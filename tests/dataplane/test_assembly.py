@@ -3,12 +3,16 @@ rewards and policies."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
+from agl import semconv
 from agl_trainer.assembly import AssemblyConfig, assemble
-from agl_trainer.batch import TrainingBatch
+from agl_trainer.batch import PER_TOKEN, Sample, TrainingBatch
 
 from tests.dataplane.ingest import ingest
-from tests.dataplane.otlp import call_span, reward_span, rollout_span
+from tests.dataplane.otlp import call_span, reward_span, rollout_span, with_attributes
 from agl_testing.tiny_tokenizer import encode, special, tiny_tokenizer
 
 
@@ -207,6 +211,38 @@ def test_rewards_final_last_wins_and_per_call_on_the_last_generated_token(store)
     assert sample.token_rewards.tolist() == [0, 0, 0, 0.25, 0, 0, 0, -1.0]
     assert result.report.call_problems == {"call_reward_lost": 1}
     assert assemble(store, ["r"], AssemblyConfig(reward_name="format")).rollouts[0].reward == 5.0
+
+
+def test_assembly_hands_over_arrays_of_the_fixed_dtypes_that_pad_as_their_lists_do(store):
+    ingest(
+        store,
+        [
+            call_span("r", 0, [1, 2, 3], [4, 5], logprobs=[-0.5, float("nan")], version=2),
+            with_attributes(  # generated across a keep switch: version 3, then 4
+                call_span("r", 1, [1, 2, 3, 4, 5, 6], [7, 8], logprobs=[-0.25, -0.125], version=3),
+                **{semconv.COMPLETION_POLICY_VERSIONS.replace(".", "__"): [0, 3, 1, 4]},
+            ),
+            reward_span("r", 0.5, call_seq=1),
+        ],
+    )
+    finish(store)
+    [rollout] = assemble(store, store.ready_rollouts()).rollouts
+    [sample] = rollout.samples
+    for name, dtype in PER_TOKEN.items():
+        assert getattr(sample, name) is not None and getattr(sample, name).dtype == dtype, name
+    assert sample.logprob_known.tolist() == [True] * 3 + [False, False] + [True] * 3  # a NaN: call 0 has no logprobs
+    assert sample.token_rewards.tolist() == [0.0] * 7 + [0.5]
+    assert sample.after_switch.tolist() == [False] * 7 + [True]
+    assert sample.policy_versions.tolist() == [-1, -1, -1, 2, 2, -1, 3, 4]
+    as_lists = Sample(
+        sample.rollout_id, sample.task_id, call_seqs=sample.call_seqs,
+        **{name: getattr(sample, name).tolist() for name in PER_TOKEN},
+    )  # fmt: skip
+    a = TrainingBatch.from_rollouts([rollout])
+    b = TrainingBatch.from_rollouts([dataclasses.replace(rollout, samples=[as_lists])])
+    assert all(torch.equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+               if isinstance(getattr(a, f.name), torch.Tensor))  # fmt: skip
+    assert a.engine_logprobs[0].tolist() == [0.0] * 6 + [-0.25, -0.125]
 
 
 def test_policies_for_missing_rewards_and_failed_rollouts(store):
