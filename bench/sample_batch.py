@@ -158,7 +158,8 @@ def run_lists(data: list[RolloutData], config: AssemblyConfig) -> tuple[float, f
 
 def same(a: TrainingBatch, b: TrainingBatch) -> bool:
     tensors = [name for name, value in vars(a).items() if isinstance(value, torch.Tensor)]
-    return all(getattr(a, n).dtype == getattr(b, n).dtype and torch.equal(getattr(a, n), getattr(b, n)) for n in tensors)
+    pairs = [(getattr(a, name), getattr(b, name)) for name in tensors]
+    return all(x.dtype == y.dtype and torch.equal(x, y) for x, y in pairs)
 
 
 def main() -> None:

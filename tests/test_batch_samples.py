@@ -100,7 +100,8 @@ def test_a_per_token_field_of_another_length_is_refused_naming_it(name):
 
 @pytest.mark.parametrize("name", list(PER_TOKEN))
 def test_a_2d_field_is_refused_naming_it(name):
-    with pytest.raises(ValueError, match=rf"Sample r7: {name} must be 1-D \(one value per token\), got shape \(1, 3\)"):
+    message = rf"Sample r7: {name} must be 1-D \(one value per token\), got shape \(1, 3\)"
+    with pytest.raises(ValueError, match=message):
         make(**{name: [[0, 1, 1]]})
 
 
@@ -111,9 +112,12 @@ def test_a_2d_field_is_refused_naming_it(name):
         ("token_ids", [1, 2.5, 3], r"token_ids\[1\] = 2.5 is not exactly representable as int32"),
         ("loss_mask", [0, 2, 1], r"loss_mask\[1\] = 2 is not exactly representable as bool"),
         ("policy_versions", ["a", "b", "c"], r"policy_versions must hold numbers"),
+        ("engine_logprobs", [0.0, None, -1.0], r"engine_logprobs must hold numbers"),
+        ("loss_mask", [[0, 1], [1]], r"loss_mask must be a flat list or 1-D array of numbers"),
+        ("token_ids", None, r"token_ids must be 1-D \(one value per token\), got shape \(\)"),  # required
     ],
 )
-def test_a_value_the_dtype_cannot_hold_is_refused_not_wrapped(name, values, message):
+def test_a_value_the_dtype_cannot_hold_exactly_or_a_ragged_or_missing_field_is_refused_naming_it(name, values, message):
     with pytest.raises(ValueError, match=rf"Sample r7: {message}"):
         make(**{name: values})
 

@@ -47,7 +47,10 @@ def per_token_array(owner: str, name: str, values: Any) -> np.ndarray:
     """`values` (a list or an array) as the 1-D array of `name`'s dtype; refused with a message
     naming the field where it is not 1-D or holds values the dtype cannot represent."""
     dtype = PER_TOKEN[name]
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values)
+    except ValueError as error:  # ragged nested lists
+        raise ValueError(f"Sample {owner}: {name} must be a flat list or 1-D array of numbers ({error})") from None
     if array.ndim != 1:
         raise ValueError(f"Sample {owner}: {name} must be 1-D (one value per token), got shape {array.shape}")
     if array.dtype == dtype:
@@ -62,7 +65,8 @@ def per_token_array(owner: str, name: str, values: Any) -> np.ndarray:
     # is a caller's mistake, not something to round or wrap (floats only round: float64 -> float32)
     if dtype.kind != "f" and not np.array_equal(converted.astype(array.dtype), array):
         bad = int(np.flatnonzero(converted.astype(array.dtype) != array)[0])
-        raise ValueError(f"Sample {owner}: {name}[{bad}] = {array[bad].item()!r} is not exactly representable as {dtype}")
+        value = array[bad].item()
+        raise ValueError(f"Sample {owner}: {name}[{bad}] = {value!r} is not exactly representable as {dtype}")
     return converted
 
 
@@ -88,7 +92,7 @@ class Sample:
 
     def __setattr__(self, name: str, value: Any) -> None:
         # every assignment converts: the constructor's, and a later one (loop/live.py masks stale tokens)
-        if name in PER_TOKEN and value is not None:
+        if name in PER_TOKEN and (value is not None or name not in OPTIONAL):  # a required field's None is refused
             value = per_token_array(self.__dict__.get("rollout_id", "?"), name, value)
             if self.__dict__.get("_made"):  # checked before it is set: a refused value leaves the sample as it was
                 self._check_lengths({**self.__dict__, name: value})

@@ -246,7 +246,8 @@ def _window(view: dict[str, Any], sample: Sample, page: Page, decoder: TokenDeco
     begin = min(page.tokens_offset, n)
     end = min(n, begin + page.tokens_limit)
     ids = sample.token_ids[begin:end].tolist()
-    view.update(offset=begin, length=n, ids=ids, text=decoder.texts(ids), versions=sample.policy_versions[begin:end].tolist())
+    versions = sample.policy_versions[begin:end].tolist()
+    view.update(offset=begin, length=n, ids=ids, text=decoder.texts(ids), versions=versions)
     for name in PER_TOKEN:
         if isinstance(view.get(name), (list, str)):
             view[name] = view[name][begin:end]
