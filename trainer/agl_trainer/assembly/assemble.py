@@ -451,16 +451,18 @@ def _finish_samples(
         kept_index[index] = len(samples)
         starts = sample.call_starts
         kept_calls = [seq for seq, begin in zip(sample.call_seqs, starts, strict=True) if begin < end]
-        known = np.isfinite(logprobs[:end])
-        switched = after_switch(mask[:end], versions[:end], starts)
+        if end < tokens.size:  # a truncated sample holds copies, not views keeping the whole sequence alive
+            tokens, mask, logprobs, versions = (a[:end].copy() for a in (tokens, mask, logprobs, versions))
+        known = np.isfinite(logprobs)
+        switched = after_switch(mask, versions, starts)
         samples.append(
             Sample(
                 rollout_id=info.rollout_id,
                 task_id=info.task_id or info.rollout_id,
-                token_ids=tokens[:end],
-                loss_mask=mask[:end],
-                engine_logprobs=np.where(known, logprobs[:end], np.float32(0.0)),
-                policy_versions=versions[:end],
+                token_ids=tokens,
+                loss_mask=mask,
+                engine_logprobs=np.where(known, logprobs, np.float32(0.0)),
+                policy_versions=versions,
                 call_seqs=kept_calls,
                 logprob_known=None if known.all() else known,
                 after_switch=switched,
