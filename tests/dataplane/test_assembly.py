@@ -3,12 +3,16 @@ rewards and policies."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
+from agl import semconv
 from agl_trainer.assembly import AssemblyConfig, assemble
-from agl_trainer.batch import TrainingBatch
+from agl_trainer.batch import PER_TOKEN, Sample, TrainingBatch
 
 from tests.dataplane.ingest import ingest
-from tests.dataplane.otlp import call_span, reward_span, rollout_span
+from tests.dataplane.otlp import call_span, reward_span, rollout_span, with_attributes
 from agl_testing.tiny_tokenizer import encode, special, tiny_tokenizer
 
 
@@ -39,12 +43,12 @@ def test_exact_prefixes_merge_into_one_sample_with_a_mask_over_generated_tokens(
     result = assemble(store, store.ready_rollouts())
     [rollout] = result.rollouts
     [sample] = rollout.samples
-    assert sample.token_ids == p2 + c2
-    assert sample.loss_mask == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1]
+    assert sample.token_ids.tolist() == p2 + c2
+    assert sample.loss_mask.tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1]
     generated = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
     assert generated == c0 + c1 + c2
-    assert sample.engine_logprobs == pytest.approx([0, 0, 0, -0.1, -0.2, -0.3, 0, 0, -0.4, -0.5, 0, -0.3])
-    assert sample.policy_versions == [-1, -1, -1, 3, 3, 3, -1, -1, 3, 3, -1, 4]
+    assert sample.engine_logprobs.tolist() == pytest.approx([0, 0, 0, -0.1, -0.2, -0.3, 0, 0, -0.4, -0.5, 0, -0.3])
+    assert sample.policy_versions.tolist() == [-1, -1, -1, 3, 3, 3, -1, -1, 3, 3, -1, 4]
     assert sample.call_seqs == [0, 1, 2]
     assert result.report.merged_calls == 2 and result.report.merge_failures == {}
     TrainingBatch.from_rollouts(result.rollouts)  # the algorithms' input builds from it
@@ -64,8 +68,8 @@ def test_prompt_by_reference_is_rebuilt_exactly(store):
     finish(store)
     result = assemble(store, store.ready_rollouts())
     first, second = result.rollouts[0].samples
-    assert first.token_ids == full0 + [20, 21, 12] and first.call_seqs == [0, 1]
-    assert second.token_ids == full0 + [20, 21, 30, 13] and second.loss_mask == [0] * 8 + [1]
+    assert first.token_ids.tolist() == full0 + [20, 21, 12] and first.call_seqs == [0, 1]
+    assert second.token_ids.tolist() == full0 + [20, 21, 30, 13] and second.loss_mask.tolist() == [0] * 8 + [1]
     # In the call tree, call 2 is a branch of call 0 (whose sample call 1 continues); it went past
     # call 1's prompt and then differs, so it is also a failed merge onto call 1. Without a tokenizer,
     # a difference in the last token only looks like a turn end rendered differently.
@@ -167,8 +171,8 @@ def test_truncation_is_explicit_and_counted(store):
     result = assemble(store, store.ready_rollouts(), config)
     by_id = {r.rollout_id: r for r in result.rollouts}
     assert set(by_id) == {"long-response", "long-total"}
-    assert by_id["long-response"].samples[0].token_ids == [1, 2] + list(range(30, 36))
-    assert by_id["long-total"].samples[0].token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert by_id["long-response"].samples[0].token_ids.tolist() == [1, 2] + list(range(30, 36))
+    assert by_id["long-total"].samples[0].token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
     assert result.report.truncations == {"prompt_too_long": 1, "response_truncated": 1, "total_truncated": 1}
     assert result.report.dropped == {"no_samples": 1}
 
@@ -179,7 +183,7 @@ def test_a_call_cut_away_by_truncation_leaves_the_sample(store):
     finish(store)
     result = assemble(store, store.ready_rollouts(), AssemblyConfig(max_total_length=5))
     [sample] = result.rollouts[0].samples
-    assert sample.token_ids == [1, 2, 3, 4, 5] and sample.call_seqs == [0]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5] and sample.call_seqs == [0]
     assert result.report.call_problems == {"call_reward_lost": 1}
 
 
@@ -203,10 +207,42 @@ def test_rewards_final_last_wins_and_per_call_on_the_last_generated_token(store)
     [rollout] = result.rollouts
     assert rollout.reward == 0.9
     [sample] = rollout.samples
-    assert sample.token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert sample.token_rewards == [0, 0, 0, 0.25, 0, 0, 0, -1.0]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert sample.token_rewards.tolist() == [0, 0, 0, 0.25, 0, 0, 0, -1.0]
     assert result.report.call_problems == {"call_reward_lost": 1}
     assert assemble(store, ["r"], AssemblyConfig(reward_name="format")).rollouts[0].reward == 5.0
+
+
+def test_assembly_hands_over_arrays_of_the_fixed_dtypes_that_pad_as_their_lists_do(store):
+    ingest(
+        store,
+        [
+            call_span("r", 0, [1, 2, 3], [4, 5], logprobs=[-0.5, float("nan")], version=2),
+            with_attributes(  # generated across a keep switch: version 3, then 4
+                call_span("r", 1, [1, 2, 3, 4, 5, 6], [7, 8], logprobs=[-0.25, -0.125], version=3),
+                **{semconv.COMPLETION_POLICY_VERSIONS.replace(".", "__"): [0, 3, 1, 4]},
+            ),
+            reward_span("r", 0.5, call_seq=1),
+        ],
+    )
+    finish(store)
+    [rollout] = assemble(store, store.ready_rollouts()).rollouts
+    [sample] = rollout.samples
+    for name, dtype in PER_TOKEN.items():
+        assert getattr(sample, name) is not None and getattr(sample, name).dtype == dtype, name
+    assert sample.logprob_known.tolist() == [True] * 3 + [False, False] + [True] * 3  # a NaN: call 0 has no logprobs
+    assert sample.token_rewards.tolist() == [0.0] * 7 + [0.5]
+    assert sample.after_switch.tolist() == [False] * 7 + [True]
+    assert sample.policy_versions.tolist() == [-1, -1, -1, 2, 2, -1, 3, 4]
+    as_lists = Sample(
+        sample.rollout_id, sample.task_id, call_seqs=sample.call_seqs,
+        **{name: getattr(sample, name).tolist() for name in PER_TOKEN},
+    )  # fmt: skip
+    a = TrainingBatch.from_rollouts([rollout])
+    b = TrainingBatch.from_rollouts([dataclasses.replace(rollout, samples=[as_lists])])
+    assert all(torch.equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+               if isinstance(getattr(a, f.name), torch.Tensor))  # fmt: skip
+    assert a.engine_logprobs[0].tolist() == [0.0] * 6 + [-0.25, -0.125]
 
 
 def test_policies_for_missing_rewards_and_failed_rollouts(store):
@@ -248,7 +284,7 @@ def test_absent_tokens_and_duplicate_seqs_are_counted(store):
     finish(store)
     result = assemble(store, store.ready_rollouts())
     [sample] = result.rollouts[0].samples
-    assert sample.token_ids == [1, 2, 3, 4, 5, 6, 7] and sample.call_seqs == [0, 2, 3]
+    assert sample.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7] and sample.call_seqs == [0, 2, 3]
     assert result.report.call_problems == {
         "tokens_absent": 1,
         "duplicate_call_seq": 1,

@@ -17,7 +17,7 @@ def _rewards(store, seqs: list[int], rewarded: int) -> tuple[list[float] | None,
     ingest(store, [*spans, reward_span("r", 1.0), reward_span("r", 0.5, call_seq=rewarded), rollout_span("r")])
     result = assemble(store, store.ready_rollouts())
     [sample] = result.rollouts[0].samples
-    return sample.token_rewards, result.report.call_problems
+    return None if sample.token_rewards is None else sample.token_rewards.tolist(), result.report.call_problems
 
 
 def test_by_position_when_seqs_are_clock_readings(store) -> None:

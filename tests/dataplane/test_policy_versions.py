@@ -82,7 +82,7 @@ def test_the_staleness_bound_looks_at_every_token() -> None:
     partly.samples[0].loss_mask[1] = 0  # the v4 token is not trained anyway
     kept, dropped, masked = filtered("mask", [partly, wholly, fresh])
     assert kept == [partly, fresh] and dropped == [wholly] and masked == 3
-    assert partly.samples[0].loss_mask == [0, 0, 1] and fresh.samples[0].loss_mask == [1, 1]
+    assert partly.samples[0].loss_mask.tolist() == [0, 0, 1] and fresh.samples[0].loss_mask.tolist() == [1, 1]
 
 
 def test_inspect_shows_where_each_version_starts(store, store_path, capsys, monkeypatch) -> None:

@@ -48,11 +48,11 @@ def test_interleaved_sub_agent_and_compaction_make_one_sample_per_thread(store):
     result, detail = run(store, main_sub_compaction())
     main, sub, compacted = result.rollouts[0].samples
     assert main.call_seqs == [0, 1, 3] and sub.call_seqs == [2, 4] and compacted.call_seqs == [5, 6]
-    assert main.token_ids == P3 + C3
-    assert main.loss_mask == [0] * 4 + [1, 1] + [0, 0] + [1] + [0] + [1, 1]
+    assert main.token_ids.tolist() == P3 + C3
+    assert main.loss_mask.tolist() == [0] * 4 + [1, 1] + [0, 0] + [1] + [0] + [1, 1]
     assert trained(main) == C0 + C1 + C3
-    assert sub.token_ids == P4 + C4 and sub.loss_mask == [0] * 4 + [1, 1] + [0] + [1]
-    assert compacted.token_ids == P6 + C6 and compacted.loss_mask == [0] * 5 + [1] + [0] + [1]
+    assert sub.token_ids.tolist() == P4 + C4 and sub.loss_mask.tolist() == [0] * 4 + [1, 1] + [0] + [1]
+    assert compacted.token_ids.tolist() == P6 + C6 and compacted.loss_mask.tolist() == [0] * 5 + [1] + [0] + [1]
     parents = {p.call_seq: (p.parent, p.merged, p.start) for p in detail.placements}
     assert parents == {
         0: (None, False, "first"),
@@ -87,11 +87,11 @@ def test_a_retry_trains_the_shared_prefix_once(store):
     spans = [call_span("r", 0, p0, c0), call_span("r", 1, p1, c1), call_span("r", 2, p1, c2), call_span("r", 3, p3, c3)]
     result, detail = run(store, spans)
     first, branch = result.rollouts[0].samples
-    assert first.call_seqs == [0, 1] and first.token_ids == p1 + c1
-    assert first.loss_mask == [0, 0, 1, 1, 0, 1]
-    assert branch.call_seqs == [2, 3] and branch.token_ids == p3 + c3
+    assert first.call_seqs == [0, 1] and first.token_ids.tolist() == p1 + c1
+    assert first.loss_mask.tolist() == [0, 0, 1, 1, 0, 1]
+    assert branch.call_seqs == [2, 3] and branch.token_ids.tolist() == p3 + c3
     # call 0's completion sits in the branch as context: trained once per rollout, in `first`
-    assert branch.loss_mask == [0, 0, 0, 0, 0, 1, 1, 0, 1]
+    assert branch.loss_mask.tolist() == [0, 0, 0, 0, 0, 1, 1, 0, 1]
     assert trained(first) + trained(branch) == c0 + c1 + c2 + c3
     placements = {p.call_seq: p for p in detail.placements}
     assert (placements[2].parent, placements[2].start, placements[2].merged) == (0, "branch", False)
@@ -111,7 +111,7 @@ def test_a_response_that_never_reached_the_harness_is_not_trained(store, end_rea
     result, detail = run(store, spans)
     [sample] = result.rollouts[0].samples  # the retry (call 2) continues call 0's sample
     assert sample.call_seqs == [0, 2, 3]
-    assert sample.token_ids == p3 + c3 and trained(sample) == c0 + [13] + c3
+    assert sample.token_ids.tolist() == p3 + c3 and trained(sample) == c0 + [13] + c3
     placements = {p.call_seq: p for p in detail.placements}
     assert placements[1].sample is None and placements[1].problem == "response_not_delivered"
     assert placements[2].parent == 0 and placements[2].merged
@@ -137,7 +137,7 @@ def test_a_call_from_outside_the_harness_trace_is_marked_and_the_config_decides(
             store, store.ready_rollouts(), AssemblyConfig(train_outside_trace=False), record_drops=False
         )
     [only] = skipped.rollouts[0].samples
-    assert only.call_seqs == [0, 2] and only.token_ids == p2 + c2
+    assert only.call_seqs == [0, 2] and only.token_ids.tolist() == p2 + c2
     assert skipped.details[0].problems == {"outside_trace_not_trained": 2}
 
 
@@ -151,10 +151,10 @@ def test_a_broken_prefix_in_the_middle_starts_a_sample_the_next_calls_continue(s
     calls = [(p0, c0), (p1, c1), (p2, c2), (p3, c3), (p4, c4)]
     result, detail = run(store, [call_span("r", seq, p, c) for seq, (p, c) in enumerate(calls)])
     first, second = result.rollouts[0].samples
-    assert first.call_seqs == [0, 1] and first.token_ids == p1 + c1
-    assert second.call_seqs == [2, 3, 4] and second.token_ids == p4 + c4
+    assert first.call_seqs == [0, 1] and first.token_ids.tolist() == p1 + c1
+    assert second.call_seqs == [2, 3, 4] and second.token_ids.tolist() == p4 + c4
     # the broken sample's prefix holds call 0's answer as context: trained only in `first`
-    assert second.loss_mask == [0] * 10 + [1] + [0] + [1] + [0] + [1]
+    assert second.loss_mask.tolist() == [0] * 10 + [1] + [0] + [1] + [0] + [1]
     [failure] = detail.merge_failures
     assert (failure.call_seq, failure.previous_call_seq, failure.position) == (2, 1, 5)
     assert failure.kind == "retokenization"
@@ -189,7 +189,7 @@ def test_two_hundred_calls_of_interleaved_threads(store):
     result, detail = run(store, spans)
     samples = result.rollouts[0].samples
     assert [s.call_seqs for s in samples] == [expected[t] for t in range(4)]
-    assert [s.token_ids for s in samples] == [threads[t] for t in range(4)]
+    assert [s.token_ids.tolist() for s in samples] == [threads[t] for t in range(4)]
     assert len(detail.merge_failures) == 3  # threads 1..3 start without a shared prefix
 
 

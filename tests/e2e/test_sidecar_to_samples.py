@@ -42,7 +42,7 @@ def test_a_two_call_rollout_becomes_one_exact_sample(tmp_path: Path) -> None:
     second_prompt = chat_prompt_ids(messages)
     second_completion = encode("v7") + [IM_END]
     assert second_prompt[: len(first_prompt) + len(first_completion)] == first_prompt + first_completion
-    assert sample.token_ids == second_prompt + second_completion
+    assert sample.token_ids.tolist() == second_prompt + second_completion
     trained = [token for token, mask in zip(sample.token_ids, sample.loss_mask) if mask]
     assert trained == first_completion + second_completion
     assert {v for v, m in zip(sample.policy_versions, sample.loss_mask) if m} == {4}

@@ -92,8 +92,8 @@ def test_a_main_thread_and_four_concurrent_sub_agents_become_five_exact_samples(
     (rollout,) = result.rollouts
     assert len(rollout.samples) == 1 + SUB_AGENTS
     for thread, calls_made in [(main, 3), *((sub, 2) for sub in subs)]:
-        [sample] = [s for s in rollout.samples if s.token_ids[:2] == thread.tokens[:2]]
-        assert sample.token_ids == thread.tokens and len(sample.call_seqs) == calls_made
+        [sample] = [s for s in rollout.samples if s.token_ids[:2].tolist() == thread.tokens[:2]]
+        assert sample.token_ids.tolist() == thread.tokens and len(sample.call_seqs) == calls_made
         trained = [token for token, mask in zip(sample.token_ids, sample.loss_mask, strict=True) if mask]
         assert trained == [token for completion in thread.completions for token in completion]
     # each sub-agent's first call is a new root (a break classified against the closest call)

@@ -68,4 +68,4 @@ def test_an_engine_says_whether_a_frozen_call_keeps_the_old_kv_and_the_loop_buck
     assert not vllm("recompute").keeps_kv_at_switch
     sample = Sample("r", "t", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [-1, 3, 4], after_switch=[0, 0, 1])
     forget_switches([RolloutResult("r", "t", 1.0, [sample])])
-    assert sample.after_switch is None and sample.policy_versions == [-1, 3, 4]  # bucketed by lag alone
+    assert sample.after_switch is None and sample.policy_versions.tolist() == [-1, 3, 4]  # bucketed by lag alone

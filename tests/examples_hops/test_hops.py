@@ -190,7 +190,7 @@ def test_a_rollout_with_sub_agents_and_a_compaction_assembles_into_the_harness_s
     (rollout,) = result.rollouts
     # one sample per main context and one per sub-agent (its two calls merged)
     assert len(rollout.samples) == outcome.sub_agents + outcome.compactions + 1
-    got = sorted((s.token_ids, s.loss_mask) for s in rollout.samples)
+    got = sorted((s.token_ids.tolist(), s.loss_mask.tolist()) for s in rollout.samples)
     assert got == sorted(expected.samples())  # exactly the in-process prediction, token by token
     # trained: exactly what the engine generated, each call once; masked: everything the harness sent
     for sample in rollout.samples:

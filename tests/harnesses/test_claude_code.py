@@ -104,7 +104,7 @@ def test_a_tool_loop_with_thinking_merges_into_one_sample(claude_cli: Cli, cc_to
     assert sample.call_seqs == [c.call_seq for c in run.calls]
     trained = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
     assert trained == first.completion_ids + second.completion_ids
-    assert sample.token_ids[: len(second.prompt_ids)] == second.prompt_ids
+    assert sample.token_ids[: len(second.prompt_ids)].tolist() == second.prompt_ids
     # the main thread is declared: Claude Code's session is its agent
     assert len({c.agent_id for c in run.calls}) == 1 and run.calls[0].agent_id is not None
 
@@ -260,9 +260,9 @@ def test_one_rl_step_on_claude_code_rollouts_with_the_embedded_engine(claude_cli
         assert metrics and all(math.isfinite(v) for v in metrics.values())
         good = rollouts[0].samples[0]
         answer_ids = last_trained(good)  # the rewarded answer: the last call's completion
-        old = score(good.token_ids[: -len(answer_ids)], answer_ids)
+        old = score(good.token_ids[: -len(answer_ids)].tolist(), answer_ids)
         engine.update_weights(WeightUpdate(version=1, state_dict=backend.state_dict_for_engine()))
-        new = score(good.token_ids[: -len(answer_ids)], answer_ids)
+        new = score(good.token_ids[: -len(answer_ids)].tolist(), answer_ids)
         assert sum(new) > sum(old)  # the rewarded answer is likelier under the new policy
     finally:
         engine.stop()
@@ -273,4 +273,4 @@ def last_trained(sample: Any) -> list[int]:
     start = len(sample.loss_mask)
     while start > 0 and sample.loss_mask[start - 1]:
         start -= 1
-    return sample.token_ids[start:]
+    return sample.token_ids[start:].tolist()

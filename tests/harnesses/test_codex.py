@@ -85,7 +85,7 @@ def test_a_shell_tool_loop_is_one_sample(tmp_path: Path, provider: str) -> None:
     assert {c.agent_id for c in rollout.calls} == {rollout.run.session_id}
     (result,) = rollout.assembled.rollouts
     (sample,) = result.samples  # call 2 extends call 1 exactly, the reasoning included
-    assert sample.token_ids == second.prompt_ids + second.completion_ids
+    assert sample.token_ids.tolist() == second.prompt_ids + second.completion_ids
     trained = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
     assert trained == first.completion_ids + second.completion_ids
     assert rollout.assembled.report.merge_failures == {}

@@ -68,7 +68,7 @@ def test_the_next_prompt_extends_the_last_call_across_its_reasoning(tmp_path: Pa
     if carry == "as_codex":
         assert two.prompt_ids[: len(whole)] == whole
         (sample,) = rollout.samples
-        assert sample.token_ids == two.prompt_ids + two.completion_ids and len(sample.call_seqs) == 2
+        assert sample.token_ids.tolist() == two.prompt_ids + two.completion_ids and len(sample.call_seqs) == 2
         trained = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
         assert trained == one.completion_ids + two.completion_ids
         assert result.report.merge_failures == {}

@@ -2,58 +2,131 @@
 
 A `Sample` is one token sequence of one rollout (a rollout's calls merge into one sample when each
 prompt extends the previous sequence exactly; otherwise the rollout has several samples). Tokens the
-engine generated have loss_mask 1; prompt tokens and tokens between merged calls (tool results,
-template text) have loss_mask 0. `TrainingBatch` is samples padded into tensors, plus the rollout
+engine generated have loss_mask True; prompt tokens and tokens between merged calls (tool results,
+template text) have loss_mask False. `TrainingBatch` is samples padded into tensors, plus the rollout
 and group structure the rollout-level algorithms need. It does not depend on verl
 (the verl backend deals its tensors to its workers itself: backends/verl/payload.py).
+
+A sample's per-token fields are 1-D numpy arrays of fixed dtypes (PER_TOKEN), converted once where a
+Sample is made or a field assigned, so padding is array copies, never a Python loop over tokens:
+- token_ids int32: what the store keeps (store/rollout_store.py `<i4` blobs) and so what assembly
+  holds, no copy; half int64's memory for the rollouts waiting in the buffer. The batch widens them
+  to int64 (torch's embedding index) as it pads. An id int32 cannot hold is refused, never wrapped.
+- loss_mask, logprob_known, after_switch bool: one byte like int8, and Python's sum() of a bool
+  array counts (of an int8 one it overflows at 128).
+- engine_logprobs float32: the store's `<f4` blobs and the batch's dtype, so the values the backends
+  and the agreement checks compare are the engine's own, bit for bit (a list held float32 widened).
+- policy_versions int64: the store's `<i8` version runs and the batch's long tensor.
+- token_rewards float64: per-call rewards summed as given (as the list of Python floats did); the
+  batch rounds to float32 once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:  # torch loads only where a batch is padded: assembly and `agl` config stay light
     import torch
 
+PER_TOKEN: dict[str, np.dtype[Any]] = {
+    "token_ids": np.dtype(np.int32),
+    "loss_mask": np.dtype(np.bool_),
+    "engine_logprobs": np.dtype(np.float32),
+    "policy_versions": np.dtype(np.int64),
+    "token_rewards": np.dtype(np.float64),
+    "logprob_known": np.dtype(np.bool_),
+    "after_switch": np.dtype(np.bool_),
+}
+OPTIONAL = ("token_rewards", "logprob_known", "after_switch")  # None: all 0 / all known / none switched
 
-@dataclass
+
+def per_token_array(owner: str, name: str, values: Any) -> np.ndarray:
+    """`values` (a list or an array) as the 1-D array of `name`'s dtype; refused with a message
+    naming the field where it is not 1-D or holds values the dtype cannot represent."""
+    dtype = PER_TOKEN[name]
+    try:
+        array = np.asarray(values)
+    except ValueError as error:  # ragged nested lists
+        raise ValueError(f"Sample {owner}: {name} must be a flat list or 1-D array of numbers ({error})") from None
+    if array.ndim != 1:
+        raise ValueError(f"Sample {owner}: {name} must be 1-D (one value per token), got shape {array.shape}")
+    if array.dtype == dtype:
+        return array
+    if array.size == 0:
+        return np.zeros(0, dtype)
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"Sample {owner}: {name} must hold numbers, got dtype {array.dtype}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        converted = array.astype(dtype)
+    # ids, versions and masks are exact: a float, an out-of-range id or a mask value other than 0/1
+    # is a caller's mistake, not something to round or wrap (floats only round: float64 -> float32)
+    if dtype.kind != "f" and not np.array_equal(converted.astype(array.dtype), array):
+        bad = int(np.flatnonzero(converted.astype(array.dtype) != array)[0])
+        value = array[bad].item()
+        raise ValueError(f"Sample {owner}: {name}[{bad}] = {value!r} is not exactly representable as {dtype}")
+    return converted
+
+
+@dataclass(eq=False)
 class Sample:
-    """One sequence of one rollout. All per-token lists have the same length."""
+    """One sequence of one rollout. All per-token arrays have the same length (PER_TOKEN: dtypes);
+    a list is accepted and converted."""
 
     rollout_id: str
     task_id: str
-    token_ids: list[int]
-    loss_mask: list[int]  # 1 where the engine generated the token and it is trained
-    engine_logprobs: list[float]  # the engine's logprob of each generated token, 0.0 elsewhere
-    policy_versions: list[int]  # the policy version that generated each token, -1 elsewhere
+    token_ids: np.ndarray
+    loss_mask: np.ndarray  # True where the engine generated the token and it is trained
+    engine_logprobs: np.ndarray  # the engine's logprob of each generated token, 0.0 elsewhere
+    policy_versions: np.ndarray  # the policy version that generated each token, -1 elsewhere
     call_seqs: list[int] = field(default_factory=list)  # the calls merged into this sample, in order
-    token_rewards: list[float] | None = None  # per-call rewards placed on a call's last token
-    # 0 where the engine gave no usable logprob (missing, NaN): its engine_logprobs 0.0 is a placeholder
-    # the backends never weigh with (backends/agreement.py re-scores or excludes). None: all known.
-    logprob_known: list[int] | None = None
-    # 1 where a token was sampled after a drain-free switch (loop.switch: keep) in the same call: over
+    token_rewards: np.ndarray | None = None  # per-call rewards placed on a call's last token
+    # False where the engine gave no usable logprob (missing, NaN): its engine_logprobs 0.0 is a
+    # placeholder the backends never weigh with (backends/agreement.py re-scores or excludes). None: all known.
+    logprob_known: np.ndarray | None = None
+    # True where a token was sampled after a drain-free switch (loop.switch: keep) in the same call: over
     # the old weights' KV of its prefix, so it is expected to differ from the trainer's forward. None: none.
-    after_switch: list[int] | None = None
+    after_switch: np.ndarray | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # every assignment converts: the constructor's, and a later one (loop/live.py masks stale tokens)
+        if name in PER_TOKEN and (value is not None or name not in OPTIONAL):  # a required field's None is refused
+            value = per_token_array(self.__dict__.get("rollout_id", "?"), name, value)
+            if self.__dict__.get("_made"):  # checked before it is set: a refused value leaves the sample as it was
+                self._check_lengths({**self.__dict__, name: value})
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
-        n = len(self.token_ids)
-        lengths = {
-            "loss_mask": len(self.loss_mask),
-            "engine_logprobs": len(self.engine_logprobs),
-            "policy_versions": len(self.policy_versions),
-        }
-        for name in ("token_rewards", "logprob_known", "after_switch"):
-            values = getattr(self, name)
-            if values is not None:
-                lengths[name] = len(values)
-        bad = {name: length for name, length in lengths.items() if length != n}
+        self._check_lengths(self.__dict__)
+        object.__setattr__(self, "_made", True)  # from now on an assignment checks the lengths too
+
+    def _check_lengths(self, values: dict[str, Any]) -> None:
+        n = values["token_ids"].size
+        bad = {name: values[name].size for name in PER_TOKEN if values[name] is not None and values[name].size != n}
         if bad:
             raise ValueError(f"Sample {self.rollout_id}: token_ids has {n} tokens but {bad}")
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sample):
+            return NotImplemented
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name not in PER_TOKEN:
+                if mine != theirs:
+                    return False
+            elif (mine is None) != (theirs is None) or (
+                mine is not None and not np.array_equal(mine, theirs, equal_nan=mine.dtype.kind == "f")
+            ):
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
     @property
     def num_trained_tokens(self) -> int:
-        return sum(self.loss_mask)
+        return int(np.count_nonzero(self.loss_mask))
 
 
 @dataclass
@@ -119,52 +192,55 @@ class TrainingBatch:
 
     @classmethod
     def from_rollouts(cls, rollouts: list[RolloutResult], pad_token_id: int = 0) -> TrainingBatch:
-        """Pad every sample of `rollouts`; groups are formed by task id, in order of first appearance."""
+        """Pad every sample of `rollouts`; groups are formed by task id, in order of first appearance.
+        The padded [N, L] arrays are built in numpy (a row copy per sample and field, no Python loop
+        over tokens) and handed to torch without a copy (torch.from_numpy)."""
         import torch
+
         samples = [(index, sample) for index, rollout in enumerate(rollouts) for sample in rollout.samples]
         if not samples:
             raise ValueError("TrainingBatch.from_rollouts: no samples (every rollout was empty)")
-        n, width = len(samples), max(len(sample.token_ids) for _, sample in samples)
-        input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, width), dtype=torch.long)
-        loss_mask = torch.zeros((n, width), dtype=torch.float32)
-        engine_logprobs = torch.zeros((n, width), dtype=torch.float32)
-        policy_versions = torch.full((n, width), -1, dtype=torch.long)
-        token_rewards = torch.zeros((n, width), dtype=torch.float32)
-        known = torch.ones((n, width), dtype=torch.bool)
-        switched = torch.zeros((n, width), dtype=torch.bool)
+        lengths = np.fromiter((s.token_ids.size for _, s in samples), np.int64, len(samples))
+        n, width = len(samples), int(lengths.max())
+        input_ids = np.full((n, width), pad_token_id, np.int64)
+        loss_mask = np.zeros((n, width), np.float32)
+        engine_logprobs = np.zeros((n, width), np.float32)
+        policy_versions = np.full((n, width), -1, np.int64)
+        token_rewards = np.zeros((n, width), np.float32)
+        known = np.ones((n, width), np.bool_)
+        switched = np.zeros((n, width), np.bool_)
         for row, (_, sample) in enumerate(samples):
-            length = len(sample.token_ids)
-            input_ids[row, :length] = torch.tensor(sample.token_ids, dtype=torch.long)
-            attention_mask[row, :length] = 1
-            loss_mask[row, :length] = torch.tensor(sample.loss_mask, dtype=torch.float32)
-            engine_logprobs[row, :length] = torch.tensor(sample.engine_logprobs, dtype=torch.float32)
-            policy_versions[row, :length] = torch.tensor(sample.policy_versions, dtype=torch.long)
+            length = sample.token_ids.size
+            input_ids[row, :length] = sample.token_ids
+            loss_mask[row, :length] = sample.loss_mask
+            engine_logprobs[row, :length] = sample.engine_logprobs
+            policy_versions[row, :length] = sample.policy_versions
             if sample.token_rewards is not None:
-                token_rewards[row, :length] = torch.tensor(sample.token_rewards, dtype=torch.float32)
+                token_rewards[row, :length] = sample.token_rewards
             if sample.logprob_known is not None:
-                known[row, :length] = torch.tensor(sample.logprob_known, dtype=torch.bool)
+                known[row, :length] = sample.logprob_known
             if sample.after_switch is not None:
-                switched[row, :length] = torch.tensor(sample.after_switch, dtype=torch.bool)
+                switched[row, :length] = sample.after_switch
         # NaN or +-inf from any source is unknown, never a weight: 0.0 is only a placeholder
-        known &= torch.isfinite(engine_logprobs)
-        engine_logprobs = torch.where(known, engine_logprobs, torch.zeros(()))
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        known &= np.isfinite(engine_logprobs)
+        engine_logprobs[~known] = 0.0
+        attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
+        position_ids = np.maximum(attention_mask.cumsum(axis=1) - 1, 0)
         groups: dict[str, int] = {}
         group_index = [groups.setdefault(rollout.task_id, len(groups)) for rollout in rollouts]
         return cls(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            loss_mask=loss_mask,
-            engine_logprobs=engine_logprobs,
-            policy_versions=policy_versions,
-            token_rewards=token_rewards,
+            input_ids=torch.from_numpy(input_ids),
+            attention_mask=torch.from_numpy(attention_mask),
+            position_ids=torch.from_numpy(position_ids),
+            loss_mask=torch.from_numpy(loss_mask),
+            engine_logprobs=torch.from_numpy(engine_logprobs),
+            policy_versions=torch.from_numpy(policy_versions),
+            token_rewards=torch.from_numpy(token_rewards),
             rollout_index=torch.tensor([index for index, _ in samples], dtype=torch.long),
             rollout_rewards=torch.tensor([rollout.reward for rollout in rollouts], dtype=torch.float32),
             rollout_group_index=torch.tensor(group_index, dtype=torch.long),
             rollout_ids=[rollout.rollout_id for rollout in rollouts],
             task_ids=[rollout.task_id for rollout in rollouts],
-            logprob_known=known,
-            after_switch=switched,
+            logprob_known=torch.from_numpy(known),
+            after_switch=torch.from_numpy(switched),
         )

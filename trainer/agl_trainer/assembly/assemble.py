@@ -129,7 +129,7 @@ class _Building:
         self, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
         self.tokens = [prompt, completion]
-        self.mask = [np.zeros(prompt.size, np.int8), np.ones(completion.size, np.int8)]
+        self.mask = [np.zeros(prompt.size, np.bool_), np.ones(completion.size, np.bool_)]
         self.logprobs = [np.zeros(prompt.size, np.float32), logprobs]
         self.versions = [np.full(prompt.size, -1, np.int64), versions]
         self.size = int(prompt.size + completion.size)
@@ -140,7 +140,7 @@ class _Building:
         self, context: np.ndarray, completion: np.ndarray, logprobs: np.ndarray, versions: np.ndarray, call_seq: int
     ) -> None:
         self.tokens += [context, completion]
-        self.mask += [np.zeros(context.size, np.int8), np.ones(completion.size, np.int8)]
+        self.mask += [np.zeros(context.size, np.bool_), np.ones(completion.size, np.bool_)]
         self.logprobs += [np.zeros(context.size, np.float32), logprobs]
         self.versions += [np.full(context.size, -1, np.int64), versions]
         self.call_seqs.append(call_seq)
@@ -451,19 +451,21 @@ def _finish_samples(
         kept_index[index] = len(samples)
         starts = sample.call_starts
         kept_calls = [seq for seq, begin in zip(sample.call_seqs, starts, strict=True) if begin < end]
-        known = np.isfinite(logprobs[:end])
-        switched = after_switch(mask[:end], versions[:end], starts)
+        if end < tokens.size:  # a truncated sample holds copies, not views keeping the whole sequence alive
+            tokens, mask, logprobs, versions = (a[:end].copy() for a in (tokens, mask, logprobs, versions))
+        known = np.isfinite(logprobs)
+        switched = after_switch(mask, versions, starts)
         samples.append(
             Sample(
                 rollout_id=info.rollout_id,
                 task_id=info.task_id or info.rollout_id,
-                token_ids=tokens[:end].tolist(),
-                loss_mask=mask[:end].tolist(),
-                engine_logprobs=np.where(known, logprobs[:end], 0.0).tolist(),
-                policy_versions=versions[:end].tolist(),
+                token_ids=tokens,
+                loss_mask=mask,
+                engine_logprobs=np.where(known, logprobs, np.float32(0.0)),
+                policy_versions=versions,
                 call_seqs=kept_calls,
-                logprob_known=None if known.all() else known.astype(np.int8).tolist(),
-                after_switch=None if switched is None else switched.tolist(),
+                logprob_known=None if known.all() else known,
+                after_switch=switched,
             )
         )
     return samples, kept_index
@@ -508,5 +510,5 @@ def _place_call_rewards(
             _count(problems, CALL_REWARD_LOST)
             continue
         if sample.token_rewards is None:
-            sample.token_rewards = [0.0] * len(sample.token_ids)
+            sample.token_rewards = np.zeros(sample.token_ids.size)
         sample.token_rewards[last] += value

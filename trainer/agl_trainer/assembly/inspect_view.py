@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -211,7 +212,8 @@ def render(
         n = len(sample.token_ids)
         shown = range(n) if n <= max_tokens else [*range(max_tokens // 2), *range(n - max_tokens // 2, n)]
         previous = -1
-        first_trained = next((i for i, m in enumerate(sample.loss_mask) if m), n)
+        trained = np.flatnonzero(sample.loss_mask)
+        first_trained = int(trained[0]) if trained.size else n
         trained_version = None  # a trained token of another policy version than the last: marked
         for position in shown:
             if position != previous + 1:
@@ -219,16 +221,17 @@ def render(
             previous = position
             if position in starts:
                 text.append(f"⟦call {starts[position].call_seq}⟧", style=STYLE_BOUNDARY)
-            token = sample.token_ids[position]
+            token = int(sample.token_ids[position])
             if sample.loss_mask[position]:
-                if trained_version is not None and sample.policy_versions[position] != trained_version:
-                    text.append(f"⟦v{sample.policy_versions[position]}⟧", style=STYLE_BOUNDARY)
-                trained_version = sample.policy_versions[position]
+                version = int(sample.policy_versions[position])
+                if trained_version is not None and version != trained_version:
+                    text.append(f"⟦v{version}⟧", style=STYLE_BOUNDARY)
+                trained_version = version
                 style = STYLE_TRAINED
             else:
                 style = STYLE_PROMPT if position < first_trained else STYLE_CONTEXT
             text.append(_token_text(token, tokenizer), style=style)
-        versions = sorted({v for v in sample.policy_versions if v >= 0})
+        versions = np.unique(sample.policy_versions[sample.policy_versions >= 0]).tolist()
         legend = Text.assemble(
             ("prompt ", STYLE_PROMPT),
             ("masked ", STYLE_CONTEXT),

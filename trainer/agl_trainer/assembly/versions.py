@@ -28,7 +28,7 @@ def token_versions(call: CallRow) -> np.ndarray:
 
 
 def after_switch(mask: np.ndarray, versions: np.ndarray, call_starts: list[int]) -> np.ndarray | None:
-    """Per token of a sample, 1 where a call's generated token has another version than the call's
+    """Per token of a sample, True where a call's generated token has another version than the call's
     first one: sampled after a drain-free switch, over the old weights' KV of its prefix (switch_kv:
     keep). None when no call of the sample spans a switch (the common case)."""
     out: np.ndarray | None = None
@@ -42,6 +42,6 @@ def after_switch(mask: np.ndarray, versions: np.ndarray, call_starts: list[int])
         changed = versions[begin:end] != versions[begin]
         if changed.any():
             if out is None:
-                out = np.zeros(size, np.int8)
+                out = np.zeros(size, np.bool_)
             out[begin:end] = changed
     return out

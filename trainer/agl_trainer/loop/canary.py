@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from agl_trainer.batch import RolloutResult, Sample, TrainingBatch
@@ -175,8 +176,9 @@ class Canary:
         """The trainer's logprob of each sequence's tokens from `start` on, under its current weights."""
         rollouts = []
         for index, (ids, start) in enumerate(sequences):
-            mask = [0] * start + [1] * (len(ids) - start)
-            sample = Sample(f"canary-{index}", "canary", ids, mask, [0.0] * len(ids), [-1] * len(ids))
+            n = len(ids)
+            mask = np.arange(n) >= start
+            sample = Sample(f"canary-{index}", "canary", ids, mask, np.zeros(n, np.float32), np.full(n, -1, np.int64))
             rollouts.append(RolloutResult(f"canary-{index}", "canary", 0.0, [sample]))
         batch = TrainingBatch.from_rollouts(rollouts)
         scores = self.backend.compute_logprobs(batch)

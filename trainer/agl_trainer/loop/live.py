@@ -31,8 +31,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import numpy as np
-
 from agl_trainer.algorithms.token_age import too_old
 from agl_trainer.batch import RolloutResult
 from agl_trainer.engines.base import InferenceEngine, PolicySource, policy_update
@@ -348,7 +346,7 @@ def filter_stale(
     dropped: list[RolloutResult] = []
     masked = 0
     for result in results:
-        old = [too_old(np.asarray(s.policy_versions), np.asarray(s.loss_mask), current, bound) for s in result.samples]
+        old = [too_old(s.policy_versions, s.loss_mask, current, bound) for s in result.samples]
         stale = sum(int(o.sum()) for o in old)
         if stale and not masking:
             dropped.append(result)
@@ -356,7 +354,7 @@ def filter_stale(
         if stale:
             for sample, out in zip(result.samples, old, strict=True):
                 if out.any():
-                    sample.loss_mask = np.where(out, 0, np.asarray(sample.loss_mask)).tolist()
+                    sample.loss_mask = sample.loss_mask & ~out
         masked += stale
         if not stale or any(sample.num_trained_tokens for sample in result.samples):
             kept.append(result)

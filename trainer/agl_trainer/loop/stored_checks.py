@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from agl_trainer.batch import RolloutResult
 from agl_trainer.store import RolloutKey
 
@@ -29,10 +27,10 @@ def why_not(result: RolloutResult, vocab_size: int | None, current: int) -> str 
     if not math.isfinite(result.reward):
         return INVALID_REWARD
     for sample in result.samples:
-        ids = np.asarray(sample.token_ids, dtype=np.int64) if sample.token_ids else np.zeros(0, np.int64)
+        ids = sample.token_ids
         if ids.size and vocab_size is not None and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
             return OUT_OF_VOCAB
-        if sample.policy_versions and max(sample.policy_versions) > current:
+        if sample.policy_versions.size and int(sample.policy_versions.max()) > current:
             return VERSION_AHEAD
     return None
 

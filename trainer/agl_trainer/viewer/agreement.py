@@ -20,21 +20,21 @@ def attach(out: list[dict[str, Any]], samples: list[Sample], run_dir: Path | Non
     agreement log `trainer_logprobs`, `abs_delta` (per token, None where not trained) and `agreement`."""
     logged = read(run_dir, key.rollout_id, key.attempt) if run_dir is not None else {}
     for view, sample in zip(out, samples, strict=True):
-        known = np.ones(len(sample.token_ids), bool) if sample.logprob_known is None else np.asarray(sample.logprob_known, bool)
-        trained = np.asarray(sample.loss_mask, bool)
+        known = np.ones(sample.token_ids.size, bool) if sample.logprob_known is None else sample.logprob_known
+        trained = sample.loss_mask
         view["logprob_missing"] = int((trained & ~known).sum())
         if view["logprob_missing"]:
-            view["logprobs"] = [None if not k else v for v, k in zip(view["logprobs"], known, strict=True)]
+            view["logprobs"] = [v if k else None for v, k in zip(view["logprobs"], known.tolist(), strict=True)]
         entry = logged.get(view["index"])
-        if entry is None or entry[2].size != len(sample.token_ids):
+        if entry is None or entry[2].size != sample.token_ids.size:
             continue  # not trained yet, or another assembly than the trainer's
         step, version, trainer = entry
-        engine = np.asarray(sample.engine_logprobs, np.float64)
+        engine = sample.engine_logprobs.astype(np.float64)
         measured = trained & known & np.isfinite(trainer)
         delta = np.where(measured, np.abs(trainer - engine), np.nan)
         view["trainer_logprobs"] = [round(float(v), 4) if math.isfinite(v) else None for v in trainer]
         view["abs_delta"] = [round(float(d), 5) if math.isfinite(d) else None for d in delta]
-        versions = np.asarray(sample.policy_versions)
+        versions = sample.policy_versions
         view["agreement"] = {
             "step": step,
             "trained_version": version,

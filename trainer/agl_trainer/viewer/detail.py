@@ -216,8 +216,8 @@ def _samples(assembly: Any, page: Page, check: Callable[[], None]) -> tuple[list
             if end > begin:
                 roles[begin:end] = CONTEXT.encode() * (end - begin)
         codes = np.frombuffer(roles, np.uint8)
-        codes[np.asarray(sample.loss_mask, bool)] = ord(COMPLETION)
-        logprobs = np.round(np.asarray(sample.engine_logprobs, np.float64), 4)
+        codes[sample.loss_mask] = ord(COMPLETION)
+        logprobs = np.round(sample.engine_logprobs.astype(np.float64), 4)
         views.append(
             {
                 "index": index,
@@ -228,8 +228,8 @@ def _samples(assembly: Any, page: Page, check: Callable[[], None]) -> tuple[list
                 + [{"position": p.completion_start, "call_seq": p.call_seq, "completion": True} for p in mine[index]],
                 "token_rewards": None
                 if sample.token_rewards is None
-                else [[i, r] for i, r in enumerate(sample.token_rewards) if r],
-                "trained_tokens": int(sum(sample.loss_mask)),
+                else [[i, sample.token_rewards[i].item()] for i in np.flatnonzero(sample.token_rewards).tolist()],
+                "trained_tokens": sample.num_trained_tokens,
             }
         )
         kept.append(sample)
@@ -245,8 +245,9 @@ def _window(view: dict[str, Any], sample: Sample, page: Page, decoder: TokenDeco
     n = len(sample.token_ids)
     begin = min(page.tokens_offset, n)
     end = min(n, begin + page.tokens_limit)
-    ids = sample.token_ids[begin:end]
-    view.update(offset=begin, length=n, ids=ids, text=decoder.texts(ids), versions=sample.policy_versions[begin:end])
+    ids = sample.token_ids[begin:end].tolist()
+    versions = sample.policy_versions[begin:end].tolist()
+    view.update(offset=begin, length=n, ids=ids, text=decoder.texts(ids), versions=versions)
     for name in PER_TOKEN:
         if isinstance(view.get(name), (list, str)):
             view[name] = view[name][begin:end]
