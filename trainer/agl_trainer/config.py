@@ -250,7 +250,7 @@ def describe_keys(engine: str | None = None) -> list[tuple[str, Any, str]]:
                 continue
             members = _tagged(ftype.type if isinstance(ftype, msgspec.inspect.Metadata) else ftype)
             if members is not None:  # the tag, the keys every member has, then each member's own
-                default = msgspec.inspect.type_info(field.default_factory).tag  # type: ignore[attr-defined]
+                default = field.default_factory.__struct_config__.tag  # the default member's tag
                 out.append((f"{name}.{members[0].tag_field}", default, _description(ftype)))
                 shared = [f for f in members[0].fields if all(f in m.fields for m in members)]
                 walk(shared, name + ".", mark)
@@ -265,7 +265,9 @@ def describe_keys(engine: str | None = None) -> list[tuple[str, Any, str]]:
                 default = field.default
             out.append((name, default, mark + description))
 
-    walk(msgspec.inspect.type_info(Config).fields, "")  # type: ignore[attr-defined]
+    config = msgspec.inspect.type_info(Config)
+    assert isinstance(config, msgspec.inspect.StructType)
+    walk(config.fields, "")
     return out
 
 
