@@ -132,3 +132,18 @@ def test_the_engines_take_the_typed_options_as_the_config_holds_them(tmp_path: P
     assert engine.config.options == msgspec.structs.replace(given, served_model_name="served", lora_rank=8)
     assert given.lora_rank == 0 and given.served_model_name is None  # the config itself is as it was read
     assert engine.accepts_adapters and "--max-model-len" in engine.command(8000)
+
+
+def test_the_engine_name_is_recorded_with_its_options() -> None:
+    """A run's config.yaml and a receipt's resolved config keep engine.name (the section's tag, no field):
+    read back, they choose the same engine's options."""
+    import yaml
+
+    from agl_trainer.config import dump_config, resolved_config
+
+    config = validate({"engine": {"name": "vllm", "options": {"max_model_len": 64}}})
+    resolved = resolved_config(config)["engine"]
+    assert resolved["name"] == "vllm" and resolved["options"]["max_model_len"] == 64
+    assert resolved["options"]["weight_sync"] == "in_place"  # defaults included
+    assert validate(yaml.safe_load(dump_config(config))) == config
+    assert validate(resolved_config(config)) == config

@@ -406,7 +406,9 @@ def resolved_config(config: Any) -> Any:
     """Every key with its value, defaults included (the config's own encoding omits defaults): what a
     receipt and an experiment tracker record."""
     if isinstance(config, msgspec.Struct):
-        return {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
+        tagged = config.__struct_config__  # the engine section: its tag (engine.name) is no field
+        tag = {tagged.tag_field: tagged.tag} if tagged.tag_field is not None else {}
+        return tag | {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
     return msgspec.to_builtins(config)
 
 
