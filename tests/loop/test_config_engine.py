@@ -77,6 +77,19 @@ def test_dry_run_refuses_a_bad_engine_option_before_anything_starts(
     assert "config OK" not in captured.out
 
 
+def test_dry_run_refuses_vllm_options_that_disagree_with_the_rest_of_the_config(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What VLLMConfig checks across sections (one port per engine.replicas) is refused by --dry-run too."""
+    from agl_trainer.cli import main
+
+    monkeypatch.chdir(ROOT)
+    code = main(["train", "examples/swe/config.yaml", "--dry-run", "--engine.options.ports=[8000]"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out
+    assert "config key engine.options.ports: 1 entries for 8 replicas (fix: one per replica or none)" in captured.err
+
+
 def test_each_engine_takes_its_own_options_with_the_yaml_spelling(tmp_path: Path) -> None:
     """The spellings examples/, bench/ and tests/ use keep their meaning: a YAML section and flags."""
     swe = load_config(ROOT / "examples/swe/config.yaml", check_paths=False)
