@@ -51,7 +51,8 @@ sys.path.insert(0, str(ROOT))
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import LoraConfig
 from agl_trainer.engines.vllm.config import DEFAULT_VENV_PYTHON
-from agl_trainer.engines.vllm.engine import SyncReport, VLLMConfig, VLLMEngine
+from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
+from agl_trainer.engines.vllm.engine import SyncReport, VLLMEngine
 from agl_trainer.engines.vllm.lora import base_model_name
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 from agl_trainer.weights.update import WeightUpdate
@@ -158,12 +159,14 @@ def measure(
     engine = VLLMEngine(
         VLLMConfig(
             model=str(model_dir),
-            python=python,
-            served_model_name="bench",
-            max_model_len=256,
-            log_dir=str(workdir / f"logs-{size}"),
-            watchdog_interval_s=0,
-            lora_rank=rank,
+            options=VLLMOptions(
+                python=python,
+                served_model_name="bench",
+                max_model_len=256,
+                log_dir=str(workdir / f"logs-{size}"),
+                watchdog_interval_s=0,
+                lora_rank=rank,
+            ),
         )
     )
     started = time.perf_counter()

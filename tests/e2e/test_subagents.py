@@ -22,7 +22,7 @@ from agl import semconv
 
 from agl_trainer.assembly import AssemblyConfig, assemble
 from agl_trainer.batch import TrainingBatch
-from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 from tests.support.pipeline import pipeline
 
@@ -76,7 +76,7 @@ def test_a_main_thread_and_four_concurrent_sub_agents_become_five_exact_samples(
     model = build_bpe_model(
         tmp_path / "model", TinyModelSpec(hidden=128, heads=2, kv_heads=2, intermediate=256, max_positions=256)
     )
-    engine_config = EmbeddedEngineConfig(model_path=model, served_model_name="tiny", max_model_len=256)
+    engine_config = EmbeddedEngineConfig(model_path=model, served_model_name="tiny", options=EmbeddedOptions(max_model_len=256))
     with EmbeddedEngine(engine_config) as engine, pipeline(tmp_path, engine.urls[0]) as piped:
         main, subs = asyncio.run(harness(f"{piped.sidecar_url}/rollouts/r-sub/v1"))
         store = piped.finish("r-sub", 1.0)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
 from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 
 
@@ -20,7 +20,7 @@ def bpe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(bpe_model_dir: Path) -> Iterator[EmbeddedEngine]:
     with EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", max_model_len=512)
+        EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", options=EmbeddedOptions(max_model_len=512))
     ) as running:
         yield running
 

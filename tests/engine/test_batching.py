@@ -107,12 +107,12 @@ def test_simulated_device_time_waits_each_step_and_leaves_answers_alone(bpe_mode
     the same answer as an engine without it; out-of-range values are refused naming the key."""
     import time
 
-    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
 
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0, "return_token_ids": True,
             "ignore_eos": True}  # fmt: skip
     plain = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]
-    config = EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", device_step_ms=40)
+    config = EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", options=EmbeddedOptions(device_step_ms=40))
     with EmbeddedEngine(config) as slow:
         started = time.perf_counter()
         answer = httpx.post(f"{slow.urls[0]}/v1/completions", json=body, timeout=60).json()["choices"][0]
@@ -123,7 +123,7 @@ def test_simulated_device_time_waits_each_step_and_leaves_answers_alone(bpe_mode
     assert len(answer["token_ids"]) == 6 and steps >= 5 and elapsed >= steps * 0.040
     for bad in (-1.0, float("inf")):
         with pytest.raises(ValueError, match="device_step_ms"):
-            EmbeddedEngine(EmbeddedEngineConfig(model_path=bpe_model_dir, device_step_ms=bad))
+            EmbeddedEngine(EmbeddedEngineConfig(model_path=bpe_model_dir, options=EmbeddedOptions(device_step_ms=bad)))
 
 
 def test_stopping_with_requests_frozen_or_generating_answers_them_aborted(
@@ -135,14 +135,14 @@ def test_stopping_with_requests_frozen_or_generating_answers_them_aborted(
     import logging
     import threading
 
-    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
     from tests.support.waiting import wait_until
 
     caplog.set_level(logging.ERROR)
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
     answers: list[Any] = []
     engine = EmbeddedEngine(
-        EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", device_step_ms=5)
+        EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", options=EmbeddedOptions(device_step_ms=5))
     )
     engine.start()
     url = engine.urls[0]

@@ -57,12 +57,13 @@ def test_an_engine_says_whether_a_frozen_call_keeps_the_old_kv_and_the_loop_buck
     import sys
 
     from agl_trainer.batch import RolloutResult, Sample
-    from agl_trainer.engines.vllm.config import VLLMConfig
+    from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
     from agl_trainer.loop.live import forget_switches
 
     def vllm(switch_kv: str) -> VLLMEngine:
-        return VLLMEngine(VLLMConfig(model="m", switch_kv=switch_kv, weights_dir=str(tmp_path / switch_kv),
-                                     python=sys.executable, device="cpu"))  # fmt: skip
+        options = VLLMOptions(switch_kv=switch_kv, weights_dir=str(tmp_path / switch_kv), python=sys.executable,
+                              device="cpu")  # fmt: skip
+        return VLLMEngine(VLLMConfig(model="m", options=options))
 
     assert EmbeddedEngine.keeps_kv_at_switch and vllm("keep").keeps_kv_at_switch
     assert not vllm("recompute").keeps_kv_at_switch

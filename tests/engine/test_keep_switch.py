@@ -18,7 +18,7 @@ import torch
 from agl import semconv
 from agl_sidecar.config import SidecarConfig
 from agl_sidecar.server import BackgroundSidecar
-from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
 from agl_trainer.weights.update import WeightUpdate
 
 from tests.support.otlp_sink import OTLPSink, ReceivedSpan
@@ -29,7 +29,7 @@ TOLERANCE = 1e-4  # float32 logprobs, batched vs one sequence (as tests/engine/t
 
 @pytest.fixture
 def engine(bpe_model_dir: Path) -> Iterator[EmbeddedEngine]:
-    config = EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", max_model_len=512)
+    config = EmbeddedEngineConfig(model_path=bpe_model_dir, served_model_name="tiny", options=EmbeddedOptions(max_model_len=512))
     with EmbeddedEngine(config) as running:
         yield running
 

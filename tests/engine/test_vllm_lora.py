@@ -14,9 +14,10 @@ import torch
 from agl_trainer.backends import lora
 from agl_trainer.backends.torch_config import LoraConfig
 from agl_trainer.config import ConfigError, validate
-from agl_trainer.engines.vllm.engine import VLLMConfig, VLLMEngine
+from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
+from agl_trainer.engines.vllm.engine import VLLMEngine
 from agl_trainer.engines.vllm.lora import AdapterFiles, base_model_name, max_lora_rank
-from agl_trainer.run.settings import vllm_settings
+from agl_trainer.run.settings import vllm_options
 from agl_trainer.weights.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 
@@ -44,8 +45,9 @@ def test_max_lora_rank_is_the_smallest_choice_vllm_accepts(rank: int, flag: int)
 
 
 def test_a_lora_engine_serves_the_base_internally_and_the_adapter_under_the_model_name(tmp_path: Path) -> None:
-    config = VLLMConfig(model="m", served_model_name="tiny", lora_rank=4, weights_dir=str(tmp_path),
-                        python=sys.executable, device="cpu")  # fmt: skip
+    options = VLLMOptions(served_model_name="tiny", lora_rank=4, weights_dir=str(tmp_path), python=sys.executable,
+                          device="cpu")  # fmt: skip
+    config = VLLMConfig(model="m", options=options)
     engine = VLLMEngine(config)
     assert engine.accepts_adapters and not VLLMEngine.accepts_adapters  # the instance, not every engine
     cmd = engine.command(8000)
@@ -59,7 +61,8 @@ def test_a_lora_engine_serves_the_base_internally_and_the_adapter_under_the_mode
 
 
 def test_an_engine_without_lora_keeps_its_flags_and_takes_no_adapter(tmp_path: Path) -> None:
-    engine = VLLMEngine(VLLMConfig(model="m", served_model_name="tiny", python=sys.executable, device="cpu"))
+    options = VLLMOptions(served_model_name="tiny", python=sys.executable, device="cpu")
+    engine = VLLMEngine(VLLMConfig(model="m", options=options))
     cmd = engine.command(8000)
     assert not engine.accepts_adapters and "--enable-lora" not in cmd and "--lora-modules" not in cmd
     assert cmd[cmd.index("--served-model-name") + 1] == "tiny"
@@ -68,15 +71,15 @@ def test_an_engine_without_lora_keeps_its_flags_and_takes_no_adapter(tmp_path: P
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"lora_rank": -1}, r"lora_rank must be in \[0, 512\]"),
-        ({"lora_rank": 1024}, r"lora_rank must be in \[0, 512\]"),
+        ({"lora_rank": -1}, r"lora_rank: must be in \[0, 512\]"),
+        ({"lora_rank": 1024}, r"lora_rank: must be in \[0, 512\]"),
         ({"lora_rank": 8, "extra_args": ["--max-loras", "4"]}, "sets vLLM's LoRA flags itself"),
         ({"lora_rank": 8, "extra_args": ["--enable-lora"]}, "remove --enable-lora"),
     ],
 )
 def test_lora_settings_that_cannot_work_are_refused(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        VLLMConfig(model="m", **settings)
+        VLLMOptions(**settings)
 
 
 # --- files ---------------------------------------------------------------------------------------
@@ -161,7 +164,7 @@ def test_lora_needs_the_bases_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="local directory"):
         AdapterFiles(tmp_path / "lora", rank=4, model_dir=tmp_path / "hub-name").prepare()
     with pytest.raises(ValueError, match="served_model_name.*and model"):
-        VLLMEngine(VLLMConfig(urls=["http://127.0.0.1:9"], served_model_name="tiny", lora_rank=8))
+        VLLMEngine(VLLMConfig(options=VLLMOptions(urls=["http://127.0.0.1:9"], served_model_name="tiny", lora_rank=8)))
 
 
 def _config(tmp_path: Path, **sections):  # type: ignore[no-untyped-def]
@@ -170,15 +173,16 @@ def _config(tmp_path: Path, **sections):  # type: ignore[no-untyped-def]
 
 def test_backend_lora_rank_reaches_the_vllm_engine(tmp_path: Path) -> None:
     config = _config(tmp_path, backend={"lora": {"rank": 16}}, engine={"name": "vllm"})
-    assert vllm_settings(config, str(tmp_path)) == {"served_model_name": "served", "lora_rank": 16}
-    assert "lora_rank" not in vllm_settings(_config(tmp_path, engine={"name": "vllm"}), str(tmp_path))
+    options = vllm_options(config)
+    assert (options.served_model_name, options.lora_rank) == ("served", 16)
+    assert vllm_options(_config(tmp_path, engine={"name": "vllm"})).lora_rank == 0
 
 
 def test_two_different_lora_ranks_are_refused(tmp_path: Path) -> None:
     engine = {"name": "vllm", "options": {"lora_rank": 8}}
     config = _config(tmp_path, backend={"lora": {"rank": 16}}, engine=engine)
     with pytest.raises(ConfigError, match="engine.options.lora_rank: 8 but backend.lora.rank is 16"):
-        vllm_settings(config, str(tmp_path))
+        vllm_options(config)
 
 
 def test_verl_with_lora_trains_the_adapter_the_engine_takes(tmp_path: Path) -> None:
@@ -186,7 +190,7 @@ def test_verl_with_lora_trains_the_adapter_the_engine_takes(tmp_path: Path) -> N
 
     config = _config(tmp_path, backend={"name": "verl", "lora": {"rank": 8}}, engine={"name": "vllm"})
     assert backend_settings(config, str(tmp_path), cuda_available=False).training.lora.rank == 8
-    assert vllm_settings(config, str(tmp_path))["lora_rank"] == 8
+    assert vllm_options(config).lora_rank == 8
 
 
 def test_merged_weights_with_an_untied_head_are_refused_for_a_tied_served_model(
@@ -197,8 +201,8 @@ def test_merged_weights_with_an_untied_head_are_refused_for_a_tied_served_model(
     from agl_trainer.weights.update import WeightUpdate
 
     assert json.loads((bpe_model_dir / "config.json").read_text())["tie_word_embeddings"]
-    engine = VLLMEngine(VLLMConfig(model=str(bpe_model_dir), served_model_name="tiny", python=sys.executable,
-                                   weights_dir=str(tmp_path), device="cpu"))  # fmt: skip
+    options = VLLMOptions(served_model_name="tiny", python=sys.executable, weights_dir=str(tmp_path), device="cpu")
+    engine = VLLMEngine(VLLMConfig(model=str(bpe_model_dir), options=options))
     head = {"lm_head.weight": torch.zeros(2, 2), "model.embed_tokens.weight": torch.ones(2, 2)}
     with pytest.raises(ValueError, match=r"lm_head\.weight of their own .* engine\.vllm\.lora_rank > 0"):
         engine.update_weights(WeightUpdate(version=1, state_dict=head))

@@ -1,18 +1,22 @@
-"""engine.vllm.weight_sync: which path carries new weights into vLLM, chosen and checked before any
+"""engine.options.weight_sync (vLLM): which path carries new weights into vLLM, chosen and checked before any
 server starts. The GPU paths (vLLM's NCCL / CUDA-IPC weight transfer) run in the `gpu` tests
 (tests/vllm/test_vllm_weight_transfer_gpu.py); here, their selection, server flags and refusals."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from agl_trainer.config import ConfigError, validate
+from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
 from agl_trainer.engines.vllm.engine import VLLMEngine
 from agl_trainer.engines.vllm.transfer import GpuWeightTransfer, WeightTransferError, unique_tensors
 
 
-def engine(**settings: object) -> VLLMEngine:
-    return VLLMEngine("model-dir", **settings)  # constructing starts nothing
+def engine(replicas: int = 1, model: str | None = "model-dir", **options: Any) -> VLLMEngine:
+    return VLLMEngine(VLLMConfig(model=model, replicas=replicas, options=VLLMOptions(**options)))  # starts nothing
 
 
 @pytest.mark.parametrize("sync", ["nccl", "cuda_ipc"])
@@ -49,8 +53,8 @@ def test_cuda_ipc_needs_one_local_server() -> None:
     with pytest.raises(ValueError, match="cuda_ipc shares this process's GPU memory with one server; with 2 replicas use nccl"):
         engine(device="cuda", weight_sync="cuda_ipc", replicas=2)
     with pytest.raises(ValueError, match="cuda_ipc needs the server on this machine"):
-        VLLMEngine(urls=["http://10.0.0.7:8000"], device="cuda", weight_sync="cuda_ipc")
-    assert VLLMEngine(urls=["http://127.0.0.1:8000"], device="cuda", weight_sync="cuda_ipc").weight_sync == "cuda_ipc"
+        engine(model=None, urls=["http://10.0.0.7:8000"], device="cuda", weight_sync="cuda_ipc")
+    assert engine(model=None, urls=["http://127.0.0.1:8000"], device="cuda", weight_sync="cuda_ipc").weight_sync == "cuda_ipc"
 
 
 def test_nccl_group_counts_every_worker_of_a_server() -> None:
@@ -59,8 +63,8 @@ def test_nccl_group_counts_every_worker_of_a_server() -> None:
 
 
 def test_unknown_weight_sync_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="weight_sync"):
-        engine(device="cuda", weight_sync="rdma")
+    with pytest.raises(ConfigError, match="engine.options.weight_sync: invalid enum value 'rdma' .fix: one of auto, "):
+        validate({"engine": {"name": "vllm", "options": {"device": "cuda", "weight_sync": "rdma"}}})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

@@ -52,7 +52,8 @@ def test_agl_eval_writes_no_planted_secret_anywhere(
             f"--sidecar.admin_token={secrets['admin_token']}",
             f"--harness.env={{TOOL_API: {secrets['harness_env']}, PLAIN: visible}}",
             "--metrics.trackers=[wandb, mlflow]", "--metrics.wandb.mode=offline",
-            "--metrics.wandb.run_name=secrets", f"--engine.options={{api_key: {secrets['option_key']}}}",
+            "--metrics.wandb.run_name=secrets", "--engine.name=vllm",  # a typed engine option holding a secret:
+            f"--engine.options={{env: {{HF_TOKEN: {secrets['option_key']}}}}}",  # the engine is not started
             f"--metrics.mlflow.tracking_uri={(tmp_path / 'mlruns').as_uri()}",
             "--viewer.enabled=false", "--diagnostics.canary.enabled=false", "--loop.completion_grace_s=0.2",
         ]  # fmt: skip

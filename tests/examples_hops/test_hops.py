@@ -152,7 +152,7 @@ def test_a_rollout_with_sub_agents_and_a_compaction_assembles_into_the_harness_s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agl_trainer.assembly import AssemblyConfig, assemble
-    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
     from examples.hops.harness import play_rollout
     from examples.hops.play import play
     from examples.hops.tokens import HopsTokens
@@ -167,9 +167,7 @@ def test_a_rollout_with_sub_agents_and_a_compaction_assembles_into_the_harness_s
     )  # fmt: skip
     task = expected.task
 
-    engine_config = EmbeddedEngineConfig(
-        model_path=prepared.path, served_model_name="tiny", max_model_len=128
-    )
+    engine_config = EmbeddedEngineConfig(model_path=prepared.path, served_model_name="tiny", options=EmbeddedOptions(max_model_len=128))
     with EmbeddedEngine(engine_config) as engine, pipeline(tmp_path, engine.urls[0]) as piped:
         outcome, made = play_rollout(task, f"{piped.sidecar_url}/rollouts/r-hops/v1", temperature=0.0)
         store = piped.finish("r-hops", outcome.reward)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from agl_trainer.algorithms import token_entropy, token_logprobs
 from agl_trainer.backends.chunked_logprobs import token_outputs
-from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 on_gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -81,7 +81,7 @@ def test_embedded_engine_on_cuda_answers_as_on_the_cpu(tmp_path: Path):
             "logprobs": 0}  # fmt: skip
     answers = []
     for device in ("cpu", "cuda"):
-        config = EmbeddedEngineConfig(model_path=model, served_model_name="tiny", max_model_len=256, device=device)
+        config = EmbeddedEngineConfig(model_path=model, served_model_name="tiny", options=EmbeddedOptions(max_model_len=256, device=device))
         with EmbeddedEngine(config) as engine:
             answer = post_json(f"{engine.urls[0]}/v1/completions", body)
             answers.append(answer["choices"][0])
@@ -96,8 +96,8 @@ def test_embedded_engine_refuses_cuda_it_does_not_have(tmp_path: Path):
     from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 
     model = build_bpe_model(tmp_path / "model", TinyModelSpec(hidden=128, heads=2, kv_heads=2, intermediate=256))
-    with pytest.raises(ValueError, match="EmbeddedEngineConfig.device: 'cuda', but torch sees no CUDA device"):
-        EmbeddedEngine(EmbeddedEngineConfig(model_path=model, device="cuda")).start()
+    with pytest.raises(ValueError, match="engine.options.device: .cuda., but torch sees no CUDA device"):
+        EmbeddedEngine(EmbeddedEngineConfig(model_path=model, options=EmbeddedOptions(device="cuda"))).start()
 
 
 def test_the_gpu_rl_config_passes_the_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -162,12 +162,12 @@ def test_one_rl_step_on_codex_runs_with_the_embedded_engine(tmp_path: Path) -> N
     from agl_trainer.backends.torch_config import TorchBackendConfig
     from agl_trainer.batch import TrainingBatch
     from agl_trainer.engines.base import policy_update
-    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
     from agl_trainer.models.tiny import TinyModelSpec, build_bpe_model
 
     spec = TinyModelSpec(hidden=128, heads=2, kv_heads=2, intermediate=256, max_positions=4096)
     model = build_bpe_model(tmp_path / "model", spec, tokenizer=codex_tokenizer())
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model, served_model_name="tiny", max_model_len=4096))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=model, served_model_name="tiny", options=EmbeddedOptions(max_model_len=4096)))
     with engine:
         scorer = engine.urls[0]
 

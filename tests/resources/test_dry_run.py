@@ -141,7 +141,7 @@ def test_torch_backend_with_the_embedded_engine(capsys: pytest.CaptureFixture[st
     from agl_trainer.resources import safetensors_parameters
 
     model = build_demo_model(tmp_path / "tiny")
-    code = main(["train", SWE, "--dry-run", f"--model.path={model}", "--backend.name=torch", "--engine.name=embedded"])
+    code = main(["train", SWE, "--dry-run", f"--model.path={model}", "--backend.name=torch", "--engine.name=embedded", "--engine.options={}"])
     out = capsys.readouterr().out
     assert code == 0, out
     params = safetensors_parameters(model)
@@ -154,7 +154,9 @@ def test_torch_backend_with_the_embedded_engine(capsys: pytest.CaptureFixture[st
     [
         (["--backend.device=cpu"], "config key backend.verl.param_offload: True needs CUDA GPUs"),
         (["--loop.batch_rollouts=4", "--loop.group_size=4"], "data-parallel size 8"),
-        (["--engine.options.gpu_memory_util=0.5"], "unknown setting(s) gpu_memory_util"),
+        (["--engine.options.gpu_memory_util=0.5"],
+         "config key engine.options.gpu_memory_util: not a setting of engine vllm (fix: did you mean "
+         "engine.options.gpu_memory_utilization?)"),
         (["--backend.options.micro_batch_tokenz=1"], "config key backend.options:"),
         (["--backend.verl.weight_sync=cuda_ipc"], "config key backend.verl.weight_sync: engine.vllm.weight_sync: cuda_ipc"),
     ],

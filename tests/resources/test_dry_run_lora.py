@@ -176,7 +176,7 @@ def test_embedded_engine_keeps_copies_of_the_adapted_weights(
 
     model = build_demo_model(tmp_path / "tiny")
     code, out, err = dry_run(
-        capsys, f"--model.path={model}", "--engine.name=embedded", "--backend.device=cpu",
+        capsys, f"--model.path={model}", "--engine.name=embedded", "--engine.options={}", "--backend.device=cpu",
         "--backend.lora.rank=4", "--backend.lora.target_modules=q_proj,v_proj",
     )  # fmt: skip
     assert code == 0, err
@@ -185,7 +185,7 @@ def test_embedded_engine_keeps_copies_of_the_adapted_weights(
     copies = 4 * arch.num_hidden_layers * arch.hidden_size * heads * arch.head_dim  # float32, the pristine q and v weights the adapters merge into
     assert "copies of the adapted weights" in out  # a tiny model: 0.00 GiB printed; the bytes below
     assert "sync: the adapter alone" in out and "loads its own copy" not in out
-    overrides = [f"--model.path={model}", "--engine.name=embedded", "--backend.lora.rank=4",
+    overrides = [f"--model.path={model}", "--engine.name=embedded", "--engine.options={}", "--backend.lora.rank=4",
                  "--backend.lora.target_modules=q_proj,v_proj"]  # fmt: skip
     plan = plan_resources(load_config(CONFIG, overrides, check_paths=False))
     assert plan.engine.adapter_bytes == copies
@@ -204,7 +204,7 @@ def test_an_adapter_on_a_tied_output_head_is_counted(
     model = build_demo_model(tmp_path / "tiny")
     arch = architecture_from_dict(json.loads((model / "config.json").read_text()))
     assert arch.tie_word_embeddings
-    base = [f"--model.path={model}", "--engine.name=embedded", "--backend.lora.rank=4"]
+    base = [f"--model.path={model}", "--engine.name=embedded", "--engine.options={}", "--backend.lora.rank=4"]
     only_q, both = ["--backend.lora.target_modules=q_proj"], ["--backend.lora.target_modules=q_proj,lm_head"]
     plain = plan_resources(load_config(CONFIG, [*base, *only_q], check_paths=False))
     headed = plan_resources(load_config(CONFIG, [*base, *both], check_paths=False))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agl_trainer.config import ConfigError, validate
-from agl_trainer.run.settings import backend_settings, vllm_settings
+from agl_trainer.run.settings import backend_settings, vllm_options
 
 
 def _config(tmp_path: Path, **sections):
@@ -20,13 +20,14 @@ def test_verl_weight_sync_reaches_the_vllm_engine(tmp_path: Path) -> None:
         backend={"name": "verl", "verl": {"weight_sync": "nccl"}},
         engine={"name": "vllm", "options": {"dtype": "bfloat16"}},
     )
-    settings = vllm_settings(config, str(tmp_path))
-    assert settings == {"served_model_name": "served", "dtype": "bfloat16", "weight_sync": "nccl"}
+    options = vllm_options(config)
+    assert (options.served_model_name, options.dtype, options.weight_sync) == ("served", "bfloat16", "nccl")
+    assert options.lora_rank == 0 and config.engine.options.weight_sync == "in_place"  # the config's own: as read
 
 
 def test_torch_backend_keeps_the_engines_own_weight_sync(tmp_path: Path) -> None:
     config = _config(tmp_path, engine={"name": "vllm", "options": {"weight_sync": "cuda_ipc"}})
-    assert vllm_settings(config, str(tmp_path))["weight_sync"] == "cuda_ipc"
+    assert vllm_options(config).weight_sync == "cuda_ipc"
 
 
 def test_two_different_weight_syncs_are_refused(tmp_path: Path) -> None:
@@ -36,7 +37,7 @@ def test_two_different_weight_syncs_are_refused(tmp_path: Path) -> None:
         engine={"name": "vllm", "options": {"weight_sync": "nccl"}},
     )
     with pytest.raises(ConfigError, match="engine.options.weight_sync: 'nccl' but backend.verl.weight_sync is 'in_place'"):
-        vllm_settings(config, str(tmp_path))
+        vllm_options(config)
 
 
 def test_backend_errors_name_the_key_once(tmp_path: Path) -> None:

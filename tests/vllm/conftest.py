@@ -34,11 +34,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start_engine(model_dir: Path, python: str, log_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
     """A started VLLMEngine over one CPU server (the caller stops it)."""
-    from agl_trainer.engines.vllm.engine import VLLMConfig, VLLMEngine
+    from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
+    from agl_trainer.engines.vllm.engine import VLLMEngine
 
     logging.getLogger("agl.engine.vllm").setLevel(logging.INFO)
     settings: dict = {
-        "model": str(model_dir),
         "python": python,
         "served_model_name": SERVED_NAME,
         "max_model_len": MAX_MODEL_LEN,
@@ -47,7 +47,7 @@ def start_engine(model_dir: Path, python: str, log_dir: Path, **overrides: objec
         "watchdog_interval_s": 0.0,  # tests restart explicitly with ensure_alive()
     }
     settings.update(overrides)
-    engine = VLLMEngine(VLLMConfig(**settings))
+    engine = VLLMEngine(VLLMConfig(model=str(model_dir), options=VLLMOptions(**settings)))
     engine.start()
     return engine
 

@@ -12,12 +12,13 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from agl_trainer.engines.vllm.config import LOAD_METHOD, WORKER_CLASS, WORKER_MODULE, VLLMConfig, VLLMError
+from agl_trainer.engines.vllm.config import LOAD_METHOD, WORKER_CLASS, WORKER_MODULE, VLLMConfig, VLLMError, VLLMOptions
 from agl_trainer.engines.vllm.engine import VLLMEngine
 from agl_trainer.weights.files import write_safetensors
 from agl_trainer.weights.update import WeightUpdate
@@ -37,7 +38,6 @@ def fake_config(tmp_path: Path, **overrides: object) -> VLLMConfig:
     env = {"PYTHONPATH": str(FAKE_VLLM), "FAKE_VLLM_EVENTS": str(tmp_path / "events.jsonl")}
     env.update(overrides.pop("env", {}))  # type: ignore[arg-type]
     settings: dict = {
-        "model": str(tmp_path / "model"),
         "python": sys.executable,
         "device": "cpu",
         "env": env,
@@ -46,7 +46,11 @@ def fake_config(tmp_path: Path, **overrides: object) -> VLLMConfig:
         "watchdog_interval_s": 0.0,
     }
     settings.update(overrides)
-    return VLLMConfig(**settings)
+    return vllm_config(model=str(tmp_path / "model"), **settings)
+
+
+def vllm_config(model: str | None = None, replicas: int = 1, **options: Any) -> VLLMConfig:
+    return VLLMConfig(model=model, replicas=replicas, options=VLLMOptions(**options))
 
 
 def alive(pid: int) -> bool:
@@ -92,28 +96,19 @@ def engine(tmp_path: Path) -> Iterator[VLLMEngine]:
 @pytest.mark.parametrize(
     ("settings", "names"),
     [
-        ({}, "`model`"),
+        ({}, "model.path"),
         ({"model": "m", "replicas": 0}, "replicas"),
         ({"model": "m", "replicas": 2, "ports": [1]}, "ports"),
         ({"urls": ["http://h:8000/v1"]}, "no /v1"),
         ({"urls": ["h:8000"]}, "base URL"),
         ({"model": "m", "sleep_level": 3}, "sleep_level"),
         ({"model": "m", "device_step_ms": -1}, "device_step_ms"),
-        ({"model": "m", "device_step_ms": 1e6}, r"device_step_ms must be in \[0, 10000\]"),
+        ({"model": "m", "device_step_ms": 1e6}, r"device_step_ms: must be in \[0, 10000\]"),
     ],
 )
 def test_config_errors_name_the_key(settings: dict, names: str) -> None:
     with pytest.raises(ValueError, match=names):
-        VLLMConfig(**settings)
-
-
-def test_engine_from_plain_settings_as_the_loop_builds_it() -> None:
-    engine = VLLMEngine("/models/m", replicas=2, max_model_len=128, pause_mode="keep")
-    assert (engine.config.model, engine.config.replicas, engine.config.max_model_len) == ("/models/m", 2, 128)
-    with pytest.raises(ValueError, match="unknown setting.*max_len.*known: .*max_model_len"):
-        VLLMEngine("/models/m", max_len=128)
-    with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$.replicas`"):
-        VLLMEngine("/models/m", replicas="two")
+        vllm_config(**settings)
 
 
 def test_unknown_python_is_a_clear_error(tmp_path: Path) -> None:
@@ -203,7 +198,7 @@ def test_health_deadline_reports_log_and_fix(tmp_path: Path) -> None:
 def test_attach_mode_starts_nothing_and_syncs(
     tmp_path: Path, engine: VLLMEngine, tiny_state_dict: dict
 ) -> None:
-    attached = VLLMEngine(VLLMConfig(urls=[f"{url}/" for url in engine.urls], watchdog_interval_s=0))
+    attached = VLLMEngine(vllm_config(urls=[f"{url}/" for url in engine.urls], watchdog_interval_s=0))
     attached.start()
     assert attached.urls == engine.urls
     attached.update_weights(WeightUpdate(version=7, state_dict=tiny_state_dict))
@@ -219,7 +214,7 @@ def test_attach_to_a_dead_url_fails_with_its_address(tmp_path: Path) -> None:
     from agl_trainer.addresses import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    engine = VLLMEngine(VLLMConfig(urls=[url], startup_timeout_s=1.0, watchdog_interval_s=0))
+    engine = VLLMEngine(vllm_config(urls=[url], startup_timeout_s=1.0, watchdog_interval_s=0))
     with pytest.raises(VLLMError, match=url):
         engine.start()
 
@@ -289,7 +284,7 @@ def test_simulated_device_time_reaches_every_worker_at_start_and_on_change(tmp_p
             engine.set_device_step_ms(-5)
     calls = [e for e in read_events(tmp_path / "events.jsonl") if e["path"] == "/collective_rpc"]
     assert [c["body"] for c in calls] == [{"method": "agl_set_step_delay", "args": [s]} for s in (0.02, 0.02, 0.0, 0.0)]
-    assert engine.config.device_step_ms == 0
+    assert engine.config.options.device_step_ms == 0
 
 
 def test_configured_weights_dir_keeps_what_the_engine_did_not_write(

@@ -40,7 +40,8 @@ def test_canary_names_a_stale_prefix_cache(vllm_engine, tiny_model_dir: Path) ->
         assert start.verdict == "agree", start.message
         assert start.fixed < 1e-4 and start.cached is not None and start.cached < 1e-4
 
-        vllm_engine.config = msgspec.structs.replace(config, fault_skip_prefix_cache_reset=True)
+        faulty = msgspec.structs.replace(config.options, fault_skip_prefix_cache_reset=True)
+        vllm_engine.config = msgspec.structs.replace(config, options=faulty)
         _move(backend, 1)
         vllm_engine.update_weights(WeightUpdate(version=1, state_dict=backend.state_dict_for_engine()))
         stale = canary.check(1)

@@ -110,7 +110,7 @@ def test_keep_switch_with_the_prefix_recomputed(vllm_engine, sidecar, otlp_sink,
     old, new, noisy = models
     vllm_engine.update_weights(WeightUpdate(version=0, directory=tiny_model_dir))
     httpx.post(f"{sidecar.url}{semconv.ADMIN_RESUME_PATH}", json={"policy_version": 0}).raise_for_status()
-    vllm_engine.config.switch_kv = "recompute"
+    vllm_engine.config.options.switch_kv = "recompute"
     prompt, tokens, logprobs, boundary = freeze_mid_way(vllm_engine, sidecar, otlp_sink, noisy, 1)
     assert logprobs[:boundary] == pytest.approx(hf_token_logprobs(old, prompt, tokens[:boundary]), abs=ATOL)
     after = hf_token_logprobs(new, prompt, tokens)[boundary:]  # the new weights over everything
@@ -121,11 +121,11 @@ def test_keep_switch_with_the_old_kv_kept(vllm_engine, sidecar, otlp_sink, model
     old, new, noisy = models
     vllm_engine.update_weights(WeightUpdate(version=0, directory=tiny_model_dir))
     httpx.post(f"{sidecar.url}{semconv.ADMIN_RESUME_PATH}", json={"policy_version": 0}).raise_for_status()
-    vllm_engine.config.switch_kv = "keep"
+    vllm_engine.config.options.switch_kv = "keep"
     try:
         prompt, tokens, logprobs, boundary = freeze_mid_way(vllm_engine, sidecar, otlp_sink, noisy, 1)
     finally:
-        vllm_engine.config.switch_kv = "recompute"
+        vllm_engine.config.options.switch_kv = "recompute"
     assert logprobs[:boundary] == pytest.approx(hf_token_logprobs(old, prompt, tokens[:boundary]), abs=ATOL)
     with torch.no_grad():  # the old weights' KV up to the last old token, then the new weights
         cache = old(torch.tensor([prompt + tokens[: boundary - 1]]), use_cache=True).past_key_values

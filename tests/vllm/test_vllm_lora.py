@@ -174,9 +174,9 @@ def test_calls_frozen_or_held_across_an_adapter_update_continue_under_it(engine,
     events: list[dict] = []
     held: list[Sample] = []
     # a prompt no earlier call cached: with switch_kv keep the prefix cache cannot be emptied while the
-    # frozen call holds blocks (VLLMConfig.switch_kv), for adapters as for full weights
+    # frozen call holds blocks (VLLMOptions.switch_kv), for adapters as for full weights
     fresh = [random.Random(7).randrange(3, 380) for _ in range(40)]
-    engine.config.switch_kv = switch_kv
+    engine.config.options.switch_kv = switch_kv
     engine.set_device_step_ms(DEVICE_STEP_MS)
     try:
         frozen = threading.Thread(target=stream, args=(url, PROMPT[:20], 200, events))
@@ -193,7 +193,7 @@ def test_calls_frozen_or_held_across_an_adapter_update_continue_under_it(engine,
         arriving.join(300)
     finally:
         engine.set_device_step_ms(0.0)
-        engine.config.switch_kv = "recompute"
+        engine.config.options.switch_kv = "recompute"
 
     (boundary,) = [n for rid, n in progress.items() if rid.startswith(events[0]["id"] + "-")]
     tokens = token_ids(events)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agl_trainer.config_schema import ENGINES
 from agl_trainer.config_schema import (  # re-exported: callers import the config from here
     Config as Config,
     ConfigError as ConfigError,
@@ -63,10 +64,15 @@ def validate(raw: dict[str, Any]) -> Config:
             raise ConfigError(
                 f"config key {section}.{key} is now {new} ({why}); fix: set {new} to {part[key]!r} instead"
             )
+    engine = raw.get("engine")
+    if isinstance(engine, dict) and "name" not in engine:  # engine.name tags the section: embedded by default
+        engine = {"name": "embedded", **engine}
+        raw = {**raw, "engine": engine}
     try:
         return msgspec.convert(raw, Config, strict=False)  # strict=False: "1e-3" from a flag is a float
     except msgspec.ValidationError as error:
-        raise ConfigError(_explain(str(error))) from None
+        name = engine.get("name") if isinstance(engine, dict) else None
+        raise ConfigError(_explain(str(error), name if isinstance(name, str) else None)) from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -133,23 +139,31 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 
 
-def _explain(message: str) -> str:
-    """Rephrase a msgspec validation error as 'config key K: problem (fix: ...)'."""
+def _explain(message: str, engine: str | None = None) -> str:
+    """Rephrase a msgspec validation error as 'config key K: problem (fix: ...)'; `engine` (engine.name)
+    says whose engine.options the keys are."""
     match = _AT.search(message)
     path = match.group("path") if match else ""
     key = re.sub(r"\[(\d+)\]", r".\1", path).lstrip(".")
     problem = _AT.sub("", message)
+    keys = describe_keys(engine)
     unknown = re.match(r"Object contains unknown field `(?P<name>[^`]+)`", problem)
     if unknown:
         name = unknown.group("name")
         full = f"{key}.{name}" if key else name
-        known = [k for k, _, _ in describe_keys()]
+        known = [k for k, _, _ in keys]
         close = difflib.get_close_matches(full, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "see `agl train --help` for the keys"
-        if key.endswith(".options"):  # settings by name, said as engine.options says its own
+        if key.endswith(".options"):  # settings by name: the close one, else all of them
             names = [k.removeprefix(key + ".") for k in known if k.startswith(key + ".")]
             close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
             hint = f"did you mean {key}.{close[0]}?" if close else f"one of {', '.join(names)}"
+            if key == "engine.options":
+                others = [e for e in ENGINES if e != engine and full in (k for k, _, _ in describe_keys(e))]
+                if others:  # engine.name changed (a flag) over the other engine's options
+                    hint = f"remove it, or drop all of {others[0]}'s with --engine.options={{}}"
+                    return f"config key {full}: a setting of engine {others[0]}, not {engine} (fix: {hint})"
+                return f"config key {full}: not a setting of engine {engine} (fix: {hint})"
             return f"config key {key}: unknown setting {name} (fix: {hint})"
         return f"config key {full}: unknown key (fix: {hint})"
     own = _section_check(key, problem)
@@ -157,7 +171,7 @@ def _explain(message: str) -> str:
         return own
     problem = problem.replace("`", "")
     problem = problem[0].lower() + problem[1:] if problem else problem
-    fix = _fix_for(key)
+    fix = _fix_for(key, keys, engine)
     return f"config key {key or '(top level)'}: {problem}" + (f" (fix: {fix})" if fix else "")
 
 
@@ -173,52 +187,87 @@ def _section_check(key: str, problem: str) -> str | None:
     return None
 
 
-def _fix_for(key: str) -> str:
-    for name, default, description in describe_keys():
+def _fix_for(key: str, keys: list[tuple[str, Any, str]], engine: str | None) -> str:
+    for name, default, description in keys:
         if name == key:
-            choices = _choices(key)
+            choices = _choices(key, engine)
             text = f"one of {', '.join(choices)}: {description}" if choices else description
             return f"{text}; default {default!r}" if default is not None else text
     return ""
 
 
-def _choices(key: str) -> list[str]:
-    """The allowed values of a Literal-typed key."""
-    node: Any = Config
+def _tagged(node: Any) -> list[Any] | None:
+    """The members of a union of tagged Structs (the engine section, tagged by engine.name), else None."""
+    if isinstance(node, msgspec.inspect.UnionType) and all(
+        isinstance(t, msgspec.inspect.StructType) and t.tag is not None for t in node.types
+    ):
+        return list(node.types)
+    return None
+
+
+def _choices(key: str, engine: str | None = None) -> list[str]:
+    """The allowed values of a Literal-typed key, in declaration order (engine.options.*: `engine`'s)."""
+    node: Any = msgspec.inspect.type_info(Config)
+    python_type: Any = None
     for part in key.split("."):
-        hints = msgspec.structs.fields(node)
-        match = [f for f in hints if f.name == part]
+        node = node.type if isinstance(node, msgspec.inspect.Metadata) else node
+        members = _tagged(node)
+        if members is not None:
+            if part == members[0].tag_field:
+                return [str(t.tag) for t in members]
+            node = next((t for t in members if t.tag == engine), members[0])
+        if not isinstance(node, msgspec.inspect.StructType):
+            return []
+        match = [f for f in node.fields if f.name == part]
         if not match:
             return []
+        python_type = next(f.type for f in msgspec.structs.fields(node.cls) if f.name == part)
         node = match[0].type
-    args = getattr(node, "__metadata__", None) and node.__origin__
-    literal = args if args is not None else node
+    literal = getattr(python_type, "__origin__", None) if getattr(python_type, "__metadata__", None) else python_type
     if getattr(literal, "__origin__", None) is Literal:
         return [str(value) for value in literal.__args__]
     return []
 
 
-def describe_keys() -> list[tuple[str, Any, str]]:
-    """Every config key as (dotted name, default, description), in declaration order."""
+def _description(info: Any) -> str:
+    if isinstance(info, msgspec.inspect.Metadata):
+        return (info.extra_json_schema or {}).get("description", "") or ""
+    return ""
+
+
+def describe_keys(engine: str | None = None) -> list[tuple[str, Any, str]]:
+    """Every config key as (dotted name, default, description), in declaration order. The engine
+    section's keys depend on engine.name: `engine` lists that engine's; None lists every engine's,
+    each one's own keys marked with its name (`agl train --help`)."""
     out: list[tuple[str, Any, str]] = []
 
-    def walk(struct_type: type, prefix: str) -> None:
-        info = msgspec.inspect.type_info(struct_type)
-        for field in info.fields:  # type: ignore[attr-defined]
+    def walk(fields: Sequence[Any], prefix: str, mark: str = "") -> None:
+        for field in fields:
             name = prefix + field.name
             ftype = field.type
             if isinstance(ftype, msgspec.inspect.StructType):
-                walk(ftype.cls, name + ".")
+                walk(ftype.fields, name + ".", mark)
                 continue
-            description = ""
-            if isinstance(ftype, msgspec.inspect.Metadata):
-                description = (ftype.extra_json_schema or {}).get("description", "") or ""
+            members = _tagged(ftype.type if isinstance(ftype, msgspec.inspect.Metadata) else ftype)
+            if members is not None:  # the tag, the keys every member has, then each member's own
+                default = field.default_factory.__struct_config__.tag  # the default member's tag
+                out.append((f"{name}.{members[0].tag_field}", default, _description(ftype)))
+                shared = [f for f in members[0].fields if all(f in m.fields for m in members)]
+                walk(shared, name + ".", mark)
+                for member in members:
+                    if engine in (None, member.tag):
+                        own = [f for f in member.fields if f not in shared]
+                        walk(own, name + ".", f"({member.tag}) " if engine is None else mark)
+                continue
+            description = _description(ftype)
             default = None
             if field.default is not msgspec.NODEFAULT:
                 default = field.default
-            out.append((name, default, description))
+            out.append((name, default, mark + description))
 
-    walk(Config, "")
+    config = msgspec.inspect.type_info(Config)
+    assert isinstance(config, msgspec.inspect.StructType)
+    walk(config.fields, "")
     return out
 
 
@@ -357,7 +406,9 @@ def resolved_config(config: Any) -> Any:
     """Every key with its value, defaults included (the config's own encoding omits defaults): what a
     receipt and an experiment tracker record."""
     if isinstance(config, msgspec.Struct):
-        return {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
+        tagged = config.__struct_config__  # the engine section: its tag (engine.name) is no field
+        tag = {tagged.tag_field: tagged.tag} if tagged.tag_field is not None else {}
+        return tag | {f.name: resolved_config(getattr(config, f.name)) for f in msgspec.structs.fields(config)}
     return msgspec.to_builtins(config)
 
 

@@ -6,7 +6,7 @@ overrides and the checks beyond types are in config.py, which re-exports what ca
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -17,6 +17,8 @@ from agl_trainer.backends.settings import (  # `backend.lora`, `backend.options`
     TrainingOptions,
     VerlSettings,
 )
+from agl_trainer.engines.embedded.options import EmbeddedOptions  # `engine.options` of engine.name embedded
+from agl_trainer.engines.vllm.config import VLLMOptions  # `engine.options` of engine.name vllm
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -126,11 +128,26 @@ class BackendConfig(_Section):
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)  # the backends take it as it is
 
 
-class EngineConfig(_Section):
-    name: Annotated[Literal["embedded", "vllm"], _doc("inference engine")] = "embedded"
+class EngineConfig(_Section, tag_field="name"):
+    """The `engine` section: its keys, and `options` typed by `engine.name` (the section is the member of
+    `EngineSection` that name tags; a config without a name is embedded's, see config.validate)."""
+
     replicas: Annotated[int, _doc("engine servers (vllm)", ge=1)] = 1
     max_batch: Annotated[int, _doc("largest batch of concurrent requests the engine generates together", ge=1)] = 256
-    options: Annotated[dict[str, Any], _doc("further engine options, passed through by name")] = {}
+
+
+class EmbeddedEngineSection(EngineConfig, tag="embedded"):
+    name: ClassVar[Literal["embedded"]] = "embedded"
+    options: EmbeddedOptions = msgspec.field(default_factory=EmbeddedOptions)  # the engine takes it as it is
+
+
+class VLLMEngineSection(EngineConfig, tag="vllm"):
+    name: ClassVar[Literal["vllm"]] = "vllm"
+    options: VLLMOptions = msgspec.field(default_factory=VLLMOptions)  # the engine takes it as it is
+
+
+EngineSection = EmbeddedEngineSection | VLLMEngineSection
+ENGINES = ("embedded", "vllm")  # engine.name's choices, in the order --help lists their options
 
 
 class SamplingConfig(_Section):
@@ -422,7 +439,10 @@ class Config(_Section):
     harness: HarnessConfig = msgspec.field(default_factory=HarnessConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     backend: BackendConfig = msgspec.field(default_factory=BackendConfig)
-    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    engine: Annotated[
+        EngineSection,
+        _doc("inference engine (its engine.options: those marked with its name)"),
+    ] = msgspec.field(default_factory=EmbeddedEngineSection)
     sampling: SamplingModes = msgspec.field(default_factory=SamplingModes)
     sidecar: SidecarSection = msgspec.field(default_factory=SidecarSection)
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_trainer.config import Config
+from agl_trainer.engines.vllm.config import VLLMOptions
 from agl_trainer.resources.architecture import (
     Architecture,
     dtype_bytes,
@@ -273,7 +274,7 @@ def _trainer_plan(
         checkpointing, sp = options.gradient_checkpointing, 1
     param_bytes = dtype_bytes(master, 4)
     tokens = options.micro_batch_tokens
-    longest = int(config.engine.options.get("max_model_len") or 0) if backend.name == "torch" else 0
+    longest = (config.engine.options.max_model_len or 0) if backend.name == "torch" else 0
     local_tokens = max(1, max(tokens, longest) // sp)
     layer_tensors = 6 * arch.hidden_size + 4 * arch.intermediate_size  # bf16 elements kept per token
     if checkpointing:
@@ -318,15 +319,14 @@ def _engine_plan(
 ) -> EnginePlan:
     options = config.engine.options
     gpu = gpu_memory_gib * GIB
-    max_len = int(options.get("max_model_len") or arch.max_position_embeddings or 4096)
-    if config.engine.name == "vllm":
-        extra = [str(a) for a in options.get("extra_args", [])]
+    max_len = options.max_model_len or arch.max_position_embeddings or 4096
+    if isinstance(options, VLLMOptions):
+        extra = options.extra_args
         tp = int(_flag(extra, "--tensor-parallel-size", "-tp") or 1)
         kv_dtype = _flag(extra, "--kv-cache-dtype")
-        weight_dtype = str(options.get("dtype", "auto"))
-        weight_bytes = dtype_bytes(None if weight_dtype == "auto" else weight_dtype, 2)
+        weight_bytes = dtype_bytes(None if options.dtype == "auto" else options.dtype, 2)
         kv_bytes = dtype_bytes(None if kv_dtype in (None, "auto") else kv_dtype, weight_bytes)
-        utilization = float(options.get("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION)
+        utilization = options.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
         weights = parameters * weight_bytes / tp
         budget = utilization * gpu
         slots = 0.0
@@ -337,7 +337,7 @@ def _engine_plan(
         return EnginePlan(
             name="vllm", replicas=config.engine.replicas, tensor_parallel=tp, dtype_bytes=weight_bytes,
             utilization=utilization, max_model_len=max_len,
-            kv_bytes_per_token=arch.kv_bytes_per_token(kv_bytes), collocated=bool(options.get("collocated", False)),
+            kv_bytes_per_token=arch.kv_bytes_per_token(kv_bytes), collocated=options.collocated,
             weights_bytes=weights, budget_bytes=budget,
             kv_bytes=budget - weights - slots - ENGINE_RESERVE_GIB * GIB,
             holds_frozen_calls=config.loop.switch == "keep", adapter_bytes=slots,

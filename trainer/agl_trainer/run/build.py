@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from agl_trainer.config import Config, ConfigError, harness_argv
+from agl_trainer.config_schema import EmbeddedEngineSection
 from agl_trainer.engines.base import InferenceEngine
 from agl_trainer.loop.inflight import NO_DATA_AFTER_EXIT_S
 from agl_trainer.loop.validation import SETTLE_TIMEOUT_S
 from agl_trainer.loop.ports import Backend
-from agl_trainer.run.settings import backend_settings, vllm_error, vllm_settings
+from agl_trainer.run.settings import backend_settings, vllm_engine_config
 from agl_trainer.runners.base import Endpoint
 
 
@@ -36,25 +37,20 @@ def build_backend(config: Config, model_path: str) -> Backend:
 
 def build_engine(config: Config, model_path: str) -> InferenceEngine:
     """The inference engine named by engine.name (not started), validated (errors name the key)."""
-    if config.engine.name == "embedded":
+    if isinstance(config.engine, EmbeddedEngineSection):
         from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
-        try:
-            engine_config = EmbeddedEngineConfig(
+        return EmbeddedEngine(
+            EmbeddedEngineConfig(
                 model_path=model_path,
                 served_model_name=config.model.name,
                 max_batch_size=config.engine.max_batch,
-                **config.engine.options,
+                options=config.engine.options,  # typed and checked as the config was read
             )
-        except TypeError as error:
-            raise ConfigError(f"config key engine.options: {error} (fix: see EmbeddedEngineConfig)") from None
-        return EmbeddedEngine(engine_config)
+        )
     from agl_trainer.engines.vllm.engine import VLLMEngine
 
-    try:
-        return VLLMEngine(model_path, replicas=config.engine.replicas, **vllm_settings(config, model_path))
-    except ValueError as error:
-        raise vllm_error(error) from None
+    return VLLMEngine(vllm_engine_config(config, model_path))
 
 
 def sidecar_config_file(config: Config, path: Path, *, seed: int | None = None) -> Path:

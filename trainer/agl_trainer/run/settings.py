@@ -6,11 +6,14 @@ settings without starting anything. Every error is a ConfigError naming the key 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from agl_trainer.config import Config, ConfigError
+from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
+
+T = TypeVar("T")
 
 
 def backend_settings(config: Config, model_path: str, *, cuda_available: bool | None = None) -> Any:
@@ -47,30 +50,47 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
         raise ConfigError(f"config key {error}") from None
 
 
-def vllm_settings(config: Config, model_path: str) -> dict[str, Any]:
-    """The vLLM engine's settings: engine.options, plus the weight transfer backend.verl.weight_sync
-    names when verl trains and the LoRA rank backend.lora.rank names (the engine then serves the base
-    once and takes adapter-only syncs); one key for one choice: setting both differently is refused."""
-    settings: dict[str, Any] = {"served_model_name": config.model.name, **config.engine.options}
+def vllm_engine_config(config: Config, model_path: str) -> VLLMConfig:
+    """The vLLM engine's config: model.path, engine.replicas and engine.options as they are, but for the
+    values other sections own (vllm_options); a setting the engine refuses is a ConfigError naming its key."""
+    try:
+        return VLLMConfig(model=model_path, replicas=config.engine.replicas, options=vllm_options(config))
+    except ValueError as error:
+        raise vllm_error(error) from None
+
+
+def vllm_options(config: Config) -> VLLMOptions:
+    """engine.options of the vLLM engine, with the name served (model.name unless they name one), the
+    weight transfer backend.verl.weight_sync names when verl trains and the LoRA rank backend.lora.rank
+    names (the engine then serves the base once and takes adapter-only syncs); one key for one choice:
+    engine.options setting one of those to another value than its default and the owner's is refused."""
+    options = config.engine.options
+    if not isinstance(options, VLLMOptions):
+        raise ConfigError(f"config key engine.name: {config.engine.name}, not vllm (fix: engine.name: vllm)")
+    name = options.served_model_name or config.model.name
+    lora_rank, weight_sync = options.lora_rank, options.weight_sync
     if config.backend.lora.rank > 0:
-        _one_choice(settings, "lora_rank", config.backend.lora.rank, "backend.lora.rank", "")
+        lora_rank = _one_choice("lora_rank", lora_rank, 0, config.backend.lora.rank, "backend.lora.rank", "")
     if config.backend.name == "verl":
         chosen = config.backend.verl.weight_sync
-        _one_choice(settings, "weight_sync", chosen, "backend.verl.weight_sync", " when verl trains")
-    return settings
+        weight_sync = _one_choice("weight_sync", weight_sync, "in_place", chosen, "backend.verl.weight_sync",
+                                  " when verl trains")  # fmt: skip
+    return msgspec.structs.replace(options, served_model_name=name, lora_rank=lora_rank, weight_sync=weight_sync)
 
 
-def _one_choice(settings: dict[str, Any], key: str, chosen: Any, owner: str, when: str) -> None:
-    """engine.options.`key` takes `owner`'s value; the same key set otherwise there is refused."""
-    given = settings.get(key)
-    if given is not None and given != chosen:
+def _one_choice(key: str, given: T, default: T, chosen: T, owner: str, when: str) -> T:
+    """engine.options.`key` takes `owner`'s value; another value set there is refused."""
+    if given != default and given != chosen:
         raise ConfigError(
             f"config key engine.options.{key}: {given!r} but {owner} is {chosen!r} (fix: set only {owner}{when})"
         )
-    settings[key] = chosen
+    return chosen
 
 
 def vllm_error(error: ValueError) -> ConfigError:
-    """A vLLM engine setting refused by VLLMConfig, as the config key it came from."""
-    key = "backend.verl.weight_sync" if "weight_sync" in str(error) else "engine.options"
-    return ConfigError(f"config key {key}: {error}")
+    """A vLLM engine setting refused by VLLMConfig, as the config key it came from (its message names
+    the key, engine.options.KEY or engine.replicas, but for the weight path's)."""
+    message = str(error)
+    if "weight_sync" in message:
+        return ConfigError(f"config key backend.verl.weight_sync: {message}")
+    return ConfigError(f"config key {message}" if message.startswith("engine.") else f"config key engine.options: {message}")

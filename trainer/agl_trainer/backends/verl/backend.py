@@ -88,6 +88,12 @@ class VerlBackend:
         return t.attn_implementation or ("flash_attention_2" if on_gpu and has_flash_attn() else "sdpa")
 
     def _worker_settings(self):
+        """The settings as they are (backend.options with the rest of the torch backend's, backend.verl as
+        declared), and what only the driver resolves: the attention, dtypes and process group for the
+        workers' device, and the model config's dropout keys."""
+        import msgspec
+
+        from agl_trainer.backends.settings import VerlSettings
         from agl_trainer.backends.verl.worker import WorkerSettings
 
         t, on_gpu = self.training, self.config.device == "cuda"
@@ -96,35 +102,16 @@ class VerlBackend:
             compute = "bf16" if on_gpu else model_dtype
         else:
             compute = "bf16" if t.compute_dtype == "bfloat16" else "fp32"
-        attention = self._attention
         return WorkerSettings(
-            model_path=str(t.model_path),
-            trust_remote_code=t.trust_remote_code,
-            attn_implementation=attention,
-            model_override=_dropout_off(Path(t.model_path)) if t.disable_dropout else {},
+            training=t,
+            # the backend.verl section alone: VerlBackendConfig's own checks (Ray reachable, CUDA here) are
+            # the driver's, and would run again where a worker unpickles it
+            verl=msgspec.convert(self.config, VerlSettings, from_attributes=True),
+            attn_implementation=self._attention,
             model_dtype=model_dtype,
             compute_dtype=compute,
-            use_remove_padding=attention == "flash_attention_2",
-            gradient_checkpointing=t.gradient_checkpointing or self.config.gradient_checkpointing,
-            param_offload=self.config.param_offload,
-            optimizer_offload=self.config.optimizer_offload,
-            ulysses_sequence_parallel_size=self.config.ulysses_sequence_parallel_size,
-            lr=t.lr,
-            betas=tuple(t.betas),  # type: ignore[arg-type]
-            eps=t.eps,
-            weight_decay=t.weight_decay,
-            max_grad_norm=t.max_grad_norm,
-            warmup_steps=t.warmup_steps,
-            total_steps=t.total_steps,
-            lr_schedule=t.lr_schedule,
-            min_lr_ratio=t.min_lr_ratio,
-            seed=t.seed,
-            algorithm=t.algorithm,
             dist_backend="cpu:gloo" if not on_gpu else None,
-            override=dict(self.config.override),
-            lora=t.lora if t.lora.enabled else None,
-            packing=t.packing,
-            logit_chunk_tokens=t.logit_chunk_tokens,
+            model_override=_dropout_off(Path(t.model_path)) if t.disable_dropout else {},
         )
 
     # ----------------------------------------------------------------------------------- training

@@ -29,9 +29,9 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import torch
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
@@ -44,7 +44,8 @@ from agl_trainer.backends.chunked_logprobs import token_outputs
 from agl_trainer.backends.hf_model import head_sees_only, supports_packing
 from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
-from agl_trainer.backends.torch_config import LoraConfig
+from agl_trainer.backends.settings import VerlSettings
+from agl_trainer.backends.torch_config import LoraConfig, TorchBackendConfig
 from agl_trainer.backends.weight_buckets import BucketWriter
 from agl_trainer.weights.update import AdapterState
 
@@ -54,37 +55,31 @@ SHIFTED_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class WorkerSettings:
-    """Everything a worker needs, plain values only (it crosses Ray)."""
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a worker needs (it crosses Ray, pickled): the backend's typed settings as they are, and
+    what the driver resolved for the workers' device. Unpickling a Struct runs its checks again (cheap,
+    and on the settings' own values: no Ray address or CUDA probe)."""
 
-    model_path: str
-    trust_remote_code: bool
-    attn_implementation: str
-    model_override: dict[str, Any]  # HF config keys (dropout off, attention implementation)
+    training: TorchBackendConfig  # backend.options, lr, seed, the model's path, backend.algorithm, backend.lora
+    verl: VerlSettings  # backend.verl: offload, checkpointing, sequence parallelism, verl's overrides
+    attn_implementation: str  # backend.options.attn_implementation, else the best this device has
     model_dtype: str  # master weights: fp32 | bf16
     compute_dtype: str  # FSDP mixed-precision param dtype: fp32 | bf16
-    use_remove_padding: bool
-    gradient_checkpointing: bool
-    param_offload: bool
-    optimizer_offload: bool
-    ulysses_sequence_parallel_size: int
-    lr: float
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    max_grad_norm: float | None
-    warmup_steps: int
-    total_steps: int | None
-    lr_schedule: str
-    min_lr_ratio: float
-    seed: int
-    algorithm: AlgorithmConfig
     dist_backend: str | None  # "cpu:gloo" on the CPU platform; None lets verl choose (nccl on GPUs)
-    override: dict[str, Any] = field(default_factory=dict)  # dotted verl keys, applied last
-    lora: LoraConfig | None = None  # adapters over a frozen base; None: every weight trains
-    packing: str = "auto"  # the torch backend's backend.packing: auto (probe the model) | packed | padded
-    logit_chunk_tokens: int | None = None  # the torch backend's: positions per log-softmax chunk
+    model_override: dict[str, Any] = {}  # HF config keys (dropout off)
+
+    @property
+    def lora(self) -> LoraConfig | None:
+        """Adapters over a frozen base; None: every weight trains."""
+        return self.training.lora if self.training.lora.enabled else None
+
+    @property
+    def use_remove_padding(self) -> bool:  # verl's packed inputs: flash-attn's varlen kernels
+        return self.attn_implementation == "flash_attention_2"
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.training.gradient_checkpointing or self.verl.gradient_checkpointing
 
 
 def build_training_worker_config(settings: WorkerSettings):
@@ -94,8 +89,8 @@ def build_training_worker_config(settings: WorkerSettings):
     from agl_trainer.backends.verl.overrides import apply_overrides
 
     model = HFModelConfig(
-        path=settings.model_path,
-        trust_remote_code=settings.trust_remote_code,
+        path=str(settings.training.model_path),
+        trust_remote_code=settings.training.trust_remote_code,
         load_tokenizer=False,  # the tokenizer would rewrite pad/eos ids in the model config; agl copies its files
         override_config={"attn_implementation": settings.attn_implementation, **settings.model_override},
         use_remove_padding=settings.use_remove_padding,
@@ -108,22 +103,22 @@ def build_training_worker_config(settings: WorkerSettings):
         strategy="fsdp2",
         model_dtype=settings.model_dtype,
         mixed_precision=precision,
-        param_offload=settings.param_offload,
-        optimizer_offload=settings.optimizer_offload,
-        ulysses_sequence_parallel_size=settings.ulysses_sequence_parallel_size,
+        param_offload=settings.verl.param_offload,
+        optimizer_offload=settings.verl.optimizer_offload,
+        ulysses_sequence_parallel_size=settings.verl.ulysses_sequence_parallel_size,
         use_torch_compile=False,  # compiling the entropy kernel costs more than it saves at agl's step sizes
         use_dynamic_bsz=True,
         use_remove_padding=settings.use_remove_padding,
-        seed=settings.seed,
+        seed=settings.training.seed,
     )
     optim = FSDPOptimizerConfig(
         optimizer="AdamW",
-        lr=settings.lr,
-        betas=settings.betas,
-        weight_decay=settings.weight_decay,
-        clip_grad=float("inf") if settings.max_grad_norm is None else settings.max_grad_norm,
-        override_optimizer_config={"eps": settings.eps},
-        total_training_steps=settings.total_steps or 1,
+        lr=settings.training.lr,
+        betas=tuple(settings.training.betas),
+        weight_decay=settings.training.weight_decay,
+        clip_grad=float("inf") if settings.training.max_grad_norm is None else settings.training.max_grad_norm,
+        override_optimizer_config={"eps": settings.training.eps},
+        total_training_steps=settings.training.total_steps or 1,
     )
     checkpoint = CheckpointConfig(
         save_contents=["model", "optimizer", "extra"],
@@ -131,7 +126,7 @@ def build_training_worker_config(settings: WorkerSettings):
         save_lora_only=settings.lora is not None,  # the base is model_path's: shards of the adapter only
     )
     apply_overrides(
-        {"model": model, "engine": engine, "optim": optim, "checkpoint": checkpoint}, settings.override
+        {"model": model, "engine": engine, "optim": optim, "checkpoint": checkpoint}, settings.verl.override
     )
     return TrainingWorkerConfig(
         model_type="language_model",
@@ -172,7 +167,7 @@ class AglTrainingWorker(TrainingWorker):
             # Ray starts a worker with OMP_NUM_THREADS=1; a CPU worker owns its share of the node
             local = int(os.environ.get("RAY_LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(settings.training.seed)
         use_vectorised_logprobs()
         if settings.attn_implementation == varlen_attention.NAME:
             varlen_attention.register()  # in this worker process, before verl loads the model
@@ -183,7 +178,7 @@ class AglTrainingWorker(TrainingWorker):
         self._verl_forward_step = self.engine.forward_step
         self.packed = False  # rows hold several samples (agl_init probes the model)
         self._inputs_for_packed_rows(self.engine)
-        if settings.ulysses_sequence_parallel_size == 1:
+        if settings.verl.ulysses_sequence_parallel_size == 1:
             # forward_backward_batch calls self.forward_step: this engine instance takes agl's
             self.engine.forward_step = self._forward_trained_positions
         self.loss_fn = self._agl_loss
@@ -197,7 +192,7 @@ class AglTrainingWorker(TrainingWorker):
     def _with_adapter(self, module: torch.nn.Module) -> Any:
         """The torch backend's adapter (TorchBackend._with_adapters), on every rank from the same seed."""
         assert self.settings.lora is not None
-        model = lora.wrap(module, self.settings.lora, seed=self.settings.seed)
+        model = lora.wrap(module, self.settings.lora, seed=self.settings.training.seed)
         if self.settings.gradient_checkpointing:  # checkpointed blocks over a frozen base need an input grad
             model.enable_input_require_grads()
         return model
@@ -210,17 +205,17 @@ class AglTrainingWorker(TrainingWorker):
 
         self.engine.initialize()
         schedule = LRLambda(
-            self.settings.warmup_steps,
-            self.settings.total_steps,
-            self.settings.lr_schedule,
-            self.settings.min_lr_ratio,
+            self.settings.training.warmup_steps,
+            self.settings.training.total_steps,
+            self.settings.training.lr_schedule,
+            self.settings.training.min_lr_ratio,
         )
         for group in self.engine.optimizer.param_groups:
-            group["lr"] = self.settings.lr
+            group["lr"] = self.settings.training.lr
             group.pop("initial_lr", None)
         self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.engine.optimizer, schedule)
         self.engine.checkpoint_manager.lr_scheduler = self.engine.lr_scheduler
-        if self.settings.algorithm.kl_coef > 0 and self.settings.lora is None:  # with LoRA: the base
+        if self.settings.training.algorithm.kl_coef > 0 and self.settings.lora is None:  # with LoRA: the base
             self.ref_engine = self._build_reference()
         self.packed = self._keeps_packed_samples_apart()
         return {
@@ -237,8 +232,8 @@ class AglTrainingWorker(TrainingWorker):
     def _keeps_packed_samples_apart(self) -> bool:
         """backend.packing, as the torch backend reads it: `auto` probes the sharded model (every rank
         runs the same forward) for samples packed in a row with position_ids restarting."""
-        if self.settings.packing != "auto":
-            return self.settings.packing == "packed"
+        if self.settings.training.packing != "auto":
+            return self.settings.training.packing == "packed"
         module = self.engine.module
         device = next(module.parameters()).device
         tolerance = 1e-3 if self.settings.compute_dtype == "fp32" else 5e-2
@@ -365,8 +360,8 @@ class AglTrainingWorker(TrainingWorker):
                 logits,
                 labels,
                 with_entropy=calculate_entropy,
-                entropy_grad=self.settings.algorithm.entropy_coef > 0,  # else _agl_loss detaches it
-                chunk_tokens=self.settings.logit_chunk_tokens,
+                entropy_grad=self.settings.training.algorithm.entropy_coef > 0,  # else _agl_loss detaches it
+                chunk_tokens=self.settings.training.logit_chunk_tokens,
             )
             model_output = {"log_probs": every_position(log_prob)}
             if entropy is not None:
@@ -377,7 +372,7 @@ class AglTrainingWorker(TrainingWorker):
         return loss, {"model_output": detach_tree(model_output), "loss": loss.detach().item(), "metrics": metrics}
 
     def _agl_loss(self, model_output: dict[str, Any], data, dp_group=None):
-        algo: AlgorithmConfig = self.settings.algorithm
+        algo: AlgorithmConfig = self.settings.training.algorithm
         weights = data["weights"].values()
         keep = weights != 0
         log_prob_all = model_output["log_probs"].values()

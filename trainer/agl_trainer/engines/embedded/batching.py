@@ -85,7 +85,7 @@ class BatchScheduler:
         device_step_s: float = 0.0,
     ) -> None:
         self.model = model
-        self.device_step_s = device_step_s  # simulated accelerator time per step (EmbeddedEngineConfig)
+        self.device_step_s = device_step_s  # simulated accelerator time per step (EmbeddedOptions.device_step_ms)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
@@ -269,7 +269,7 @@ class BatchScheduler:
         self._live.extend(admitted)
 
     def _device(self) -> torch.device:
-        """Where the model runs (EmbeddedEngineConfig.device); the KV cache lives there too."""
+        """Where the model runs (EmbeddedOptions.device); the KV cache lives there too."""
         return next(self.model.parameters()).device
 
     def _drop_finished(self) -> None:

@@ -1,8 +1,9 @@
 """The embedded engine: an OpenAI-compatible server over a transformers model, for CPU machines.
 
-    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+    from agl_trainer.engines.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig, EmbeddedOptions
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path="runs/demo/model", served_model_name="tiny"))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_path="runs/demo/model", served_model_name="tiny",
+                                                 options=EmbeddedOptions(max_model_len=512)))
     engine.start()                       # own thread + event loop, 127.0.0.1, a free port
     engine.urls                          # ["http://127.0.0.1:PORT"]; the API is under /v1
     seconds = engine.update_weights(WeightUpdate(version=1, state_dict=backend.state_dict_for_engine()))
@@ -49,6 +50,7 @@ from typing import Any, Self
 from agl_trainer.background_loop import BackgroundLoop
 from agl_trainer.engines.embedded.batching import BatchScheduler, Sequence
 from agl_trainer.engines.embedded.in_place import load_in_place
+from agl_trainer.engines.embedded.options import EmbeddedOptions
 from agl_trainer.engines.embedded.requests import RequestReader
 from agl_trainer.engines.embedded.routes import EngineRoutes
 from agl_trainer.engines.embedded.stream import deliver
@@ -59,27 +61,13 @@ from agl_trainer.weights.update import AdapterState, WeightUpdate
 
 @dataclass(frozen=True)
 class EmbeddedEngineConfig:
+    """What the engine serves (from model.path, model.name and engine.max_batch) and its options
+    (`engine.options`, taken as the config holds them)."""
+
     model_path: str | Path
     served_model_name: str | tuple[str, ...] = "tiny"
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: a free port
-    max_model_len: int | None = None  # default: the model's max_position_embeddings, at most 4096
     max_batch_size: int = 256
-    dtype: str = "float32"
-    # where the model runs: cpu, cuda or cuda:N (requests, the batch's bookkeeping and sampling stay on
-    # the CPU; each step moves its inputs over and the last position's logits back)
-    device: str = "cpu"
-    # Process-wide torch.set_num_threads. 1 by default: on a tiny model intra-op threads cost more in
-    # synchronisation than they save, and on a loaded 2-core machine they were 8x slower (2.3 s vs
-    # 0.28 s for a 12-token request). None leaves torch's setting alone (bigger models).
-    torch_threads: int | None = 1
-    # Benches only: each batched step also waits this long, as a host waits on an accelerator's
-    # kernels (the CPU is free meanwhile). Models a GPU's per-token latency where the tiny model's
-    # CPU step would be too cheap to show what waiting for the longest generation costs. 0: off.
-    device_step_ms: float = 0.0
-    # Fault injection, for tests of the canary (loop/canary.py): update_weights takes the new version
-    # but keeps the old weights, as an engine whose weight transfer silently failed would.
-    fault_skip_weight_load: bool = False
+    options: EmbeddedOptions = EmbeddedOptions()
 
 
 class EmbeddedEngine:
@@ -90,12 +78,11 @@ class EmbeddedEngine:
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
+        self.options = config.options
         names = config.served_model_name
         self.served_names = [names] if isinstance(names, str) else list(names)
         if not self.served_names:
             raise ValueError("EmbeddedEngineConfig.served_model_name: give at least one name")
-        if not 0.0 <= config.device_step_ms <= 10_000.0:
-            raise ValueError(f"EmbeddedEngineConfig.device_step_ms: {config.device_step_ms} is not in [0, 10000]")
         self.policy_version = 0
         self.model: Any = None
         self.tokenizer: Any = None
@@ -114,7 +101,7 @@ class EmbeddedEngine:
     def urls(self) -> list[str]:
         if not self._port:
             raise RuntimeError("EmbeddedEngine.urls: call start() first")
-        return [f"http://{self.config.host}:{self._port}"]
+        return [f"http://{self.options.host}:{self._port}"]
 
     @property
     def scheduler(self) -> BatchScheduler | None:
@@ -131,7 +118,7 @@ class EmbeddedEngine:
             self.max_model_len,
             self._on_update,
             self.config.max_batch_size,
-            device_step_s=self.config.device_step_ms / 1000.0,
+            device_step_s=self.options.device_step_ms / 1000.0,
         )
         self._scheduler.start()
         try:
@@ -141,7 +128,7 @@ class EmbeddedEngine:
             if not isinstance(error, Exception):  # Ctrl-C while it started: not a listen failure
                 raise
             raise RuntimeError(
-                f"EmbeddedEngine: could not listen on {self.config.host}:{self.config.port}: {error}"
+                f"EmbeddedEngine: could not listen on {self.options.host}:{self.options.port}: {error}"
             ) from error
 
     def stop(self) -> None:
@@ -161,7 +148,7 @@ class EmbeddedEngine:
         else:
             raise ValueError("update_weights: the WeightUpdate has neither state_dict nor directory")
         with self._weights_lock():
-            if not self.config.fault_skip_weight_load:
+            if not self.options.fault_skip_weight_load:
                 load_in_place(self.model, state)
                 self._adapters.forget()  # these weights are the base a later adapter merges into
             self.policy_version = update.version
@@ -173,7 +160,7 @@ class EmbeddedEngine:
         is the weights loaded at start or by the last update_weights). Returns seconds."""
         started = time.perf_counter()
         with self._weights_lock():
-            if not self.config.fault_skip_weight_load:
+            if not self.options.fault_skip_weight_load:
                 self._adapters.apply(self.model, adapter)
             self.policy_version = version
         self.last_update_bytes = adapter.nbytes
@@ -217,21 +204,21 @@ class EmbeddedEngine:
                 f"EmbeddedEngine: {path} is not a model directory (no config.json); build one with "
                 "agl_trainer.models.tiny or save_pretrained()"
             )
-        if self.config.torch_threads:
-            torch.set_num_threads(self.config.torch_threads)
+        if self.options.torch_threads:
+            torch.set_num_threads(self.options.torch_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        if self.config.device.startswith("cuda") and not torch.cuda.is_available():
+        if self.options.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(
-                f"EmbeddedEngineConfig.device: {self.config.device!r}, but torch sees no CUDA device here; "
-                "set engine.options.device: cpu"
+                f"engine.options.device: {self.options.device!r}, but torch sees no CUDA device here "
+                "(fix: set engine.options.device: cpu)"
             )
         self.model = (
-            AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, self.config.dtype))
-            .to(self.config.device)
+            AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, self.options.dtype))
+            .to(self.options.device)
             .eval()
         )
         limit = getattr(self.model.config, "max_position_embeddings", 4096) or 4096
-        self.max_model_len = self.config.max_model_len or min(limit, 4096)
+        self.max_model_len = self.options.max_model_len or min(limit, 4096)
         self.reader = RequestReader(self.model, self.tokenizer, self.served_names, self.max_model_len)
 
     def _on_update(self, updates: list[tuple[Sequence, int, bool]]) -> None:
@@ -248,7 +235,7 @@ class EmbeddedEngine:
         app = EngineRoutes(self, self.reader).app()
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        site = web.TCPSite(self._runner, self.options.host, self.options.port)
         await site.start()
         self._port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 

@@ -1,4 +1,6 @@
-"""The vLLM engine's settings: `VLLMConfig` (validated on construction), where the servers' Python is,
+"""The vLLM engine's settings: `VLLMOptions` (`engine.options` of `engine.name: vllm`, typed once: the
+config's loader checks them, `agl train --help` lists them), `VLLMConfig` (the model, replicas and
+those options; validated on construction), where the servers' Python is,
 which device they run on and which weight path (in_place, nccl, cuda_ipc) that device allows.
 
 Light to import (no httpx, no torch): `agl train --dry-run` checks these without starting anything.
@@ -9,9 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -30,110 +31,123 @@ LOG_TAIL_LINES = 40
 KEEP_ALIVE_S = 3600
 
 
-class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """How to run (or reach) the servers. Validated on construction: errors name the key."""
+def _doc(text: str, **constraints: Any) -> Any:
+    return msgspec.Meta(description=text, **constraints)
 
-    model: str | None = None  # model directory or name; required unless `urls` is given
-    urls: list[str] = []  # attach to these servers instead of starting any
-    replicas: int = 1
-    python: str | None = None  # interpreter with vllm installed (see module docstring)
-    served_model_name: str | None = None  # default: the model path, as vLLM does
-    host: str = "127.0.0.1"
-    ports: list[int] = []  # one per replica; empty: free ports
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: str = "auto"  # "auto" means float32 on CPU (exact logprobs vs the trainer)
-    max_model_len: int | None = None  # default: vLLM's, from the model's config
-    enforce_eager: bool | None = None  # default: True on CPU (no graphs to capture there)
-    kv_cache_space_gb: int = 1  # CPU only (VLLM_CPU_KVCACHE_SPACE); vLLM's default takes 21 GB
-    gpu_memory_utilization: float | None = None  # GPU only
-    collocated: bool = False  # GPU: start with --enable-sleep-mode so sleep()/wake_up() free memory
-    sleep_level: int = 1
-    pause_mode: Literal["wait", "abort", "keep", "none"] = "wait"
-    # loop.switch=keep (freeze(), sync, thaw()): what a frozen request's KV cache becomes on thaw.
+
+class VLLMOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """`engine.options` when `engine.name: vllm`: how to run (or reach) the servers. Types and ranges are
+    checked as a config is read; `__post_init__` checks the rest (also for options built in code)."""
+
+    urls: Annotated[list[str], _doc("attach to these servers (base URLs, no /v1) instead of starting any")] = []
+    python: Annotated[
+        str | None, _doc("interpreter with vllm installed (default: $AGL_VLLM_PYTHON, else .venv-vllm, else this one)")
+    ] = None
+    served_model_name: Annotated[str | None, _doc("the name served (default: model.name)")] = None
+    host: Annotated[str, _doc("address the started servers listen on")] = "127.0.0.1"
+    ports: Annotated[list[int], _doc("one port per replica (empty: free ports)")] = []
+    device: Annotated[Literal["auto", "cpu", "cuda"], _doc("where the servers run (auto: cuda when torch sees one)")] = "auto"
+    dtype: Annotated[str, _doc("vLLM's --dtype (auto: float32 on the CPU, for exact logprobs against the trainer)")] = "auto"
+    max_model_len: Annotated[
+        Annotated[int, msgspec.Meta(ge=16)] | None, _doc("longest prompt + completion (null: vLLM's, from the model)")
+    ] = None
+    enforce_eager: Annotated[bool | None, _doc("no CUDA graphs (null: true on the CPU, where there are none)")] = None
+    kv_cache_space_gb: Annotated[
+        int, _doc("CPU only: VLLM_CPU_KVCACHE_SPACE (vLLM's default takes 21 GB)", ge=1)
+    ] = 1
+    gpu_memory_utilization: Annotated[
+        Annotated[float, msgspec.Meta(gt=0, le=1)] | None, _doc("GPU only: vLLM's share of GPU memory (null: vLLM's)")
+    ] = None
+    collocated: Annotated[
+        bool, _doc("GPU: start with --enable-sleep-mode, so the servers sleep while the trainer trains")
+    ] = False
+    sleep_level: Annotated[Literal[1, 2], _doc("vLLM's sleep level (1: weights to CPU memory; 2: dropped)")] = 1
+    pause_mode: Annotated[
+        Literal["wait", "abort", "keep", "none"], _doc("vLLM's /pause mode for a weight update")
+    ] = "wait"
     # recompute: vLLM preempts the frozen requests and recomputes their prefix (prompt + tokens so
     # far) with the new weights, and the prefix cache is emptied; keep: the old weights' KV stays,
     # and the prefix cache cannot be emptied while requests hold blocks (new requests may then reuse
     # the old weights' KV of a shared prefix: start vLLM with --no-enable-prefix-caching).
-    switch_kv: Literal["recompute", "keep"] = "recompute"
-    # Simulated device time: each engine step first waits this long in the worker (as the embedded
-    # engine's option of the same name). For CPU benches that model an accelerator's batch-independent
-    # decode step, and for tests that need a generation slower than a pause takes to land.
-    device_step_ms: float = 0.0
-    # LoRA (lora.py): > 0 serves the base once and the trained adapter under the model name, and
-    # takes adapter-only updates (accepts_adapters); the loop sets it from backend.lora.rank.
-    lora_rank: int = 0
-    extra_args: list[str] = []
-    env: dict[str, str] = {}
-    weights_dir: str | None = None  # where state_dicts are written; default /dev/shm
-    log_dir: str | None = None  # server logs; default a temporary directory
-    startup_timeout_s: float = 900.0
-    request_timeout_s: float = 300.0
-    watchdog_interval_s: float = 5.0  # 0 disables the watchdog thread
-    max_restarts: int = 3  # per replica, then the error is raised
-    # How new weights reach the servers: in_place (safetensors + collective_rpc, CPU and GPU), or
-    # vLLM's GPU weight transfer, nccl or cuda_ipc (transfer.py); auto: cuda_ipc for one
-    # replica on a GPU, nccl for several, in_place on the CPU. The loop sets it from
-    # backend.verl.weight_sync.
-    weight_sync: Literal["auto", "in_place", "nccl", "cuda_ipc"] = "in_place"
-    # Fault injection, for the canary's test (loop/canary.py): a weight update that leaves vLLM's
-    # prefix cache as it was, so cached prefixes keep the old weights' KV. Never in a real run.
-    fault_skip_prefix_cache_reset: bool = False
+    switch_kv: Annotated[
+        Literal["recompute", "keep"],
+        _doc("loop.switch=keep: a frozen request's KV cache on thaw: recomputed with the new weights, or kept"),
+    ] = "recompute"
+    # For CPU benches that model an accelerator's batch-independent decode step, and for tests that
+    # need a generation slower than a pause takes to land (as the embedded engine's option).
+    device_step_ms: Annotated[
+        float, _doc("simulated device time: each engine step first waits this long (0: off)", ge=0, le=MAX_DEVICE_STEP_MS)
+    ] = 0.0
+    # > 0 serves the base once and the trained adapter under the model name, and takes adapter-only
+    # updates (lora.py, accepts_adapters).
+    lora_rank: Annotated[
+        int, _doc("LoRA adapters served (0: none); set from backend.lora.rank, set it only there", ge=0, le=512)
+    ] = 0
+    extra_args: Annotated[list[str], _doc("more vllm serve flags, e.g. [--tensor-parallel-size, 2]")] = []
+    env: Annotated[dict[str, str], _doc("extra environment variables for the servers")] = {}
+    weights_dir: Annotated[str | None, _doc("where weight updates are written (default: /dev/shm)")] = None
+    log_dir: Annotated[str | None, _doc("the servers' logs (default: a temporary directory)")] = None
+    startup_timeout_s: Annotated[float, _doc("how long a server may take to start", gt=0)] = 900.0
+    request_timeout_s: Annotated[float, _doc("how long a control call may take", gt=0)] = 300.0
+    watchdog_interval_s: Annotated[float, _doc("how often the watchdog checks the servers (0: no watchdog)", ge=0)] = 5.0
+    max_restarts: Annotated[int, _doc("restarts per replica, then the error is raised", ge=0)] = 3
+    # in_place: safetensors + collective_rpc (CPU and GPU); nccl, cuda_ipc: vLLM's GPU weight transfer
+    # (transfer.py).
+    weight_sync: Annotated[
+        Literal["auto", "in_place", "nccl", "cuda_ipc"],
+        _doc("how new weights reach the servers (auto: cuda_ipc for one GPU replica, nccl for several, in_place "
+             "on the CPU); set from backend.verl.weight_sync when verl trains"),
+    ] = "in_place"
+    fault_skip_prefix_cache_reset: Annotated[
+        bool, _doc("fault injection for the canary's test: an update leaves the prefix cache as it was")
+    ] = False
 
     def __post_init__(self) -> None:
-        if not self.urls and not self.model:
-            raise ValueError(
-                "engine.vllm: set `model` (a model directory to serve) or `urls` (servers to attach to)"
-            )
-        if self.replicas < 1:
-            raise ValueError(f"engine.vllm.replicas must be >= 1, got {self.replicas}")
-        if self.ports and len(self.ports) != self.replicas:
-            raise ValueError(
-                f"engine.vllm.ports has {len(self.ports)} entries for {self.replicas} replicas: give one per replica or none"
-            )
         for url in self.urls:
             if not url.startswith(("http://", "https://")) or url.rstrip("/").endswith("/v1"):
-                raise ValueError(
-                    f"engine.vllm.urls: {url!r} must be a base URL like http://host:8000 (no /v1)"
-                )
+                raise ValueError(f"engine.options.urls: {url!r} must be a base URL like http://host:8000 (no /v1)")
         if self.sleep_level not in (1, 2):
-            raise ValueError(f"engine.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
+            raise ValueError(f"engine.options.sleep_level: must be 1 or 2, got {self.sleep_level}")
         if self.max_model_len is not None and self.max_model_len < 16:
-            raise ValueError(f"engine.vllm.max_model_len must be >= 16, got {self.max_model_len}")
+            raise ValueError(f"engine.options.max_model_len: must be >= 16, got {self.max_model_len}")
         check_device_step_ms(self.device_step_ms)
         if not 0 <= self.lora_rank <= 512:
-            raise ValueError(
-                f"engine.vllm.lora_rank must be in [0, 512] (0: no LoRA), got {self.lora_rank}"
-            )
+            raise ValueError(f"engine.options.lora_rank: must be in [0, 512] (0: no LoRA), got {self.lora_rank}")
         lora_flags = {"--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank"}
         if self.lora_rank and lora_flags & {arg.split("=", 1)[0] for arg in self.extra_args}:
             raise ValueError(
-                "engine.vllm.extra_args: the engine sets vLLM's LoRA flags itself when lora_rank > 0; remove "
-                f"{', '.join(sorted(lora_flags))} from extra_args"
+                "engine.options.extra_args: the engine sets vLLM's LoRA flags itself when lora_rank > 0 (fix: remove "
+                f"{', '.join(sorted(lora_flags))} from extra_args)"
+            )
+
+
+class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the engine serves (model.path, engine.replicas) and its options (`engine.options`, taken as
+    the config holds them). Validated on construction: errors name the key."""
+
+    model: str | None = None  # model directory or name; required unless options.urls is given
+    replicas: int = 1
+    options: VLLMOptions = msgspec.field(default_factory=VLLMOptions)
+
+    def __post_init__(self) -> None:
+        if not self.options.urls and not self.model:
+            raise ValueError(
+                "engine.options.urls: none, and no model to serve (fix: set model.path, a model directory to serve, "
+                "or engine.options.urls, servers to attach to)"
+            )
+        if self.replicas < 1:
+            raise ValueError(f"engine.replicas: must be >= 1, got {self.replicas}")
+        ports = self.options.ports
+        if ports and len(ports) != self.replicas:
+            raise ValueError(
+                f"engine.options.ports: {len(ports)} entries for {self.replicas} replicas (fix: one per replica or none)"
             )
 
 
 def check_device_step_ms(milliseconds: float) -> float:
     if not 0.0 <= milliseconds <= MAX_DEVICE_STEP_MS:
-        raise ValueError(f"engine.vllm.device_step_ms must be in [0, {MAX_DEVICE_STEP_MS:g}], got {milliseconds}")
+        raise ValueError(f"engine.options.device_step_ms: must be in [0, {MAX_DEVICE_STEP_MS:g}], got {milliseconds}")
     return milliseconds
-
-
-def vllm_config(settings: Mapping[str, object]) -> VLLMConfig:
-    """A VLLMConfig from plain settings (YAML, `engine.options`); unknown keys and wrong types are
-    errors that name the key."""
-    known = set(VLLMConfig.__struct_fields__)
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ValueError(
-            f"engine.vllm: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-    try:
-        return msgspec.convert(dict(settings), VLLMConfig)
-    except msgspec.ValidationError as error:
-        message = str(error)
-        raise ValueError(
-            message if message.startswith("engine.vllm") else f"engine.vllm: {message}"
-        ) from None
 
 
 class VLLMError(RuntimeError):
@@ -166,11 +180,11 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
 
 def resolve_weight_sync(config: VLLMConfig, device: str) -> Literal["in_place", "nccl", "cuda_ipc"]:
     """The weight path for `device`; a GPU path that cannot work is refused here, before any start."""
-    sync = config.weight_sync
+    sync = config.options.weight_sync
     if sync == "auto":
         if device != "cuda":
             return "in_place"
-        return "cuda_ipc" if config.replicas == 1 and not config.urls else "nccl"
+        return "cuda_ipc" if config.replicas == 1 and not config.options.urls else "nccl"
     if sync == "in_place":
         return sync
     if device != "cuda":
@@ -180,12 +194,12 @@ def resolve_weight_sync(config: VLLMConfig, device: str) -> Literal["in_place", 
             "in_place (backend.verl.weight_sync: in_place or auto)"
         )
     if sync == "cuda_ipc":
-        if config.replicas > 1 or len(config.urls) > 1:
+        if config.replicas > 1 or len(config.options.urls) > 1:
             raise ValueError(
                 "engine.vllm.weight_sync: cuda_ipc shares this process's GPU memory with one server; with "
-                f"{max(config.replicas, len(config.urls))} replicas use nccl"
+                f"{max(config.replicas, len(config.options.urls))} replicas use nccl"
             )
-        remote = [u for u in config.urls if not u.split("://", 1)[-1].startswith(("127.0.0.1", "localhost", "[::1]"))]
+        remote = [u for u in config.options.urls if not u.split("://", 1)[-1].startswith(("127.0.0.1", "localhost", "[::1]"))]
         if remote:
             raise ValueError(
                 f"engine.vllm.weight_sync: cuda_ipc needs the server on this machine, but {remote[0]} is not "

