@@ -133,7 +133,7 @@ def test_a_written_adapter_is_the_trainers_for_peft_itself(tmp_path: Path, peft_
 def test_an_adapter_above_the_servers_rank_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     files = AdapterFiles(tmp_path, rank=8, model_dir=tmp_path)  # --max-lora-rank 8
     files.write(1, {}, {"r": 8})
-    with pytest.raises(ValueError, match="rank 16.*lora_rank"):
+    with pytest.raises(ValueError, match="rank 16.*backend.lora.rank"):
         files.write(2, {}, {"r": 16})
     assert not (tmp_path / "v2").exists()
 
@@ -204,7 +204,7 @@ def test_merged_weights_with_an_untied_head_are_refused_for_a_tied_served_model(
     options = VLLMOptions(served_model_name="tiny", python=sys.executable, weights_dir=str(tmp_path), device="cpu")
     engine = VLLMEngine(VLLMConfig(model=str(bpe_model_dir), options=options))
     head = {"lm_head.weight": torch.zeros(2, 2), "model.embed_tokens.weight": torch.ones(2, 2)}
-    with pytest.raises(ValueError, match=r"lm_head\.weight of their own .* engine\.vllm\.lora_rank > 0"):
+    with pytest.raises(ValueError, match=r"lm_head\.weight of their own .* engine\.options\.lora_rank > 0"):
         engine.update_weights(WeightUpdate(version=1, state_dict=head))
     assert not any(tmp_path.iterdir())  # refused before anything was written
     tied = {**head, "lm_head.weight": head["model.embed_tokens.weight"].clone()}  # as transformers lists it

@@ -158,7 +158,7 @@ def test_torch_backend_with_the_embedded_engine(capsys: pytest.CaptureFixture[st
          "config key engine.options.gpu_memory_util: not a setting of engine vllm (fix: did you mean "
          "engine.options.gpu_memory_utilization?)"),
         (["--backend.options.micro_batch_tokenz=1"], "config key backend.options:"),
-        (["--backend.verl.weight_sync=cuda_ipc"], "config key backend.verl.weight_sync: engine.vllm.weight_sync: cuda_ipc"),
+        (["--backend.verl.weight_sync=cuda_ipc"], "config key backend.verl.weight_sync: engine.options.weight_sync: cuda_ipc"),
     ],
 )
 def test_backend_and_engine_settings_are_checked_before_the_arithmetic(

@@ -1,6 +1,6 @@
 """Real vLLM (CPU build) serving LoRA: the base once, only the adapter synced (engines/vllm/lora.py).
 
-One server for the module, started with engine.vllm.lora_rank (a start costs 30-140 s). The trainer's
+One server for the module, started with engine.options.lora_rank (a start costs 30-140 s). The trainer's
 side is peft over the same tiny model, as the torch backend wraps it (backends/lora.py); its adapters
 are random, as training would leave them. The engine's logprobs after each adapter sync must equal
 peft's on the same tokens; a call frozen by the keep switch and a call held by the pause both continue

@@ -150,5 +150,5 @@ def test_a_server_that_does_not_serve_the_adapter_is_refused_with_the_flags(tmp_
 
 def test_an_engine_without_lora_refuses_an_adapter_with_the_fix(tmp_path: Path) -> None:
     engine = VLLMEngine(fake_config(tmp_path))
-    with pytest.raises(ValueError, match="engine.vllm.lora_rank > 0"):
+    with pytest.raises(ValueError, match="engine.options.lora_rank > 0"):
         engine.update_weights(WeightUpdate(version=1, adapter=adapter()))

@@ -161,7 +161,7 @@ def resolve_python(configured: str | None) -> str:
         if candidate:
             if not Path(candidate).exists() and shutil.which(candidate) is None:
                 raise VLLMError(
-                    f"engine.vllm.python: {candidate!r} does not exist (run scripts/setup_vllm_venv.sh)"
+                    f"engine.options.python: {candidate!r} does not exist (run scripts/setup_vllm_venv.sh)"
                 )
             return candidate
     return str(DEFAULT_VENV_PYTHON) if DEFAULT_VENV_PYTHON.exists() else sys.executable
@@ -189,20 +189,20 @@ def resolve_weight_sync(config: VLLMConfig, device: str) -> Literal["in_place", 
         return sync
     if device != "cuda":
         raise ValueError(
-            f"engine.vllm.weight_sync: {sync} is vLLM's GPU weight transfer, but the engine runs on the CPU "
+            f"engine.options.weight_sync: {sync} is vLLM's GPU weight transfer, but the engine runs on the CPU "
             "(the CPU build of vLLM answers /init_weight_transfer_engine with 500 'not configured'); use "
             "in_place (backend.verl.weight_sync: in_place or auto)"
         )
     if sync == "cuda_ipc":
         if config.replicas > 1 or len(config.options.urls) > 1:
             raise ValueError(
-                "engine.vllm.weight_sync: cuda_ipc shares this process's GPU memory with one server; with "
+                "engine.options.weight_sync: cuda_ipc shares this process's GPU memory with one server; with "
                 f"{max(config.replicas, len(config.options.urls))} replicas use nccl"
             )
         remote = [u for u in config.options.urls if not u.split("://", 1)[-1].startswith(("127.0.0.1", "localhost", "[::1]"))]
         if remote:
             raise ValueError(
-                f"engine.vllm.weight_sync: cuda_ipc needs the server on this machine, but {remote[0]} is not "
+                f"engine.options.weight_sync: cuda_ipc needs the server on this machine, but {remote[0]} is not "
                 "loopback; use nccl"
             )
     return sync

@@ -404,7 +404,7 @@ class VLLMEngine:
             if not self.accepts_adapters:
                 raise ValueError(
                     "VLLMEngine.update_weights: an adapter-only update (accepts_adapters is False: the "
-                    "engine was not started with engine.vllm.lora_rank > 0); send the merged weights "
+                    "engine was not started with engine.options.lora_rank > 0); send the merged weights "
                     "(state_dict_for_engine)"
                 )
             return self.update_adapter(update.version, update.adapter)
@@ -450,7 +450,7 @@ class VLLMEngine:
             raise ValueError(
                 f"VLLMEngine.update_weights: these weights hold {HEAD_WEIGHT} of their own (a LoRA adapter "
                 f"on the tied output head, merged), but vLLM serves {self.config.model} with its head tied "
-                "to the input embedding and would not load it (fix: start vLLM with engine.vllm.lora_rank "
+                "to the input embedding and would not load it (fix: start vLLM with engine.options.lora_rank "
                 "> 0, the loop's default with backend.lora.rank, so it takes the adapter alone)"
             )
 
@@ -460,7 +460,7 @@ class VLLMEngine:
         weights; requests in flight or frozen continue under it. Returns seconds; last_sync says what
         it moved and where the time went."""
         if not self.accepts_adapters:
-            raise ValueError("VLLMEngine.update_adapter: start the engine with engine.vllm.lora_rank > 0")
+            raise ValueError("VLLMEngine.update_adapter: start the engine with engine.options.lora_rank > 0")
         started = time.perf_counter()
         files = self._adapter_sync().files
         directory, write_seconds = files.write(version, adapter.weights, adapter.config)
@@ -653,7 +653,7 @@ class VLLMEngine:
             why = (
                 "the CPU build of vLLM refuses --enable-sleep-mode"
                 if self.device == "cpu"
-                else "set engine.vllm.collocated to start it with --enable-sleep-mode"
+                else "set engine.options.collocated to start it with --enable-sleep-mode"
             )
             log.info("vllm: not sleeping around training (%s); the engine stays resident", why)
         return False

@@ -1,6 +1,6 @@
 """LoRA on the vLLM engine: the base served once, each policy version's adapter loaded in place.
 
-With `engine.vllm.lora_rank > 0` (the loop sets it from backend.lora.rank) a server starts with
+With `engine.options.lora_rank > 0` (the loop sets it from backend.lora.rank) a server starts with
 
     --enable-lora --max-lora-rank R --max-loras 1 --served-model-name <name>-base
     --lora-modules '{"name": "<name>", "path": "<root>/current"}'
@@ -63,7 +63,7 @@ def max_lora_rank(rank: int) -> int:
     for choice in LORA_RANKS:
         if rank <= choice:
             return choice
-    raise ValueError(f"engine.vllm.lora_rank: {rank} is above vLLM's largest rank, {LORA_RANKS[-1]}")
+    raise ValueError(f"engine.options.lora_rank: {rank} is above vLLM's largest rank, {LORA_RANKS[-1]}")
 
 
 def base_model_name(adapter_name: str) -> str:
@@ -103,7 +103,7 @@ def empty_adapter(model_dir: Path, rank: int) -> tuple[dict[str, Any], dict[str,
     path = model_dir / "config.json"
     if not path.is_file():
         raise ValueError(
-            f"engine.vllm.lora_rank: {model_dir} has no config.json; with LoRA, engine.vllm.model must be "
+            f"engine.options.lora_rank: {model_dir} has no config.json; with LoRA, model.path must be "
             "the base model's local directory (it sizes the adapter that serves the base alone)"
         )
     config = json.loads(path.read_text())
@@ -139,7 +139,7 @@ class AdapterFiles:
         if rank > max_lora_rank(self.rank):
             raise ValueError(
                 f"the adapter has rank {rank}, but vLLM was started for rank {self.rank} "
-                f"(--max-lora-rank {max_lora_rank(self.rank)}): give engine.vllm.lora_rank backend.lora.rank"
+                f"(--max-lora-rank {max_lora_rank(self.rank)}) (fix: set backend.lora.rank to the adapter's rank, {rank})"
             )
         started = time.perf_counter()
         directory = write_adapter(weights, config, self.root / f"v{version}")

@@ -77,7 +77,7 @@ class Supervisor:
                 tails = "\n".join(f"--- {s.url} ({s.log_path}):\n{log_tail(s.log_path)}" for s in pending)
                 raise VLLMError(
                     f"vLLM at {names} not healthy after {self.config.options.startup_timeout_s:.0f} s "
-                    f"(raise engine.vllm.startup_timeout_s if the machine is slow):\n{tails}"
+                    f"(raise engine.options.startup_timeout_s if the machine is slow):\n{tails}"
                 )
             time.sleep(0.5)
 

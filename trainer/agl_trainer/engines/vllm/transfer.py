@@ -5,7 +5,7 @@
     transfer.forget(url)                      # a restarted server: its next send initialises again
     transfer.close()
 
-`engine.vllm.weight_sync` (set from `backend.verl.weight_sync`) chooses it; `in_place` (the default)
+`engine.options.weight_sync` (set from `backend.verl.weight_sync`) chooses it; `in_place` (the default)
 is VLLMEngine's safetensors + collective_rpc path, the only one the CPU build of vLLM has.
 
 - nccl: per server, vLLM's `NCCLTrainerWeightTransferEngine` opens a NCCL group with the server's
