@@ -13,7 +13,9 @@ Per seed and loop: the training wall time to the first round at or above `--targ
 above: rounds come every --val-every steps), the held-out greedy reward of the last round (the
 policy at the wall budget), trained rollouts/s, and tokens that entered the loss per second (less
 those masked as too stale, dropped with their group at loop.max_span, or left out by a ratio mask:
-a rollout whose stale tokens were masked is not a fully trained rollout). Ratios against sync,
+a rollout whose stale tokens were masked is not a fully trained rollout), and the canary's share of
+the wall: on the step's path (`canary`) and beside generation after a keep switch (`beside`, time
+no step waits for). Ratios against sync,
 measured in the same run; curves against wall time in OUT/time_to_quality.png, numbers in
 OUT/time_to_quality.json.
 """
@@ -84,6 +86,8 @@ def measure(history: list[dict[str, float]], validation: list[dict[str, float]],
         "staleness_mean": statistics.fmean([row.get("staleness/mean", 0.0) for row in history]) if history else 0.0,
         "capped_frac": statistics.fmean([row.get("importance/capped_frac", 0.0) for row in history]) if history else 0.0,
         "canary_share": total("time/canary_s") / wall if wall else 0.0,
+        # a keep switch's canary runs beside generation: its time is no step's (agreement/canary/background_s)
+        "canary_background_share": total("agreement/canary/background_s") / wall if wall else 0.0,
     }
 
 
@@ -97,7 +101,7 @@ def table(seed: int, results: dict[str, dict[str, Any]], target: float) -> str:
         f"seed {seed} (held-out greedy target {target:g}):",
         f"{'loop':8} {'steps':>5} {'wall s':>7} {'to target s':>11} {'vs sync':>7} {'start':>6} {'final':>6}"
         f" {'rollouts/s':>10} {'vs sync':>7} {'loss tok/s':>10} {'vs sync':>7} {'masked':>6} {'lag':>5}"
-        f" {'capped':>6} {'canary':>6}",
+        f" {'capped':>6} {'canary':>6} {'beside':>6}",
     ]
     for name, r in results.items():
         to_target = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "not reached"
@@ -108,6 +112,7 @@ def table(seed: int, results: dict[str, dict[str, Any]], target: float) -> str:
             f"{r['rollouts_per_s']:10.2f} {ratio(r['rollouts_per_s'], sync.get('rollouts_per_s')):>7} "
             f"{r['loss_tokens_per_s']:10.0f} {ratio(r['loss_tokens_per_s'], sync.get('loss_tokens_per_s')):>7} "
             f"{r['masked_share']:6.1%} {r['staleness_mean']:5.2f} {r['capped_frac']:6.1%} {r['canary_share']:6.2%}"
+            f" {r.get('canary_background_share', 0.0):6.2%}"
         )  # fmt: skip
     return "\n".join(lines)
 

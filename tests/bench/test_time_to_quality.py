@@ -14,7 +14,8 @@ def rows() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
         {"time/step_s": 3.0, "rollouts/trained": 8, "perf/trained_tokens": 80, "tokens/trained": 80,
          "staleness/masked_tokens": 20, "importance/ratio_masked_tokens": 5, "staleness/mean": 1.0},
         {"time/step_s": 5.0, "rollouts/trained": 4, "perf/trained_tokens": 60, "tokens/trained": 60,
-         "rollouts/dropped_stale": 4, "staleness/mean": 0.5, "importance/capped_frac": 0.3},
+         "rollouts/dropped_stale": 4, "staleness/mean": 0.5, "importance/capped_frac": 0.3,
+         "agreement/canary/background_s": 0.5},
     ]  # fmt: skip
     validation = [{"step": 0.0, "val/reward": 0.1}, {"step": 2.0, "val/reward": 0.3}, {"step": 3.0, "val/reward": 0.6}]
     return history, validation
@@ -34,7 +35,8 @@ def test_throughput_counts_only_tokens_that_entered_the_loss() -> None:
     assert m["loss_tokens_per_s"] == pytest.approx((240 - 5) / 10)  # less the ratio-masked ones
     assert m["masked_share"] == pytest.approx(20 / (20 + 240)) and m["dropped_rollouts"] == 4
     assert m["staleness_mean"] == pytest.approx(0.5) and m["capped_frac"] == pytest.approx(0.1)
-    assert m["canary_share"] == pytest.approx(0.02 / 10)
+    assert m["canary_share"] == pytest.approx(0.02 / 10)  # on the step's path
+    assert m["canary_background_share"] == pytest.approx(0.5 / 10)  # beside generation, after a keep switch
 
 
 def test_the_table_prints_ratios_against_sync() -> None:
@@ -44,4 +46,5 @@ def test_the_table_prints_ratios_against_sync() -> None:
     text = table(0, {"sync": sync, "partial": fast}, 0.3)
     partial = next(line for line in text.splitlines() if line.startswith("partial"))
     assert "0.50x" in partial and "2.00x" in partial  # half the wall to the target, twice the rates
+    assert partial.split()[-2:] == ["0.40%", "10.00%"]  # the canary on the step's path and beside it, of 5 s
     assert "not reached" in table(0, {"sync": measure(history, validation, target=0.9)}, 0.9)
