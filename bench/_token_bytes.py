@@ -39,7 +39,14 @@ from agl_sidecar.calls import wire
 from agl_sidecar.calls.record import CallRecord
 from agl_sidecar.spans import otlp
 from agl_sidecar.spans.lru import BytesLRU
-from agl_sidecar.spans.recorder import MIN_REFERENCE_TOKENS, SpanRecorder, _float, new_span_id, new_trace_id
+from agl_sidecar.spans.recorder import (
+    MIN_REFERENCE_TOKENS,
+    SpanRecorder,
+    call_attributes,
+    new_span_id,
+    new_trace_id,
+    static_attributes,
+)
 from agl_trainer.receiver.otlp_protobuf import _any_value, _fields, _resolve, _span
 from agl_trainer.receiver.raw_span import DecodeError, RawSpan
 
@@ -156,38 +163,8 @@ class BytesRecorder(SpanRecorder):
         )
         static = self._static.get(static_key)
         if static is None:
-            static = self._static[static_key] = otlp.attributes(9, [
-                (semconv.GEN_AI_OPERATION_NAME, call.operation),
-                (semconv.GEN_AI_PROVIDER_NAME, call.provider),
-                (semconv.GEN_AI_REQUEST_MODEL, call.model),
-                (semconv.GEN_AI_REQUEST_STREAM, call.stream),
-                (semconv.GEN_AI_RESPONSE_MODEL, call.response_model),
-                (semconv.ROLLOUT_MODE, identity.mode),
-                (semconv.CALL_API, call.api),
-                (semconv.CALL_END_REASON, call.end_reason),
-                (semconv.CALL_UPSTREAM, call.upstream),
-                (semconv.TOKENS_SOURCE, semconv.TOKENS_FROM_ENGINE if has_tokens else semconv.TOKENS_ABSENT),
-            ])
-        attrs: list[tuple[str, Any]] = [
-            (semconv.GEN_AI_REQUEST_TEMPERATURE, _float(call.temperature)),
-            (semconv.GEN_AI_REQUEST_TOP_P, _float(call.top_p)),
-            (semconv.GEN_AI_REQUEST_MAX_TOKENS, call.max_tokens),
-            (semconv.GEN_AI_REQUEST_CHOICE_COUNT, call.n),
-            (semconv.GEN_AI_RESPONSE_ID, call.response_id),
-            (semconv.ROLLOUT_ID, identity.rollout_id),
-            (semconv.TASK_ID, identity.task_id),
-            (semconv.ATTEMPT, identity.attempt),
-            (semconv.CALL_SEQ, call.seq),
-            (semconv.CALL_HELD_MS, float(call.held_ms)),
-            (semconv.CALL_ORIGIN, call.origin),
-            (semconv.CALL_AGENT_ID, identity.agent_id),
-            (semconv.CALL_PARENT_AGENT_ID, identity.parent_agent_id),
-            (semconv.CALL_COMPACTION, True if identity.compaction else None),
-            (semconv.POLICY_VERSION, call.policy_version),
-            (semconv.ERROR_TYPE, call.error_type),
-            (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
-            (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
-        ]
+            static = self._static[static_key] = otlp.attributes(9, static_attributes(call, has_tokens))
+        attrs = call_attributes(call, call.policy_version)  # the same attributes as today's spans
         indices = sorted(call.choices)
         if indices:
             attrs.append((semconv.GEN_AI_RESPONSE_FINISH_REASONS, [call.choices[i].finish_reason or "" for i in indices]))

@@ -281,18 +281,7 @@ class SpanRecorder:
         )
         static = self._static.get(static_key)
         if static is None:
-            static = otlp.attributes(9, [
-                (semconv.GEN_AI_OPERATION_NAME, call.operation),
-                (semconv.GEN_AI_PROVIDER_NAME, call.provider),
-                (semconv.GEN_AI_REQUEST_MODEL, call.model),
-                (semconv.GEN_AI_REQUEST_STREAM, call.stream),
-                (semconv.GEN_AI_RESPONSE_MODEL, call.response_model),
-                (semconv.ROLLOUT_MODE, identity.mode),
-                (semconv.CALL_API, call.api),
-                (semconv.CALL_END_REASON, call.end_reason),
-                (semconv.CALL_UPSTREAM, call.upstream),
-                (semconv.TOKENS_SOURCE, semconv.TOKENS_FROM_ENGINE if has_tokens else semconv.TOKENS_ABSENT),
-            ])
+            static = otlp.attributes(9, static_attributes(call, has_tokens))
             if len(self._static) < 1024:
                 self._static[static_key] = static
         entry_version, runs = call.policy_version, None
@@ -304,29 +293,7 @@ class SpanRecorder:
                 # The first switch came before the call's first token: every token is a later version's,
                 # as if the call had entered under it (the span's version is its first token's).
                 entry_version, runs = runs[1], runs if len(runs) > 2 else None
-        attrs: list[tuple[str, Any]] = [
-            (semconv.GEN_AI_REQUEST_TEMPERATURE, _float(call.temperature)),
-            (semconv.GEN_AI_REQUEST_TOP_P, _float(call.top_p)),
-            (semconv.GEN_AI_REQUEST_MAX_TOKENS, call.max_tokens),
-            (semconv.GEN_AI_REQUEST_CHOICE_COUNT, call.n),
-            (semconv.GEN_AI_RESPONSE_ID, call.response_id),
-            (semconv.ROLLOUT_ID, identity.rollout_id),
-            (semconv.TASK_ID, identity.task_id),
-            (semconv.ATTEMPT, identity.attempt),
-            (semconv.CALL_SEQ, call.seq),
-            (semconv.CALL_HELD_MS, float(call.held_ms)),
-            (semconv.CALL_ORIGIN, call.origin),
-            (semconv.CALL_AGENT_ID, identity.agent_id),
-            (semconv.CALL_PARENT_AGENT_ID, identity.parent_agent_id),
-            (semconv.CALL_COMPACTION, True if identity.compaction else None),
-            (semconv.POLICY_VERSION, entry_version),
-            (semconv.ERROR_TYPE, call.error_type),
-            (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
-            (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
-            (semconv.REQUEST_FIELDS_DROPPED, list(call.fields_dropped) if call.fields_dropped else None),
-            (semconv.REQUEST_FIELDS_PASSED, list(call.fields_passed) if call.fields_passed else None),
-            (semconv.CALL_CONTEXT_EDITS, list(call.context_edits) if call.context_edits else None),
-        ]
+        attrs = call_attributes(call, entry_version)
         indices = sorted(call.choices)
         if indices:
             finish = [call.choices[i].finish_reason or "" for i in indices]
@@ -472,6 +439,51 @@ class SpanRecorder:
         if then is not None:
             then()
         yield from ()
+
+
+def static_attributes(call: CallRecord, has_tokens: bool) -> list[tuple[str, Any]]:
+    """A call span's attributes that repeat across calls (the recorder encodes each combination once)."""
+    identity = call.identity
+    return [
+        (semconv.GEN_AI_OPERATION_NAME, call.operation),
+        (semconv.GEN_AI_PROVIDER_NAME, call.provider),
+        (semconv.GEN_AI_REQUEST_MODEL, call.model),
+        (semconv.GEN_AI_REQUEST_STREAM, call.stream),
+        (semconv.GEN_AI_RESPONSE_MODEL, call.response_model),
+        (semconv.ROLLOUT_MODE, identity.mode),
+        (semconv.CALL_API, call.api),
+        (semconv.CALL_END_REASON, call.end_reason),
+        (semconv.CALL_UPSTREAM, call.upstream),
+        (semconv.TOKENS_SOURCE, semconv.TOKENS_FROM_ENGINE if has_tokens else semconv.TOKENS_ABSENT),
+    ]
+
+
+def call_attributes(call: CallRecord, policy_version: int | None) -> list[tuple[str, Any]]:
+    """A call span's own attributes before its choices and tokens (`policy_version`: its first token's)."""
+    identity = call.identity
+    return [
+        (semconv.GEN_AI_REQUEST_TEMPERATURE, _float(call.temperature)),
+        (semconv.GEN_AI_REQUEST_TOP_P, _float(call.top_p)),
+        (semconv.GEN_AI_REQUEST_MAX_TOKENS, call.max_tokens),
+        (semconv.GEN_AI_REQUEST_CHOICE_COUNT, call.n),
+        (semconv.GEN_AI_RESPONSE_ID, call.response_id),
+        (semconv.ROLLOUT_ID, identity.rollout_id),
+        (semconv.TASK_ID, identity.task_id),
+        (semconv.ATTEMPT, identity.attempt),
+        (semconv.CALL_SEQ, call.seq),
+        (semconv.CALL_HELD_MS, float(call.held_ms)),
+        (semconv.CALL_ORIGIN, call.origin),
+        (semconv.CALL_AGENT_ID, identity.agent_id),
+        (semconv.CALL_PARENT_AGENT_ID, identity.parent_agent_id),
+        (semconv.CALL_COMPACTION, True if identity.compaction else None),
+        (semconv.POLICY_VERSION, policy_version),
+        (semconv.ERROR_TYPE, call.error_type),
+        (semconv.GEN_AI_INPUT_MESSAGES, call.input_messages),
+        (semconv.GEN_AI_OUTPUT_MESSAGES, call.output_messages),
+        (semconv.REQUEST_FIELDS_DROPPED, list(call.fields_dropped) if call.fields_dropped else None),
+        (semconv.REQUEST_FIELDS_PASSED, list(call.fields_passed) if call.fields_passed else None),
+        (semconv.CALL_CONTEXT_EDITS, list(call.context_edits) if call.context_edits else None),
+    ]
 
 
 def _json_bytes(value: list[int] | list[float] | msgspec.Raw | None) -> int:
