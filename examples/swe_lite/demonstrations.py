@@ -4,6 +4,7 @@
 
     replies(task)                           # the scripted policy's replies: look, fix, test, submit
     replies(task, search=True)              # ... with `grep -rn "def f" .` first (never demonstrated)
+    replies(task, tests_first=True)         # ... with the tests run first: their failure names the module
     record(task, "runs/swe_lite/demos")     # mini-swe-agent runs them: <id>.traj.json in its own format
     training_tokens(trajectory, tokenizer)  # (token ids, loss mask): the assistant turns to learn
 
@@ -39,11 +40,17 @@ def reply(thought: str, command: str) -> str:
     return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
 
 
-def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True) -> list[str]:
-    """The scripted policy for `task`: (search,) look, fix (unless `fix` is False), test, submit."""
+def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True, tests_first: bool = False) -> list[str]:
+    """The scripted policy for `task`: (search,) (test,) look, fix (unless `fix` is False), test, submit.
+
+    `tests_first` runs the tests before looking: in the easier case the statement names the file and
+    the failing test (`tests/test_<module>.py`) names its module too, so a model that learns to read
+    the file may copy its path from either; a task whose statement names no file leaves it the test's."""
     path, function = task["fix"]["path"], task["placement"]["function"]
     buggy, correct = task["fix"]["buggy"], task["fix"]["correct"]
     steps = []
+    if tests_first:
+        steps.append(reply("Run the tests to see what fails.", "python -m pytest -q tests"))
     if search:
         steps.append(reply(f"Find where {function} is defined.", f'grep -rn "def {function}" .'))
     steps.append(reply(f"Read {path}.", f"cat {path}"))
@@ -55,7 +62,9 @@ def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True) -> 
     return steps
 
 
-def record(task: dict[str, Any], out_dir: str | Path, *, search: bool = False, network: str = "none") -> Path:
+def record(
+    task: dict[str, Any], out_dir: str | Path, *, search: bool = False, tests_first: bool = False, network: str = "none"
+) -> Path:
     """Run mini-swe-agent with the scripted replies on a fresh copy of the task's repo; save its
     trajectory (mini-swe-agent's `.traj.json`) to `out_dir/<task id>.traj.json` and return the path."""
     from minisweagent.agents.default import DefaultAgent
@@ -64,7 +73,7 @@ def record(task: dict[str, Any], out_dir: str | Path, *, search: bool = False, n
     settings = load_agent_config(AGENT_CONFIG)
     model_settings = {k: v for k, v in (settings.get("model") or {}).items() if k == "observation_template"}
     outputs = [make_output(text, [{"command": text.split("```mswea_bash_command\n")[1][:-4]}], cost=0.0)
-               for text in replies(task, search=search)]  # fmt: skip
+               for text in replies(task, search=search, tests_first=tests_first)]  # fmt: skip
     parsed = parse_task(task)
     with tempfile.TemporaryDirectory(prefix="swe-lite-demo-") as scratch:
         workspace = fresh_copy(parsed, Path(scratch) / "repo")
@@ -75,7 +84,7 @@ def record(task: dict[str, Any], out_dir: str | Path, *, search: bool = False, n
         )
         agent.run(parsed.problem_statement)
         path = Path(out_dir) / f"{parsed.id}.traj.json"
-        agent.save(path, {"info": {"swe_lite": {"search": search, "workspace": "<temporary>"}}})
+        agent.save(path, {"info": {"swe_lite": {"search": search, "tests_first": tests_first, "workspace": "<temporary>"}}})
     return path
 
 

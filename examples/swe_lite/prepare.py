@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from examples.swe_lite.generate import generate, write_tasks
@@ -52,7 +53,7 @@ def model_spec(seed: int):
 
 def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
-    train: int = TRAIN_TASKS, heldout: int = HELDOUT_TASKS, progress: bool = False,
+    train: int = TRAIN_TASKS, heldout: int = HELDOUT_TASKS, tests_first: bool = False, progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
@@ -67,7 +68,7 @@ def prepare_swe_lite(
     demo_tasks = write_tasks(generate("demo", demos, seed), workdir / "demo")
     demo_rows = [json.loads(line) for line in demo_tasks.read_text().splitlines()]
     with ProcessPoolExecutor(RECORD_WORKERS) as pool:
-        shown = list(pool.map(record, demo_rows, [workdir / "demos"] * len(demo_rows)))
+        shown = list(pool.map(partial(record, out_dir=workdir / "demos", tests_first=tests_first), demo_rows))
     trajectories = [load_trajectory(path) for path in shown]
     corpus = ["\n".join(m["content"] for m in chat_messages(t)) for t in trajectories]
     corpus += ["\n".join([t["problem_statement"], *t["files"].values()]) for t in train_rows[:CORPUS_REPOS]]
@@ -90,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=WARM_START_STEPS, help="warm-start steps")
     parser.add_argument("--demos", type=int, default=DEMOS, help="demonstrations (the easier case) to record")
+    parser.add_argument(
+        "--tests-first", action="store_true",
+        help="demonstrations run the tests before reading the file (their failure names the module: a bridge to "
+        "tasks whose statement names no file)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
@@ -98,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    prepared = prepare_swe_lite(args.out, seed=args.seed, steps=args.steps, demos=args.demos, progress=True)
+    prepared = prepare_swe_lite(
+        args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first, progress=True
+    )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "
         f"{prepared.final_loss:.3f}; wrote {prepared.model}, {prepared.train_tasks}, {prepared.heldout_tasks}"

@@ -32,6 +32,8 @@ def test_demonstrations_look_fix_test_submit_and_never_search() -> None:
     searched = [command(r) for r in replies(task, search=True)]
     assert searched[0] == f'grep -rn "def {task["placement"]["function"]}" .' and searched[1:] == shown
     assert [c.split()[0] for c in (command(r) for r in replies(task, fix=False))] == ["cat", "python", "echo"]
+    tested_first = [command(r) for r in replies(task, tests_first=True)]
+    assert tested_first[0] == "python -m pytest -q tests" and tested_first[1:] == shown
 
 
 @pytest.mark.parametrize("function", FUNCTIONS, ids=[f.name for f in FUNCTIONS])
@@ -64,6 +66,18 @@ def test_a_recorded_demonstration_is_a_real_mini_swe_agent_trajectory(trajectory
     looked, fixed, tested = (messages[i]["content"] for i in (3, 5, 7))
     assert looked.startswith("rc=0\ndef ") and fixed == "rc=0\n"
     assert tested.startswith("rc=0") and " passed" in tested and "failed" not in tested  # the fix worked
+
+
+def test_a_tests_first_demonstration_sees_the_failing_test_name_the_module(tmp_path: Path) -> None:
+    (row,) = (json.loads(line) for line in write_tasks(generate("demo", 1, seed=5), tmp_path / "tasks").read_text().splitlines())
+    shown = load_trajectory(record(row, tmp_path / "demos", tests_first=True))
+    assert shown["info"]["exit_status"] == "Submitted" and shown["info"]["swe_lite"]["tests_first"] is True
+    messages = chat_messages(shown)
+    assert [m["role"] for m in messages] == ["system", "user"] + ["assistant", "user"] * 4 + ["assistant"]
+    before, after = messages[3]["content"], messages[9]["content"]
+    module = row["placement"]["module"]
+    assert before.startswith("rc=1") and f"FAILED tests/test_{module}.py::" in before  # what a task with no file named needs
+    assert after.startswith("rc=0") and " passed" in after and "failed" not in after
 
 
 def test_the_warm_start_learns_the_assistant_turns_only(trajectory: dict) -> None:
