@@ -136,6 +136,17 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
     assert "budget.max_turns: 0 vs 5" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_eval_draws_no_loading_bars(demo: dict[str, Path], capfd: pytest.CaptureFixture[str]) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as a user's process has it
+    evaluate(demo, "eval-quiet", demo["warm"])
+    printed = capfd.readouterr()
+    assert "Loading weights" not in printed.out + printed.err
+    assert hf_logging.is_progress_bar_enabled()  # the user's setting, given back
+
+
 def test_eval_config_errors_name_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tasks = tmp_path / "t.jsonl"
     tasks.write_text(json.dumps({"id": "a"}) + "\n")

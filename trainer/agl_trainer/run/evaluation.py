@@ -20,6 +20,7 @@ from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
 from agl_trainer.eval.receipt import ENV_CONTEXT_TOKENS, ENV_MAX_TURNS, build_receipt, now_iso, write_result
 from agl_trainer.eval.scores import TaskScore, summarize
 from agl_trainer.loop.validation import SETTLE_TIMEOUT_S
+from agl_trainer.models.hf_progress import quiet_progress
 from agl_trainer.runners.base import RolloutSpec
 
 EVAL_DROP_REASON = "evaluation"  # the store records that these rollouts are never to be trained
@@ -91,7 +92,10 @@ async def run_eval(config: Config, *, quiet: bool = False) -> EvalResult:
     trackers = start_trackers(config, out, kind="eval")  # one that cannot start fails before the engine
     started_at, started = now_iso(), time.monotonic()
     try:
-        return await _evaluate(config, out, tasks, tasks_path, trackers, started_at, started, quiet=quiet)
+        # the evaluation reports its own progress: transformers' bars ("Loading weights" at the engine's
+        # load) are off for its length, as for a training run
+        with quiet_progress():
+            return await _evaluate(config, out, tasks, tasks_path, trackers, started_at, started, quiet=quiet)
     finally:
         trackers.close()
 
