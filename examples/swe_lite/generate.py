@@ -150,7 +150,9 @@ def make_task(rng: random.Random, split: str, index: int, hint_file: bool) -> di
     first = failing[0]
     kind, got = outcome(buggy_source, first.call)
     result = f"returns {got!r}" if kind == "value" else f"raises {got}"
-    where = f" The bug is in {package}/{module.name}.py." if hint_file else " Find the function, fix the bug, run the tests."
+    # The easier case adds one sentence to the same statement: a tiny model meets no other change of wording
+    hint = f" The bug is in {package}/{module.name}.py." if hint_file else ""
+    where = f"{hint} Find the function, fix the bug, run the tests."
     files = {f"{package}/__init__.py": "", "pytest.ini": "[pytest]\naddopts = -p no:asyncio\n",
              "conftest.py": "# Makes the package at the repository root importable from tests/.\n"}  # fmt: skip
     for m in modules:

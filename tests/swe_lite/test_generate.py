@@ -64,10 +64,13 @@ def test_the_disjointness_check_fails_when_the_generator_leaks(monkeypatch: pyte
 
 
 def test_the_statement_names_the_file_only_in_demonstrations() -> None:
+    ask = " Find the function, fix the bug, run the tests."
     for task in generate("demo", 20, seed=0):
-        assert f"The bug is in {task['fix']['path']}." in task["problem_statement"]
+        hint = f" The bug is in {task['fix']['path']}."
+        assert task["problem_statement"].endswith(hint + ask)  # the one sentence more, worded as the rest
     for task in generate("train", 20, seed=0) + generate("heldout", 20, seed=0):
-        assert task["fix"]["path"] not in task["problem_statement"]
+        assert task["fix"]["path"] not in task["problem_statement"] and task["problem_statement"].endswith(ask)
+        assert "The bug is in" not in task["problem_statement"]
 
 
 def one_task_per_family(tmp_path: Path) -> list[dict]:
