@@ -135,7 +135,7 @@ def test_adapter_syncs_give_the_trainers_logprobs(engine, trainer) -> None:  # t
     assert far(after_second.logprobs, first_model_logprobs) > 100 * ATOL  # not the first adapter's
     # one read per sync: the served adapter is never re-read per step (vllm/lora.py: load_inplace)
     assert loads(engine) == 2
-    root = Path(engine.config.weights_dir) / "lora"
+    root = Path(engine.config.options.weights_dir) / "lora"
     assert sorted(p.name for p in root.iterdir()) == ["current", "v0-empty", "v2"]
     assert httpx.get(f"{url}/weight_info").json() == {"weight_version": "2"}
 
@@ -281,7 +281,7 @@ def test_full_weights_on_a_lora_engine_are_the_base_again(engine, trainer, tiny_
     sample = complete(url, PROMPT)
     with trainer.disable_adapter():
         assert sample.logprobs == pytest.approx(logprobs_of(trainer, PROMPT, sample.tokens), abs=ATOL)
-    assert (Path(engine.config.weights_dir) / "lora" / "current").resolve().name == "v0-empty"
+    assert (Path(engine.config.options.weights_dir) / "lora" / "current").resolve().name == "v0-empty"
 
 
 def test_vllms_own_load_inplace_would_reread_the_adapter_every_step(engine, trainer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
