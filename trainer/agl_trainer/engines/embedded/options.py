@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-MAX_DEVICE_STEP_MS = 10_000.0
+from agl_trainer.engines.device_step import MAX_DEVICE_STEP_MS, check_device_step_ms
 
 
 def _doc(text: str, **constraints: Any) -> Any:
@@ -53,8 +53,4 @@ class EmbeddedOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ] = False
 
     def __post_init__(self) -> None:  # the range again for options built in code (msgspec checks a config's)
-        if not 0.0 <= self.device_step_ms <= MAX_DEVICE_STEP_MS:
-            raise ValueError(
-                f"engine.options.device_step_ms: {self.device_step_ms} is not in [0, {MAX_DEVICE_STEP_MS:g}] "
-                "(fix: 0 turns it off)"
-            )
+        check_device_step_ms(self.device_step_ms)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from agl_trainer.engines.device_step import MAX_DEVICE_STEP_MS, check_device_step_ms
 WORKER_MODULE = "agl_vllm_worker"
 WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
@@ -24,7 +25,6 @@ ADAPTER_IDS_METHOD = "agl_adapter_ids"
 LORA_LOGITS_METHOD = "agl_patch_lora_logits"  # vLLM 0.32's LoRA + prompt_logprobs crash: worker.py
 PROGRESS_METHOD = "agl_request_progress"  # while paused with mode=keep: request id -> output tokens
 STEP_DELAY_METHOD = "agl_set_step_delay"  # device_step_ms, in seconds
-MAX_DEVICE_STEP_MS = 10_000.0
 REPO_ROOT = Path(__file__).resolve().parents[4]
 DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 LOG_TAIL_LINES = 40
@@ -142,12 +142,6 @@ class VLLMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"engine.options.ports: {len(ports)} entries for {self.replicas} replicas (fix: one per replica or none)"
             )
-
-
-def check_device_step_ms(milliseconds: float) -> float:
-    if not 0.0 <= milliseconds <= MAX_DEVICE_STEP_MS:
-        raise ValueError(f"engine.options.device_step_ms: must be in [0, {MAX_DEVICE_STEP_MS:g}], got {milliseconds}")
-    return milliseconds
 
 
 class VLLMError(RuntimeError):

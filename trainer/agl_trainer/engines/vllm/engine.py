@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from agl_trainer.addresses import free_port
+from agl_trainer.engines.device_step import check_device_step_ms
 from agl_trainer.engines.vllm.admin import AdminClient
 from agl_trainer.engines.vllm.config import (
     KEEP_ALIVE_S,
@@ -77,7 +78,6 @@ from agl_trainer.engines.vllm.config import (
     WORKER_MODULE,
     VLLMConfig,
     VLLMError,
-    check_device_step_ms,
     resolve_device,
     resolve_python,
     resolve_weight_sync,
