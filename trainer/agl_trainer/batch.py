@@ -201,26 +201,14 @@ class TrainingBatch:
         if not samples:
             raise ValueError("TrainingBatch.from_rollouts: no samples (every rollout was empty)")
         lengths = np.fromiter((s.token_ids.size for _, s in samples), np.int64, len(samples))
-        n, width = len(samples), int(lengths.max())
-        input_ids = np.full((n, width), pad_token_id, np.int64)
-        loss_mask = np.zeros((n, width), np.float32)
-        engine_logprobs = np.zeros((n, width), np.float32)
-        policy_versions = np.full((n, width), -1, np.int64)
-        token_rewards = np.zeros((n, width), np.float32)
-        known = np.ones((n, width), np.bool_)
-        switched = np.zeros((n, width), np.bool_)
-        for row, (_, sample) in enumerate(samples):
-            length = sample.token_ids.size
-            input_ids[row, :length] = sample.token_ids
-            loss_mask[row, :length] = sample.loss_mask
-            engine_logprobs[row, :length] = sample.engine_logprobs
-            policy_versions[row, :length] = sample.policy_versions
-            if sample.token_rewards is not None:
-                token_rewards[row, :length] = sample.token_rewards
-            if sample.logprob_known is not None:
-                known[row, :length] = sample.logprob_known
-            if sample.after_switch is not None:
-                switched[row, :length] = sample.after_switch
+        rows, width = [sample for _, sample in samples], int(lengths.max())
+        input_ids = _padded(rows, "token_ids", width, np.int64, pad_token_id)
+        loss_mask = _padded(rows, "loss_mask", width, np.float32, 0)
+        engine_logprobs = _padded(rows, "engine_logprobs", width, np.float32, 0)
+        policy_versions = _padded(rows, "policy_versions", width, np.int64, -1)
+        token_rewards = _padded(rows, "token_rewards", width, np.float32, 0)
+        known = _padded(rows, "logprob_known", width, np.bool_, True)
+        switched = _padded(rows, "after_switch", width, np.bool_, False)
         # NaN or +-inf from any source is unknown, never a weight: 0.0 is only a placeholder
         known &= np.isfinite(engine_logprobs)
         engine_logprobs[~known] = 0.0
@@ -244,3 +232,14 @@ class TrainingBatch:
             logprob_known=torch.from_numpy(known),
             after_switch=torch.from_numpy(switched),
         )
+
+
+def _padded(samples: list[Sample], name: str, width: int, dtype: Any, fill: Any) -> np.ndarray:
+    """Field `name` of every sample as one [len(samples), width] array, `fill` past each sample's end
+    and where the (optional) field is None: a row copy per sample, no Python loop over tokens."""
+    out = np.full((len(samples), width), fill, dtype)
+    for row, sample in enumerate(samples):
+        values = getattr(sample, name)
+        if values is not None:
+            out[row, : values.size] = values
+    return out
