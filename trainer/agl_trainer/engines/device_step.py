@@ -12,6 +12,7 @@ def check_device_step_ms(milliseconds: float) -> float:
     """`milliseconds` if it is in [0, MAX_DEVICE_STEP_MS]; else a ValueError naming the key."""
     if not 0.0 <= milliseconds <= MAX_DEVICE_STEP_MS:
         raise ValueError(
-            f"engine.options.device_step_ms: must be in [0, {MAX_DEVICE_STEP_MS:g}], got {milliseconds} (fix: 0 turns it off)"
+            f"engine.options.device_step_ms: must be in [0, {MAX_DEVICE_STEP_MS:g}], got {milliseconds} "
+            "(fix: 0 turns it off)"
         )
     return milliseconds
