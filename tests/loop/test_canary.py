@@ -103,6 +103,28 @@ def test_bf16_engine_against_fp32_trainer_is_numerics(tmp_path: Path, model_dir:
     assert row["agreement/canary/verdict"] == VERDICTS.index("numerics")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["warn", "stop"])
+def test_an_async_loop_checks_beside_generation_unless_the_verdict_gates_the_resume(
+    tmp_path: Path, model_dir: Path, action: str
+) -> None:
+    """collocated-async (drain): with action warn the canary after an update runs beside generation
+    (its time is `background_s`, none of the step's) and reports with the next step; with action stop
+    it runs before the resume, on the step's path, and reports with its own step."""
+    config = canary_config(
+        tmp_path, model_dir, "--loop.mode=collocated-async", f"--diagnostics.canary.action={action}", max_steps=3
+    )
+    rows = run_session(config).summary.history
+    assert len(rows) == 3
+    checked = [row for row in rows if "agreement/canary/verdict" in row]
+    assert checked and all(row["agreement/canary/verdict"] == VERDICTS.index("agree") for row in checked)
+    if action == "warn":
+        assert "agreement/canary/verdict" not in rows[0]  # step 1's check reports with step 2
+        assert all("agreement/canary/background_s" in row and "time/canary_s" not in row for row in rows[1:])
+    else:
+        assert all(row["time/canary_s"] > 0 and "agreement/canary/background_s" not in row for row in rows)
+
+
 def test_judge_names_each_pattern() -> None:
     small, big = torch.full((20,), 1e-5), torch.full((20,), 0.3)
     drift = torch.linspace(0.01, 0.03, 20)

@@ -20,7 +20,8 @@ keep their engine logprobs and versions; the algorithms correct them with trunca
 loop.generate_during_training (with switch=keep): the rollouts in flight go on, and new ones
 launch, while the trainer trains; the pause is only the weight load's (freeze, load, thaw).
 
-After every weight sync the canary (canary.py) has the engine and the trainer score the same probes.
+After every weight sync the canary (canary.py) has the engine and the trainer score the same probes:
+on the step's path in sync and with `diagnostics.canary.action: stop`, else beside generation.
 Per step this source records time draining, syncing and in the canary, idle (no call in flight at the
 sidecar while generating), and the calls it paused, froze or could not deliver.
 """
@@ -78,7 +79,7 @@ class LiveRollouts:
         self._in_flight_at_pause = 0
         self._undelivered = 0  # call spans the drain could not deliver
         self._frozen: dict[str, int] | None = None  # loop.switch=keep: engine request id -> tokens at the freeze
-        self._canary_running: asyncio.Task[CanaryResult | None] | None = None  # a keep switch's, beside generation
+        self._canary_running: asyncio.Task[CanaryResult | None] | None = None  # beside generation (_canary_beside_generation)
 
     @property
     def failures(self) -> dict[str, int]:
@@ -109,8 +110,10 @@ class LiveRollouts:
 
     async def stop(self) -> None:
         if self._canary_running is not None:  # its thread scores with the backend: let it end first
-            await asyncio.gather(self._canary_running, return_exceptions=True)
-            self._canary_running = None
+            running, self._canary_running = self._canary_running, None
+            (last,) = await asyncio.gather(running, return_exceptions=True)
+            if isinstance(last, CanaryResult):  # the last update's check: no step is left to carry it
+                self._act_on(last, raise_stop=False)
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
@@ -165,7 +168,7 @@ class LiveRollouts:
     # --- around the update ---------------------------------------------------------------------
     async def hold(self, version: int, step: StepRecord) -> None:
         """Pause and drain (or freeze) unless generation goes on while training; drop the groups past
-        the bound. First the last keep switch's canary: its trainer scores need the weights it checked."""
+        the bound. First the canary left beside generation: its trainer scores need the weights it checked."""
         await self._settle_canary(step)
         self._in_flight_at_pause, self._undelivered, self._frozen = len(self.inflight.tasks), 0, None
         if not self.config.generate_during_training:
@@ -220,14 +223,10 @@ class LiveRollouts:
             self._in_flight_at_pause = len(self.inflight.tasks)
             await self._pause_and_drain(step)
         await self._sync_weights(version, step)
-        keep = self.config.switch == "keep"
-        # the canary right after the new weights: on an idle engine before the resume; after a keep
-        # pause the frozen engine generates nothing until the resume, so its probes share the engine
-        # with generation: checked beside it, off the step's path, reported (and acted on) with the
-        # next step, before the trainer's weights move again (`hold`)
-        canary = None if keep else await self._check_canary(version, step)
+        beside = self._canary_beside_generation()
+        canary = None if beside else await self._check_canary(version, step)
         await self._resume(version)
-        if keep and self.canary is not None:
+        if beside and self.canary is not None:
             self._canary_running = asyncio.create_task(self._check_canary(version, None))
         if canary is not None:
             step.metrics.update(canary.metrics())
@@ -236,6 +235,21 @@ class LiveRollouts:
         if self._frozen is not None:
             step.metrics["switch/frozen_requests"] = float(len(self._frozen))
         return self._act_on(canary)
+
+    def _canary_beside_generation(self) -> bool:
+        """Where the canary after an update runs. On the step's path (before the resume, on an idle
+        engine) where something waits for its verdict: sync (the next batch starts under checked
+        weights, and the step that loaded them reports them) and `diagnostics.canary.action: stop` (no
+        rollout generates under weights that failed). Otherwise beside generation, off the step's path:
+        a collocated-async loop's pause is what it exists to shorten, and at one engine step a probe
+        (60 ms of simulated device time) it took about 2% of drain's step (docs/results.md). After a
+        keep pause always beside: the frozen engine generates nothing until the resume. Either way its
+        result is reported (and acted on) with the next step, before the trainer's weights move again
+        (`hold`)."""
+        if self.config.switch == "keep":
+            return True
+        stop = self.canary is not None and self.canary.settings.action == "stop"
+        return self.config.mode != "sync" and not stop
 
     async def _keep_generating(self, version: int) -> None:
         while True:
@@ -300,7 +314,7 @@ class LiveRollouts:
         return result
 
     async def _settle_canary(self, step: StepRecord) -> None:
-        """The canary a keep switch started beside generation: its metrics go to `step`
+        """The canary the last update left beside generation: its metrics go to `step`
         (agreement/canary/background_s its time, none of it the step's), a stop is raised."""
         if self._canary_running is None:
             return
@@ -315,12 +329,13 @@ class LiveRollouts:
         if stop is not None:
             raise stop
 
-    def _act_on(self, result: CanaryResult | None) -> CanaryStop | None:
+    def _act_on(self, result: CanaryResult | None, *, raise_stop: bool = True) -> CanaryStop | None:
         """A disagreement is logged, or with diagnostics.canary.action stop, ends the run."""
         if result is None or result.verdict == "agree":
             return None
         where = f"agl canary at policy version {result.version} [{result.verdict}]: {result.message}"
-        if result.verdict != "error" and self.canary is not None and self.canary.settings.action == "stop":
+        stop = self.canary is not None and self.canary.settings.action == "stop"
+        if result.verdict != "error" and stop and raise_stop:
             return CanaryStop(where + " (diagnostics.canary.action: stop)")
         self.progress.log(where)
         return None
