@@ -27,6 +27,22 @@ def test_yaml_then_flags(tmp_path: Path) -> None:
     assert [t["id"] for t in read_tasks(config.tasks)] == ["a", "b"]
 
 
+def test_off_on_yes_no_are_strings_only_true_false_are_booleans(tmp_path: Path) -> None:
+    """YAML 1.2's booleans, in a config file and in a flag: `importance_scope: off` is the documented
+    value 'off' (PyYAML's YAML 1.1 reads off/on/yes/no as booleans: 'expected str, got bool')."""
+    (tmp_path / "t.jsonl").write_text('{"id": "a"}\n')
+    (tmp_path / "model").mkdir()
+    (tmp_path / "c.yaml").write_text(
+        f"tasks: {tmp_path / 't.jsonl'}\nmodel: {{path: {tmp_path / 'model'}}}\nharness: {{function: m:f}}\nbackend: {{algorithm: {{importance_scope: off}}}}\n"
+        "viewer: {enabled: False}\n"
+    )
+    assert load_config(tmp_path / "c.yaml", []).backend.algorithm.importance_scope == "off"
+    flagged = load_config(tmp_path / "c.yaml", ["--backend.algorithm.importance_scope=all", "--viewer.enabled=TRUE"])
+    assert flagged.backend.algorithm.importance_scope == "all" and flagged.viewer.enabled is True
+    assert load_config(tmp_path / "c.yaml", []).viewer.enabled is False
+    assert dict(parse_overrides(["--a=off", "--b=yes", "--c=true", "--d=false"])) == {"a": "off", "b": "yes", "c": True, "d": False}
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
