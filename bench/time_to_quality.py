@@ -8,13 +8,14 @@ whole pipeline, with the same simulated device time per engine step (`engine.opt
 
     python bench/time_to_quality.py --quick               # 1 seed, 45 s of RL a loop (about 10 minutes)
     python bench/time_to_quality.py --seeds 0 1 2 --budget-s 900 --val-every 10   # the full comparison
+    python bench/time_to_quality.py --loops partial mask-only tis-only   # masking vs correcting (ARMS)
 
 Per seed and loop: the training wall time to the first round at or above `--target` (a bound from
 above: rounds come every --val-every steps), the held-out greedy reward of the last round (the
 policy at the wall budget), trained rollouts/s, and tokens that entered the loss per second (less
 those masked as too stale, dropped with their group at loop.max_span, or left out by a ratio mask:
 a rollout whose stale tokens were masked is not a fully trained rollout), and the canary's share of
-the wall: on the step's path (`canary`) and beside generation after a keep switch (`beside`, time
+the wall: on the step's path (`canary`) and beside generation (`beside`, time
 no step waits for). Ratios against sync,
 measured in the same run; curves against wall time in OUT/time_to_quality.png, numbers in
 OUT/time_to_quality.json.
@@ -35,6 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its bench siblings, 
 from _demo_run import run_config  # noqa: E402
 from async_vs_sync import DEVICE_STEP_MS, LOOPS, STALENESS  # noqa: E402  (the loops and device time, reused)
 
+# The masking vs correcting ablation (issue #41), arms of `partial`: its stale tokens (older than
+# loop.staleness) masked out of the loss and the rest reweighted by truncated importance weights
+# (`partial`, both); masked but none reweighted (`mask-only`); none masked, every token reweighted
+# (`tis-only`: the bound raised to 8 versions, which also lets launches run further ahead).
+ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "mask-only": (*LOOPS["partial"][:2], (*LOOPS["partial"][2], "--backend.algorithm.importance_scope=off")),
+    "tis-only": (*LOOPS["partial"][:2], (*LOOPS["partial"][2], "--loop.staleness=8")),
+}
+RUNS = {**LOOPS, **ARMS}
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/hops/config.yaml"
 sys.path.insert(0, str(ROOT))
@@ -42,20 +52,22 @@ sys.path.insert(0, str(ROOT))
 
 def run_loop(name: str, prepared: Any, seed: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One loop on one seed's warm start: its curve against training wall time and its throughput."""
-    mode, switch, extra = LOOPS[name]
     started = time.monotonic()
-    summary = run_config(
-        CONFIG,
-        [
-            f"--engine.options.device_step_ms={args.device_step_ms}",
-            f"--tasks={prepared.tasks}", f"--val_tasks={prepared.val_tasks}", f"--model.path={prepared.path}",
-            f"--seed={seed}", f"--output_dir={out / f'seed-{seed}' / name}",
-            f"--loop.mode={mode}", f"--loop.switch={switch}", f"--loop.staleness={STALENESS}",
-            f"--loop.max_train_s={args.budget_s}", "--loop.max_steps=100000", "--loop.checkpoint_every=100000",
-            f"--loop.val_every={args.val_every}", "--loop.val_sampled=0", *extra,
-        ],
-    )  # fmt: skip
+    summary = run_config(CONFIG, overrides(name, prepared, seed, out, args))
     return measure(summary.history, summary.validation, args.target) | {"seconds": time.monotonic() - started}
+
+
+def overrides(name: str, prepared: Any, seed: int, out: Path, args: argparse.Namespace) -> list[str]:
+    """The hops config's overrides for one loop (or ablation arm) on one seed: the arm's own last."""
+    mode, switch, extra = RUNS[name]
+    return [
+        f"--engine.options.device_step_ms={args.device_step_ms}",
+        f"--tasks={prepared.tasks}", f"--val_tasks={prepared.val_tasks}", f"--model.path={prepared.path}",
+        f"--seed={seed}", f"--output_dir={out / f'seed-{seed}' / name}",
+        f"--loop.mode={mode}", f"--loop.switch={switch}", f"--loop.staleness={STALENESS}",
+        f"--loop.max_train_s={args.budget_s}", "--loop.max_steps=100000", "--loop.checkpoint_every=100000",
+        f"--loop.val_every={args.val_every}", "--loop.val_sampled=0", *extra,
+    ]  # fmt: skip
 
 
 def measure(history: list[dict[str, float]], validation: list[dict[str, float]], target: float) -> dict[str, Any]:
@@ -86,7 +98,8 @@ def measure(history: list[dict[str, float]], validation: list[dict[str, float]],
         "staleness_mean": statistics.fmean([row.get("staleness/mean", 0.0) for row in history]) if history else 0.0,
         "capped_frac": statistics.fmean([row.get("importance/capped_frac", 0.0) for row in history]) if history else 0.0,
         "canary_share": total("time/canary_s") / wall if wall else 0.0,
-        # a keep switch's canary runs beside generation: its time is no step's (agreement/canary/background_s)
+        # the canary beside generation (keep; drain and partial with action warn): no step's time
+        # (agreement/canary/background_s)
         "canary_background_share": total("agreement/canary/background_s") / wall if wall else 0.0,
     }
 
@@ -143,7 +156,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 45 s of RL a loop, a round every 5 steps")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--quick: 0)")
-    parser.add_argument("--loops", nargs="+", choices=tuple(LOOPS), default=list(LOOPS))
+    parser.add_argument(
+        "--loops", nargs="+", choices=tuple(RUNS), default=list(LOOPS),
+        help="loops to run (default: the four; mask-only and tis-only are the ablation's arms beside partial)",
+    )  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=None, help="seconds of RL a loop (default 900; --quick 45)")
     parser.add_argument("--val-every", type=int, default=None, help="steps between rounds (default 10; --quick 5)")
     parser.add_argument("--target", type=float, default=None, help="held-out greedy target (default 0.5; --quick 0.25)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.time_to_quality import measure, table
+from bench.time_to_quality import CONFIG, measure, overrides, table
 
 
 def rows() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
@@ -48,3 +48,23 @@ def test_the_table_prints_ratios_against_sync() -> None:
     assert "0.50x" in partial and "2.00x" in partial  # half the wall to the target, twice the rates
     assert partial.split()[-2:] == ["0.40%", "10.00%"]  # the canary on the step's path and beside it, of 5 s
     assert "not reached" in table(0, {"sync": measure(history, validation, target=0.9)}, 0.9)
+
+
+@pytest.mark.parametrize(
+    ("arm", "staleness", "scope"), [("partial", 2, "stale"), ("mask-only", 2, "off"), ("tis-only", 8, "stale")]
+)
+def test_the_ablation_arms_differ_from_partial_only_in_their_knob(tmp_path, arm: str, staleness: int, scope: str) -> None:
+    """Masking vs correcting: each arm's overrides, through the hops config as a run loads them."""
+    import argparse
+    from types import SimpleNamespace
+
+    from agl_trainer.config import load_config
+
+    for split in ("train", "val"):
+        (tmp_path / f"{split}.jsonl").write_text(f'{{"id": "{split}-0"}}\n')
+    prepared = SimpleNamespace(tasks=tmp_path / "train.jsonl", val_tasks=tmp_path / "val.jsonl", path=tmp_path)
+    args = argparse.Namespace(device_step_ms=60.0, budget_s=30.0, val_every=5)
+    config = load_config(CONFIG, overrides(arm, prepared, 0, tmp_path, args))
+    assert (config.loop.mode, config.loop.switch, config.loop.stale_policy) == ("collocated-async", "keep", "mask")
+    assert config.loop.generate_during_training and config.loop.staleness == staleness
+    assert config.backend.algorithm.importance_scope == scope
