@@ -7,6 +7,7 @@
     replies(task, tests_first=True)         # ... with the tests run first: their failure names the module
     record(task, "runs/swe_lite/demos")     # mini-swe-agent runs them: <id>.traj.json in its own format
     training_tokens(trajectory, tokenizer)  # (token ids, loss mask): the assistant turns to learn
+    training_tokens(trajectory, tokenizer, observations=True)  # ... and the task and observations too
 
 `record` runs mini-swe-agent's DefaultAgent with its DeterministicModel (the replies in order) on a
 fresh copy of the task's repo, through examples/swe's harness settings (agent.yaml, the same
@@ -101,9 +102,14 @@ def chat_messages(trajectory: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in trajectory["messages"] if m["role"] in ("system", "user", "assistant")]
 
 
-def training_tokens(trajectory: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
+def training_tokens(
+    trajectory: dict[str, Any], tokenizer: Any, *, observations: bool = False
+) -> tuple[list[int], list[int]]:
     """The conversation's token ids as the chat template renders it, and a mask of the assistant
-    turns (content and end of turn): what a warm start learns."""
+    turns (content and end of turn): what a warm start learns. `observations`: the task and the
+    observations too (every token after the system prompt), as language modelling: pytest's output
+    repeats the task's names many times over, which is where a tiny model learns to copy a name from
+    its context instead of recalling one."""
     messages = chat_messages(trajectory)
 
     def ids(upto: int, generation_prompt: bool) -> list[int]:
@@ -118,4 +124,7 @@ def training_tokens(trajectory: dict[str, Any], tokenizer: Any) -> tuple[list[in
         if full[:end] != ids(index + 1, False) or full[end - 2] != tokenizer.eos_token_id:
             raise ValueError("training_tokens: the chat template's tokens of a prefix are not a prefix of the whole")
         mask[start : end - 1] = [1] * (end - 1 - start)  # the reply and its end of turn, not the newline after
+    if observations:
+        after_system = len(ids(1, False)) if messages and messages[0]["role"] == "system" else 1
+        mask[after_system:] = [1] * (len(full) - after_system)
     return full, mask

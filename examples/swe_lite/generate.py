@@ -9,9 +9,10 @@ tests are those the bug breaks, its PASS_TO_PASS tests all the others; both are 
 the tests in-process on the correct and the buggy source, so a task whose bug breaks nothing, or
 breaks a test of another function, is never made.
 
-Splits (`train`, `heldout`) draw package and module names from disjoint pools, so a held-out task's
-repository, its files' paths and its problem statement never occur in training (`overlap()` checks
-what the model sees; tests/swe_lite/test_generate.py runs it). The problem statement gives a failing
+Package and module names are made-up words drawn afresh for each repository from a space cut in two
+by a hash (`draw_name`): the held-out split's names never occur in training or the demonstrations,
+so neither does a held-out task's repository, its files' paths or its problem statement (`overlap()`
+checks what the model sees; tests/swe_lite/test_generate.py runs it). The problem statement gives a failing
 call and its wrong result but not the file (`hint_file=True` names it: the demonstrations' easier case).
 """
 
@@ -19,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import keyword
 import random
-from collections.abc import Iterable, Sequence
+import sys
+import zlib
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,19 +32,28 @@ from typing import Any
 from examples.swe_lite.functions import FUNCTIONS, Bug, Function
 
 SPLITS = ("train", "heldout", "demo")
-# Disjoint name pools per split: a held-out repository shares no package or module name with training.
-PACKAGES = {
-    "train": ("ledger", "orchard", "harbor", "meadow", "quarry", "summit", "canyon", "lagoon", "prairie", "tundra",
-              "glacier", "delta", "marsh", "ridge", "grove", "bayou", "fjord", "mesa", "atoll", "savanna"),
-    "heldout": ("beacon", "lantern", "compass", "anchor", "sextant", "rudder"),
-}
-MODULES = {
-    "train": ("mathx", "stats", "units", "prices", "lists", "calendar", "numbers", "convert", "shop", "seqs",
-              "metrics", "helpers", "tools", "measure", "counts", "ranges"),
-    "heldout": ("calc", "figures", "series", "common"),
-}
-PACKAGES["demo"], MODULES["demo"] = PACKAGES["train"], MODULES["train"]  # demonstrations: training's pools
+# Package and module names come from a large space of made-up words (2-3 syllables: about 350,000), drawn
+# afresh for every repository, so a model cannot learn them by heart: it has to copy them from its context.
+# The space is cut in two by a hash of the name: held-out names are never training's (or demonstrations').
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
+SYLLABLES = tuple(c + v for c in CONSONANTS for v in VOWELS)
+NAME_BUCKETS = 8
+BUCKETS = {"train": frozenset(range(1, NAME_BUCKETS)), "heldout": frozenset({0})}
+BUCKETS["demo"] = BUCKETS["train"]  # demonstrations: training's half of the space (other names each time)
 SPLIT_SALT = {"train": 0, "heldout": 1_000_003, "demo": 2_000_029}  # a split's seeds never meet another's
+RESERVED = frozenset(sys.stdlib_module_names) | frozenset(keyword.kwlist) | {"tests", "conftest"}
+
+
+def name_bucket(name: str) -> int:
+    return zlib.crc32(name.encode()) % NAME_BUCKETS
+
+
+def draw_name(rng: random.Random, split: str, taken: Collection[str] = ()) -> str:
+    """A made-up word of `split`'s half of the name space, not in `taken`, never a module Python has."""
+    while True:
+        name = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3)))
+        if name_bucket(name) in BUCKETS[split] and name not in RESERVED and name not in taken:
+            return name
 
 
 class GenerationError(ValueError):
@@ -90,8 +103,10 @@ def render(template: str, values: dict[str, int]) -> str:
 
 
 def draw_repository(rng: random.Random, split: str) -> tuple[str, list[Module]]:
-    package = rng.choice(PACKAGES[split])
-    names = rng.sample(MODULES[split], rng.randint(2, 3))
+    package = draw_name(rng, split)
+    names: list[str] = []
+    for _ in range(rng.randint(2, 3)):
+        names.append(draw_name(rng, split, {package, *names}))
     functions = rng.sample(FUNCTIONS, 2 * len(names))
     modules = []
     for i, name in enumerate(names):
@@ -186,9 +201,12 @@ def generate(split: str, count: int, seed: int, hint_file: bool | None = None) -
 
 def seen(task: dict[str, Any]) -> set[str]:
     """What the model sees of a task, as comparable keys: its statement, each file (path and text),
-    and where its bug sits."""
+    where its bug sits, and its package's and modules' names."""
     placement = task["placement"]
     keys = {f"statement:{task['problem_statement']}", f"placement:{json.dumps(placement, sort_keys=True)}"}
+    keys.add(f"name:{placement['package']}")
+    keys.update(f"name:{Path(path).stem}" for path in task["files"] if path.startswith(f"{placement['package']}/"))
+    keys.discard("name:__init__")
     keys.update(f"file:{path}:{text}" for path, text in task["files"].items() if text.strip() and "/" in path)
     return keys
 
@@ -222,10 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=SPLITS, default="train")
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hint-file", action=argparse.BooleanOptionalAction, default=None,
+        help="the statement names the bug's file (the easier case; default: only for --split demo), e.g. to "
+        "measure the easier case on held-out names",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.count < 1:
         parser.error(f"--count must be >= 1, got {args.count}")
-    path = write_tasks(generate(args.split, args.count, args.seed), args.out)
+    path = write_tasks(generate(args.split, args.count, args.seed, args.hint_file), args.out)
     print(f"swe-lite: {args.count} {args.split} tasks (seed {args.seed}) in {path}")
     return 0
 

@@ -4,14 +4,16 @@
 
 writes `train/tasks.jsonl` (2000 tasks, their repos in `train/repos/`), `heldout/tasks.jsonl` (64
 tasks of other repositories and bug placements), `demos/*.traj.json` (mini-swe-agent trajectories
-of the scripted policy on the easier case: the statement names the file, so the agent reads it,
-fixes it, runs the tests and submits; it never searches), `model-init/` (a tiny Llama with a BPE
-vocabulary trained on the demonstrations and training repositories, 2048 positions: a rollout's
-conversation is 400-1500 tokens) and `model-warm/` (model-init after a short supervised warm
-start on the demonstrations' assistant turns): what `config.yaml` trains from.
+of the scripted policy on the easier case: the statement names the file, so the agent runs the
+tests, reads the file, fixes it, runs the tests and submits; it never searches), `model-init/` (a
+tiny Llama with a BPE vocabulary trained on the demonstrations and training repositories, 2048
+positions: a rollout's conversation is 400-1500 tokens) and `model-warm/` (model-init after a
+supervised warm start on the demonstrations' assistant turns): what `config.yaml` trains from.
 
-The training and held-out statements do not name the file: finding it (`grep -rn "def f" .`, or
-listing the package) is what RL has to add to what the warm start shows.
+The training and held-out statements do not name the file: the module is in the failing test's
+name (`FAILED tests/test_<module>.py::...`), which the demonstrations show but never need; reading
+it from there (or searching) is what RL has to add to what the warm start shows. Every repository's
+names are new (generate.py), so the warm start has to learn to copy them, not recall them.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from examples.swe_lite.generate import generate, write_tasks
 
 TRAIN_TASKS = 2000
 HELDOUT_TASKS = 64
-DEMOS = 256  # many: with 24 the model learned their file names and sed lines, not to copy the task's
-WARM_START_STEPS = 600
+DEMOS = 2048  # many, each with new names: with 256 over 19 epochs the model made names up instead of copying
+WARM_START_STEPS = 2400
+WARM_START_THREADS = 2  # torch threads: 1.7x one thread's speed for this model on 2 cores
 RECORD_WORKERS = 2  # demonstrations recorded in parallel (each is mini-swe-agent running four commands)
 WARM_START_LR = 1e-3
 WARM_START_BATCH = 8
@@ -53,7 +56,8 @@ def model_spec(seed: int):
 
 def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
-    train: int = TRAIN_TASKS, heldout: int = HELDOUT_TASKS, tests_first: bool = False, progress: bool = False,
+    train: int = TRAIN_TASKS, heldout: int = HELDOUT_TASKS, tests_first: bool = True, observations: bool = False,
+    progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
@@ -75,10 +79,13 @@ def prepare_swe_lite(
     tokenizer = build_bpe_tokenizer(corpus, VOCAB_SIZE)
     initial = save_model(workdir / "model-init", tokenizer, model_spec(seed), {"tokenizer": "byte-level-bpe"})
     tokenizer = AutoTokenizer.from_pretrained(initial)  # as the engine loads it
-    examples = [Demonstration(*training_tokens(t, tokenizer)) for t in trajectories]
+    examples = [Demonstration(*training_tokens(t, tokenizer, observations=observations)) for t in trajectories]
     result = supervised_warm_start(
         initial, workdir / "model-warm", examples,
-        WarmStartConfig(steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed), progress=progress,
+        WarmStartConfig(
+            steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS
+        ),
+        progress=progress,
     )  # fmt: skip
     return PreparedSweLite(result.path, train_tasks, heldout_tasks, shown, result.seconds, result.losses[-1])
 
@@ -92,9 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=WARM_START_STEPS, help="warm-start steps")
     parser.add_argument("--demos", type=int, default=DEMOS, help="demonstrations (the easier case) to record")
     parser.add_argument(
-        "--tests-first", action="store_true",
+        "--tests-first", action=argparse.BooleanOptionalAction, default=True,
         help="demonstrations run the tests before reading the file (their failure names the module: a bridge to "
-        "tasks whose statement names no file)",
+        "tasks whose statement names no file; default on)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--observations", action=argparse.BooleanOptionalAction, default=False,
+        help="the warm start also learns the task and the observations (language modelling), not only the "
+        "replies; default off: measured worse (README, Measured)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -105,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.utils.logging.disable_progress_bar()
     prepared = prepare_swe_lite(
-        args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first, progress=True
+        args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
+        observations=args.observations, progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "

@@ -91,6 +91,20 @@ def test_the_warm_start_learns_the_assistant_turns_only(trajectory: dict) -> Non
     assert learned == "".join(replies_text)
 
 
+def test_with_observations_the_warm_start_learns_everything_after_the_system_prompt(trajectory: dict) -> None:
+    from agl_trainer.models.tiny import build_bpe_tokenizer
+
+    tokenizer = build_bpe_tokenizer()
+    messages = chat_messages(trajectory)
+    ids, mask = training_tokens(trajectory, tokenizer, observations=True)
+    assert ids == training_tokens(trajectory, tokenizer)[0]  # the same tokens, more of them learned
+    system = len(tokenizer.apply_chat_template(messages[:1], tokenize=True, return_dict=False))
+    assert mask == [0] * system + [1] * (len(ids) - system)
+    learned = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert messages[1]["content"] in learned and messages[3]["content"] in learned  # the task, pytest's output
+    assert messages[0]["content"] not in learned
+
+
 def test_the_agents_pytest_loads_no_third_party_plugins(tmp_path: Path) -> None:
     """agent.yaml's environment reaches each bash command: pytest without the venv's plugins (3.5 s
     a run otherwise, most of a demonstration's recording and of a rollout's test step)."""

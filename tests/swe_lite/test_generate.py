@@ -53,14 +53,27 @@ def test_the_heldout_split_shares_nothing_the_model_sees_with_training() -> None
 
 
 def test_the_disjointness_check_fails_when_the_generator_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Held-out tasks drawn from training's name pools: the check must find what they share."""
-    monkeypatch.setitem(generate_module.PACKAGES, "heldout", generate_module.PACKAGES["train"])
-    monkeypatch.setitem(generate_module.MODULES, "heldout", generate_module.MODULES["train"])
+    """Held-out tasks drawn from training's half of the name space: the check must find the names they share."""
+    monkeypatch.setitem(generate_module.BUCKETS, "heldout", generate_module.BUCKETS["train"])
     leaked = overlap(generate("train", 2000, seed=0), generate("heldout", 200, seed=0))
-    assert any(key.startswith("file:") for key in leaked)
+    assert any(key.startswith("name:") for key in leaked)
     monkeypatch.setitem(generate_module.SPLIT_SALT, "heldout", generate_module.SPLIT_SALT["train"])
     same = overlap(generate("train", 50, seed=0), generate("heldout", 50, seed=0))
-    assert any(key.startswith("statement:") for key in same) and any(key.startswith("placement:") for key in same)
+    assert {key.split(":")[0] for key in same} >= {"statement", "placement", "file", "name"}
+
+
+def test_names_are_made_up_afresh_and_held_out_ones_never_train() -> None:
+    """Names a model cannot learn by heart: few repeat across 2000 repositories; no held-out name in
+    training or the demonstrations; none shadows a module Python has."""
+    def names(tasks: list[dict]) -> list[str]:
+        return [Path(p).stem for t in tasks for p in t["files"] if p.startswith(t["placement"]["package"] + "/")
+                and not p.endswith("__init__.py")] + [t["placement"]["package"] for t in tasks]  # fmt: skip
+
+    train, demo, heldout = names(generate("train", 2000, seed=0)), names(generate("demo", 256, seed=0)), names(generate("heldout", 200, seed=0))
+    assert len(set(train)) > 0.5 * len(train)  # a fixed pool of names would repeat each hundreds of times
+    assert not set(heldout) & (set(train) | set(demo))
+    assert {generate_module.name_bucket(n) for n in heldout} == {0} and 0 not in {generate_module.name_bucket(n) for n in train + demo}
+    assert not set(train + demo + heldout) & (set(sys.stdlib_module_names) | {"tests", "conftest"})
 
 
 def test_the_statement_names_the_file_only_in_demonstrations() -> None:
