@@ -243,9 +243,9 @@ class LiveRollouts:
         rollout generates under weights that failed). Otherwise beside generation, off the step's path:
         a collocated-async loop's pause is what it exists to shorten, and at one engine step a probe
         (60 ms of simulated device time) it took about 2% of drain's step (docs/results.md). After a
-        keep pause always beside: the frozen engine generates nothing until the resume. Either way its
-        result is reported (and acted on) with the next step, before the trainer's weights move again
-        (`hold`)."""
+        keep pause always beside: the frozen engine generates nothing until the resume. A check beside
+        generation is reported (and acted on) with the next step, before the trainer's weights move
+        again (`hold`); one on the path, with its own step."""
         if self.config.switch == "keep":
             return True
         stop = self.canary is not None and self.canary.settings.action == "stop"
