@@ -40,9 +40,10 @@ from async_vs_sync import DEVICE_STEP_MS, LOOPS, STALENESS  # noqa: E402  (the l
 # loop.staleness) masked out of the loss and the rest reweighted by truncated importance weights
 # (`partial`, both); masked but none reweighted (`mask-only`); none masked, every token reweighted
 # (`tis-only`: the bound raised to 8 versions, which also lets launches run further ahead).
+_MODE, _SWITCH, _PARTIAL = LOOPS["partial"]
 ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "mask-only": (*LOOPS["partial"][:2], (*LOOPS["partial"][2], "--backend.algorithm.importance_scope=off")),
-    "tis-only": (*LOOPS["partial"][:2], (*LOOPS["partial"][2], "--loop.staleness=8")),
+    "mask-only": (_MODE, _SWITCH, (*_PARTIAL, "--backend.algorithm.importance_scope=off")),
+    "tis-only": (_MODE, _SWITCH, (*_PARTIAL, "--loop.staleness=8")),
 }
 RUNS = {**LOOPS, **ARMS}
 ROOT = Path(__file__).resolve().parents[1]

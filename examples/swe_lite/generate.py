@@ -204,11 +204,16 @@ def seen(task: dict[str, Any]) -> set[str]:
     where its bug sits, and its package's and modules' names."""
     placement = task["placement"]
     keys = {f"statement:{task['problem_statement']}", f"placement:{json.dumps(placement, sort_keys=True)}"}
-    keys.add(f"name:{placement['package']}")
-    keys.update(f"name:{Path(path).stem}" for path in task["files"] if path.startswith(f"{placement['package']}/"))
-    keys.discard("name:__init__")
+    keys.update(f"name:{name}" for name in repository_names(task))
     keys.update(f"file:{path}:{text}" for path, text in task["files"].items() if text.strip() and "/" in path)
     return keys
+
+
+def repository_names(task: dict[str, Any]) -> list[str]:
+    """The task's package name and its modules' names."""
+    package = task["placement"]["package"]
+    modules = [Path(path).stem for path in task["files"] if path.startswith(f"{package}/")]
+    return [package, *(name for name in modules if name != "__init__")]
 
 
 def overlap(train: Iterable[dict[str, Any]], heldout: Iterable[dict[str, Any]]) -> list[str]:

@@ -66,9 +66,11 @@ def test_names_are_made_up_afresh_and_held_out_ones_never_train() -> None:
     """Names a model cannot learn by heart: few repeat across 2000 repositories; no held-out name in
     training or the demonstrations; none shadows a module Python has."""
     def names(tasks: list[dict]) -> list[str]:
-        return [Path(p).stem for t in tasks for p in t["files"] if p.startswith(t["placement"]["package"] + "/")
-                and not p.endswith("__init__.py")] + [t["placement"]["package"] for t in tasks]  # fmt: skip
+        return [name for task in tasks for name in generate_module.repository_names(task)]
 
+    task = generate("train", 1, seed=0)[0]  # a package and a module per test file
+    tested = sorted(p.removeprefix("tests/test_").removesuffix(".py") for p in task["files"] if p.startswith("tests/"))
+    assert names([task])[0] == task["placement"]["package"] and sorted(names([task])[1:]) == tested
     train, demo, heldout = names(generate("train", 2000, seed=0)), names(generate("demo", 256, seed=0)), names(generate("heldout", 200, seed=0))
     assert len(set(train)) > 0.5 * len(train)  # a fixed pool of names would repeat each hundreds of times
     assert not set(heldout) & (set(train) | set(demo))

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from agl_trainer.engines.device_step import MAX_DEVICE_STEP_MS, check_device_step_ms
+
 WORKER_MODULE = "agl_vllm_worker"
 WORKER_CLASS = "WeightSyncExtension"
 LOAD_METHOD = "agl_load_weights"
