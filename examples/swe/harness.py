@@ -1,6 +1,6 @@
 """The SWE harness (harness.command): mini-swe-agent fixes the task's repo through the agl sidecar.
 
-    python examples/swe/harness.py --model qwen3-8b [--agent-config FILE] [--step-limit 30]
+    python examples/swe/harness.py --model qwen3-8b [--agent-config FILE] [--step-limit 30] [--client openai]
 
 Run once per rollout by agl's runner, which sets AGL_TASK (the task JSON, see swe_task.py),
 AGL_ROLLOUT_ID and OPENAI_BASE_URL (the sidecar's URL for this rollout, so every model call is
@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable fro
 
 import agl
 import yaml
+from agl_integrations.mini_swe_agent import CLIENTS
 
 from examples.swe.sandbox import IsolationError, isolated_environment, require_isolation
 from examples.swe.swe_task import TaskError, fresh_copy, parse_task, workspace_for
@@ -60,7 +61,7 @@ def make_environment(settings: dict[str, Any], workspace: Path, network: str) ->
 
 
 def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Path, step_limit: int,
-        max_tokens: int, temperature: float | None, network: str = "host") -> dict[str, Any]:  # fmt: skip
+        max_tokens: int, temperature: float | None, network: str = "host", client: str = "litellm") -> dict[str, Any]:  # fmt: skip
     from agl_integrations.mini_swe_agent import swe_model
     from minisweagent.agents.default import DefaultAgent
 
@@ -74,7 +75,7 @@ def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Pat
         model_kwargs["temperature"] = temperature
     with agl.rollout(task_id=task.id):  # the rollout's id comes from the runner (AGL_ROLLOUT_ID)
         agent = DefaultAgent(
-            swe_model(model, model_kwargs=model_kwargs, **model_settings),
+            swe_model(model, client=client, model_kwargs=model_kwargs, **model_settings),
             make_environment(settings, workspace, network),
             **agent_settings,
         )
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None, help="default: the engine's sampling config")
     parser.add_argument("--network", choices=("host", "none"), default="host",
                         help="none: each bash command in a network namespace without network (sandbox.py)")
+    parser.add_argument("--client", choices=CLIENTS, default="litellm",
+                        help="how the agent calls the sidecar: mini-swe-agent's litellm model, or openai (the same "
+                        "text-based model over the OpenAI SDK: spares each rollout's process litellm's ~4 s import)")
     args = parser.parse_args(argv)
     task_json, rollout_id = os.environ.get("AGL_TASK"), os.environ.get("AGL_ROLLOUT_ID")
     if not task_json or not rollout_id:
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             require_isolation()
         outcome = run(
             json.loads(task_json), rollout_id, args.model, args.agent_config or default_agent_config(),
-            args.step_limit, args.max_tokens, args.temperature, args.network,
+            args.step_limit, args.max_tokens, args.temperature, args.network, args.client,
         )  # fmt: skip
     except (TaskError, IsolationError, json.JSONDecodeError) as error:
         print(f"harness: {error}", file=sys.stderr)

@@ -10,9 +10,10 @@ the tests in-process on the correct and the buggy source, so a task whose bug br
 breaks a test of another function, is never made.
 
 Package and module names are made-up words drawn afresh for each repository from a space cut in two
-by a hash (`draw_name`): the held-out split's names never occur in training or the demonstrations,
+by a hash (`draw_name`): the held-out splits' names never occur in training or the demonstrations,
 so neither does a held-out task's repository, its files' paths or its problem statement (`overlap()`
-checks what the model sees; tests/swe_lite/test_generate.py runs it). The problem statement gives a failing
+checks what the model sees; tests/swe_lite/test_generate.py runs it). Two splits are held out: `val`, on
+which settings are chosen, and `test`, which reports and is never used for choosing. The problem statement gives a failing
 call and its wrong result but not the file (`hint_file=True` names it: the demonstrations' easier case).
 """
 
@@ -31,16 +32,20 @@ from typing import Any
 
 from examples.swe_lite.functions import FUNCTIONS, Bug, Function
 
-SPLITS = ("train", "heldout", "demo")
+SPLITS = ("train", "val", "test", "demo")
 # Package and module names come from a large space of made-up words (2-3 syllables: about 350,000), drawn
 # afresh for every repository, so a model cannot learn them by heart: it has to copy them from its context.
 # The space is cut in two by a hash of the name: held-out names are never training's (or demonstrations').
+# Held out are two splits: `val` for choosing settings (learning rate, recipe) and `test` for reporting, never
+# used for choosing. They share the held-out half of the space but not repositories (other draws).
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 SYLLABLES = tuple(c + v for c in CONSONANTS for v in VOWELS)
 NAME_BUCKETS = 8
-BUCKETS = {"train": frozenset(range(1, NAME_BUCKETS)), "heldout": frozenset({0})}
+BUCKETS = {"train": frozenset(range(1, NAME_BUCKETS)), "val": frozenset({0}), "test": frozenset({0})}
 BUCKETS["demo"] = BUCKETS["train"]  # demonstrations: training's half of the space (other names each time)
-SPLIT_SALT = {"train": 0, "heldout": 1_000_003, "demo": 2_000_029}  # a split's seeds never meet another's
+# A split's seeds never meet another's. `val` keeps the salt of what was one `heldout` split before the test split.
+SPLIT_SALT = {"train": 0, "val": 1_000_003, "test": 3_000_017, "demo": 2_000_029}
+HELD_OUT = ("val", "test")
 RESERVED = frozenset(sys.stdlib_module_names) | frozenset(keyword.kwlist) | {"tests", "conftest"}
 
 
@@ -216,12 +221,12 @@ def repository_names(task: dict[str, Any]) -> list[str]:
     return [package, *(name for name in modules if name != "__init__")]
 
 
-def overlap(train: Iterable[dict[str, Any]], heldout: Iterable[dict[str, Any]]) -> list[str]:
+def overlap(train: Iterable[dict[str, Any]], held_out: Iterable[dict[str, Any]]) -> list[str]:
     """Keys of what the model sees (seen()) that a held-out task shares with a training one."""
     train_keys: set[str] = set()
     for task in train:
         train_keys |= seen(task)
-    return sorted({key for task in heldout for key in seen(task) & train_keys})
+    return sorted({key for task in held_out for key in seen(task) & train_keys})
 
 
 def write_tasks(tasks: Sequence[dict[str, Any]], out: str | Path) -> Path:

@@ -2,8 +2,9 @@
 
     python -m examples.swe_lite.prepare --out runs/swe_lite --seed 0
 
-writes `train/tasks.jsonl` (2000 tasks, their repos in `train/repos/`), `heldout/tasks.jsonl` (64
-tasks of other repositories and bug placements), `demos/*.traj.json` (mini-swe-agent trajectories
+writes `train/tasks.jsonl` (2000 tasks, their repos in `train/repos/`), `val/tasks.jsonl` and
+`test/tasks.jsonl` (64 tasks each of other repositories, names and bug placements: `val` to choose
+settings on, `test` to report, never used for choosing), `demos/*.traj.json` (mini-swe-agent trajectories
 of the scripted policy on the easier case: the statement names the file, so the agent runs the
 tests, reads the file, fixes it, runs the tests and submits; it never searches), `model-init/` (a
 tiny Llama with a BPE vocabulary trained on the demonstrations and training repositories, 2048
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from examples.swe_lite.generate import generate, write_tasks
+from examples.swe_lite.generate import HELD_OUT, generate, write_tasks
 
 TRAIN_TASKS = 2000
-HELDOUT_TASKS = 64
+HELD_OUT_TASKS = 64  # each of val and test
 DEMOS = 2048  # many, each with new names: with 256 over 19 epochs the model made names up instead of copying
 WARM_START_STEPS = 2400
 WARM_START_THREADS = 2  # torch threads: 1.7x one thread's speed for this model on 2 cores
@@ -42,7 +43,7 @@ CORPUS_REPOS = 300  # training repositories the BPE vocabulary sees (never held-
 class PreparedSweLite:
     model: Path
     train_tasks: Path
-    heldout_tasks: Path
+    held_out_tasks: dict[str, Path]  # split (val, test) -> its tasks.jsonl
     demos: list[Path]
     warm_start_seconds: float
     final_loss: float
@@ -56,7 +57,7 @@ def model_spec(seed: int):
 
 def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
-    train: int = TRAIN_TASKS, heldout: int = HELDOUT_TASKS, tests_first: bool = True, observations: bool = False,
+    train: int = TRAIN_TASKS, held_out: int = HELD_OUT_TASKS, tests_first: bool = True, observations: bool = False,
     progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
@@ -68,7 +69,7 @@ def prepare_swe_lite(
     workdir = Path(workdir)
     train_rows = generate("train", train, seed)
     train_tasks = write_tasks(train_rows, workdir / "train")
-    heldout_tasks = write_tasks(generate("heldout", heldout, seed), workdir / "heldout")
+    held_out_tasks = {split: write_tasks(generate(split, held_out, seed), workdir / split) for split in HELD_OUT}
     demo_tasks = write_tasks(generate("demo", demos, seed), workdir / "demo")
     demo_rows = [json.loads(line) for line in demo_tasks.read_text().splitlines()]
     with ProcessPoolExecutor(RECORD_WORKERS) as pool:
@@ -87,7 +88,7 @@ def prepare_swe_lite(
         ),
         progress=progress,
     )  # fmt: skip
-    return PreparedSweLite(result.path, train_tasks, heldout_tasks, shown, result.seconds, result.losses[-1])
+    return PreparedSweLite(result.path, train_tasks, held_out_tasks, shown, result.seconds, result.losses[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "
-        f"{prepared.final_loss:.3f}; wrote {prepared.model}, {prepared.train_tasks}, {prepared.heldout_tasks}"
+        f"{prepared.final_loss:.3f}; wrote {prepared.model}, {prepared.train_tasks}, "
+        + ", ".join(str(path) for path in prepared.held_out_tasks.values())
     )
     return 0
 

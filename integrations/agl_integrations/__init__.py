@@ -8,7 +8,8 @@ Every module imports its framework only when called, so `import agl_integrations
     anthropic_sdk    anthropic_client()            Anthropic Messages through the sidecar
     openai_agents    agents_model(), run_config()  OpenAI Agents SDK (Responses or chat)
     langchain        chat_model()                  LangChain / LangGraph (ChatOpenAI)
-    mini_swe_agent   swe_model()                   mini-swe-agent's litellm model
+    mini_swe_agent   swe_model()                   mini-swe-agent's litellm model, or its text-based model
+                                                   over the OpenAI SDK (client="openai": no litellm import)
 """
 
 from agl_integrations.endpoint import SidecarEndpoint, sidecar_endpoint

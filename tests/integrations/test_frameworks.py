@@ -148,9 +148,11 @@ def test_langgraph_react_agent(sink: OTLPSink, sidecar_for: Callable[[str], Back
     assert reward.attributes[semconv.REWARD_VALUE] == 0.5
 
 
-def test_mini_swe_agent(
-    sink: OTLPSink, tmp_path: Path, sidecar_for: Callable[[str], BackgroundSidecar]
-) -> None:
+def run_mini_swe_agent(
+    client: str, sink: OTLPSink, work: Path, sidecar_for: Callable[[str], BackgroundSidecar]
+) -> tuple[dict, list[dict], dict]:
+    """mini-swe-agent's text-based agent with `client`, scripted by the engine: writes a file, then
+    submits. Returns the agent's result, the requests the engine received, and the saved trajectory."""
     import yaml
     from agl_integrations.mini_swe_agent import swe_model
     from minisweagent import config as swe_config
@@ -170,16 +172,68 @@ def test_mini_swe_agent(
         "agent"
     ]
     agent_config.update(step_limit=5, cost_limit=0)
-    work = tmp_path / "repo"
     work.mkdir()
     with FakeVLLM(reply=act) as fake, agl.rollout(task_id="t-swe") as rollout:
         sidecar = sidecar_for(fake.base_url)
-        model = swe_model("tiny", sidecar.url, model_kwargs={"max_tokens": 256})
-        result = DefaultAgent(model, LocalEnvironment(cwd=str(work)), **agent_config).run(
-            "Write 'fixed' to answer.txt"
-        )
+        model = swe_model("tiny", sidecar.url, client=client, model_kwargs={"max_tokens": 256})
+        agent = DefaultAgent(model, LocalEnvironment(cwd=str(work)), **agent_config)
+        result = agent.run("Write 'fixed' to answer.txt")
         agl.emit_reward(1.0 if (work / "answer.txt").read_text().strip() == "fixed" else 0.0)
     assert result["exit_status"] == "Submitted" and result["submission"].strip() == "fixed"
     span, reward, calls = rollout_spans(sink, rollout.rollout_id, calls=2)
     assert_attributed(span, calls, semconv.API_CHAT_COMPLETIONS)
     assert reward.attributes[semconv.REWARD_VALUE] == 1.0
+    trajectory = json.loads(json.dumps(agent.serialize()))  # what agent.save writes
+    return result, fake.requests, trajectory
+
+
+@pytest.mark.parametrize("client", ["litellm", "openai"])
+def test_mini_swe_agent(
+    client: str, sink: OTLPSink, tmp_path: Path, sidecar_for: Callable[[str], BackgroundSidecar]
+) -> None:
+    run_mini_swe_agent(client, sink, tmp_path / "repo", sidecar_for)
+
+
+def test_mini_swe_agent_over_the_openai_sdk_sends_what_litellm_sends(
+    sink: OTLPSink, tmp_path: Path, sidecar_for: Callable[[str], BackgroundSidecar]
+) -> None:
+    """client="openai" spares litellm's import; the engine must not be able to tell: the same requests
+    (messages, sampling, what the sidecar adds), the same conversation in the trajectory."""
+    _, by_litellm, litellm_trajectory = run_mini_swe_agent("litellm", sink, tmp_path / "a", sidecar_for)
+    _, by_openai, openai_trajectory = run_mini_swe_agent("openai", sink, tmp_path / "b", sidecar_for)
+    assert len(by_openai) == len(by_litellm) == 2
+    for request in by_litellm:  # litellm echoes its own `provider_specific_fields` into the assistant turns it
+        for message in request["messages"]:  # sends back: not a chat-template field, the engine ignores it
+            message.pop("provider_specific_fields", None)
+    assert by_openai == by_litellm
+
+    def conversation(trajectory: dict) -> list[tuple[str, str]]:
+        return [(m["role"], m["content"]) for m in trajectory["messages"]]
+
+    assert conversation(openai_trajectory) == conversation(litellm_trajectory)
+    assert openai_trajectory["trajectory_format"] == "mini-swe-agent-1.1"
+    assert openai_trajectory["info"]["config"]["model_type"].endswith("SidecarTextModel")
+    assert [m["extra"]["actions"] for m in openai_trajectory["messages"] if m["role"] == "assistant"] == [
+        m["extra"]["actions"] for m in litellm_trajectory["messages"] if m["role"] == "assistant"
+    ]
+
+
+def test_mini_swe_agent_over_the_openai_sdk_keeps_a_malformed_reply_and_refuses_a_bad_setting(
+    sink: OTLPSink, tmp_path: Path, sidecar_for: Callable[[str], BackgroundSidecar]
+) -> None:
+    """A reply with no bash block is mini-swe-agent's format error, response kept (its contract); a
+    client that does not exist, or the tool-calling model over the SDK, is refused by name."""
+    from agl_integrations.mini_swe_agent import swe_model
+    from minisweagent.exceptions import FormatError
+
+    with FakeVLLM(reply=lambda body, choice: "no block here") as fake, agl.rollout(task_id="t-bad"):
+        model = swe_model("tiny", sidecar_for(fake.base_url).url, client="openai", model_kwargs={"max_tokens": 16})
+        with pytest.raises(FormatError) as raised:
+            model.query([{"role": "user", "content": "hi", "extra": {"not": "sent"}}])
+    (message,) = raised.value.messages
+    assert message["extra"]["n_actions"] == 0 and message["extra"]["response"]["choices"][0]["message"]["content"] == "no block here"
+    assert fake.requests[0]["messages"] == [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match="client 'httpx'"):
+        swe_model("tiny", "http://127.0.0.1:9", client="httpx")
+    with pytest.raises(ValueError, match="text-based model only"):
+        swe_model("tiny", "http://127.0.0.1:9", client="openai", textbased=False)

@@ -131,9 +131,10 @@ def test_prepare_writes_the_tasks_the_demonstrations_and_a_warm_started_model(tm
 
     from examples.swe_lite.prepare import prepare_swe_lite
 
-    prepared = prepare_swe_lite(tmp_path, seed=0, demos=2, steps=3, train=10, heldout=4)
+    prepared = prepare_swe_lite(tmp_path, seed=0, demos=2, steps=3, train=10, held_out=4)
     assert len(prepared.train_tasks.read_text().splitlines()) == 10
-    assert len(prepared.heldout_tasks.read_text().splitlines()) == 4
+    assert sorted(prepared.held_out_tasks) == ["test", "val"]
+    assert [len(path.read_text().splitlines()) for path in prepared.held_out_tasks.values()] == [4, 4]
     assert [load_trajectory(p)["info"]["exit_status"] for p in prepared.demos] == ["Submitted"] * 2
     assert AutoConfig.from_pretrained(prepared.model).max_position_embeddings == 2048
     tokenizer = AutoTokenizer.from_pretrained(prepared.model)

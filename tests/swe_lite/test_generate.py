@@ -1,6 +1,7 @@
 """swe-lite's task generator: reproducible tasks whose bug breaks exactly its FAIL_TO_PASS tests (checked
-with real pytest through examples/swe's grader), every bug family, and a held-out split that shares
-nothing the model sees with training (and a check that would say so if the generator leaked)."""
+with real pytest through examples/swe's grader), every bug family, and two held-out splits (val to
+choose on, test to report) that share nothing the model sees with training (and a check that would say so if the
+generator leaked), test's tasks other than val's."""
 
 from __future__ import annotations
 
@@ -47,18 +48,29 @@ def test_each_bug_is_one_snippet_and_breaks_a_call(function) -> None:
         assert any(outcome(broken, call) != ("value", value) for call, value in expected.items()), bug
 
 
-def test_the_heldout_split_shares_nothing_the_model_sees_with_training() -> None:
-    train, heldout = generate("train", 2000, seed=0), generate("heldout", 200, seed=0)
-    assert overlap(train, heldout) == []
+@pytest.mark.parametrize("split", generate_module.HELD_OUT)
+def test_each_held_out_split_shares_nothing_the_model_sees_with_training(split: str) -> None:
+    train, held_out = generate("train", 2000, seed=0), generate(split, 200, seed=0)
+    assert overlap(train, held_out) == []
+
+
+def test_the_test_split_is_other_tasks_than_the_val_split_settings_are_chosen_on() -> None:
+    """Choosing on val and reporting on test means test's tasks are not val's: no repository, statement or
+    bug placement in common (names may meet by chance: both come from the held-out half of the space)."""
+    val, test = generate("val", 200, seed=0), generate("test", 200, seed=0)
+    shared = {key.split(":")[0] for key in overlap(val, test)}
+    assert shared <= {"name"}
+    assert not {json.dumps(t["files"], sort_keys=True) for t in val} & {json.dumps(t["files"], sort_keys=True) for t in test}
 
 
 def test_the_disjointness_check_fails_when_the_generator_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Held-out tasks drawn from training's half of the name space: the check must find the names they share."""
-    monkeypatch.setitem(generate_module.BUCKETS, "heldout", generate_module.BUCKETS["train"])
-    leaked = overlap(generate("train", 2000, seed=0), generate("heldout", 200, seed=0))
+    monkeypatch.setitem(generate_module.BUCKETS, "test", generate_module.BUCKETS["train"])
+    leaked = overlap(generate("train", 2000, seed=0), generate("test", 200, seed=0))
     assert any(key.startswith("name:") for key in leaked)
-    monkeypatch.setitem(generate_module.SPLIT_SALT, "heldout", generate_module.SPLIT_SALT["train"])
-    same = overlap(generate("train", 50, seed=0), generate("heldout", 50, seed=0))
+    monkeypatch.undo()  # test's own names again, but val's draws: the same tasks
+    monkeypatch.setitem(generate_module.SPLIT_SALT, "test", generate_module.SPLIT_SALT["val"])
+    same = overlap(generate("val", 50, seed=0), generate("test", 50, seed=0))
     assert {key.split(":")[0] for key in same} >= {"statement", "placement", "file", "name"}
 
 
@@ -71,7 +83,8 @@ def test_names_are_made_up_afresh_and_held_out_ones_never_train() -> None:
     task = generate("train", 1, seed=0)[0]  # a package and a module per test file
     tested = sorted(p.removeprefix("tests/test_").removesuffix(".py") for p in task["files"] if p.startswith("tests/"))
     assert names([task])[0] == task["placement"]["package"] and sorted(names([task])[1:]) == tested
-    train, demo, heldout = names(generate("train", 2000, seed=0)), names(generate("demo", 256, seed=0)), names(generate("heldout", 200, seed=0))
+    train, demo = names(generate("train", 2000, seed=0)), names(generate("demo", 256, seed=0))
+    heldout = names(generate("val", 200, seed=0)) + names(generate("test", 200, seed=0))
     assert len(set(train)) > 0.5 * len(train)  # a fixed pool of names would repeat each hundreds of times
     assert not set(heldout) & (set(train) | set(demo))
     assert {generate_module.name_bucket(n) for n in heldout} == {0} and 0 not in {generate_module.name_bucket(n) for n in train + demo}
@@ -83,7 +96,7 @@ def test_the_statement_names_the_file_only_in_demonstrations() -> None:
     for task in generate("demo", 20, seed=0):
         hint = f" The bug is in {task['fix']['path']}."
         assert task["problem_statement"].endswith(hint + ask)  # the one sentence more, worded as the rest
-    for task in generate("train", 20, seed=0) + generate("heldout", 20, seed=0):
+    for task in generate("train", 20, seed=0) + generate("val", 20, seed=0) + generate("test", 20, seed=0):
         assert task["fix"]["path"] not in task["problem_statement"] and task["problem_statement"].endswith(ask)
         assert "The bug is in" not in task["problem_statement"]
 
