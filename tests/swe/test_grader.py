@@ -50,6 +50,25 @@ def test_edited_tests_are_restored_before_grading(tmp_path: Path) -> None:
     assert grade(task, workspace) == 0.0
 
 
+def test_without_plugin_autoload_a_test_that_needs_a_plugin_fails(tmp_path: Path) -> None:
+    """--no-plugin-autoload is for tests that need no third-party plugin: one that uses a plugin's fixture
+    (anyio's `anyio_backend`, installed with httpx) passes with the plugins and errors without them."""
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "tests/test_plugin.py").write_text("def test_backend(anyio_backend):\n    assert anyio_backend\n")
+    raw = {"id": "plugin", "repo": str(repo), "problem_statement": "-",
+           "FAIL_TO_PASS": ["tests/test_plugin.py::test_backend"], "PASS_TO_PASS": []}  # fmt: skip
+    task = parse_task(raw)
+    workspace = fresh_copy(task, tmp_path / "ws")
+    assert grade(task, workspace) == 1.0
+    assert grade(task, workspace, plugin_autoload=False) == 0.0
+    env = {**os.environ, "AGL_TASK": json.dumps(raw)}
+    for flag, reward in (("--plugin-autoload", "1.0"), ("--no-plugin-autoload", "0.0")):
+        result = subprocess.run([sys.executable, str(ROOT / "examples/swe/grader.py"), "--workspace", str(workspace), flag],
+                                env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == reward, result.stderr
+
+
 def test_grader_as_the_runner_runs_it(tmp_path: Path) -> None:
     """AGL_TASK and AGL_ROLLOUT_ID from the environment, the reward on the last stdout line, the
     rollout's workspace removed afterwards."""

@@ -115,10 +115,11 @@ def test_pytest_fails_the_bug_and_passes_the_fix(tmp_path: Path) -> None:
     for row in rows:
         task = parse_task(row)
         workspace = fresh_copy(task, tmp_path / "ws" / row["id"])
-        assert grade(task, workspace) == 0.0, row["placement"]
+        # the config grades without third-party pytest plugins: the generated tests need none, the same rewards
+        assert grade(task, workspace) == grade(task, workspace, plugin_autoload=False) == 0.0, row["placement"]
         fix = workspace / row["fix"]["path"]
         fix.write_text(fix.read_text().replace(row["fix"]["buggy"], row["fix"]["correct"]))
-        assert grade(task, workspace) == 1.0, row["placement"]
+        assert grade(task, workspace) == grade(task, workspace, plugin_autoload=False) == 1.0, row["placement"]
 
 
 @pytest.mark.parametrize("edit", ["change", "add", "remove", "conftest"])
