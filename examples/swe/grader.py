@@ -7,11 +7,14 @@ PASS_TO_PASS tests in the rollout's workspace and print the reward on the last s
 Reward 1.0 when every listed test passes, else 0.0 (SWE-bench's "resolved"). The test files are
 restored from the task's repo first, so editing a test does not pass it; with `--refuse-test-edits`
 a workspace whose tests differ from the task's (a graded test file, anything under `tests/`, a
-`test_*.py`, pytest's config or a conftest.py: changed, added or removed) gets 0.0 without running. pytest's usage errors (a
-test id that does not exist) are the task's fault: exit 2 with the message, no reward.
-`--no-plugin-autoload` runs pytest without the environment's third-party plugins
-(PYTEST_DISABLE_PLUGIN_AUTOLOAD): for tasks whose tests need none, where loading them is most of a
-run's time (3.5 s of 3.7 in this venv); a repository whose tests use a plugin's fixtures needs them.
+`test_*.py`, pytest's config or a conftest.py: changed, added or removed) gets 0.0 without running.
+Tests that do not finish within `--timeout-s` score 0.0, and so do tests pytest cannot collect in
+the patched workspace (a module that no longer imports) when it collects them in a fresh copy of the
+task's repo; when it cannot collect them there either (a test id that does not exist), that is the
+task's fault: exit 2 with the message, no reward. `--no-plugin-autoload` runs pytest without the
+environment's third-party plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD): for tasks whose tests need none,
+where loading them is most of a run's time (3.5 s of 3.7 in this venv); a repository whose tests use
+a plugin's fixtures needs them.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `examples` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.swe.swe_task import SweTask, TaskError, parse_task, workspace_for
+from examples.swe.swe_task import SweTask, TaskError, fresh_copy, parse_task, workspace_for
 
 PYTEST_PASSED, PYTEST_FAILED = 0, 1
 PYTEST_CONFIG = frozenset({"conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"})
@@ -77,22 +81,48 @@ def grade(
         target = workspace / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(original, target)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(workspace), *task.tests]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # the grader's settings only
     if not plugin_autoload:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    result = subprocess.run(
-        command, cwd=workspace, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
-    )
+    try:
+        result = run_pytest(workspace, task.tests, env, timeout_s)
+    except subprocess.TimeoutExpired:  # the patched code hangs (or is that slow): not resolved
+        sys.stderr.write(f"grader: the tests did not finish within {timeout_s:g} s: reward 0.0\n")
+        return 0.0
     sys.stderr.write(result.stdout[-4000:])
     if result.returncode == PYTEST_PASSED:
         return 1.0
     if result.returncode == PYTEST_FAILED:
         return 0.0
+    # Not a test result: pytest could not collect the tests. The task's fault if its own repository does not
+    # collect them either (a missing test id); the patch's if it does (e.g. a module that no longer imports).
+    if collects(task, env, timeout_s):
+        sys.stderr.write(
+            f"grader: pytest exited {result.returncode}: the tests do not run in the patched workspace but do in the "
+            f"task's repo: reward 0.0\n{(result.stdout + result.stderr)[-2000:]}\n"
+        )
+        return 0.0
     raise TaskError(
         f"task {task.id}: pytest exited {result.returncode} (not a test result: a missing test id?):\n"
         f"{(result.stdout + result.stderr)[-2000:]}"
     )
+
+
+def run_pytest(
+    root: Path, tests: list[str], env: dict[str, str], timeout_s: float, *options: str
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), *options, *tests]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+
+
+def collects(task: SweTask, env: dict[str, str], timeout_s: float) -> bool:
+    """Whether pytest collects the task's tests in a fresh copy of the task's own repository."""
+    with tempfile.TemporaryDirectory(prefix="agl-grader-") as scratch:
+        pristine = fresh_copy(task, Path(scratch) / "repo")
+        try:
+            return run_pytest(pristine, task.tests, env, timeout_s, "--collect-only").returncode == PYTEST_PASSED
+        except subprocess.TimeoutExpired:
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             raise TaskError("no workspace: pass --workspace or set AGL_ROLLOUT_ID (the runner does)")
         workspace = Path(args.workspace) if args.workspace else workspace_for(rollout_id)
         reward = grade(task, workspace, args.timeout_s, args.refuse_test_edits, args.plugin_autoload)
-    except (TaskError, json.JSONDecodeError, subprocess.TimeoutExpired) as error:
+    except (TaskError, json.JSONDecodeError) as error:
         print(f"grader: {error}", file=sys.stderr)
         return 2
     if not args.keep and not args.workspace:

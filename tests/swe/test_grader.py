@@ -94,6 +94,27 @@ def test_grader_errors_name_the_problem(tmp_path: Path) -> None:
     assert result.returncode == 2 and "pytest exited 4" in result.stderr
 
 
+def test_a_patch_that_stops_the_tests_from_running_scores_0_not_a_task_error(tmp_path: Path) -> None:
+    """A module that no longer imports makes pytest exit 4 ("found no collectors"): the patch's fault,
+    since the task's own repo collects the tests; a test that hangs past the timeout also scores 0.0.
+    Neither may vanish as a harness error (a dropped rollout would spare a breaking patch its 0.0)."""
+    raw = next(t for t in TASKS if t["id"] == "calc-mean")
+    task = parse_task(raw)
+    workspace = fresh_copy(task, tmp_path / "ws")
+    (workspace / "calc.py").write_text("def mean(values:\n")  # a syntax error
+    assert grade(task, workspace) == 0.0
+    env = {**os.environ, "AGL_TASK": json.dumps(raw)}
+    script = str(ROOT / "examples/swe/grader.py")
+    result = subprocess.run([sys.executable, script, "--workspace", str(workspace)], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "0.0"
+    assert "do not run in the patched workspace" in result.stderr
+    (workspace / "calc.py").write_text("import time\ntime.sleep(60)\n")  # hangs on import
+    result = subprocess.run([sys.executable, script, "--workspace", str(workspace), "--timeout-s", "2"], env=env,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "0.0"
+    assert "did not finish within 2 s" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
