@@ -12,9 +12,10 @@ breaks a test of another function, is never made.
 Package and module names are made-up words drawn afresh for each repository from a space cut in two
 by a hash (`draw_name`): the held-out splits' names never occur in training or the demonstrations,
 so neither does a held-out task's repository, its files' paths or its problem statement (`overlap()`
-checks what the model sees; tests/swe_lite/test_generate.py runs it). Two splits are held out: `val`, on
-which settings are chosen, and `test`, which reports and is never used for choosing. The problem statement gives a failing
-call and its wrong result but not the file (`hint_file=True` names it: the demonstrations' easier case).
+checks what the model sees; tests/swe_lite/test_generate.py runs it). Two splits are held out: `val`,
+on which settings are chosen, and `test`, which reports and is never used for choosing. The problem
+statement gives a failing call and its wrong result but not the file (`hint_file=True` names it: the
+demonstrations' easier case).
 """
 
 from __future__ import annotations
