@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from agl import Rollout
 from pydantic import BaseModel
 
 from agl_integrations.endpoint import sidecar_endpoint
 
-CLIENTS = ("litellm", "openai")
+Client = Literal["litellm", "openai"]
+CLIENTS: tuple[str, ...] = get_args(Client)
 # What a chat message sends: the rest of a response's message (refusal, annotations, audio, nulls) stays out.
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
@@ -34,7 +35,7 @@ def swe_model(
     sidecar_url: str | None = None,
     *,
     textbased: bool = True,
-    client: Literal["litellm", "openai"] = "litellm",
+    client: Client = "litellm",
     rollout: Rollout | None = None,
     **config: Any,
 ) -> Any:
@@ -153,5 +154,10 @@ class SidecarTextModel:
         return self.config.model_dump()
 
     def serialize(self) -> dict[str, Any]:
+        """What a saved trajectory records of the model: its config, the API key left out (the
+        sidecar's token from OPENAI_API_KEY has no place in a file users share)."""
+        model = self.config.model_dump(mode="json")
+        if "api_key" in model["model_kwargs"]:
+            model["model_kwargs"]["api_key"] = "<redacted>"
         model_type = f"{type(self).__module__}.{type(self).__name__}"
-        return {"info": {"config": {"model": self.config.model_dump(mode="json"), "model_type": model_type}}}
+        return {"info": {"config": {"model": model, "model_type": model_type}}}

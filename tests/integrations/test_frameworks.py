@@ -221,8 +221,9 @@ def test_mini_swe_agent_over_the_openai_sdk_sends_what_litellm_sends(
 def test_mini_swe_agent_over_the_openai_sdk_keeps_a_malformed_reply_and_refuses_a_bad_setting(
     sink: OTLPSink, tmp_path: Path, sidecar_for: Callable[[str], BackgroundSidecar]
 ) -> None:
-    """A reply with no bash block is mini-swe-agent's format error, response kept (its contract); a
-    client that does not exist, or the tool-calling model over the SDK, is refused by name."""
+    """A reply with no bash block is mini-swe-agent's format error, response kept (its contract); the
+    API key stays out of what a trajectory saves; a client that does not exist, or the tool-calling
+    model over the SDK, is refused by name."""
     from agl_integrations.mini_swe_agent import swe_model
     from minisweagent.exceptions import FormatError
 
@@ -233,6 +234,10 @@ def test_mini_swe_agent_over_the_openai_sdk_keeps_a_malformed_reply_and_refuses_
     (message,) = raised.value.messages
     assert message["extra"]["n_actions"] == 0 and message["extra"]["response"]["choices"][0]["message"]["content"] == "no block here"
     assert fake.requests[0]["messages"] == [{"role": "user", "content": "hi"}]
+    from agl_integrations.mini_swe_agent import SidecarTextModel
+
+    keyed = SidecarTextModel(model_name="tiny", model_kwargs={"api_base": "http://127.0.0.1:9/v1", "api_key": "sk-not-for-files"})
+    assert "sk-not-for-files" not in json.dumps(keyed.serialize())  # a saved trajectory does not carry the key
     with pytest.raises(ValueError, match="client 'httpx'"):
         swe_model("tiny", "http://127.0.0.1:9", client="httpx")
     with pytest.raises(ValueError, match="text-based model only"):
