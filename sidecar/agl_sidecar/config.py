@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from agl import semconv
+from agl._yaml import load_yaml as parse_yaml
 from agl_sidecar.inputs import INT64_MAX, INT64_MIN
 from agl_sidecar.proxy.routing import validate_upstream
 
@@ -130,7 +131,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = parse_yaml(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"--config {path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -79,3 +79,17 @@ def test_ordinary_otlp_headers_still_start():
 def test_finite_values_still_start():
     config = build({**UPSTREAM, "max_hold_s": 5, "upstream_timeout_s": 30, "sampling": {"train": {"temperature": 0.7}}})
     assert config.max_hold_s == 5 and config.upstream_timeout_s == 30
+
+
+def test_a_config_file_reads_yaml_1_2_booleans(tmp_path):
+    """Only true/false are booleans (YAML 1.2): `yes`, `off` in a string setting stay strings. Before,
+    PyYAML's YAML 1.1 read them as booleans: a header `x-debug: yes` refused the sidecar with "Expected
+    `str`, got `bool`", and `otlp_compression: off` named a bool where the user wrote 'off'."""
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("upstream: [http://127.0.0.1:1]\notlp_headers: {x-debug: yes, x-trace: On}\nno-api-key: True\n")
+    config = build(load_yaml(str(path)))
+    assert config.otlp_headers == {"x-debug": "yes", "x-trace": "On"}
+    assert config.no_api_key is True
+    path.write_text("upstream: [http://127.0.0.1:1]\notlp_compression: off\n")
+    with pytest.raises(ConfigError, match="'off' must be gzip, none or auto"):
+        build(load_yaml(str(path)))

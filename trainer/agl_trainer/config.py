@@ -13,7 +13,6 @@ its default and meaning (`agl train --help` prints it).
 from __future__ import annotations
 
 import difflib
-import functools
 import json
 import re
 import shutil
@@ -24,6 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agl._yaml import load_yaml
 from agl_trainer.config_schema import ENGINES
 from agl_trainer.config_schema import (  # re-exported: callers import the config from here
     Config as Config,
@@ -76,38 +76,13 @@ def validate(raw: dict[str, Any]) -> Config:
         raise ConfigError(_explain(str(error), name if isinstance(name, str) else None)) from None
 
 
-@functools.cache
-def _yaml_loader() -> type:
-    """PyYAML's safe loader with YAML 1.2's booleans: only true/false (any case) are booleans, so
-    `importance_scope: off` is the string 'off', not False (YAML 1.1 also reads yes/no/on/off)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-    )
-    return Loader
-
-
-def _load_yaml(text: str) -> Any:
-    import yaml
-
-    return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
-
-
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (fix: pass the path of a YAML file)")
     try:
-        data = _load_yaml(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     except UnicodeDecodeError as error:  # read_text: a binary or Latin-1 file
@@ -145,7 +120,7 @@ def parse_overrides(args: Sequence[str]) -> Iterator[tuple[str, Any]]:
             raise ConfigError(f"unexpected argument {arg!r} (config keys are flags: --loop.group_size 8)")
         key = key.strip().replace("-", "_") if not key.startswith("harness.env.") else key
         try:
-            value = _load_yaml(text) if text != "" else ""
+            value = load_yaml(text) if text != "" else ""
         except yaml.YAMLError:
             value = text
         yield key, value
