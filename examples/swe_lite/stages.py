@@ -1,0 +1,197 @@
+"""Where swe-lite rollouts fail: each rollout's commands, read back from a run's store, against the
+stages of the fix its task needs (run the tests, read the right file, edit it, the fix, pass).
+
+    python -m examples.swe_lite.stages runs/swe_lite/eval-warm-test runs/swe_lite/eval-trained-test \\
+        --tasks runs/swe_lite/test/tasks.jsonl --model runs/swe_lite/model-warm
+
+A run directory is an `agl eval` or `agl train` output (its `rollouts.db`); `--tasks` the tasks its
+rollouts ran (their `fix` and `placement`, which the agent never sees); `--model` the tokenizer that
+decodes the recorded completion tokens. One column a run, each stage counted over its rollouts:
+
+- ran the tests: a command runs pytest
+- read the right file: `cat` of the file with the bug (`./` and spacing aside)
+- read only other files: `cat` of some .py file, never the right one (a path copied wrong, mostly)
+- edited the right file: `sed -i` whose last argument is the file with the bug
+- the demonstrated fix: the demonstrations' own `sed` for this bug (demonstrations.replies), to the
+  letter; another spelling that fixes the bug counts under passed only
+- passed: the rollout's reward is 1.0 (the grader's FAIL_TO_PASS and PASS_TO_PASS tests pass)
+
+and passed by bug family. Commands are parsed as the agent parses them (mini-swe-agent's text-based
+action regex); a reply with no command counts for nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl_integrations.mini_swe_agent import SidecarTextModelConfig
+
+from examples.swe_lite.demonstrations import SED_PATTERN_SPECIALS, SED_REPLACEMENT_SPECIALS, sed_escape
+
+ACTION = re.compile(SidecarTextModelConfig.model_fields["action_regex"].default, re.DOTALL)
+STAGES = (
+    ("tests", "ran the tests"),
+    ("read_right", "read the right file"),
+    ("read_other_only", "read only other files"),
+    ("edited_right", "edited the right file"),
+    ("fix", "the demonstrated fix"),
+    ("passed", "passed (reward 1.0)"),
+)
+
+
+def commands(replies: Iterable[str]) -> list[str]:
+    """The bash command of each reply that has exactly one (as mini-swe-agent runs them)."""
+    found = []
+    for reply in replies:
+        actions = ACTION.findall(reply)
+        if len(actions) == 1:
+            found.append(actions[0].strip())
+    return found
+
+
+def _words(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:  # an unclosed quote: the agent's bash would refuse it too
+        return []
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.normpath(a) == os.path.normpath(b)
+
+
+def demonstrated_fix(task: dict[str, Any]) -> str:
+    """The `sed` expression the demonstrations write for `task` (demonstrations.replies)."""
+    fix = task["fix"]
+    return f"s/{sed_escape(fix['buggy'], SED_PATTERN_SPECIALS)}/{sed_escape(fix['correct'], SED_REPLACEMENT_SPECIALS)}/"
+
+
+def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> set[str]:
+    """The stages (STAGES' keys) one rollout reached: `run` its commands, `reward` its final reward."""
+    path = task["fix"]["path"]
+    reached: set[str] = set()
+    read: list[str] = []
+    for command in run:
+        words = _words(command)
+        if not words:
+            continue
+        if "pytest" in words:
+            reached.add("tests")
+        if words[0] == "cat":
+            read += [w for w in words[1:] if w.endswith(".py")]
+        if words[0] == "sed" and "-i" in words and len(words) >= 4 and _same_path(words[-1], path):
+            reached.add("edited_right")
+            if demonstrated_fix(task) in words[1:-1]:
+                reached.add("fix")
+    if any(_same_path(p, path) for p in read):
+        reached.add("read_right")
+    elif read:
+        reached.add("read_other_only")
+    if reward == 1.0:
+        reached.add("passed")
+    return reached
+
+
+@dataclass
+class RunStages:
+    """One run's counts: how many rollouts reached each stage, and passed / rollouts by bug family."""
+
+    name: str
+    rollouts: int = 0
+    reached: Counter[str] = field(default_factory=Counter)
+    family_passed: Counter[str] = field(default_factory=Counter)
+    family_rollouts: Counter[str] = field(default_factory=Counter)
+
+    def add(self, task: dict[str, Any], reached: set[str]) -> None:
+        family = task["placement"]["family"]
+        self.rollouts += 1
+        self.reached.update(reached)
+        self.family_rollouts[family] += 1
+        self.family_passed[family] += "passed" in reached
+
+
+def read_run(run_dir: Path, tasks: dict[str, dict[str, Any]], decode: Callable[[Sequence[int]], str]) -> RunStages:
+    """Count the stages of every complete rollout in `run_dir`'s store whose task is in `tasks`."""
+    from agl_trainer.store import RolloutStore
+
+    store_path = run_dir / "rollouts.db"
+    counts = RunStages(run_dir.name)
+    with RolloutStore(store_path) as store:
+        infos = [info for info in store.rollouts() if info.complete]
+        unknown = sorted({info.task_id for info in infos if info.task_id not in tasks}, key=str)
+        if unknown:
+            raise SystemExit(
+                f"stages: {run_dir}'s rollouts ran tasks not in --tasks ({', '.join(map(str, unknown[:3]))}...)"
+                " (fix: pass the tasks.jsonl the run was given)"
+            )
+        rewards = store.final_rewards(info.key for info in infos)
+        for info in infos:
+            data = store.load(info.key)
+            replies = [decode(call.completion_ids.tolist()) for call in data.calls if call.completion_ids is not None]
+            task = tasks[info.task_id]
+            counts.add(task, stages(task, commands(replies), rewards.get(info.key)))
+    return counts
+
+
+def read_tasks(path: Path) -> dict[str, dict[str, Any]]:
+    tasks = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+            tasks[task["id"]] = task
+            task["fix"]["path"], task["placement"]["family"]  # noqa: B018 - what stages() reads
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(f"stages: {path}:{number} is not a swe-lite task (fix: pass a tasks.jsonl from generate/prepare)") from None
+    return tasks
+
+
+def table(runs: Sequence[RunStages]) -> str:
+    def cell(count: int, total: int) -> str:
+        return f"{count} ({count / total:.0%})" if total else "0"
+
+    rows = [("stage", *(run.name for run in runs)), ("rollouts", *(str(run.rollouts) for run in runs))]
+    rows += [(label, *(cell(run.reached[key], run.rollouts) for run in runs)) for key, label in STAGES]
+    families = sorted({family for run in runs for family in run.family_rollouts})
+    rows += [(f"passed, {family}", *(f"{run.family_passed[family]}/{run.family_rollouts[family]}" for run in runs))
+             for family in families]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.swe_lite.stages", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("runs", nargs="+", type=Path, help="`agl eval` / `agl train` output directories, one column each")
+    parser.add_argument("--tasks", type=Path, required=True, help="the tasks.jsonl the runs ran")
+    parser.add_argument("--model", type=Path, required=True, help="a model directory whose tokenizer decodes the runs' tokens")
+    args = parser.parse_args(argv)
+    if not args.tasks.is_file():
+        parser.error(f"--tasks {args.tasks}: no such file")
+    tasks = read_tasks(args.tasks)
+    for run in args.runs:
+        if not (run / "rollouts.db").is_file():
+            parser.error(f"{run} has no rollouts.db (fix: pass an `agl eval` or `agl train` output directory)")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"--model {args.model}: no tokenizer loads from it ({type(error).__name__}: {error}; fix: pass the model directory the runs served)")
+    print(table([read_run(run, tasks, tokenizer.decode) for run in args.runs]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""examples/swe_lite/stages.py: each rollout's commands sorted into the stages of its task's fix.
+The counts from a real run's store are checked in test_end_to_end.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from examples.swe_lite.demonstrations import replies
+from examples.swe_lite.generate import generate
+from examples.swe_lite.stages import RunStages, commands, demonstrated_fix, main, stages, table
+
+TASK = generate("train", 1, seed=5)[0]
+PATH = TASK["fix"]["path"]
+
+
+def test_the_scripted_policy_reaches_every_stage_and_without_a_fix_only_reading() -> None:
+    solved = commands(replies(TASK, tests_first=True))
+    assert stages(TASK, solved, 1.0) == {"tests", "read_right", "edited_right", "fix", "passed"}
+    assert stages(TASK, commands(replies(TASK, fix=False)), 0.0) == {"tests", "read_right"}
+
+
+def test_paths_and_quoting_spelled_differently_count_the_same() -> None:
+    fix = demonstrated_fix(TASK)
+    run = [f"cat  ./{PATH}", f'sed -i "{fix}" {PATH.replace("/", "//")}']
+    assert stages(TASK, run, 0.0) == {"read_right", "edited_right", "fix"}
+
+
+def test_a_path_copied_wrong_reads_another_file_and_edits_nothing() -> None:
+    wrong = PATH[:-4] + "x.py"
+    run = [f"cat {wrong}", f"sed -i '{demonstrated_fix(TASK)}' {wrong}", "sed -i 's/a/b/", "cat"]
+    assert stages(TASK, run, 0.0) == {"read_other_only"}  # an unclosed quote and a bare cat: nothing
+
+
+def test_replies_with_no_or_two_commands_are_not_run() -> None:
+    one = "THOUGHT: t\n\n```mswea_bash_command\nls\n```"
+    assert commands([one, "THOUGHT: no block", one + "\n" + one]) == ["ls"]
+
+
+def test_the_table_counts_each_stage_and_each_family() -> None:
+    run = RunStages("r")
+    run.add(TASK, {"tests", "passed"})
+    run.add(TASK, {"tests"})
+    rows = {line.rsplit("  ", 1)[0].strip(): line.rsplit("  ", 1)[1] for line in table([run]).splitlines()}
+    assert rows["rollouts"] == "2" and rows["ran the tests"] == "2 (100%)" and rows["read the right file"] == "0 (0%)"
+    assert rows["passed (reward 1.0)"] == "1 (50%)" and rows[f"passed, {TASK['placement']['family']}"] == "1/2"
+
+
+def test_bad_arguments_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "x", "problem_statement": "p"}) + "\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit, match="tasks.jsonl:1 is not a swe-lite task"):
+        main([str(tmp_path), "--tasks", str(tasks), "--model", str(model)])
+    tasks.write_text(json.dumps(TASK) + "\n")
+    for argv, named in [([str(tmp_path), "--tasks", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
+                        ([str(tmp_path), "--tasks", str(tasks)], "has no rollouts.db"),
+                        ([str(tmp_path / "run"), "--tasks", str(tasks)], "no tokenizer loads from it")]:  # fmt: skip
+        (tmp_path / "run").mkdir(exist_ok=True)
+        (tmp_path / "run" / "rollouts.db").touch()
+        with pytest.raises(SystemExit):
+            main([*argv, "--model", str(model)])
+        assert named in capsys.readouterr().err
