@@ -12,8 +12,9 @@ The agent's settings are mini-swe-agent's own config files (sections `agent`, `m
 model works without a tool-call parser). `agent-compact.yaml` has short prompts for tiny models.
 `--network none` runs each bash command without network (sandbox.py: a network namespace); the
 agent's commands find this Python (and its pytest) first on PATH. Exit status: 0 when the agent
-ended by itself (submitted, step limit, repeated format errors), non-zero when a model call or the
-environment failed (the runner retries those).
+ended by itself (submitted, step limit, repeated format errors, or its conversation outgrew the
+model's context: `ContextWindowExceeded`, graded as the workspace stands), non-zero when a model call
+or the environment failed (the runner retries those).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def make_environment(settings: dict[str, Any], workspace: Path, network: str) ->
 
 def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Path, step_limit: int,
         max_tokens: int, temperature: float | None, network: str = "host", client: str = "litellm") -> dict[str, Any]:  # fmt: skip
-    from agl_integrations.mini_swe_agent import swe_model
+    from agl_integrations.mini_swe_agent import context_overflow, swe_model
     from minisweagent.agents.default import DefaultAgent
 
     task = parse_task(task_raw)
@@ -79,7 +80,14 @@ def run(task_raw: dict[str, Any], rollout_id: str, model: str, agent_config: Pat
             make_environment(settings, workspace, network),
             **agent_settings,
         )
-        result = agent.run(task.problem_statement)
+        try:
+            result = agent.run(task.problem_statement)
+        except Exception as error:  # mini-swe-agent re-raises a model call's error after saving the trajectory
+            if not context_overflow(error):
+                raise
+            # The agent's own ending, like its step limit: the rollout is graded and trained on as a
+            # failure to finish in its context, not dropped as a harness error (which biases its group).
+            result = {"exit_status": "ContextWindowExceeded"}
     return {"task": task.id, "exit_status": result.get("exit_status"), "steps": agent.n_calls, "workspace": str(workspace)}
 
 

@@ -16,6 +16,8 @@ receives are the same (tests/integrations/test_frameworks.py).
 from __future__ import annotations
 
 import logging
+import re
+import sys
 import time
 from typing import Any, Literal, get_args
 
@@ -28,6 +30,9 @@ Client = Literal["litellm", "openai"]
 CLIENTS: tuple[str, ...] = get_args(Client)
 # What a chat message sends: the rest of a response's message (refusal, annotations, audio, nulls) stays out.
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+# How servers say a prompt outgrew the context: vLLM and OpenAI "maximum context length", OpenAI's
+# code context_length_exceeded, litellm's and others' "context window", Anthropic's "prompt is too long".
+_CONTEXT_OVERFLOW = re.compile(r"maximum context length|context[_ ]length[_ ]exceeded|context window|prompt is too long", re.I)
 
 
 def swe_model(
@@ -64,6 +69,20 @@ def swe_model(
     config.setdefault("cost_tracking", "ignore_errors")  # open models have no price in litellm's table
     cls = LitellmTextbasedModel if textbased else LitellmModel
     return cls(model_name=name, model_kwargs=model_kwargs, **config)
+
+
+def context_overflow(error: BaseException) -> bool:
+    """Whether a model call failed because the conversation no longer fits the model's context: an
+    ending of the agent's own (as its step limit is), not a failed call to retry. Either client's
+    error: litellm's ContextWindowExceededError, or a 400 (openai.BadRequestError, of which litellm's
+    errors are subclasses) that says so. Neither library is imported here for the check."""
+    litellm = sys.modules.get("litellm")
+    if litellm is not None and isinstance(error, litellm.exceptions.ContextWindowExceededError):
+        return True
+    openai = sys.modules.get("openai")
+    if openai is None or not isinstance(error, openai.BadRequestError):
+        return False
+    return getattr(error, "code", None) == "context_length_exceeded" or bool(_CONTEXT_OVERFLOW.search(str(error)))
 
 
 class SidecarTextModelConfig(BaseModel):
