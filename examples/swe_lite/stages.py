@@ -143,17 +143,31 @@ def read_run(run_dir: Path, tasks: dict[str, dict[str, Any]], decode: Callable[[
     return counts
 
 
+def _is_task(task: Any) -> bool:
+    """Whether `task` has what stages() reads (generate.py's fields the agent never sees)."""
+    try:
+        fix, family = task["fix"], task["placement"]["family"]
+        return all(isinstance(v, str) for v in (task["id"], fix["path"], fix["buggy"], fix["correct"], family))
+    except (KeyError, TypeError):
+        return False
+
+
 def read_tasks(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"stages: cannot read {path} as text ({error})") from None
     tasks = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             task = json.loads(line)
-            tasks[task["id"]] = task
-            task["fix"]["path"], task["placement"]["family"]  # noqa: B018 - what stages() reads
-        except (ValueError, KeyError, TypeError):
-            raise SystemExit(f"stages: {path}:{number} is not a swe-lite task (fix: pass a tasks.jsonl from generate/prepare)") from None
+        except ValueError:
+            task = None
+        if not _is_task(task):
+            raise SystemExit(f"stages: {path}:{number} is not a swe-lite task (fix: pass a tasks.jsonl from generate/prepare)")
+        tasks[task["id"]] = task
     return tasks
 
 
