@@ -36,6 +36,12 @@ def sed_escape(text: str, specials: str) -> str:
     return "".join(f"\\{c}" if c in specials else c for c in text)
 
 
+def fix_expression(task: dict[str, Any]) -> str:
+    """The `sed` expression that fixes `task`'s bug: its buggy snippet replaced by the correct one."""
+    fix = task["fix"]
+    return f"s/{sed_escape(fix['buggy'], SED_PATTERN_SPECIALS)}/{sed_escape(fix['correct'], SED_REPLACEMENT_SPECIALS)}/"
+
+
 def reply(thought: str, command: str) -> str:
     """A reply in mini-swe-agent's text-based format (mini_textbased.yaml's action block)."""
     return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
@@ -56,8 +62,7 @@ def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True, tes
         steps.append(reply(f"Find where {function} is defined.", f'grep -rn "def {function}" .'))
     steps.append(reply(f"Read {path}.", f"cat {path}"))
     if fix:
-        sed = f"s/{sed_escape(buggy, SED_PATTERN_SPECIALS)}/{sed_escape(correct, SED_REPLACEMENT_SPECIALS)}/"
-        steps.append(reply(f"{buggy} should be {correct}.", f"sed -i '{sed}' {path}"))
+        steps.append(reply(f"{buggy} should be {correct}.", f"sed -i '{fix_expression(task)}' {path}"))
     steps.append(reply("Run the tests.", "python -m pytest -q tests"))
     steps.append(reply("Submit.", SUBMIT))
     return steps

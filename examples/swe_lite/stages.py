@@ -12,7 +12,7 @@ decodes the recorded completion tokens. One column a run, each stage counted ove
 - read the right file: `cat` of the file with the bug (`./` and spacing aside)
 - read only other files: `cat` of some .py file, never the right one (a path copied wrong, mostly)
 - edited the right file: `sed -i` whose last argument is the file with the bug
-- the demonstrated fix: the demonstrations' own `sed` for this bug (demonstrations.replies), to the
+- the demonstrated fix: the demonstrations' own `sed` for this bug (demonstrations.fix_expression), to the
   letter; another spelling that fixes the bug counts under passed only
 - passed: the rollout's reward is 1.0 (the grader's FAIL_TO_PASS and PASS_TO_PASS tests pass)
 
@@ -36,7 +36,7 @@ from typing import Any
 
 from agl_integrations.mini_swe_agent import SidecarTextModelConfig
 
-from examples.swe_lite.demonstrations import SED_PATTERN_SPECIALS, SED_REPLACEMENT_SPECIALS, sed_escape
+from examples.swe_lite.demonstrations import fix_expression
 
 ACTION = re.compile(SidecarTextModelConfig.model_fields["action_regex"].default, re.DOTALL)
 STAGES = (
@@ -70,12 +70,6 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.normpath(a) == os.path.normpath(b)
 
 
-def demonstrated_fix(task: dict[str, Any]) -> str:
-    """The `sed` expression the demonstrations write for `task` (demonstrations.replies)."""
-    fix = task["fix"]
-    return f"s/{sed_escape(fix['buggy'], SED_PATTERN_SPECIALS)}/{sed_escape(fix['correct'], SED_REPLACEMENT_SPECIALS)}/"
-
-
 def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> set[str]:
     """The stages (STAGES' keys) one rollout reached: `run` its commands, `reward` its final reward."""
     path = task["fix"]["path"]
@@ -91,7 +85,7 @@ def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> se
             read += [w for w in words[1:] if w.endswith(".py")]
         if words[0] == "sed" and "-i" in words and len(words) >= 4 and _same_path(words[-1], path):
             reached.add("edited_right")
-            if demonstrated_fix(task) in words[1:-1]:
+            if fix_expression(task) in words[1:-1]:
                 reached.add("fix")
     if any(_same_path(p, path) for p in read):
         reached.add("read_right")

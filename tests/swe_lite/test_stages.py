@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.swe_lite.demonstrations import replies
+from examples.swe_lite.demonstrations import fix_expression, replies
 from examples.swe_lite.generate import generate
-from examples.swe_lite.stages import RunStages, commands, demonstrated_fix, main, stages, table
+from examples.swe_lite.stages import RunStages, commands, main, stages, table
 
 TASK = generate("train", 1, seed=5)[0]
 PATH = TASK["fix"]["path"]
@@ -23,14 +23,14 @@ def test_the_scripted_policy_reaches_every_stage_and_without_a_fix_only_reading(
 
 
 def test_paths_and_quoting_spelled_differently_count_the_same() -> None:
-    fix = demonstrated_fix(TASK)
+    fix = fix_expression(TASK)
     run = [f"cat  ./{PATH}", f'sed -i "{fix}" {PATH.replace("/", "//")}']
     assert stages(TASK, run, 0.0) == {"read_right", "edited_right", "fix"}
 
 
 def test_a_path_copied_wrong_reads_another_file_and_edits_nothing() -> None:
     wrong = PATH[:-4] + "x.py"
-    run = [f"cat {wrong}", f"sed -i '{demonstrated_fix(TASK)}' {wrong}", "sed -i 's/a/b/", "cat"]
+    run = [f"cat {wrong}", f"sed -i '{fix_expression(TASK)}' {wrong}", "sed -i 's/a/b/", "cat"]
     assert stages(TASK, run, 0.0) == {"read_other_only"}  # an unclosed quote and a bare cat: nothing
 
 
