@@ -102,3 +102,17 @@ def test_another_bad_request_is_still_a_harness_error(otlp_sink: OTLPSink, tmp_p
                          "type": "Bad Request", "param": "body.messages", "code": 400}}  # fmt: skip
     with pytest.raises(AssertionError, match="BadRequestError"):  # run_rollout's returncode check, with the stderr
         run_rollout(otlp_sink, tmp_path, "bad-1", FIX, client="openai", second=missing)
+
+
+def test_harness_without_the_runner_environment_is_refused() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("AGL_TASK", "AGL_ROLLOUT_ID")}
+    result = subprocess.run([sys.executable, str(ROOT / "examples/swe/harness.py")], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "AGL_TASK and AGL_ROLLOUT_ID must be set" in result.stderr
+
+
+@pytest.mark.parametrize("rollout_id", ["../escape", "a/b", ""])
+def test_unsafe_rollout_ids_do_not_become_paths(rollout_id: str) -> None:
+    from examples.swe.swe_task import TaskError, workspace_for
+
+    with pytest.raises(TaskError):
+        workspace_for(rollout_id)

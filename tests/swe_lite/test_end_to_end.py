@@ -78,7 +78,7 @@ def test_swe_lite_config_trains_a_step_on_a_solved_and_an_unsolved_task(tmp_path
         assert {task: rewards[r.key] for task, r in rollouts.items()} == {solved["id"]: 1.0, unsolved["id"]: 0.0}
         assert rollouts[solved["id"]].calls == 5 and rollouts[unsolved["id"]].calls == 3  # each reply a recorded call
         assert all(r.harness_exit_code == 0 and r.trained_step == 1 for r in rollouts.values())
-    # stages.py reads the same store back: the solved rollout reached every stage, the other read only
+    # stages.py reads the same store back: the solved rollout reached every stage, the other ran the tests and read the file
     from agl_testing.fake_vllm import decode
 
     from examples.swe_lite.stages import read_run
