@@ -115,7 +115,8 @@ class RunStages:
 
 
 def read_run(run_dir: Path, tasks: dict[str, dict[str, Any]], decode: Callable[[Sequence[int]], str]) -> RunStages:
-    """Count the stages of every complete rollout in `run_dir`'s store whose task is in `tasks`."""
+    """Count the stages of every complete rollout in `run_dir`'s store (each one's task must be in `tasks`)."""
+    from agl import semconv
     from agl_trainer.store import RolloutStore
 
     store_path = run_dir / "rollouts.db"
@@ -128,12 +129,11 @@ def read_run(run_dir: Path, tasks: dict[str, dict[str, Any]], decode: Callable[[
                 f"stages: {run_dir}'s rollouts ran tasks not in --tasks ({', '.join(map(str, unknown[:3]))}...)"
                 " (fix: pass the tasks.jsonl the run was given)"
             )
-        rewards = store.final_rewards(info.key for info in infos)
         for info in infos:
-            data = store.load(info.key)
+            data = store.load(info.key)  # its calls and its rewards, in one read
             replies = [decode(call.completion_ids.tolist()) for call in data.calls if call.completion_ids is not None]
             task = tasks[info.task_id]
-            counts.add(task, stages(task, commands(replies), rewards.get(info.key)))
+            counts.add(task, stages(task, commands(replies), data.final_reward(semconv.DEFAULT_REWARD_NAME)))
     return counts
 
 
