@@ -96,7 +96,8 @@ def record(
 
 def load_trajectory(path: str | Path) -> dict[str, Any]:
     data = json.loads(Path(path).read_text())
-    if data.get("trajectory_format") != "mini-swe-agent-1.1" or not isinstance(data.get("messages"), list):
+    whole = isinstance(data, dict) and data.get("trajectory_format") == "mini-swe-agent-1.1"
+    if not whole or not isinstance(data.get("messages"), list):
         raise ValueError(f"{path}: not a mini-swe-agent-1.1 trajectory (expected `trajectory_format` and `messages`)")
     return data
 

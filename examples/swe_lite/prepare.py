@@ -49,22 +49,48 @@ class PreparedSweLite:
     final_loss: float
 
 
-def model_spec(seed: int):
+LAYERS = 2
+HEADS = 2  # head_dim is 64 (TinyModelSpec), so the width is 64 x heads
+
+
+def model_spec(seed: int, *, layers: int = LAYERS, heads: int = HEADS):
     from agl_trainer.models.tiny import TinyModelSpec
 
-    return TinyModelSpec(hidden=128, layers=2, heads=2, kv_heads=2, intermediate=512, max_positions=2048, seed=seed)
+    return TinyModelSpec(
+        hidden=64 * heads, layers=layers, heads=heads, kv_heads=heads, intermediate=256 * heads, max_positions=2048,
+        seed=seed,
+    )  # fmt: skip
+
+
+def recorded(task: dict, out_dir: Path, *, tests_first: bool) -> Path:
+    """`task`'s demonstration: the trajectory already in `out_dir` when it is a whole one of the same
+    kind (a rerun or a resumed `prepare` reuses it: recording is half of prepare's time), else recorded."""
+    from examples.swe_lite.demonstrations import load_trajectory, record
+
+    path = out_dir / f"{task['id']}.traj.json"
+    try:
+        kept = load_trajectory(path)
+    except (OSError, ValueError):  # absent, cut short by an interrupted run, or not a trajectory
+        return record(task, out_dir, tests_first=tests_first)
+    info = kept.get("info") or {}
+    shown = info.get("swe_lite") or {}
+    asked = next((m.get("content") for m in kept["messages"] if isinstance(m, dict) and m.get("role") == "user"), "")
+    same_task = isinstance(asked, str) and task["problem_statement"] in asked  # not another seed's task of this id
+    if same_task and info.get("exit_status") == "Submitted" and shown.get("tests_first") == tests_first and not shown.get("search"):
+        return path
+    return record(task, out_dir, tests_first=tests_first)
 
 
 def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
     train: int = TRAIN_TASKS, held_out: int = HELD_OUT_TASKS, tests_first: bool = True, observations: bool = False,
-    progress: bool = False,
+    layers: int = LAYERS, heads: int = HEADS, progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
 
     from examples.demo.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
-    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, record, training_tokens
+    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, training_tokens
 
     workdir = Path(workdir)
     train_rows = generate("train", train, seed)
@@ -73,12 +99,12 @@ def prepare_swe_lite(
     demo_tasks = write_tasks(generate("demo", demos, seed), workdir / "demo")
     demo_rows = [json.loads(line) for line in demo_tasks.read_text().splitlines()]
     with ProcessPoolExecutor(RECORD_WORKERS) as pool:
-        shown = list(pool.map(partial(record, out_dir=workdir / "demos", tests_first=tests_first), demo_rows))
+        shown = list(pool.map(partial(recorded, out_dir=workdir / "demos", tests_first=tests_first), demo_rows))
     trajectories = [load_trajectory(path) for path in shown]
     corpus = ["\n".join(m["content"] for m in chat_messages(t)) for t in trajectories]
     corpus += ["\n".join([t["problem_statement"], *t["files"].values()]) for t in train_rows[:CORPUS_REPOS]]
     tokenizer = build_bpe_tokenizer(corpus, VOCAB_SIZE)
-    initial = save_model(workdir / "model-init", tokenizer, model_spec(seed), {"tokenizer": "byte-level-bpe"})
+    initial = save_model(workdir / "model-init", tokenizer, model_spec(seed, layers=layers, heads=heads), {"tokenizer": "byte-level-bpe"})
     tokenizer = AutoTokenizer.from_pretrained(initial)  # as the engine loads it
     examples = [Demonstration(*training_tokens(t, tokenizer, observations=observations)) for t in trajectories]
     result = supervised_warm_start(
@@ -109,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the warm start also learns the task and the observations (language modelling), not only the "
         "replies; default off: measured worse (README, Measured)",
     )  # fmt: skip
+    parser.add_argument("--layers", type=int, default=LAYERS, help=f"the tiny model's layers (default {LAYERS})")
+    parser.add_argument(
+        "--heads", type=int, default=HEADS,
+        help=f"its attention heads (default {HEADS}); each is 64 wide, so this sets the model's width (64 x heads) too",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    for name in ("layers", "heads"):
+        if not 1 <= getattr(args, name) <= 32:
+            parser.error(f"--{name} must be between 1 and 32, got {getattr(args, name)}")
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.demos < 1:
@@ -119,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     prepared = prepare_swe_lite(
         args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
-        observations=args.observations, progress=True,
+        observations=args.observations, layers=args.layers, heads=args.heads, progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "

@@ -11,6 +11,9 @@ decodes the recorded completion tokens. One column a run, each stage counted ove
 - ran the tests: a command runs pytest
 - read the right file: `cat` of the file with the bug (`./` and spacing aside)
 - read only other files: `cat` of some .py file, never the right one (a path copied wrong, mostly)
+- read its package / read its module: `cat` of a .py file in the bug's package (the statement names
+  it) / of the bug's module in any directory (the failing test names it): which half of the path a
+  model copies right
 - edited the right file: `sed -i` whose last argument is the file with the bug
 - the demonstrated fix: the demonstrations' own `sed` for this bug (demonstrations.fix_expression), to the
   letter; another spelling that fixes the bug counts under passed only
@@ -43,6 +46,8 @@ STAGES = (
     ("tests", "ran the tests"),
     ("read_right", "read the right file"),
     ("read_other_only", "read only other files"),
+    ("read_package", "read its package"),
+    ("read_module", "read its module"),
     ("edited_right", "edited the right file"),
     ("fix", "the demonstrated fix"),
     ("passed", "passed (reward 1.0)"),
@@ -91,6 +96,11 @@ def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> se
         reached.add("read_right")
     elif read:
         reached.add("read_other_only")
+    package, module = os.path.split(os.path.normpath(path))
+    if any(os.path.dirname(os.path.normpath(p)) == package for p in read):
+        reached.add("read_package")
+    if any(os.path.basename(p) == module for p in read):
+        reached.add("read_module")
     if reward == 1.0:
         reached.add("passed")
     return reached

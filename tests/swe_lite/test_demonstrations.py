@@ -120,9 +120,10 @@ def test_the_agents_pytest_loads_no_third_party_plugins(tmp_path: Path) -> None:
 
 def test_a_file_that_is_not_a_trajectory_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "x.json"
-    path.write_text(json.dumps({"messages": []}))
-    with pytest.raises(ValueError, match="not a mini-swe-agent-1.1 trajectory"):
-        load_trajectory(path)
+    for kept in ({"messages": []}, [], {"trajectory_format": "mini-swe-agent-1.1", "messages": {}}):
+        path.write_text(json.dumps(kept))
+        with pytest.raises(ValueError, match="not a mini-swe-agent-1.1 trajectory"):
+            load_trajectory(path)
 
 
 @pytest.mark.slow

@@ -18,20 +18,28 @@ PATH = TASK["fix"]["path"]
 
 def test_the_scripted_policy_reaches_every_stage_and_without_a_fix_only_reading() -> None:
     solved = commands(replies(TASK, tests_first=True))
-    assert stages(TASK, solved, 1.0) == {"tests", "read_right", "edited_right", "fix", "passed"}
-    assert stages(TASK, commands(replies(TASK, fix=False)), 0.0) == {"tests", "read_right"}
+    assert stages(TASK, solved, 1.0) == {"tests", "read_right", "read_package", "read_module", "edited_right", "fix", "passed"}
+    assert stages(TASK, commands(replies(TASK, fix=False)), 0.0) == {"tests", "read_right", "read_package", "read_module"}
 
 
 def test_paths_and_quoting_spelled_differently_count_the_same() -> None:
     fix = fix_expression(TASK)
     run = [f"cat  ./{PATH}", f'sed -i "{fix}" {PATH.replace("/", "//")}']
-    assert stages(TASK, run, 0.0) == {"read_right", "edited_right", "fix"}
+    assert stages(TASK, run, 0.0) == {"read_right", "read_package", "read_module", "edited_right", "fix"}
 
 
 def test_a_path_copied_wrong_reads_another_file_and_edits_nothing() -> None:
     wrong = PATH[:-4] + "x.py"
     run = [f"cat {wrong}", f"sed -i '{fix_expression(TASK)}' {wrong}", "sed -i 's/a/b/", "cat"]
-    assert stages(TASK, run, 0.0) == {"read_other_only"}  # an unclosed quote and a bare cat: nothing
+    assert stages(TASK, run, 0.0) == {"read_other_only", "read_package"}  # an unclosed quote, a bare cat: nothing
+
+
+def test_a_path_half_copied_right_counts_for_that_half() -> None:
+    package, module = PATH.split("/")
+    assert stages(TASK, [f"cat x{package}/{module}"], 0.0) == {"read_other_only", "read_module"}
+    assert stages(TASK, [f"cat {module}"], 0.0) == {"read_other_only", "read_module"}  # no package at all
+    assert stages(TASK, [f"cat ./{package}//x{module}"], 0.0) == {"read_other_only", "read_package"}
+    assert stages(TASK, [f"cat {package}/{module[:-3]}.txt"], 0.0) == set()  # not a .py file: not a read
 
 
 def test_replies_with_no_or_two_commands_are_not_run() -> None:

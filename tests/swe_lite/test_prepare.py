@@ -1,0 +1,92 @@
+"""prepare's pieces that need no warm start: a rerun reuses a demonstration only when it is a whole
+trajectory of the same task and kind (anything else is recorded again), the model's shape follows
+`--layers` / `--heads`, and the command line names a shape out of range."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import examples.swe_lite.demonstrations as demonstrations
+from examples.swe_lite.generate import generate
+from examples.swe_lite.prepare import main, model_spec, recorded
+
+
+def trajectory(task: dict, *, tests_first: bool = True, exit_status: str = "Submitted", search: bool = False) -> str:
+    return json.dumps({
+        "trajectory_format": "mini-swe-agent-1.1",
+        "info": {"exit_status": exit_status, "swe_lite": {"search": search, "tests_first": tests_first}},
+        "messages": [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": task["problem_statement"]}],
+    })  # fmt: skip
+
+
+@pytest.fixture
+def recordings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids `recorded` sent to mini-swe-agent (recording itself is tested in test_demonstrations)."""
+    calls: list[str] = []
+
+    def record(task: dict, out_dir: Path, *, tests_first: bool) -> Path:
+        calls.append(task["id"])
+        return Path(out_dir) / f"{task['id']}.traj.json"
+
+    monkeypatch.setattr(demonstrations, "record", record)
+    return calls
+
+
+def test_a_whole_demonstration_of_the_same_task_is_reused(tmp_path: Path, recordings: list[str]) -> None:
+    task = generate("demo", 1, seed=0)[0]
+    path = tmp_path / f"{task['id']}.traj.json"
+    path.write_text(trajectory(task))
+    assert recorded(task, tmp_path, tests_first=True) == path
+    assert recordings == []
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        "",  # empty
+        '{"trajectory_format": "mini-swe-agent-1.1", "messages": [',  # cut short by an interrupted run
+        "[]",  # JSON, not a trajectory
+        "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"),  # not UTF-8
+    ],
+    ids=["empty", "cut-short", "not-a-trajectory", "not-utf8"],
+)
+def test_a_broken_file_is_recorded_again(kept: str, tmp_path: Path, recordings: list[str]) -> None:
+    task = generate("demo", 1, seed=0)[0]
+    (tmp_path / f"{task['id']}.traj.json").write_bytes(kept.encode("latin-1"))
+    recorded(task, tmp_path, tests_first=True)
+    assert recordings == [task["id"]]
+
+
+def test_a_demonstration_of_another_kind_or_task_is_recorded_again(tmp_path: Path, recordings: list[str]) -> None:
+    task = generate("demo", 1, seed=0)[0]
+    other_seed = generate("demo", 1, seed=1)[0]  # the same id, another repository and bug
+    assert other_seed["id"] == task["id"] and other_seed["problem_statement"] != task["problem_statement"]
+    path = tmp_path / f"{task['id']}.traj.json"
+    for kept in (
+        trajectory(other_seed),
+        trajectory(task, tests_first=False),
+        trajectory(task, search=True),
+        trajectory(task, exit_status="LimitsExceeded"),
+        json.dumps({"trajectory_format": "mini-swe-agent-1.1", "info": {}, "messages": ["not a message"]}),
+    ):
+        path.write_text(kept)
+        recorded(task, tmp_path, tests_first=True)
+    assert recordings == [task["id"]] * 5
+
+
+def test_the_model_is_as_deep_and_wide_as_asked() -> None:
+    default = model_spec(0)
+    assert (default.layers, default.heads, default.hidden, default.intermediate) == (2, 2, 128, 512)
+    deeper = model_spec(0, layers=4, heads=3)
+    assert (deeper.layers, deeper.heads, deeper.kv_heads, deeper.hidden, deeper.intermediate) == (4, 3, 3, 192, 768)
+
+
+@pytest.mark.parametrize("flag", ["--layers", "--heads"])
+def test_a_shape_out_of_range_is_named(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([flag, "0"])
+    assert exited.value.code == 2
+    assert f"{flag} must be between 1 and 32, got 0" in capsys.readouterr().err
