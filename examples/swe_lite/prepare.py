@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from examples.swe_lite.generate import HELD_OUT, generate, write_tasks
 
@@ -62,7 +63,7 @@ def model_spec(seed: int, *, layers: int = LAYERS, heads: int = HEADS):
     )  # fmt: skip
 
 
-def recorded(task: dict, out_dir: Path, *, tests_first: bool) -> Path:
+def recorded(task: dict[str, Any], out_dir: Path, *, tests_first: bool) -> Path:
     """`task`'s demonstration: the trajectory already in `out_dir` when it is a whole one of the same
     kind (a rerun or a resumed `prepare` reuses it: recording is half of prepare's time), else recorded."""
     from examples.swe_lite.demonstrations import load_trajectory, record
