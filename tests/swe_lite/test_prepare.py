@@ -49,7 +49,7 @@ def test_a_whole_demonstration_of_the_same_task_is_reused(tmp_path: Path, record
         "",  # empty
         '{"trajectory_format": "mini-swe-agent-1.1", "messages": [',  # cut short by an interrupted run
         "[]",  # JSON, not a trajectory
-        "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"),  # not UTF-8
+        "\xff",  # the byte 0xff (written as latin-1 below): not UTF-8
     ],
     ids=["empty", "cut-short", "not-a-trajectory", "not-utf8"],
 )
