@@ -6,6 +6,7 @@
     replies(task, search=True)              # ... with `grep -rn "def f" .` first (never demonstrated)
     replies(task, tests_first=True)         # ... with the tests run first: their failure names the module
     record(task, "runs/swe_lite/demos")     # mini-swe-agent runs them: <id>.traj.json in its own format
+    recorded(task, "runs/swe_lite/demos", tests_first=True)  # ... unless a whole one of that kind is there
     training_tokens(trajectory, tokenizer)  # (token ids, loss mask): the assistant turns to learn
     training_tokens(trajectory, tokenizer, observations=True)  # ... and the task and observations too
 
@@ -89,9 +90,31 @@ def record(
             **{**settings["agent"], "step_limit": len(outputs) + 1, "cost_limit": 0},
         )
         agent.run(parsed.problem_statement)
-        path = Path(out_dir) / f"{parsed.id}.traj.json"
+        path = trajectory_path(task, out_dir)
         agent.save(path, {"info": {"swe_lite": {"search": search, "tests_first": tests_first, "workspace": "<temporary>"}}})
     return path
+
+
+def trajectory_path(task: dict[str, Any], out_dir: str | Path) -> Path:
+    """Where `record` saves `task`'s trajectory."""
+    return Path(out_dir) / f"{task['id']}.traj.json"
+
+
+def recorded(task: dict[str, Any], out_dir: str | Path, *, tests_first: bool) -> Path:
+    """`task`'s demonstration: the trajectory already in `out_dir` when it is a whole one of the same
+    kind (a rerun or a resumed `prepare` reuses it: recording is half of prepare's time), else recorded."""
+    path = trajectory_path(task, out_dir)
+    try:
+        kept = load_trajectory(path)
+    except (OSError, ValueError):  # absent, cut short by an interrupted run, or not a trajectory
+        return record(task, out_dir, tests_first=tests_first)
+    info = kept.get("info") or {}
+    shown = info.get("swe_lite") or {}  # what `record` saved beside the run
+    asked = next((m.get("content") for m in kept["messages"] if isinstance(m, dict) and m.get("role") == "user"), "")
+    same_task = isinstance(asked, str) and task["problem_statement"] in asked  # not another seed's task of this id
+    if same_task and info.get("exit_status") == "Submitted" and shown.get("tests_first") == tests_first and not shown.get("search"):
+        return path
+    return record(task, out_dir, tests_first=tests_first)
 
 
 def load_trajectory(path: str | Path) -> dict[str, Any]:

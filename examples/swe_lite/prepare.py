@@ -24,7 +24,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from examples.swe_lite.generate import HELD_OUT, generate, write_tasks
 
@@ -51,35 +50,16 @@ class PreparedSweLite:
 
 
 LAYERS = 2
-HEADS = 2  # head_dim is 64 (TinyModelSpec), so the width is 64 x heads
+HEADS = 2  # each head is tiny.HEAD_DIM (64) wide, so heads set the width
 
 
 def model_spec(seed: int, *, layers: int = LAYERS, heads: int = HEADS):
-    from agl_trainer.models.tiny import TinyModelSpec
+    from agl_trainer.models.tiny import HEAD_DIM, TinyModelSpec
 
     return TinyModelSpec(
-        hidden=64 * heads, layers=layers, heads=heads, kv_heads=heads, intermediate=256 * heads, max_positions=2048,
+        hidden=HEAD_DIM * heads, layers=layers, heads=heads, kv_heads=heads, intermediate=256 * heads, max_positions=2048,
         seed=seed,
     )  # fmt: skip
-
-
-def recorded(task: dict[str, Any], out_dir: Path, *, tests_first: bool) -> Path:
-    """`task`'s demonstration: the trajectory already in `out_dir` when it is a whole one of the same
-    kind (a rerun or a resumed `prepare` reuses it: recording is half of prepare's time), else recorded."""
-    from examples.swe_lite.demonstrations import load_trajectory, record
-
-    path = out_dir / f"{task['id']}.traj.json"
-    try:
-        kept = load_trajectory(path)
-    except (OSError, ValueError):  # absent, cut short by an interrupted run, or not a trajectory
-        return record(task, out_dir, tests_first=tests_first)
-    info = kept.get("info") or {}
-    shown = info.get("swe_lite") or {}
-    asked = next((m.get("content") for m in kept["messages"] if isinstance(m, dict) and m.get("role") == "user"), "")
-    same_task = isinstance(asked, str) and task["problem_statement"] in asked  # not another seed's task of this id
-    if same_task and info.get("exit_status") == "Submitted" and shown.get("tests_first") == tests_first and not shown.get("search"):
-        return path
-    return record(task, out_dir, tests_first=tests_first)
 
 
 def prepare_swe_lite(
@@ -91,7 +71,7 @@ def prepare_swe_lite(
     from transformers import AutoTokenizer
 
     from examples.demo.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
-    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, training_tokens
+    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, recorded, training_tokens
 
     workdir = Path(workdir)
     train_rows = generate("train", train, seed)

@@ -11,7 +11,8 @@ import pytest
 
 import examples.swe_lite.demonstrations as demonstrations
 from examples.swe_lite.generate import generate
-from examples.swe_lite.prepare import main, model_spec, recorded
+from examples.swe_lite.demonstrations import recorded
+from examples.swe_lite.prepare import main, model_spec
 
 
 def trajectory(task: dict, *, tests_first: bool = True, exit_status: str = "Submitted", search: bool = False) -> str:
