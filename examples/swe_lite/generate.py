@@ -14,8 +14,10 @@ by a hash (`draw_name`): the held-out splits' names never occur in training or t
 so neither does a held-out task's repository, its files' paths or its problem statement (`overlap()`
 checks what the model sees; tests/swe_lite/test_generate.py runs it). Two splits are held out: `val`,
 on which settings are chosen, and `test`, which reports and is never used for choosing. The problem
-statement gives a failing call and its wrong result but not the file (`hint_file=True` names it: the
-demonstrations' easier case).
+statement gives a failing call and its wrong result but not the file. The demonstrations' easier case
+adds a hint (HINTS): `path` names the bug's file (`The bug is in tota/nesodi.py.`), `module` its module
+alone (`The bug is in nesodi.py.`), so the package has to come from the statement's first words, as on
+every other task.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any
 from examples.swe_lite.functions import FUNCTIONS, Bug, Function
 
 SPLITS = ("train", "val", "test", "demo")
+HINTS = ("none", "path", "module")  # what the statement says of the bug's file; `demo` defaults to DEMO_HINT
+DEMO_HINT = "path"
 # Package and module names come from a large space of made-up words (2-3 syllables: about 350,000), drawn
 # afresh for every repository, so a model cannot learn them by heart: it has to copy them from its context.
 # The space is cut in two by a hash of the name: held-out names are never training's (or demonstrations').
@@ -157,7 +161,7 @@ def test_module_source(package: str, module: str, module_cases: Iterable[Case]) 
     return "".join(lines)
 
 
-def make_task(rng: random.Random, split: str, index: int, hint_file: bool) -> dict[str, Any] | None:
+def make_task(rng: random.Random, split: str, index: int, hint: str) -> dict[str, Any] | None:
     """One task, or None when the drawn bug breaks no test or a test of another function."""
     package, modules = draw_repository(rng, split)
     module = rng.choice(modules)
@@ -172,8 +176,8 @@ def make_task(rng: random.Random, split: str, index: int, hint_file: bool) -> di
     kind, got = outcome(buggy_source, first.call)
     result = f"returns {got!r}" if kind == "value" else f"raises {got}"
     # The easier case adds one sentence to the same statement: a tiny model meets no other change of wording
-    hint = f" The bug is in {package}/{module.name}.py." if hint_file else ""
-    where = f"{hint} Find the function, fix the bug, run the tests."
+    named = {"none": "", "path": f" The bug is in {package}/{module.name}.py.", "module": f" The bug is in {module.name}.py."}
+    where = f"{named[hint]} Find the function, fix the bug, run the tests."
     files = {f"{package}/__init__.py": "", "pytest.ini": "[pytest]\naddopts = -p no:asyncio\n",
              "conftest.py": "# Makes the package at the repository root importable from tests/.\n"}  # fmt: skip
     for m in modules:
@@ -191,12 +195,16 @@ def make_task(rng: random.Random, split: str, index: int, hint_file: bool) -> di
     }
 
 
-def generate(split: str, count: int, seed: int, hint_file: bool | None = None) -> list[dict[str, Any]]:
-    """`count` tasks of `split`, the same for the same seed. hint_file defaults to True for `demo` only."""
+def generate(split: str, count: int, seed: int, hint: str | None = None) -> list[dict[str, Any]]:
+    """`count` tasks of `split`, the same for the same seed. `hint` (HINTS) defaults to DEMO_HINT for `demo`,
+    `none` for the others; it changes the statement only (the same draws, repositories and bugs)."""
     if split not in SPLITS:
         raise GenerationError(f"split {split!r}: expected one of {SPLITS}")
+    if hint is None:
+        hint = DEMO_HINT if split == "demo" else "none"
+    if hint not in HINTS:
+        raise GenerationError(f"hint {hint!r}: expected one of {HINTS}")
     rng = random.Random(seed * 7919 + SPLIT_SALT[split])
-    hint = split == "demo" if hint_file is None else hint_file
     tasks: list[dict[str, Any]] = []
     while len(tasks) < count:
         task = make_task(rng, split, len(tasks), hint)
@@ -252,14 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--hint-file", action=argparse.BooleanOptionalAction, default=None,
-        help="the statement names the bug's file (the easier case; default: only for --split demo), e.g. to "
-        "measure the easier case on held-out names",
+        "--hint", choices=HINTS, default=None,
+        help=f"what the statement says of the bug's file: path (the package and module), module (the module "
+        f"alone) or none; default {DEMO_HINT} for --split demo (the easier case), none for the others. E.g. "
+        f"--split val --hint path measures the easier case on held-out names",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.count < 1:
         parser.error(f"--count must be >= 1, got {args.count}")
-    path = write_tasks(generate(args.split, args.count, args.seed, args.hint_file), args.out)
+    path = write_tasks(generate(args.split, args.count, args.seed, args.hint), args.out)
     print(f"swe-lite: {args.count} {args.split} tasks (seed {args.seed}) in {path}")
     return 0
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from examples.swe_lite.generate import HELD_OUT, generate, write_tasks
+from examples.swe_lite.generate import DEMO_HINT, HELD_OUT, HINTS, generate, write_tasks
 
 TRAIN_TASKS = 2000
 HELD_OUT_TASKS = 64  # each of val and test
@@ -65,7 +65,7 @@ def model_spec(seed: int, *, layers: int = LAYERS, heads: int = HEADS):
 def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
     train: int = TRAIN_TASKS, held_out: int = HELD_OUT_TASKS, tests_first: bool = True, observations: bool = False,
-    layers: int = LAYERS, heads: int = HEADS, progress: bool = False,
+    layers: int = LAYERS, heads: int = HEADS, demo_hint: str = DEMO_HINT, progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
@@ -77,7 +77,7 @@ def prepare_swe_lite(
     train_rows = generate("train", train, seed)
     train_tasks = write_tasks(train_rows, workdir / "train")
     held_out_tasks = {split: write_tasks(generate(split, held_out, seed), workdir / split) for split in HELD_OUT}
-    demo_tasks = write_tasks(generate("demo", demos, seed), workdir / "demo")
+    demo_tasks = write_tasks(generate("demo", demos, seed, demo_hint), workdir / "demo")
     demo_rows = [json.loads(line) for line in demo_tasks.read_text().splitlines()]
     with ProcessPoolExecutor(RECORD_WORKERS) as pool:
         shown = list(pool.map(partial(recorded, out_dir=workdir / "demos", tests_first=tests_first), demo_rows))
@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the warm start also learns the task and the observations (language modelling), not only the "
         "replies; default off: measured worse (README, Measured)",
     )  # fmt: skip
+    parser.add_argument(
+        "--demo-hint", choices=[h for h in HINTS if h != "none"], default=DEMO_HINT,
+        help=f"what the demonstrations' statements name: path (the bug's file) or module (its module alone, the "
+        f"package left to copy from the statement's first words); default {DEMO_HINT}",
+    )  # fmt: skip
     parser.add_argument("--layers", type=int, default=LAYERS, help=f"the tiny model's layers (default {LAYERS})")
     parser.add_argument(
         "--heads", type=int, default=HEADS,
@@ -134,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     prepared = prepare_swe_lite(
         args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
-        observations=args.observations, layers=args.layers, heads=args.heads, progress=True,
+        observations=args.observations, layers=args.layers, heads=args.heads, demo_hint=args.demo_hint,
+        progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "

@@ -2,11 +2,14 @@
 stages of the fix its task needs (run the tests, read the right file, edit it, the fix, pass).
 
     python -m examples.swe_lite.stages runs/swe_lite/eval-warm-test runs/swe_lite/eval-trained-test \\
-        --tasks runs/swe_lite/test/tasks.jsonl --model runs/swe_lite/model-warm
+        --tasks runs/swe_lite/test/tasks.jsonl
 
 A run directory is an `agl eval` or `agl train` output (its `rollouts.db`); `--tasks` the tasks its
-rollouts ran (their `fix` and `placement`, which the agent never sees); `--model` the tokenizer that
-decodes the recorded completion tokens. One column a run, each stage counted over its rollouts:
+rollouts ran (their `fix` and `placement`, which the agent never sees). Each run's completion tokens
+are decoded with the tokenizer of the model it served (its `receipt.json`, else its `config.yaml`);
+`--model` names one for runs that recorded none, and is refused for a run whose model's tokenizer
+differs (prepare trains a vocabulary a seed: another seed's would decode other text). One column a
+run, each stage counted over its rollouts:
 
 - ran the tests: a command runs pytest
 - read the right file: `cat` of the file with the bug (`./` and spacing aside)
@@ -188,28 +191,77 @@ def table(runs: Sequence[RunStages]) -> str:
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
+def served_model(run: Path) -> Path | None:
+    """The model directory a run served, as agl recorded it beside the store (an eval's receipt.json, a run's
+    config.yaml; a relative path is the run's working directory's, taken as this one); None if neither says."""
+    import yaml
+
+    recorded: list[Any] = []
+    try:
+        recorded.append(json.loads((run / "receipt.json").read_text(encoding="utf-8"))["model"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        recorded.append(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]["path"])
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        pass
+    return next((Path(path) for path in recorded if isinstance(path, str) and Path(path).is_dir()), None)
+
+
+def same_tokenizer(a: Path, b: Path) -> bool:
+    """Whether two model directories decode tokens alike: their tokenizer.json, byte for byte."""
+    try:
+        return a.resolve() == b.resolve() or (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+    except OSError:
+        return False
+
+
+def column_names(runs: Sequence[Path]) -> list[str]:
+    """Each run's directory name, with its parent's where two share one (two seeds' eval-warm-val)."""
+    repeated = Counter(run.name for run in runs)
+    return [f"{run.parent.name}/{run.name}" if repeated[run.name] > 1 else run.name for run in runs]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.swe_lite.stages", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("runs", nargs="+", type=Path, help="`agl eval` / `agl train` output directories, one column each")
     parser.add_argument("--tasks", type=Path, required=True, help="the tasks.jsonl the runs ran")
-    parser.add_argument("--model", type=Path, required=True, help="a model directory whose tokenizer decodes the runs' tokens")
+    parser.add_argument(
+        "--model", type=Path,
+        help="a model directory whose tokenizer decodes the runs' tokens (default: each run's own, from its receipt.json "
+        "or config.yaml); refused for a run that served a model with another tokenizer",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not args.tasks.is_file():
         parser.error(f"--tasks {args.tasks}: no such file")
     tasks = read_tasks(args.tasks)
+    models: list[Path] = []
     for run in args.runs:
         if not (run / "rollouts.db").is_file():
             parser.error(f"{run} has no rollouts.db (fix: pass an `agl eval` or `agl train` output directory)")
+        served = served_model(run)
+        if args.model is not None and served is not None and not same_tokenizer(args.model, served):
+            parser.error(
+                f"{run} served {served}, whose tokenizer differs from --model {args.model}'s: its tokens would decode "
+                "as other text (fix: leave --model out to decode each run with its own model)"
+            )
+        if args.model is None and served is None:
+            parser.error(f"{run}: its receipt.json / config.yaml name no model directory found here (fix: pass --model, the model it served)")
+        models.append(args.model if args.model is not None else served)  # type: ignore[arg-type]
     from transformers import AutoTokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    except (OSError, ValueError, KeyError) as error:
-        parser.error(f"--model {args.model}: no tokenizer loads from it ({type(error).__name__}: {error}; fix: pass the model directory the runs served)")
-    print(table([read_run(run, tasks, tokenizer.decode) for run in args.runs]))
+    decoders: dict[Path, Callable[[Sequence[int]], str]] = {}
+    for model in dict.fromkeys(models):
+        try:
+            decoders[model] = AutoTokenizer.from_pretrained(model).decode
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"{model}: no tokenizer loads from it ({type(error).__name__}: {error}; fix: pass --model, the model directory the runs served)")
+    columns = [read_run(run, tasks, decoders[model]) for run, model in zip(args.runs, models)]
+    for column, name in zip(columns, column_names(args.runs)):
+        column.name = name
+    print(table(columns))
     return 0
-
 
 if __name__ == "__main__":
     try:

@@ -96,6 +96,10 @@ def test_the_statement_names_the_file_only_in_demonstrations() -> None:
     for task in generate("demo", 20, seed=0):
         hint = f" The bug is in {task['fix']['path']}."
         assert task["problem_statement"].endswith(hint + ask)  # the one sentence more, worded as the rest
+    for task in generate("demo", 20, seed=0, hint="module"):
+        module = task["placement"]["module"]
+        assert task["problem_statement"].endswith(f" The bug is in {module}.py." + ask)
+        assert f"{task['placement']['package']}/" not in task["problem_statement"]  # the package only as its first words
     for task in generate("train", 20, seed=0) + generate("val", 20, seed=0) + generate("test", 20, seed=0):
         assert task["fix"]["path"] not in task["problem_statement"] and task["problem_statement"].endswith(ask)
         assert "The bug is in" not in task["problem_statement"]
@@ -158,9 +162,25 @@ def test_a_fix_that_leaves_the_tests_alone_is_not_refused(tmp_path: Path) -> Non
     assert grade(task, workspace, refuse_test_edits=True) == 1.0
 
 
+def test_a_hint_changes_the_statement_only() -> None:
+    """The same draws whatever the hint: a warm start on `module` demonstrations and one on `path` ones
+    differ in one sentence of each statement, nothing else."""
+    by_hint = {hint: generate("demo", 30, seed=2, hint=hint) for hint in ("none", "path", "module")}
+    for none, path, module in zip(*by_hint.values()):
+        assert {k: v for k, v in path.items() if k != "problem_statement"} == {k: v for k, v in none.items() if k != "problem_statement"}
+        assert {k: v for k, v in module.items() if k != "problem_statement"} == {k: v for k, v in none.items() if k != "problem_statement"}
+        assert len({none["problem_statement"], path["problem_statement"], module["problem_statement"]}) == 3
+    assert generate("val", 5, seed=2, hint="module") != generate("val", 5, seed=2)  # held-out splits can take one too
+
+
 def test_bad_generator_input_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(GenerationError, match="split 'nope'"):
         generate("nope", 1, seed=0)
+    with pytest.raises(GenerationError, match=r"hint 'file': expected one of \('none', 'path', 'module'\)"):
+        generate("demo", 1, seed=0, hint="file")
+    with pytest.raises(SystemExit):
+        generate_module.main(["--out", "x", "--hint", "file"])
+    assert "invalid choice: 'file'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         generate_module.main(["--out", "x", "--count", "0"])
     assert "--count must be >= 1" in capsys.readouterr().err

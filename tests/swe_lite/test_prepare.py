@@ -65,9 +65,11 @@ def test_a_demonstration_of_another_kind_or_task_is_recorded_again(tmp_path: Pat
     task = generate("demo", 1, seed=0)[0]
     other_seed = generate("demo", 1, seed=1)[0]  # the same id, another repository and bug
     assert other_seed["id"] == task["id"] and other_seed["problem_statement"] != task["problem_statement"]
+    other_hint = generate("demo", 1, seed=0, hint="module")[0]  # the same task, its statement naming the module alone
     path = tmp_path / f"{task['id']}.traj.json"
     for kept in (
         trajectory(other_seed),
+        trajectory(other_hint),
         trajectory(task, tests_first=False),
         trajectory(task, search=True),
         trajectory(task, exit_status="LimitsExceeded"),
@@ -75,7 +77,7 @@ def test_a_demonstration_of_another_kind_or_task_is_recorded_again(tmp_path: Pat
     ):
         path.write_text(kept)
         recorded(task, tmp_path, tests_first=True)
-    assert recordings == [task["id"]] * 5
+    assert recordings == [task["id"]] * 6
 
 
 def test_the_model_is_as_deep_and_wide_as_asked() -> None:
@@ -83,6 +85,20 @@ def test_the_model_is_as_deep_and_wide_as_asked() -> None:
     assert (default.layers, default.heads, default.hidden, default.intermediate) == (2, 2, 128, 512)
     deeper = model_spec(0, layers=4, heads=3)
     assert (deeper.layers, deeper.heads, deeper.kv_heads, deeper.hidden, deeper.intermediate) == (4, 3, 3, 192, 768)
+
+
+def test_a_path_demonstration_is_not_reused_for_a_module_one(tmp_path: Path, recordings: list[str]) -> None:
+    """The other direction (the path hint's statement holds more than the module hint's, not it)."""
+    module = generate("demo", 1, seed=0, hint="module")[0]
+    (tmp_path / f"{module['id']}.traj.json").write_text(trajectory(generate("demo", 1, seed=0, hint="path")[0]))
+    recorded(module, tmp_path, tests_first=True)
+    assert recordings == [module["id"]]
+
+
+def test_an_unknown_demonstration_hint_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--demo-hint", "none"])  # demonstrations always name something: that is the easier case
+    assert exited.value.code == 2 and "--demo-hint: invalid choice: 'none'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--layers", "--heads"])

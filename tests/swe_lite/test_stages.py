@@ -10,7 +10,7 @@ import pytest
 
 from examples.swe_lite.demonstrations import fix_expression, replies
 from examples.swe_lite.generate import generate
-from examples.swe_lite.stages import RunStages, commands, main, stages, table
+from examples.swe_lite.stages import column_names, served_model, same_tokenizer, RunStages, commands, main, stages, table
 
 TASK = generate("train", 1, seed=5)[0]
 PATH = TASK["fix"]["path"]
@@ -73,3 +73,38 @@ def test_bad_arguments_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
         with pytest.raises(SystemExit):
             main([*argv, "--model", str(model)])
         assert named in capsys.readouterr().err
+
+
+def test_each_run_decodes_with_the_model_it_served(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """prepare trains a vocabulary a seed: a run read with another seed's tokenizer would count other text."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(TASK) + "\n")
+    models = {}
+    for name, vocabulary in (("seed0", '{"v": 0}'), ("seed0-copy", '{"v": 0}'), ("seed2", '{"v": 2}')):
+        models[name] = tmp_path / name
+        models[name].mkdir()
+        (models[name] / "tokenizer.json").write_text(vocabulary)
+    evaluated, trained, unknown = (tmp_path / "runs" / name for name in ("eval", "rl", "unknown"))
+    for run in (evaluated, trained, unknown):
+        run.mkdir(parents=True)
+        (run / "rollouts.db").touch()
+    (evaluated / "receipt.json").write_text(json.dumps({"model": {"path": str(models["seed0"])}}))
+    (trained / "config.yaml").write_text(f"model:\n  path: {models['seed2']}\n")
+    (unknown / "config.yaml").write_text("model: [not, a, mapping]\n")
+    assert served_model(evaluated) == models["seed0"] and served_model(trained) == models["seed2"]
+    assert served_model(unknown) is None
+    assert same_tokenizer(models["seed0"], models["seed0-copy"]) and not same_tokenizer(models["seed0"], models["seed2"])
+    for argv, named in [
+        ([str(trained), "--model", str(models["seed0"])], f"{trained} served {models['seed2']}, whose tokenizer differs"),
+        ([str(unknown)], f"{unknown}: its receipt.json / config.yaml name no model directory found here (fix: pass --model"),
+        ([str(evaluated)], f"{models['seed0']}: no tokenizer loads from it"),  # its own model, read (a fake vocabulary)
+        ([str(evaluated), "--model", str(models["seed0-copy"])], f"{models['seed0-copy']}: no tokenizer loads from it"),
+    ]:
+        with pytest.raises(SystemExit):
+            main([*argv, "--tasks", str(tasks)])
+        assert named in capsys.readouterr().err
+
+
+def test_runs_of_the_same_name_are_told_apart_by_their_parent() -> None:
+    runs = [Path("runs/s0/eval-warm-val"), Path("runs/s2/eval-warm-val"), Path("runs/s2/eval-rl-val")]
+    assert column_names(runs) == ["s0/eval-warm-val", "s2/eval-warm-val", "eval-rl-val"]
