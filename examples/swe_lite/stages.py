@@ -246,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{run} served {served}, whose tokenizer differs from --model {args.model}'s: its tokens would decode "
                 "as other text (fix: leave --model out to decode each run with its own model)"
             )
-        if args.model is None and served is None:
+        model = args.model if args.model is not None else served
+        if model is None:
             parser.error(f"{run}: its receipt.json / config.yaml name no model directory found here (fix: pass --model, the model it served)")
-        models.append(args.model if args.model is not None else served)  # type: ignore[arg-type]
+        models.append(model)
     from transformers import AutoTokenizer
 
     decoders: dict[Path, Callable[[Sequence[int]], str]] = {}
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         column.name = name
     print(table(columns))
     return 0
+
 
 if __name__ == "__main__":
     try:
