@@ -51,9 +51,9 @@ def reply(thought: str, command: str) -> str:
 def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True, tests_first: bool = False) -> list[str]:
     """The scripted policy for `task`: (search,) (test,) look, fix (unless `fix` is False), test, submit.
 
-    `tests_first` runs the tests before looking: in the easier case the statement names the file and
-    the failing test (`tests/test_<module>.py`) names its module too, so a model that learns to read
-    the file may copy its path from either; a task whose statement names no file leaves it the test's."""
+    `tests_first` runs the tests before looking: in the easier case the statement names the file (or its
+    module) and the failing test (`tests/test_<module>.py`) names its module too, so a model that learns
+    to read the file may copy the module from either; a task whose statement names none leaves it the test's."""
     path, function = task["fix"]["path"], task["placement"]["function"]
     buggy, correct = task["fix"]["buggy"], task["fix"]["correct"]
     steps = []

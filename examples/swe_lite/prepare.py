@@ -5,8 +5,8 @@
 writes `train/tasks.jsonl` (2000 tasks, their repos in `train/repos/`), `val/tasks.jsonl` and
 `test/tasks.jsonl` (64 tasks each of other repositories, names and bug placements: `val` to choose
 settings on, `test` to report, never used for choosing), `demos/*.traj.json` (mini-swe-agent trajectories
-of the scripted policy on the easier case: the statement names the file, so the agent runs the
-tests, reads the file, fixes it, runs the tests and submits; it never searches), `model-init/` (a
+of the scripted policy on the easier case: the statement names the bug's module (`--demo-hint`),
+so the agent runs the tests, reads the file, fixes it, runs the tests and submits; it never searches), `model-init/` (a
 tiny Llama with a BPE vocabulary trained on the demonstrations and training repositories, 2048
 positions: a rollout's conversation is 400-1500 tokens) and `model-warm/` (model-init after a
 supervised warm start on the demonstrations' assistant turns): what `config.yaml` trains from.

@@ -21,6 +21,8 @@ run, each stage counted over its rollouts:
 - the demonstrated fix: the demonstrations' own `sed` for this bug (demonstrations.fix_expression), to the
   letter; another spelling that fixes the bug counts under passed only
 - passed: the rollout's reward is 1.0 (the grader's FAIL_TO_PASS and PASS_TO_PASS tests pass)
+- submitted / submitted, not passed: a command is the submit one (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`);
+  a policy that submits only when it passed gives every token of that command a positive advantage
 
 and passed by bug family. Commands are parsed as the agent parses them (mini-swe-agent's text-based
 action regex); a reply with no command counts for nothing.
@@ -42,7 +44,7 @@ from typing import Any
 
 from agl_integrations.mini_swe_agent import SidecarTextModelConfig
 
-from examples.swe_lite.demonstrations import fix_expression
+from examples.swe_lite.demonstrations import SUBMIT, fix_expression
 
 ACTION = re.compile(SidecarTextModelConfig.model_fields["action_regex"].default, re.DOTALL)
 STAGES = (
@@ -54,6 +56,8 @@ STAGES = (
     ("edited_right", "edited the right file"),
     ("fix", "the demonstrated fix"),
     ("passed", "passed (reward 1.0)"),
+    ("submitted", "submitted"),
+    ("submitted_unpassed", "submitted, not passed"),
 )
 
 
@@ -89,6 +93,8 @@ def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> se
             continue
         if "pytest" in words:
             reached.add("tests")
+        if words == SUBMIT.split():
+            reached.add("submitted")
         if words[0] == "cat":
             read += [w for w in words[1:] if w.endswith(".py")]
         if words[0] == "sed" and "-i" in words and len(words) >= 4 and _same_path(words[-1], path):
@@ -106,6 +112,8 @@ def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> se
         reached.add("read_module")
     if reward == 1.0:
         reached.add("passed")
+    elif "submitted" in reached:
+        reached.add("submitted_unpassed")
     return reached
 
 

@@ -93,9 +93,10 @@ def test_names_are_made_up_afresh_and_held_out_ones_never_train() -> None:
 
 def test_the_statement_names_the_file_only_in_demonstrations() -> None:
     ask = " Find the function, fix the bug, run the tests."
-    for task in generate("demo", 20, seed=0):
+    for task in generate("demo", 20, seed=0, hint="path"):
         hint = f" The bug is in {task['fix']['path']}."
         assert task["problem_statement"].endswith(hint + ask)  # the one sentence more, worded as the rest
+    assert generate("demo", 20, seed=0) == generate("demo", 20, seed=0, hint="module")  # the default
     for task in generate("demo", 20, seed=0, hint="module"):
         module = task["placement"]["module"]
         assert task["problem_statement"].endswith(f" The bug is in {module}.py." + ask)

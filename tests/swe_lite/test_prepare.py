@@ -62,8 +62,8 @@ def test_a_broken_file_is_recorded_again(kept: str, tmp_path: Path, recordings: 
 
 
 def test_a_demonstration_of_another_kind_or_task_is_recorded_again(tmp_path: Path, recordings: list[str]) -> None:
-    task = generate("demo", 1, seed=0)[0]
-    other_seed = generate("demo", 1, seed=1)[0]  # the same id, another repository and bug
+    task = generate("demo", 1, seed=0, hint="path")[0]
+    other_seed = generate("demo", 1, seed=1, hint="path")[0]  # the same id, another repository and bug
     assert other_seed["id"] == task["id"] and other_seed["problem_statement"] != task["problem_statement"]
     other_hint = generate("demo", 1, seed=0, hint="module")[0]  # the same task, its statement naming the module alone
     path = tmp_path / f"{task['id']}.traj.json"
