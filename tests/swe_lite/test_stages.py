@@ -10,7 +10,7 @@ import pytest
 
 from examples.swe_lite.demonstrations import fix_expression, replies
 from examples.swe_lite.generate import generate
-from examples.swe_lite.stages import column_names, served_model, same_tokenizer, RunStages, commands, main, stages, table
+from examples.swe_lite.stages import RunStages, column_names, commands, main, same_tokenizer, served_model, stages, table
 
 TASK = generate("train", 1, seed=5)[0]
 PATH = TASK["fix"]["path"]
