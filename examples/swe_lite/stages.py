@@ -200,20 +200,20 @@ def table(runs: Sequence[RunStages]) -> str:
 
 
 def served_model(run: Path) -> Path | None:
-    """The model directory a run served, as agl recorded it beside the store (an eval's receipt.json, a run's
-    config.yaml; a relative path is the run's working directory's, taken as this one); None if neither says."""
-    import yaml
+    """The model directory a run served, as agl recorded it beside the store: an eval's receipt.json (an
+    absolute path), else the run's config.yaml (the viewer's `run_model`, which takes a relative path from
+    the directory the run ran in); None if neither names one that is here."""
+    from agl_trainer.eval.receipt import RECEIPT_FILE
+    from agl_trainer.viewer.run_model import run_model
 
-    recorded: list[Any] = []
     try:
-        recorded.append(json.loads((run / "receipt.json").read_text(encoding="utf-8"))["model"]["path"])
+        path = json.loads((run / RECEIPT_FILE).read_text(encoding="utf-8"))["model"]["path"]
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        recorded.append(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]["path"])
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
-        pass
-    return next((Path(path) for path in recorded if isinstance(path, str) and Path(path).is_dir()), None)
+        path = None
+    if isinstance(path, str) and Path(path).is_dir():
+        return Path(path)
+    model = run_model(run)
+    return Path(model) if model is not None else None
 
 
 def same_tokenizer(a: Path, b: Path) -> bool:

@@ -95,6 +95,10 @@ def test_each_run_decodes_with_the_model_it_served(tmp_path: Path, capsys: pytes
     (trained / "config.yaml").write_text(f"model:\n  path: {models['seed2']}\n")
     (unknown / "config.yaml").write_text("model: [not, a, mapping]\n")
     assert served_model(evaluated) == models["seed0"] and served_model(trained) == models["seed2"]
+    relative = tmp_path / "runs" / "rl-relative"  # agl train run from tmp_path with a relative model.path
+    relative.mkdir()
+    (relative / "config.yaml").write_text("output_dir: runs/rl-relative\nmodel:\n  path: seed2\n")
+    assert served_model(relative) is not None and served_model(relative).resolve() == models["seed2"].resolve()
     assert served_model(unknown) is None
     assert same_tokenizer(models["seed0"], models["seed0-copy"]) and not same_tokenizer(models["seed0"], models["seed2"])
     for argv, named in [
