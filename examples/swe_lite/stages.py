@@ -208,7 +208,7 @@ def served_model(run: Path) -> Path | None:
 
     try:
         path = json.loads((run / RECEIPT_FILE).read_text(encoding="utf-8"))["model"]["path"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # unreadable, not JSON, not a receipt, too deep
         path = None
     if isinstance(path, str) and Path(path).is_dir():
         return Path(path)

@@ -100,6 +100,8 @@ def test_each_run_decodes_with_the_model_it_served(tmp_path: Path, capsys: pytes
     (relative / "config.yaml").write_text("output_dir: runs/rl-relative\nmodel:\n  path: seed2\n")
     assert served_model(relative) is not None and served_model(relative).resolve() == models["seed2"].resolve()
     assert served_model(unknown) is None
+    (unknown / "receipt.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past the JSON parser's recursion
+    assert served_model(unknown) is None
     assert same_tokenizer(models["seed0"], models["seed0-copy"]) and not same_tokenizer(models["seed0"], models["seed2"])
     for argv, named in [
         ([str(trained), "--model", str(models["seed0"])], f"{trained} served {models['seed2']}, whose tokenizer differs"),

@@ -113,3 +113,5 @@ def test_run_model_without_a_run_record(tmp_path: Path) -> None:
     assert run_model(tmp_path) is None  # a store that is not in a run's directory
     (tmp_path / "config.yaml").write_text("model: [not, a, mapping\n")
     assert run_model(tmp_path) is None
+    (tmp_path / "config.yaml").write_text("[" * 100_000 + "]" * 100_000)  # nested past the YAML parser's recursion
+    assert run_model(tmp_path) is None

@@ -22,7 +22,7 @@ def run_model(run_dir: Path) -> str | None:
     still; None otherwise (the viewer then shows token ids)."""
     try:
         record = yaml.safe_load((run_dir / RUN_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):  # RecursionError: nested past the parser
         return None
     if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
         return None
