@@ -24,11 +24,23 @@ def test_small_group_policies():
     zero = compute_rollout_advantages(rewards, groups, "grpo")
     assert zero.values[2] == 0 and bool(zero.trained.all())
     assert (zero.num_small_groups, zero.num_small_group_rollouts) == (1, 1)
+    assert (zero.num_flat_groups, zero.num_groups) == (0, 3)  # a singleton is small, not flat
     drop = compute_rollout_advantages(rewards, groups, "grpo", small_group_policy="drop")
     assert drop.trained.tolist() == [True, True, False, True, True]
     # an expected group size of 3 makes both 2-groups incomplete, too
     strict = compute_rollout_advantages(rewards, groups, "rloo", min_group_size=3)
     assert torch.all(strict.values == 0) and strict.num_small_groups == 3
+
+
+def test_flat_groups_are_those_with_one_reward_for_all():
+    # flat: group 4 (0.1 three times), 0 (all 1.0), 5 (all 0.0); group 2 has signal; 9 is a singleton
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 7.0])
+    groups = torch.tensor([4, 4, 4, 0, 0, 2, 2, 5, 5, 9])  # ids need not be contiguous
+    got = compute_rollout_advantages(rewards, groups, "grpo")
+    assert (got.num_flat_groups, got.num_groups, got.num_small_groups) == (3, 5, 1)
+    assert torch.all(got.values[[0, 1, 2, 3, 4, 7, 8]] == 0) and torch.all(got.values[[5, 6]] != 0)
+    none = compute_rollout_advantages(torch.tensor([]), torch.tensor([], dtype=torch.long), "grpo")
+    assert (none.num_flat_groups, none.num_groups) == (0, 0)
 
 
 def test_estimators_by_hand():

@@ -68,6 +68,7 @@ def test_steps_raise_logprob_of_rewarded_tokens(model_dir):
     assert after[1] < before[1] - 0.5
     assert not any(key.startswith("reward/") for key in metrics)  # the loop reports rewards, once
     assert metrics["advantage/small_groups"] == 0
+    assert (metrics["advantage/groups"], metrics["advantage/flat_groups"]) == (3, 0)  # each task: a 1.0 and a 0.0
     assert metrics["perf/tokens_per_s"] > 0 and metrics["actor/grad_norm"] > 0
     assert metrics["policy_version"] == 4 and backend.step == 4  # the version the last update produced
 

@@ -66,10 +66,13 @@ def test_swe_lite_config_trains_a_step_on_a_solved_and_an_unsolved_task(tmp_path
                                  "upstreams": [engine.base_url]}])]  # fmt: skip
             config = load_config(ROOT / "examples/swe_lite/config.yaml", args)
             assert config.loop.mode == "collocated-async" and config.backend.name == "torch"
+            assert config.backend.algorithm.kl_coef > 0  # the config's KL term: a reference copy of model.path loads
             result = asyncio.run(Session(config, quiet=True).run())
         finally:
             sidecar.stop()
     assert result.summary.steps == 1
+    (step,) = [json.loads(line) for line in (Path(config.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert step["actor/ref_kl"] == pytest.approx(0.0, abs=1e-6)  # the first step's policy is still the reference
 
     with RolloutStore(Path(config.output_dir) / "rollouts.db") as store:
         rollouts = {r.task_id: r for r in store.rollouts()}

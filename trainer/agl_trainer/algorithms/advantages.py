@@ -75,6 +75,10 @@ class RolloutAdvantages:
     trained: torch.Tensor  # [R] bool: False for rollouts the small-group policy drops from the loss
     num_small_groups: int
     num_small_group_rollouts: int
+    # Groups with a baseline whose rewards are all equal (all pass, all fail): every advantage is 0, so
+    # they train nothing; a step of mostly flat groups is a step of little signal (batch or task mix).
+    num_flat_groups: int
+    num_groups: int
 
 
 def compute_rollout_advantages(
@@ -105,12 +109,24 @@ def compute_rollout_advantages(
     small = size < min_group_size
     values = torch.where(small, torch.zeros_like(values), values)
     trained = ~small if small_group_policy == "drop" else torch.ones_like(small)
+    flat = _equal_within_group(rewards, group_index) & ~small
     return RolloutAdvantages(
         values=values,
         trained=trained,
         num_small_groups=int(torch.unique(group_index[small]).numel()),
         num_small_group_rollouts=int(small.sum()),
+        num_flat_groups=int(torch.unique(group_index[flat]).numel()),
+        num_groups=int(torch.unique(group_index).numel()),
     )
+
+
+def _equal_within_group(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """[R] bool: the rollout's group has one reward for all (its largest equals its smallest)."""
+    num_groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    empty = torch.zeros(num_groups, dtype=rewards.dtype)
+    high = empty.scatter_reduce(0, group_index, rewards, "amax", include_self=False)
+    low = empty.scatter_reduce(0, group_index, rewards, "amin", include_self=False)
+    return (high == low)[group_index]
 
 
 def broadcast_to_tokens(

@@ -38,6 +38,8 @@ def step_metrics(
         "advantage/max": float(trained_adv.max()) if trained_adv.numel() else 0.0,
         "advantage/small_groups": float(advantages.num_small_groups),
         "advantage/small_group_rollouts": float(advantages.num_small_group_rollouts),
+        "advantage/flat_groups": float(advantages.num_flat_groups),
+        "advantage/groups": float(advantages.num_groups),
         "loss/total": sums["loss"] / updates,
         "loss/pg": sums["pg_loss"] / updates,
         "actor/clip_frac": sums["clipped"] / tokens,
