@@ -39,6 +39,9 @@ def test_flat_groups_are_those_with_one_reward_for_all():
     got = compute_rollout_advantages(rewards, groups, "grpo")
     assert (got.num_flat_groups, got.num_groups, got.num_small_groups) == (3, 5, 1)
     assert torch.all(got.values[[0, 1, 2, 3, 4, 7, 8]] == 0) and torch.all(got.values[[5, 6]] != 0)
+    nearly = torch.full((7,), 0.1)
+    nearly[-1] = torch.nextafter(nearly[0], torch.tensor(1.0))  # one reward a float32 step apart
+    assert nearly[-1] != nearly[0] and compute_rollout_advantages(nearly, torch.zeros(7, dtype=torch.long)).num_flat_groups == 0
     none = compute_rollout_advantages(torch.tensor([]), torch.tensor([], dtype=torch.long), "grpo")
     assert (none.num_flat_groups, none.num_groups) == (0, 0)
 

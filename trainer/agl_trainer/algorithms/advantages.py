@@ -105,11 +105,12 @@ def compute_rollout_advantages(
         )
     rewards = rewards.float()
     values = ADVANTAGE_ESTIMATORS.get(estimator)(rewards, group_index, epsilon)
-    size = group_stats(rewards, group_index).size
-    small = size < min_group_size
+    stats = group_stats(rewards, group_index)
+    small = stats.size < min_group_size
     values = torch.where(small, torch.zeros_like(values), values)
     trained = ~small if small_group_policy == "drop" else torch.ones_like(small)
-    flat = _equal_within_group(rewards, group_index) & ~small
+    # std is exactly 0 iff a group's rewards are equal: float rewards summed in double give an exact mean
+    flat = (stats.std == 0) & ~small
     return RolloutAdvantages(
         values=values,
         trained=trained,
@@ -118,15 +119,6 @@ def compute_rollout_advantages(
         num_flat_groups=int(torch.unique(group_index[flat]).numel()),
         num_groups=int(torch.unique(group_index).numel()),
     )
-
-
-def _equal_within_group(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """[R] bool: the rollout's group has one reward for all (its largest equals its smallest)."""
-    num_groups = int(group_index.max()) + 1 if group_index.numel() else 0
-    empty = torch.zeros(num_groups, dtype=rewards.dtype)
-    high = empty.scatter_reduce(0, group_index, rewards, "amax", include_self=False)
-    low = empty.scatter_reduce(0, group_index, rewards, "amin", include_self=False)
-    return (high == low)[group_index]
 
 
 def broadcast_to_tokens(
