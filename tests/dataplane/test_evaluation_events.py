@@ -77,7 +77,7 @@ def post(
 def rewards(receiver: Receiver, rollout: str) -> dict[str, float]:
     """The rollout's final reward of each name it has (rewards may come before its other spans)."""
     with RolloutStore(receiver._store.path, grace_s=0.0) as store:
-        rows = store._rewards(RolloutKey(rollout, 0))
+        rows = store.rewards(RolloutKey(rollout, 0))
         return {row.name: store.final_rewards([rollout], row.name)[RolloutKey(rollout, 0)] for row in rows}
 
 

@@ -153,3 +153,12 @@ def _wait_for(paths: list[str], timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def flat_or_mixed(task: dict[str, Any], base_url: str) -> float:
+    """One model call; a task with `reward` gives every rollout that reward (a flat group), any other
+    task gives its group's members 0 and 1 by member index (a group with something to learn)."""
+    _chat(base_url)
+    if "reward" in task:
+        return float(task["reward"])
+    return float(int(re.search(r"-g\d{6}-(\d+)", base_url).group(1)) % 2)  # type: ignore[union-attr]

@@ -381,3 +381,31 @@ def test_set_aside_reasons_for_what_the_model_cannot_take() -> None:
     assert [r.rollout_id for r in good] == ["ok"]
     assert {k: [key.rollout_id for key in v] for k, v in bad.items()} == {
         INVALID_REWARD: ["inf"], OUT_OF_VOCAB: ["oov", "neg"], VERSION_AHEAD: ["ahead"]}
+
+
+def test_skip_flat_groups_sets_a_stored_group_with_one_reward_aside_and_trains_the_next(tmp_path: Path) -> None:
+    # Drawn first (completed together, then by id): task "flat" (both rollouts reward 1) would fill the batch
+    # of 2 and train nothing; with loop.skip_flat_groups it is recorded as dropped and task "mixed" (rewards
+    # 0 and 1) takes its place in step 1.
+    from agl_trainer.cli import main
+    from agl_trainer.loop.groups import FLAT_GROUP
+    from agl_trainer.store import RolloutStore
+    from examples.demo.model import build_demo_model
+    from agl_testing.rollouts import call, end, reward
+
+    model = build_demo_model(tmp_path / "tiny", seed=0)
+    path, run = tmp_path / "t.db", tmp_path / "run"
+    rewards = {"flat-0": ("flat", 1.0), "flat-1": ("flat", 1.0), "mixed-0": ("mixed", 0.0), "mixed-1": ("mixed", 1.0)}
+    with RolloutStore(path) as store:
+        store.write_batches([[call(rid, task), reward(rid, task, value), end(rid, task)]
+                             for rid, (task, value) in rewards.items()])  # fmt: skip
+    assert main(["train", "examples/demo/config.yaml", "--from-store", str(path), f"--model.path={model}",
+                 f"--output_dir={run}", "--loop.batch_rollouts=2", "--loop.group_size=2", "--loop.checkpoint_every=1",
+                 "--loop.skip_flat_groups=true", "--loop.max_steps=100", "--quiet"]) == 0  # fmt: skip
+    ledger = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    assert ledger == [{"step": 1, "rollouts": [["mixed-0", 0], ["mixed-1", 0]]}]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["rollouts/trained"], row["rollouts/set_aside_flat"]) for row in rows] == [(2.0, 2.0)]
+    with RolloutStore(path) as store:
+        reasons = {i.rollout_id: i.dropped_reason for i in store.rollouts()}
+    assert reasons == {"flat-0": FLAT_GROUP, "flat-1": FLAT_GROUP, "mixed-0": None, "mixed-1": None}

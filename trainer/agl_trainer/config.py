@@ -309,11 +309,7 @@ def check_config(config: Config, base: Path) -> None:
         )
     if harness.runner == "kubernetes" and not harness.image:
         raise ConfigError("config key harness.image: the kubernetes runner needs a container image")
-    if loop.batch_rollouts % loop.group_size:
-        raise ConfigError(
-            f"config key loop.batch_rollouts: {loop.batch_rollouts} is not a multiple of loop.group_size="
-            f"{loop.group_size} (fix: use {max(1, loop.batch_rollouts // loop.group_size) * loop.group_size})"
-        )
+    check_loop(loop)
     if loop.switch == "keep" and loop.mode != "collocated-async":
         raise ConfigError(
             "config key loop.switch: keep freezes calls in flight across an update, which only "
@@ -328,6 +324,20 @@ def check_config(config: Config, base: Path) -> None:
         raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
     if not Path(config.model.path).exists():
         raise ConfigError(f"config key model.path: {config.model.path} does not exist (fix: a model directory)")
+
+
+def check_loop(loop: LoopConfig) -> None:
+    """The loop's batch in groups (live runs and --from-store alike)."""
+    if loop.batch_rollouts % loop.group_size:
+        raise ConfigError(
+            f"config key loop.batch_rollouts: {loop.batch_rollouts} is not a multiple of loop.group_size="
+            f"{loop.group_size} (fix: use {max(1, loop.batch_rollouts // loop.group_size) * loop.group_size})"
+        )
+    if loop.skip_flat_groups and loop.group_size < 2:
+        raise ConfigError(
+            "config key loop.skip_flat_groups: a group of one rollout has no spread of rewards to judge "
+            f"(loop.group_size={loop.group_size}; fix: loop.group_size 2 or more, or skip_flat_groups false)"
+        )
 
 
 def _check_program(key: str, program: str, cwd: str | None) -> None:

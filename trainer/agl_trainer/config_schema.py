@@ -309,6 +309,22 @@ class LoopConfig(_Section):
     failed_rollouts: Annotated[
         Literal["drop", "zero"], _doc("failed rollouts (harness error, timeout): drop them or train with reward 0")
     ] = "drop"
+    skip_flat_groups: Annotated[
+        bool,
+        _doc(
+            "a complete group whose rollouts all got the same reward (every advantage 0: nothing to learn) is set "
+            "aside, recorded as dropped, and another group takes its place in the batch (DAPO's dynamic sampling)"
+        ),
+    ] = False
+    flat_skip_limit: Annotated[
+        int,
+        _doc(
+            "skip_flat_groups: a step sets aside at most this many batches' worth of flat groups; past it, flat "
+            "groups train as they come (a task set the policy always or never solves would never fill a batch; "
+            "0: no limit)",
+            ge=0,
+        ),
+    ] = 4
     val_every: Annotated[
         int,
         _doc("validate on val_tasks before the first step, every N steps and at the end (0: never)", ge=0),

@@ -408,6 +408,18 @@ def _declared_disagreement(
     return DECLARED_OTHER_AGENT
 
 
+def training_reward(data: RolloutData, config: AssemblyConfig) -> float | None:
+    """The reward a rollout trains with, as assembly gives it (its end cause's policy, its final reward,
+    assembly.missing_reward); None when assembly drops it for its cause or a missing reward."""
+    reward, dropped = _reward_and_policy(data, config)
+    return None if dropped is not None else reward
+
+
+def has_call_rewards(data: RolloutData, config: AssemblyConfig) -> bool:
+    """Per-call rewards of the trained reward name: they shape token rewards beyond the final one."""
+    return any(r.name == config.reward_name and r.call_seq is not None for r in data.rewards)
+
+
 def _reward_and_policy(data: RolloutData, config: AssemblyConfig) -> tuple[float | None, str | None]:
     cause = data.info.end_cause or "ok"
     policy = config.policy_for(cause)

@@ -149,17 +149,13 @@ def check_offline_config(config: Any) -> None:
     """--from-store runs no harness and no engine: only the model must exist."""
     from pathlib import Path
 
-    from agl_trainer.config import ConfigError
+    from agl_trainer.config import ConfigError, check_loop
 
     if config.model.path is None:
         raise ConfigError("config key model.path: missing (fix: a Hugging Face model directory)")
     if not Path(config.model.path).exists():
         raise ConfigError(f"config key model.path: {config.model.path} does not exist (fix: a model directory)")
-    if config.loop.batch_rollouts % config.loop.group_size:
-        raise ConfigError(
-            f"config key loop.batch_rollouts: {config.loop.batch_rollouts} is not a multiple of loop.group_size="
-            f"{config.loop.group_size}"
-        )
+    check_loop(config.loop)
 
 
 def train_offline(config: Any, store: str, *, resume: bool = False, quiet: bool = False) -> int:

@@ -7,6 +7,10 @@ rollout's end means for its group.
                   (stale_policy=mask: loop.max_span batches: a group may train that late)
     complete      a member whose harness exited is complete once the store says so; one that
                   exited well but whose data never arrived is failed (no_data)
+    flat          loop.skip_flat_groups: a complete group whose rollouts all got one reward (every
+                  advantage 0) is set aside, recorded as dropped, and leaves: launching refills its
+                  place (async) or the sync batch relaunches as many; at most loop.flat_skip_limit
+                  batches' worth a step, then flat groups train as they come
     batch         complete groups, oldest first (loop.oldest_first; else in the order they
                   completed), once they hold loop.batch_rollouts; groups that would be too stale
                   after the update (launched under v <= version - staleness) go into it: with
@@ -29,7 +33,7 @@ from typing import Any
 
 from agl_trainer.algorithms.token_age import staleness_bound
 from agl_trainer.config import ConfigError, LoopConfig
-from agl_trainer.loop.groups import DONE, Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.groups import DONE, FLAT_GROUP, Group, GroupJournal, Member, TaskSchedule, is_flat
 from agl_trainer.loop.ports import DataPlane
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
@@ -68,6 +72,9 @@ class InFlight:
         self.groups: dict[int, Group] = {}  # launched, not yet trained or dropped
         self.tasks: dict[str, asyncio.Task[RolloutOutcome]] = {}  # the harnesses running, by rollout id
         self.failures: dict[str, int] = {}  # cause -> count, over the run
+        self.flat_set_aside = 0  # rollouts in flat groups set aside since the last trained batch
+        self._judged: set[int] = set()  # complete groups found not flat (or kept past the limit)
+        self._said_flat_limit = False
 
     # --- launching -----------------------------------------------------------------------------
     def launch(self, version: int) -> Group:
@@ -124,7 +131,7 @@ class InFlight:
         return [g for g in self.groups.values() if g.launched_version <= version - self.staleness]
 
     def ready_batch(self, version: int) -> list[Group] | None:
-        complete = sorted((g for g in self.groups.values() if g.done), key=self._batch_order)
+        complete = self.set_aside_flat(sorted((g for g in self.groups.values() if g.done), key=self._batch_order))
         ready = sum(len(g.rollout_ids) for g in complete)
         self.progress.rollouts(min(ready, self.config.batch_rollouts), self.running())
         if ready < self.config.batch_rollouts:
@@ -148,6 +155,47 @@ class InFlight:
     def retire(self, batch: list[Group]) -> None:
         for group in batch:
             self.groups.pop(group.index, None)
+            self._judged.discard(group.index)
+        self.flat_set_aside, self._said_flat_limit = 0, False
+
+    # --- flat groups (loop.skip_flat_groups) ---------------------------------------------------
+    def set_aside_flat(self, groups: list[Group]) -> list[Group]:
+        """`groups` less the complete ones whose rollouts all got one reward, which leave (recorded as
+        dropped, FLAT_GROUP), up to loop.flat_skip_limit batches' worth since the last trained batch."""
+        if not self.config.skip_flat_groups:
+            return groups
+        kept: list[Group] = []
+        for group in groups:
+            if group.index in self._judged or not group.done:
+                kept.append(group)
+                continue
+            if not self._flat(group):
+                self._judged.add(group.index)
+                kept.append(group)
+                continue
+            limit = self.config.flat_skip_limit * self.config.batch_rollouts
+            if limit and self.flat_set_aside >= limit:
+                if not self._said_flat_limit:
+                    self._said_flat_limit = True
+                    self.progress.log(
+                        f"agl: loop.flat_skip_limit={self.config.flat_skip_limit}: {self.flat_set_aside} rollouts "
+                        "in flat groups set aside since the last step; until the next step they train as they come "
+                        "(every reward in a group equal: the tasks may be too easy or too hard for the policy)"
+                    )
+                self._judged.add(group.index)
+                kept.append(group)
+                continue
+            self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], FLAT_GROUP)
+            self.groups.pop(group.index, None)
+            self.flat_set_aside += len(group.rollout_ids)
+        return kept
+
+    def _flat(self, group: Group) -> bool:
+        """The rewards the group's rollouts train with (failed ones at 0 with failed_rollouts=zero) are equal."""
+        rewards = self.data.group_rewards([group.key(rid) for rid in group.ids_in(Member.COMPLETE)])
+        if rewards is not None and self.config.failed_rollouts == "zero":
+            rewards = rewards + [0.0] * len(group.ids_in(Member.FAILED))
+        return is_flat(rewards)
 
     # --- ends ----------------------------------------------------------------------------------
     def poll_completion(self) -> None:

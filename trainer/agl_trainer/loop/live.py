@@ -131,12 +131,17 @@ class LiveRollouts:
         return self.inflight.trainable_keys(self._batch)
 
     async def _generate_sync(self, version: int) -> list[Group]:
-        """Launch one batch, wait for all of it."""
-        groups = [self.inflight.launch(version) for _ in range(self.config.batch_rollouts // self.config.group_size)]
-        while not all(group.done for group in groups):
-            self._check()
-            self.inflight.poll_completion()
-            await asyncio.sleep(POLL_S)
+        """Launch one batch, wait for all of it; loop.skip_flat_groups: groups set aside as flat are
+        replaced by as many new ones, waited for in turn."""
+        wanted = self.config.batch_rollouts // self.config.group_size
+        groups: list[Group] = []
+        while len(groups) < wanted:
+            groups += [self.inflight.launch(version) for _ in range(wanted - len(groups))]
+            while not all(group.done for group in groups):
+                self._check()
+                self.inflight.poll_completion()
+                await asyncio.sleep(POLL_S)
+            groups = self.inflight.set_aside_flat(groups)
         return groups
 
     async def _generate_async(self, version: int) -> list[Group]:
@@ -192,6 +197,8 @@ class LiveRollouts:
         step.metrics["rollouts/failed"] = float(len(failed))
         step.metrics["rollouts/dropped_stale"] = float(self._dropped + len(too_stale))
         step.metrics["staleness/masked_tokens"] = float(masked)
+        if self.config.skip_flat_groups:
+            step.metrics["rollouts/set_aside_flat"] = float(self.inflight.flat_set_aside)
         return kept
 
     async def while_training(self, train: Callable[[], Awaitable[None]], version: int, step: StepRecord) -> None:

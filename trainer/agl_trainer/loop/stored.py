@@ -15,6 +15,8 @@ without running any harness or engine:
              newer version (a later run may reach it)
     group    by task id (the GRPO group), groups of loop.group_size at most, offline.min_group_size
              at least (a task with fewer waits for more data)
+    flat     loop.skip_flat_groups: a group whose rollouts all got one reward trains nothing: set aside
+             (recorded), and the next groups fill the batch
     admit    a rollout the model cannot take (a non-finite reward, a token outside the vocabulary) is
              set aside with its reason, recorded (stored_checks.py); the rest of the step trains. A
              draw with nothing left to train is no step: the next is drawn
@@ -44,6 +46,7 @@ from agl_trainer.algorithms.token_age import rollout_too_old, staleness_bound
 from agl_trainer.batch import RolloutResult
 from agl_trainer.config_schema import LoopConfig, OfflineConfig
 from agl_trainer.loop.checkpoint import LoopState
+from agl_trainer.loop.groups import FLAT_GROUP, is_flat
 from agl_trainer.loop.ports import DataPlane, StepRecord
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.loop.stored_checks import VERSION_AHEAD, split
@@ -131,6 +134,7 @@ class StoredRollouts:
         self.dropped: dict[str, int] = {}  # dropped or set aside (recorded in the store), by reason
         self.waiting = 0  # ready rollouts left for a later run (a group too small, no reward yet)
         self.ahead = 0  # skipped: their calls say a newer policy version than the weights trained
+        self.set_aside_flat = 0  # loop.skip_flat_groups: rollouts in flat groups the last draw set aside
         self.staleness = staleness_bound(loop.staleness, live=False)
         if self.staleness >= 0:  # one knob for live and stored rollouts: say what it does to a store
             progress.log(
@@ -161,10 +165,16 @@ class StoredRollouts:
         self.ahead += len(selection.ahead)
         self.waiting = selection.waiting
         batch: list[RolloutKey] = []
+        flat: list[RolloutKey] = []
         for group in selection.groups:
             if len(batch) + len(group) > self.loop.batch_rollouts and batch:
                 break
+            if self.loop.skip_flat_groups and is_flat(self.data.group_rewards(group)):
+                flat += group  # trains nothing: recorded, and the next group takes its place
+                continue
             batch += group
+        self._set_aside({FLAT_GROUP: flat} if flat else {})
+        self.set_aside_flat = len(flat)
         self.cursor.forget(batch)
         return batch
 
@@ -178,6 +188,8 @@ class StoredRollouts:
             counts = ", ".join(f"{len(keys)} {reason}" for reason, keys in sorted(bad.items()))
             self.progress.log(f"agl: set aside (recorded): {counts}")
         step.metrics["rollouts/set_aside"] = float(sum(len(v) for v in bad.values()))
+        if self.loop.skip_flat_groups:
+            step.metrics["rollouts/set_aside_flat"] = float(self.set_aside_flat)
         return good
 
     def _set_aside(self, dropped: dict[str, list[RolloutKey]]) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from agl_trainer.loop.ports import Assembled
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
+from agl_trainer.store.records import RolloutData
 
 # The cause the store records for a harness that ended so: OK leaves it to the exit code; a harness
 # the loop cancelled did not fail on its own, so its partial rollout counts as an infrastructure end.
@@ -41,6 +42,23 @@ class StoreDataPlane:
         self.store.refresh_completion()  # record the end causes `complete` saw due
         assembly = assemble(self.store, keys, self.assembly, self.tokenizer)  # drops are recorded in the store
         return Assembled(assembly.rollouts, _report_metrics(assembly.report))
+
+    def group_rewards(self, keys: Collection[RolloutKey]) -> list[float] | None:
+        from agl_trainer.assembly.assemble import has_call_rewards, training_reward
+
+        self.store.refresh_completion()  # the end causes the reward policy reads
+        rewards: list[float] = []
+        for key in keys:
+            info = self.store.rollout(key)
+            if info is None:
+                continue
+            data = RolloutData(info=info, calls=[], rewards=self.store.rewards(key))  # no calls: cheap
+            if has_call_rewards(data, self.assembly):
+                return None
+            reward = training_reward(data, self.assembly)
+            if reward is not None:
+                rewards.append(reward)
+        return rewards
 
     def mark_trained(self, keys: list[RolloutKey], step: int) -> None:
         self.store.mark_trained(keys, step)

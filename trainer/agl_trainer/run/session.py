@@ -34,7 +34,7 @@ from typing import Any
 from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
-from agl_trainer.loop.groups import Group, GroupJournal, Member, TaskSchedule
+from agl_trainer.loop.groups import FLAT_GROUP, Group, GroupJournal, Member, TaskSchedule
 from agl_trainer.loop.inflight import InFlight
 from agl_trainer.loop.live import LiveRollouts
 from agl_trainer.loop.progress import LoopProgress
@@ -324,6 +324,8 @@ def recover_groups(
         infos = {rid: [i for i in store.find(rid) if i.rollout_id == rid] for rid in group.rollout_ids}
         if any(i.trained_step is not None or i.key in trained for found in infos.values() for i in found):
             continue  # trained (groups train whole): history
+        if any(i.dropped_reason == FLAT_GROUP for found in infos.values() for i in found):
+            continue  # set aside whole as flat (loop.skip_flat_groups): it would train nothing
         for rid, found in infos.items():
             done = [i for i in found if i.complete and i.dropped_reason is None]
             if done:

@@ -476,9 +476,10 @@ class RolloutStore:
         with self._lock:
             return queries.load(self._db, _key(key), "main")
 
-    def _rewards(self, key: RolloutKey) -> list[RewardRow]:
+    def rewards(self, key: RolloutKey | str) -> list[RewardRow]:
+        """A rollout's reward rows (its attempt's and those naming no attempt), by (end, span id)."""
         with self._lock:
-            return queries.rewards(self._db, key, "main")
+            return queries.rewards(self._db, _key(key), "main")
 
     def completed(self, keys: Iterable[RolloutKey | str]) -> set[RolloutKey]:
         """Which of `keys` are complete, or due to complete now, and neither trained on nor dropped.
@@ -508,7 +509,7 @@ class RolloutStore:
         """The final reward (records.final_reward) of each of `keys` that has one."""
         out: dict[RolloutKey, float] = {}
         for key in {_key(item) for item in keys}:
-            value = final_reward(self._rewards(key), name)
+            value = final_reward(self.rewards(key), name)
             if value is not None:
                 out[key] = value
         return out
