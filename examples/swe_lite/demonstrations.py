@@ -19,6 +19,7 @@ task's `fix` and `placement` (generate.py), which the agent never sees.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -125,10 +126,34 @@ def load_trajectory(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# What in a recorded observation depends on the machine rather than the task: pytest's wall time
+# ("in 0.04s", longer under load) and CPython's object addresses in its assertion messages
+# ("<function clamp at 0x7fe6ee2a8ea0>", ASLR). Two recordings of the same seed differed in 1975 of
+# 2048 demonstrations, and so did the tokenizer trained on them and the warm start (README,
+# "Reproducible warm starts"). Written as fixed strings in what the tokenizer and the warm start read.
+# An address is hex digits before a repr's ">", whole or (where the observation's truncation cut it)
+# the end of one; its digits become 0s, so the text keeps its length.
+MACHINE_DEPENDENT = (
+    (re.compile(r"\bin \d+\.\d+s\b"), lambda match: "in 0.01s"),
+    (re.compile(r"(?:0x)?[0-9a-f]{6,}(?=>)"), lambda match: re.sub(r"[0-9a-f]", "0", match.group())),
+)
+
+
+def canonical_observation(text: str) -> str:
+    for pattern, fixed in MACHINE_DEPENDENT:
+        text = pattern.sub(fixed, text)
+    return text
+
+
 def chat_messages(trajectory: dict[str, Any]) -> list[dict[str, str]]:
     """The conversation the model saw: system, user and assistant turns (mini-swe-agent's `exit`
-    record and each message's `extra` are not sent to the model)."""
-    return [{"role": m["role"], "content": m["content"]} for m in trajectory["messages"] if m["role"] in ("system", "user", "assistant")]
+    record and each message's `extra` are not sent to the model), observations canonical (what
+    depends on the machine written as fixed strings: MACHINE_DEPENDENT)."""
+    return [
+        {"role": m["role"], "content": canonical_observation(m["content"]) if m["role"] == "user" else m["content"]}
+        for m in trajectory["messages"]
+        if m["role"] in ("system", "user", "assistant")
+    ]
 
 
 def training_tokens(

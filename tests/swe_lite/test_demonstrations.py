@@ -140,3 +140,32 @@ def test_prepare_writes_the_tasks_the_demonstrations_and_a_warm_started_model(tm
     assert AutoConfig.from_pretrained(prepared.model).max_position_embeddings == 2048
     tokenizer = AutoTokenizer.from_pretrained(prepared.model)
     assert len(training_tokens(load_trajectory(prepared.demos[0]), tokenizer)[0]) < 1024  # fits with room for searching
+
+
+def test_what_depends_on_the_machine_is_canonical_in_what_the_warm_start_reads() -> None:
+    # Two recordings of one demonstration under different load and address layouts (pytest's wall time,
+    # CPython's object addresses, one cut by the observation's truncation): the same text once
+    # canonical, so the tokenizer and the warm start depend on the seed alone.
+    def observation(seconds: str, address: str) -> str:
+        return (
+            f"rc=1\n{address[-10:]}> = bofofu.to_fahrenheit\n"
+            f"E        +  where 12 = <function clamp at {address}>(12, 0, 10)\n"
+            f"FAILED tests/test_tomima.py::test_clamp_2 - assert 12 == 10\n1 failed, 12 passed in {seconds}s"
+        )
+
+    first, second = observation("0.04", "0x7fe6ee2a8ea0"), observation("12.31", "0x7f0d241b4ea0")
+    reply = "THOUGHT: at 0x7fe6ee2a8ea0> the bug.\n\n```mswea_bash_command\ncat fara.py\n```"
+
+    def trajectory(seen: str) -> dict:
+        return {"messages": [{"role": "user", "content": seen}, {"role": "assistant", "content": reply},
+                             {"role": "exit", "content": ""}]}  # fmt: skip
+
+    canonical = chat_messages(trajectory(first))
+    assert canonical == chat_messages(trajectory(second))
+    assert canonical[0]["content"] == (
+        "rc=1\n0000000000> = bofofu.to_fahrenheit\nE        +  where 12 = <function clamp at 0x000000000000>(12, 0, 10)\n"
+        "FAILED tests/test_tomima.py::test_clamp_2 - assert 12 == 10\n1 failed, 12 passed in 0.01s"
+    )
+    assert canonical[1]["content"] == reply  # the agent's own words are what it learns: never rewritten
+    assert chat_messages(trajectory("rc=0\n3 passed")) == [{"role": "user", "content": "rc=0\n3 passed"},
+                                                            {"role": "assistant", "content": reply}]  # fmt: skip
