@@ -10,7 +10,8 @@ import pytest
 
 from agl_trainer.assembly.config import AssemblyConfig
 from agl_trainer.config import ConfigError, LoopConfig, check_loop
-from agl_trainer.loop.groups import FLAT_GROUP, is_flat
+from agl_trainer.loop.groups import FLAT_GROUP, Group, Member, is_flat
+from agl_trainer.loop.ports import GroupRewards
 from agl_trainer.run.dataplane import StoreDataPlane
 from agl_trainer.store import RolloutKey, RolloutStore
 from tests.dataplane.ingest import ingest
@@ -25,7 +26,7 @@ FLAT_TASKS = {"a", "c"}
 @pytest.mark.parametrize(
     ("rewards", "flat"),
     [([1.0, 1.0], True), ([0.0, 0.0, 0.0], True), ([0.0, -0.0], True), ([1.0, 0.5], False), ([1.0], False),
-     ([], False), (None, False), ([float("nan")] * 2, False)],
+     ([], False), ([float("nan")] * 2, False)],
 )  # fmt: skip
 def test_a_group_is_flat_when_two_or_more_rewards_are_all_equal(rewards, flat) -> None:
     assert is_flat(rewards) is flat
@@ -47,12 +48,54 @@ def test_group_rewards_are_the_rewards_assembly_would_train_with(tmp_path: Path)
         data = StoreDataPlane(store)
         data.harness_exited(RolloutKey("lost", 0), None, "infra_error")  # cause policy: drop
         key = lambda rid: RolloutKey(rid, 0)  # noqa: E731
-        assert data.group_rewards([key("twice"), key("once")]) == [0.25, 1.0]
-        assert data.group_rewards([key("once"), key("none"), key("lost")]) == [1.0]  # dropped ones give none
+        assert data.group_rewards([key("twice"), key("once")]) == GroupRewards([0.25, 1.0], awaited=0)
+        # "none" has no reward yet (one may come: awaited); "lost" ended for a cause that never trains
+        assert data.group_rewards([key("once"), key("none"), key("lost")]) == GroupRewards([1.0], awaited=1)
         assert data.group_rewards([key("once"), key("per-call")]) is None  # per-call rewards: not judged
-        assert data.group_rewards([key("unknown")]) == []
+        assert data.group_rewards([key("unknown")]) == GroupRewards([], awaited=0)
         zero_if_missing = StoreDataPlane(store, AssemblyConfig(missing_reward=0.0))
-        assert zero_if_missing.group_rewards([key("none"), key("once")]) == [0.0, 1.0]
+        assert zero_if_missing.group_rewards([key("none"), key("once")]) == GroupRewards([0.0, 1.0], awaited=1)
+
+
+class RewardsSoFar:
+    """A data plane whose rewards arrive when the test says (as a grader's come through the sidecar)."""
+
+    def __init__(self) -> None:
+        self.found = GroupRewards([1.0], awaited=1)
+        self.dropped: list[tuple[RolloutKey, str]] = []
+
+    def group_rewards(self, keys: Any) -> GroupRewards:
+        return self.found
+
+    def mark_dropped(self, keys: list[RolloutKey], reason: str) -> None:
+        self.dropped += [(key, reason) for key in keys]
+
+
+def test_a_group_whose_rewards_are_still_coming_is_judged_once_they_are_in(monkeypatch) -> None:
+    from agl_trainer.loop import inflight as inflight_module
+    from agl_trainer.loop.inflight import InFlight
+    from agl_trainer.loop.progress import LoopProgress
+
+    data = RewardsSoFar()
+    groups = InFlight(
+        LoopConfig(batch_rollouts=2, group_size=2, skip_flat_groups=True), schedule=None, runner=None,  # type: ignore[arg-type]
+        journal=None, data=data, progress=LoopProgress(1, 2, enabled=False),  # type: ignore[arg-type]
+    )  # fmt: skip
+    ids = ["g0-0", "g0-1"]
+    groups.groups = {0: Group(0, {"id": "t"}, 0, ids, states=dict.fromkeys(ids, Member.COMPLETE))}
+    assert groups.ready_batch(version=0) is None  # one reward in so far: neither trained nor set aside
+    assert data.dropped == [] and 0 in groups.groups
+    data.found = GroupRewards([1.0, 1.0], awaited=0)  # the second arrives: equal, so the group leaves
+    assert groups.ready_batch(version=0) is None
+    assert [reason for _, reason in data.dropped] == [FLAT_GROUP, FLAT_GROUP] and groups.groups == {}
+    assert groups.flat_set_aside == 2
+    # A reward that never comes: after REWARD_WAIT_S the group is judged on those it has (one: trains)
+    groups.groups = {1: Group(1, {"id": "u"}, 0, ["g1-0", "g1-1"], states=dict.fromkeys(["g1-0", "g1-1"], Member.COMPLETE))}
+    data.found = GroupRewards([0.0], awaited=1)
+    assert groups.ready_batch(version=0) is None
+    monkeypatch.setattr(inflight_module, "REWARD_WAIT_S", 0.0)
+    batch = groups.ready_batch(version=0)
+    assert batch is not None and [g.index for g in batch] == [1] and len(data.dropped) == 2
 
 
 def test_skip_flat_groups_needs_groups_of_two_or_more() -> None:

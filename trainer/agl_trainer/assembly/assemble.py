@@ -415,6 +415,11 @@ def training_reward(data: RolloutData, config: AssemblyConfig) -> float | None:
     return None if dropped is not None else reward
 
 
+def awaits_reward(data: RolloutData, config: AssemblyConfig) -> bool:
+    """No final reward yet, and its end cause's policy trains it with the one it gets."""
+    return config.policy_for(data.info.end_cause or "ok") == KEEP and data.final_reward(config.reward_name) is None
+
+
 def has_call_rewards(data: RolloutData, config: AssemblyConfig) -> bool:
     """Per-call rewards of the trained reward name: they shape token rewards beyond the final one."""
     return any(r.name == config.reward_name and r.call_seq is not None for r in data.rewards)

@@ -34,11 +34,10 @@ DONE = (Member.COMPLETE, Member.FAILED, Member.DROPPED)
 FLAT_GROUP = "flat group: every rollout got the same reward"
 
 
-def is_flat(rewards: list[float] | None) -> bool:
-    """Two or more rewards, all equal: every advantage in the group is 0, so it trains nothing (None:
-    per-call rewards, which the final rewards do not capture, are never flat)."""
+def is_flat(rewards: list[float]) -> bool:
+    """Two or more rewards, all equal: every advantage in the group is 0, so it trains nothing."""
     # == rather than a set: NaN is never equal to itself (a set would match one NaN object to itself)
-    return rewards is not None and len(rewards) >= 2 and all(r == rewards[0] for r in rewards)
+    return len(rewards) >= 2 and all(r == rewards[0] for r in rewards)
 
 
 @dataclass

@@ -42,6 +42,9 @@ from agl_trainer.store.records import RolloutKey
 log = logging.getLogger("agl.loop")
 
 NO_DATA_AFTER_EXIT_S = 60.0  # a harness exited well but the store never completed its rollout
+# loop.skip_flat_groups: a complete group waits this long for its rewards (a grader's comes through the
+# sidecar's span export, after the harness ended) before it is judged on those it has
+REWARD_WAIT_S = 10.0
 
 
 class InFlight:
@@ -74,6 +77,7 @@ class InFlight:
         self.failures: dict[str, int] = {}  # cause -> count, over the run
         self.flat_set_aside = 0  # rollouts in flat groups set aside since the last trained batch
         self._judged: set[int] = set()  # complete groups found not flat (or kept past the limit)
+        self._done_at: dict[int, float] = {}  # undecided groups: when first seen complete
         self._said_flat_limit = False
 
     # --- launching -----------------------------------------------------------------------------
@@ -131,14 +135,15 @@ class InFlight:
         return [g for g in self.groups.values() if g.launched_version <= version - self.staleness]
 
     def ready_batch(self, version: int) -> list[Group] | None:
-        complete = self.set_aside_flat(sorted((g for g in self.groups.values() if g.done), key=self._batch_order))
+        done = sorted((g for g in self.groups.values() if g.done), key=self._batch_order)
+        complete, undecided = self.set_aside_flat(done)
         ready = sum(len(g.rollout_ids) for g in complete)
         self.progress.rollouts(min(ready, self.config.batch_rollouts), self.running())
         if ready < self.config.batch_rollouts:
             return None
-        if self._waits(version):
-            return None
         must = self.must_wait_for(version)  # complete ones train now, past batch_rollouts if need be
+        if self._waits(version) or any(g in undecided for g in must):
+            return None
         batch: list[Group] = []
         count = 0
         for group in complete:
@@ -159,43 +164,49 @@ class InFlight:
         self.flat_set_aside, self._said_flat_limit = 0, False
 
     # --- flat groups (loop.skip_flat_groups) ---------------------------------------------------
-    def set_aside_flat(self, groups: list[Group]) -> list[Group]:
+    def set_aside_flat(self, groups: list[Group]) -> tuple[list[Group], list[Group]]:
         """`groups` less the complete ones whose rollouts all got one reward, which leave (recorded as
-        dropped, FLAT_GROUP), up to loop.flat_skip_limit batches' worth since the last trained batch."""
+        dropped, FLAT_GROUP), up to loop.flat_skip_limit batches' worth since the last trained batch;
+        and apart, the complete ones still awaiting a reward (undecided: not ready to train yet)."""
         if not self.config.skip_flat_groups:
-            return groups
+            return groups, []
         kept: list[Group] = []
+        undecided: list[Group] = []
+        now = time.monotonic()
         for group in groups:
             if group.index in self._judged or not group.done:
                 kept.append(group)
                 continue
-            if not self._flat(group):
-                self._judged.add(group.index)
-                kept.append(group)
+            found = self.data.group_rewards([group.key(rid) for rid in group.ids_in(Member.COMPLETE)])
+            waited = now - self._done_at.setdefault(group.index, now)
+            if found is not None and found.awaited and waited < REWARD_WAIT_S:
+                undecided.append(group)  # judged on rewards that are not all in yet, it might look flat or not
                 continue
-            limit = self.config.flat_skip_limit * self.config.batch_rollouts
-            if limit and self.flat_set_aside >= limit:
-                if not self._said_flat_limit:
-                    self._said_flat_limit = True
-                    self.progress.log(
-                        f"agl: loop.flat_skip_limit={self.config.flat_skip_limit}: {self.flat_set_aside} rollouts "
-                        "in flat groups set aside since the last step; until the next step they train as they come "
-                        "(every reward in a group equal: the tasks may be too easy or too hard for the policy)"
-                    )
-                self._judged.add(group.index)
+            self._done_at.pop(group.index, None)
+            self._judged.add(group.index)
+            rewards = [] if found is None else found.rewards  # None: per-call rewards, never flat
+            if self.config.failed_rollouts == "zero":
+                rewards = rewards + [0.0] * len(group.ids_in(Member.FAILED))
+            if not is_flat(rewards) or self._past_flat_limit():
                 kept.append(group)
                 continue
             self.data.mark_dropped([group.key(rid) for rid in group.rollout_ids], FLAT_GROUP)
             self.groups.pop(group.index, None)
             self.flat_set_aside += len(group.rollout_ids)
-        return kept
+        return kept, undecided
 
-    def _flat(self, group: Group) -> bool:
-        """The rewards the group's rollouts train with (failed ones at 0 with failed_rollouts=zero) are equal."""
-        rewards = self.data.group_rewards([group.key(rid) for rid in group.ids_in(Member.COMPLETE)])
-        if rewards is not None and self.config.failed_rollouts == "zero":
-            rewards = rewards + [0.0] * len(group.ids_in(Member.FAILED))
-        return is_flat(rewards)
+    def _past_flat_limit(self) -> bool:
+        limit = self.config.flat_skip_limit * self.config.batch_rollouts
+        if not limit or self.flat_set_aside < limit:
+            return False
+        if not self._said_flat_limit:
+            self._said_flat_limit = True
+            self.progress.log(
+                f"agl: loop.flat_skip_limit={self.config.flat_skip_limit}: {self.flat_set_aside} rollouts "
+                "in flat groups set aside since the last step; until the next step they train as they come "
+                "(every reward in a group equal: the tasks may be too easy or too hard for the policy)"
+            )
+        return True
 
     # --- ends ----------------------------------------------------------------------------------
     def poll_completion(self) -> None:

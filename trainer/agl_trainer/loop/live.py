@@ -137,11 +137,15 @@ class LiveRollouts:
         groups: list[Group] = []
         while len(groups) < wanted:
             groups += [self.inflight.launch(version) for _ in range(wanted - len(groups))]
-            while not all(group.done for group in groups):
+            undecided = groups
+            while undecided:  # until every group is done and, with skip_flat_groups, judged
                 self._check()
                 self.inflight.poll_completion()
-                await asyncio.sleep(POLL_S)
-            groups = self.inflight.set_aside_flat(groups)
+                if all(group.done for group in groups):
+                    kept, undecided = self.inflight.set_aside_flat(groups)
+                    groups = kept + undecided  # the flat ones left: relaunched as many
+                if undecided:
+                    await asyncio.sleep(POLL_S)
         return groups
 
     async def _generate_async(self, version: int) -> list[Group]:

@@ -31,6 +31,17 @@ class Assembled:
     report: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class GroupRewards:
+    """What a group's complete rollouts would train with: one reward per rollout that trains (those
+    assembly drops for their end cause leave none; one without its reward counts under
+    assembly.missing_reward), and how many have no reward yet where one may still come (a grader's
+    reward reaches the store through the sidecar's export, after the harness ended)."""
+
+    rewards: list[float]
+    awaited: int = 0
+
+
 class DataPlane(Protocol):
     """Rollouts are named by RolloutKey (id, attempt): a retried rollout is a new attempt."""
 
@@ -42,10 +53,9 @@ class DataPlane(Protocol):
 
     def assemble(self, keys: list[RolloutKey]) -> Assembled: ...
 
-    def group_rewards(self, keys: Collection[RolloutKey]) -> list[float] | None:
-        """The rewards the complete rollouts `keys` would train with, one per rollout that trains (those
-        assembly drops for their end cause or a missing reward leave none); None where a final reward
-        does not say all a rollout trains on (per-call rewards)."""
+    def group_rewards(self, keys: Collection[RolloutKey]) -> GroupRewards | None:
+        """The rewards the complete rollouts `keys` would train with now; None where a final reward does
+        not say all a rollout trains on (per-call rewards)."""
         ...
 
     def mark_trained(self, keys: list[RolloutKey], step: int) -> None: ...

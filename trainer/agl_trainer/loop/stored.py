@@ -169,7 +169,8 @@ class StoredRollouts:
         for group in selection.groups:
             if len(batch) + len(group) > self.loop.batch_rollouts and batch:
                 break
-            if self.loop.skip_flat_groups and is_flat(self.data.group_rewards(group)):
+            found = self.data.group_rewards(group) if self.loop.skip_flat_groups else None
+            if found is not None and is_flat(found.rewards):  # stored rollouts are drawn once rewarded
                 flat += group  # trains nothing: recorded, and the next group takes its place
                 continue
             batch += group

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from agl_trainer.loop.ports import Assembled
+from agl_trainer.loop.ports import Assembled, GroupRewards
 from agl_trainer.store import Cause, RolloutKey, RolloutStore
 from agl_trainer.store.records import RolloutData
 
@@ -43,11 +43,11 @@ class StoreDataPlane:
         assembly = assemble(self.store, keys, self.assembly, self.tokenizer)  # drops are recorded in the store
         return Assembled(assembly.rollouts, _report_metrics(assembly.report))
 
-    def group_rewards(self, keys: Collection[RolloutKey]) -> list[float] | None:
-        from agl_trainer.assembly.assemble import has_call_rewards, training_reward
+    def group_rewards(self, keys: Collection[RolloutKey]) -> GroupRewards | None:
+        from agl_trainer.assembly.assemble import awaits_reward, has_call_rewards, training_reward
 
         self.store.refresh_completion()  # the end causes the reward policy reads
-        rewards: list[float] = []
+        found = GroupRewards([])
         for key in keys:
             info = self.store.rollout(key)
             if info is None:
@@ -55,10 +55,11 @@ class StoreDataPlane:
             data = RolloutData(info=info, calls=[], rewards=self.store.rewards(key))  # no calls: cheap
             if has_call_rewards(data, self.assembly):
                 return None
+            found.awaited += awaits_reward(data, self.assembly)
             reward = training_reward(data, self.assembly)
             if reward is not None:
-                rewards.append(reward)
-        return rewards
+                found.rewards.append(reward)
+        return found
 
     def mark_trained(self, keys: list[RolloutKey], step: int) -> None:
         self.store.mark_trained(keys, step)
