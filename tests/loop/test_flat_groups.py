@@ -104,6 +104,15 @@ def test_skip_flat_groups_needs_groups_of_two_or_more() -> None:
     check_loop(LoopConfig(skip_flat_groups=True, group_size=2, batch_rollouts=4))
 
 
+@pytest.fixture
+def rewards_always_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reward in these runs arrives: a group waits for all of its own however slow the machine
+    (REWARD_WAIT_S bounds the wait for a reward that never comes; here none is missing)."""
+    from agl_trainer.loop import inflight as inflight_module
+
+    monkeypatch.setattr(inflight_module, "REWARD_WAIT_S", float("inf"))
+
+
 def trained_and_set_aside(config: Any) -> tuple[dict[str, str], dict[str, str]]:
     """Rollout id -> task id, for the trained rollouts and for those set aside as flat."""
     with store_of(config) as store:
@@ -114,6 +123,7 @@ def trained_and_set_aside(config: Any) -> tuple[dict[str, str], dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("rewards_always_awaited")
 @pytest.mark.parametrize("mode", ["sync", "collocated-async"])
 def test_flat_groups_are_set_aside_and_the_batch_is_filled_with_groups_that_teach(
     tmp_path: Path, model_dir: Path, mode: str  # noqa: F811
@@ -150,6 +160,7 @@ def test_without_the_option_flat_groups_train(tmp_path: Path, model_dir: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("rewards_always_awaited")
 def test_past_the_limit_flat_groups_train_as_they_come(
     tmp_path: Path, model_dir: Path, capfd: pytest.CaptureFixture[str]  # noqa: F811
 ) -> None:

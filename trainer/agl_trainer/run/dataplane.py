@@ -46,10 +46,15 @@ class StoreDataPlane:
     def group_rewards(self, keys: Collection[RolloutKey]) -> GroupRewards | None:
         from agl_trainer.assembly.assemble import awaits_reward, has_call_rewards, training_reward
 
-        self.store.refresh_completion()  # the end causes the reward policy reads
+        keys = list(keys)
+        infos = [self.store.rollout(key) for key in keys]
+        if any(info is not None and not info.complete for info in infos):
+            # due but not yet recorded: record their end causes (the reward policy reads them) once, not
+            # at every poll while the group waits for its rewards (refresh_completion is a write)
+            self.store.refresh_completion()
+            infos = [self.store.rollout(key) for key in keys]
         found = GroupRewards([])
-        for key in keys:
-            info = self.store.rollout(key)
+        for key, info in zip(keys, infos):
             if info is None:
                 continue
             data = RolloutData(info=info, calls=[], rewards=self.store.rewards(key))  # no calls: cheap
