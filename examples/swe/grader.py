@@ -15,6 +15,12 @@ task's fault: exit 2 with the message, no reward. `--no-plugin-autoload` runs py
 environment's third-party plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD): for tasks whose tests need none,
 where loading them is most of a run's time (3.5 s of 3.7 in this venv); a repository whose tests use
 a plugin's fixtures needs them.
+
+`--require-submission` scores only a run that ended with the agent's submit command (mini-swe-agent's
+exit status `Submitted`), as SWE-bench does: a run cut off by its step limit submitted no patch, so it
+resolves nothing even when the copy's tests happen to pass. The grader reads the exit status from
+harness.py's outcome line (a JSON object with `exit_status`) in the rollout's log, which the runner
+passes as $AGL_ROLLOUT_LOG (or `--harness-log FILE`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,35 @@ from examples.swe.swe_task import SweTask, TaskError, fresh_copy, parse_task, wo
 PYTEST_PASSED, PYTEST_FAILED = 0, 1
 PYTEST_CONFIG = frozenset({"conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"})
 NOT_SOURCE = frozenset({"__pycache__", ".pytest_cache"})  # what running the tests leaves behind
+SUBMITTED = "Submitted"  # mini-swe-agent's exit status after the agent's submit command
+
+
+class GraderError(ValueError):
+    """The grader cannot score this rollout as configured; the message names the fix."""
+
+
+def harness_exit_status(log: Path) -> str:
+    """The exit status on the harness's outcome line: the last line of the rollout's log that is a JSON
+    object with an `exit_status` (harness.py prints it to stdout when the agent is done; mini-swe-agent
+    and the SDK write around it, so the line is searched for, not assumed last)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as error:
+        raise GraderError(f"--require-submission: cannot read the harness's log {log}: {error.strerror}") from None
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            outcome = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(outcome, dict) and "exit_status" in outcome:
+            return str(outcome["exit_status"])
+    raise GraderError(
+        f"--require-submission: no outcome line (a JSON object with exit_status) in the harness's log {log}: "
+        "is the harness examples/swe/harness.py?"
+    )
 
 
 def is_test_path(task: SweTask, relative: Path) -> bool:
@@ -125,6 +160,15 @@ def collects(task: SweTask, env: dict[str, str], timeout_s: float) -> bool:
             return False
 
 
+def submission_status(log: Path | None) -> str:
+    if log is None:
+        raise GraderError(
+            "--require-submission needs the harness's log: the runner passes it as AGL_ROLLOUT_LOG when it keeps "
+            "rollout logs; by hand, pass --harness-log FILE"
+        )
+    return harness_exit_status(Path(log))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task-json", default=os.environ.get("AGL_TASK"), help="the task (default: $AGL_TASK)")
@@ -134,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--refuse-test-edits", action="store_true",
                         help="0.0 when the workspace's tests differ from the task's (default: restore them and run)")
+    parser.add_argument("--require-submission", action="store_true",
+                        help="0.0 unless the agent submitted (exit status Submitted), as SWE-bench scores a run cut "
+                        "off by its step limit (default: grade the copy however the run ended)")
+    parser.add_argument("--harness-log", type=Path, default=os.environ.get("AGL_ROLLOUT_LOG"),
+                        help="the rollout's log with the harness's outcome line, for --require-submission (default: "
+                        "$AGL_ROLLOUT_LOG, which the runner sets)")
     parser.add_argument("--plugin-autoload", action=argparse.BooleanOptionalAction, default=True,
                         help="load the environment's third-party pytest plugins (default); --no-plugin-autoload for "
                         "tests that need none: most of a short run's time goes to loading them")
@@ -146,8 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workspace and not rollout_id:
             raise TaskError("no workspace: pass --workspace or set AGL_ROLLOUT_ID (the runner does)")
         workspace = Path(args.workspace) if args.workspace else workspace_for(rollout_id)
-        reward = grade(task, workspace, args.timeout_s, args.refuse_test_edits, args.plugin_autoload)
-    except (TaskError, json.JSONDecodeError) as error:
+        status = submission_status(args.harness_log) if args.require_submission else SUBMITTED
+        if status != SUBMITTED:
+            sys.stderr.write(f"grader: the agent did not submit (exit status {status}): reward 0.0\n")
+            reward = 0.0
+        else:
+            reward = grade(task, workspace, args.timeout_s, args.refuse_test_edits, args.plugin_autoload)
+    except (TaskError, GraderError, json.JSONDecodeError) as error:
         print(f"grader: {error}", file=sys.stderr)
         return 2
     if not args.keep and not args.workspace:

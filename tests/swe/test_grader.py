@@ -128,3 +128,57 @@ def test_a_patch_that_stops_the_tests_from_running_scores_0_not_a_task_error(tmp
 def test_bad_tasks_are_refused(change: dict, message: str) -> None:
     with pytest.raises(TaskError, match=message):
         parse_task({**TASKS[0], **change})
+
+
+def run_grader(raw: dict, workspace: Path, *options: str, log: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AGL_ROLLOUT_LOG"}
+    env["AGL_TASK"] = json.dumps(raw)
+    if log is not None:
+        env["AGL_ROLLOUT_LOG"] = str(log)  # as the runner sets it
+    command = [sys.executable, str(ROOT / "examples/swe/grader.py"), "--workspace", str(workspace), *options]
+    return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+
+
+# What a rollout's log holds: mini-swe-agent's banner, harness.py's outcome line, then whatever the SDK
+# or the interpreter writes after it. The outcome may be spelled with other spacing or key order.
+LOG_AROUND = "This is mini-swe-agent version 2.4.6.\nLoading global config from '/root/.env'\n{}\n{{not json\n"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reward"),
+    [
+        ('{"task": "calc-mean", "exit_status": "Submitted", "steps": 4}', "1.0"),
+        ('{ "steps":4,"exit_status" : "Submitted" }', "1.0"),
+        ('{"task": "calc-mean", "exit_status": "LimitsExceeded", "steps": 6}', "0.0"),
+        ('{"exit_status": "ContextWindowExceeded"}', "0.0"),
+    ],
+)
+def test_require_submission_scores_only_a_submitted_run(outcome: str, reward: str, tmp_path: Path) -> None:
+    """The copy is fixed either way: with --require-submission, a run that did not end with the submit
+    command scores 0.0 (SWE-bench's "no submission"), read from the harness's outcome line in the log."""
+    raw = next(t for t in TASKS if t["id"] == "calc-mean")
+    workspace = fresh_copy(parse_task(raw), tmp_path / "ws")
+    apply_patch(workspace, raw["patch"])
+    log = tmp_path / "rollout.log"
+    log.write_text(LOG_AROUND.format(outcome))
+    result = run_grader(raw, workspace, "--require-submission", log=log)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == reward
+    if reward == "0.0":
+        assert "did not submit (exit status" in result.stderr
+    unrequired = run_grader(raw, workspace, log=log)  # without the option the fixed copy passes however it ended
+    assert unrequired.stdout.strip().splitlines()[-1] == "1.0"
+
+
+def test_require_submission_without_an_outcome_names_the_fix(tmp_path: Path) -> None:
+    raw = TASKS[0]
+    workspace = fresh_copy(parse_task(raw), tmp_path / "ws")
+    no_log = run_grader(raw, workspace, "--require-submission")
+    assert no_log.returncode == 2 and "AGL_ROLLOUT_LOG" in no_log.stderr and "--harness-log" in no_log.stderr
+    log = tmp_path / "rollout.log"
+    log.write_text("Traceback (most recent call last):\n{\"task\": \"x\"}\n")
+    no_outcome = run_grader(raw, workspace, "--require-submission", "--harness-log", str(log))
+    assert no_outcome.returncode == 2 and "no outcome line" in no_outcome.stderr
+    missing = run_grader(raw, workspace, "--require-submission", "--harness-log", str(tmp_path / "absent.log"))
+    assert missing.returncode == 2 and "cannot read the harness's log" in missing.stderr
+    assert "Traceback" not in no_log.stderr + no_outcome.stderr + missing.stderr

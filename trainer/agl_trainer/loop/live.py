@@ -137,16 +137,20 @@ class LiveRollouts:
         groups: list[Group] = []
         while len(groups) < wanted:
             groups += [self.inflight.launch(version) for _ in range(wanted - len(groups))]
-            undecided = groups
-            while undecided:  # until every group is done and, with skip_flat_groups, judged
-                self._check()
-                self.inflight.poll_completion()
-                if all(group.done for group in groups):
-                    kept, undecided = self.inflight.set_aside_flat(groups)
-                    groups = kept + undecided  # the flat ones left: relaunched as many
-                if undecided:
-                    await asyncio.sleep(POLL_S)
+            groups = await self._wait_judged(groups)
         return groups
+
+    async def _wait_judged(self, groups: list[Group]) -> list[Group]:
+        """Wait until every group is done and, with skip_flat_groups, judged; return the ones kept."""
+        while True:
+            self._check()
+            self.inflight.poll_completion()
+            if all(group.done for group in groups):
+                kept, undecided = self.inflight.set_aside_flat(groups)
+                if not undecided:
+                    return kept
+                groups = kept + undecided
+            await asyncio.sleep(POLL_S)
 
     async def _generate_async(self, version: int) -> list[Group]:
         """Keep rollouts in flight until complete groups fill a batch (and staleness allows)."""
