@@ -23,6 +23,8 @@ run, each stage counted over its rollouts:
 - passed: the rollout's reward is 1.0 (the grader's FAIL_TO_PASS and PASS_TO_PASS tests pass)
 - submitted / submitted, not passed: a command is the submit one (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`);
   a policy that submits only when it passed gives every token of that command a positive advantage
+- submitted and passed: both, SWE-bench's "resolved" (the reward `grader.py --require-submission`
+  gives; without it the grader scores the copy however the run ended)
 
 and passed by bug family. Commands are parsed as the agent parses them (mini-swe-agent's text-based
 action regex); a reply with no command counts for nothing.
@@ -57,6 +59,7 @@ STAGES = (
     ("fix", "the demonstrated fix"),
     ("passed", "passed (reward 1.0)"),
     ("submitted", "submitted"),
+    ("submitted_passed", "submitted and passed"),
     ("submitted_unpassed", "submitted, not passed"),
 )
 
@@ -112,6 +115,8 @@ def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> se
         reached.add("read_module")
     if reward == 1.0:
         reached.add("passed")
+        if "submitted" in reached:
+            reached.add("submitted_passed")
     elif "submitted" in reached:
         reached.add("submitted_unpassed")
     return reached

@@ -89,6 +89,6 @@ def test_swe_lite_config_trains_a_step_on_a_solved_and_an_unsolved_task(tmp_path
     counts = read_run(Path(config.output_dir), {t["id"]: t for t in (solved, unsolved)}, decode)
     assert counts.rollouts == 2
     assert counts.reached == {"tests": 2, "read_right": 2, "read_package": 2, "read_module": 2, "edited_right": 1, "fix": 1,
-                              "passed": 1, "submitted": 2, "submitted_unpassed": 1}  # fmt: skip
+                              "passed": 1, "submitted": 2, "submitted_passed": 1, "submitted_unpassed": 1}  # fmt: skip
     left = {path.name for path in (tmp_path / "workspaces").iterdir()}
     assert not left & {r.rollout_id for r in rollouts.values()}  # the grader removed the graded copies

@@ -18,11 +18,12 @@ PATH = TASK["fix"]["path"]
 
 def test_the_scripted_policy_reaches_every_stage_and_without_a_fix_only_reading() -> None:
     solved = commands(replies(TASK, tests_first=True))
-    assert stages(TASK, solved, 1.0) == {"tests", "read_right", "read_package", "read_module", "edited_right", "fix", "passed", "submitted"}
+    assert stages(TASK, solved, 1.0) == {"tests", "read_right", "read_package", "read_module", "edited_right", "fix", "passed", "submitted", "submitted_passed"}
     unfixed = commands(replies(TASK, fix=False))
     assert stages(TASK, unfixed, 0.0) == {"tests", "read_right", "read_package", "read_module", "submitted", "submitted_unpassed"}
     assert stages(TASK, unfixed[:-1], 0.0) == {"tests", "read_right", "read_package", "read_module"}  # ran out of steps
     assert "submitted" not in stages(TASK, ["echo COMPLETE_TASK_AND_SUBMIT", "echo done COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"], 0.0)
+    assert "submitted_passed" not in stages(TASK, solved[:-1], 1.0)  # fixed, then cut off before submitting
 
 
 def test_paths_and_quoting_spelled_differently_count_the_same() -> None:
