@@ -37,22 +37,26 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `examples` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.swe.swe_task import SweTask, TaskError, fresh_copy, parse_task, workspace_for
+from examples.swe.swe_task import SUBMITTED, SweTask, TaskError, fresh_copy, parse_task, workspace_for
 
 PYTEST_PASSED, PYTEST_FAILED = 0, 1
 PYTEST_CONFIG = frozenset({"conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"})
 NOT_SOURCE = frozenset({"__pycache__", ".pytest_cache"})  # what running the tests leaves behind
-SUBMITTED = "Submitted"  # mini-swe-agent's exit status after the agent's submit command
 
 
 class GraderError(ValueError):
     """The grader cannot score this rollout as configured; the message names the fix."""
 
 
-def harness_exit_status(log: Path) -> str:
+def harness_exit_status(log: Path | None) -> str:
     """The exit status on the harness's outcome line: the last line of the rollout's log that is a JSON
     object with an `exit_status` (harness.py prints it to stdout when the agent is done; mini-swe-agent
     and the SDK write around it, so the line is searched for, not assumed last)."""
+    if log is None:
+        raise GraderError(
+            "--require-submission needs the harness's log: the runner passes it as AGL_ROLLOUT_LOG when it keeps "
+            "rollout logs; by hand, pass --harness-log FILE"
+        )
     try:
         text = log.read_text(errors="replace")
     except OSError as error:
@@ -160,15 +164,6 @@ def collects(task: SweTask, env: dict[str, str], timeout_s: float) -> bool:
             return False
 
 
-def submission_status(log: Path | None) -> str:
-    if log is None:
-        raise GraderError(
-            "--require-submission needs the harness's log: the runner passes it as AGL_ROLLOUT_LOG when it keeps "
-            "rollout logs; by hand, pass --harness-log FILE"
-        )
-    return harness_exit_status(Path(log))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task-json", default=os.environ.get("AGL_TASK"), help="the task (default: $AGL_TASK)")
@@ -196,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workspace and not rollout_id:
             raise TaskError("no workspace: pass --workspace or set AGL_ROLLOUT_ID (the runner does)")
         workspace = Path(args.workspace) if args.workspace else workspace_for(rollout_id)
-        status = submission_status(args.harness_log) if args.require_submission else SUBMITTED
+        status = harness_exit_status(args.harness_log) if args.require_submission else SUBMITTED
         if status != SUBMITTED:
             sys.stderr.write(f"grader: the agent did not submit (exit status {status}): reward 0.0\n")
             reward = 0.0

@@ -23,6 +23,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
+SUBMITTED = "Submitted"  # mini-swe-agent's exit status after the agent's submit command
 
 
 class TaskError(ValueError):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.swe.harness import load_agent_config, make_environment
-from examples.swe.swe_task import fresh_copy, parse_task
+from examples.swe.swe_task import SUBMITTED, fresh_copy, parse_task
 
 HERE = Path(__file__).resolve().parent
 AGENT_CONFIG = HERE / "agent.yaml"
@@ -113,7 +113,7 @@ def recorded(task: dict[str, Any], out_dir: str | Path, *, tests_first: bool) ->
     shown = info.get("swe_lite") or {}  # what `record` saved beside the run
     asked = next((m.get("content") for m in kept["messages"] if isinstance(m, dict) and m.get("role") == "user"), "")
     same_task = isinstance(asked, str) and task["problem_statement"] in asked  # not another seed's task of this id
-    if same_task and info.get("exit_status") == "Submitted" and shown.get("tests_first") == tests_first and not shown.get("search"):
+    if same_task and info.get("exit_status") == SUBMITTED and shown.get("tests_first") == tests_first and not shown.get("search"):
         return path
     return record(task, out_dir, tests_first=tests_first)
 
