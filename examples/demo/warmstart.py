@@ -15,10 +15,13 @@ alone (ENVIRONMENT.md); a few dozen steps on demonstrations is enough to start R
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class WarmStartConfig:
     seed: int = 0
     # process-wide torch.set_num_threads; 1 suits tiny models (see engines/embedded/engine.py); None: leave it
     torch_threads: int | None = 1
+    # constant: `lr` throughout; cosine: `lr` after `warmup_steps` of linear rise, then down to 0 at the
+    # last step, so the saved weights are where the steps settled, not one noisy step of a constant rate
+    schedule: str = "constant"
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size"):
@@ -52,6 +59,19 @@ class WarmStartConfig:
                 raise ValueError(f"WarmStartConfig.{key} must be >= 1, got {getattr(self, key)}")
         if not self.lr > 0:
             raise ValueError(f"WarmStartConfig.lr must be > 0, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"WarmStartConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"WarmStartConfig.warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / (self.warmup_steps + 1)
+        if self.schedule == "constant":
+            return self.lr
+        done = (step - self.warmup_steps) / max(1, self.steps - 1 - self.warmup_steps)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
 @dataclass
@@ -87,7 +107,9 @@ def supervised_warm_start(
     started = time.perf_counter()
     model.train()
     with _progress(progress, config.steps) as advance:
-        for _ in range(config.steps):
+        for step in range(config.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr_at(step)
             rows = torch.randint(
                 0, len(demonstrations), (min(config.batch_size, len(demonstrations)),), generator=generator
             )

@@ -9,6 +9,7 @@
     recorded(task, "runs/swe_lite/demos", tests_first=True)  # ... unless a whole one of that kind is there
     training_tokens(trajectory, tokenizer)  # (token ids, loss mask): the assistant turns to learn
     training_tokens(trajectory, tokenizer, observations=True)  # ... and the task and observations too
+    training_tokens(hintless_opening(trajectory), tokenizer)  # its first reply, on the statement without the hint
 
 `record` runs mini-swe-agent's DefaultAgent with its DeterministicModel (the replies in order) on a
 fresh copy of the task's repo, through examples/swe's harness settings (agent.yaml, the same
@@ -154,6 +155,24 @@ def chat_messages(trajectory: dict[str, Any]) -> list[dict[str, str]]:
         for m in trajectory["messages"]
         if m["role"] in ("system", "user", "assistant")
     ]
+
+
+def hintless_opening(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """The demonstration's first exchange on its statement without the hint sentence: the system prompt,
+    the bare statement (what training and held-out tasks say) and the first reply, which runs the tests
+    whatever the statement names (`tests_first`). A warm start that meets only hinted statements may not
+    know how to begin on a bare one (seed 0's first reply was a lone fence); this shows it the same first
+    step there and nothing after it: reading the module off the failure stays RL's to find."""
+    from examples.swe_lite.generate import without_hint
+
+    messages = chat_messages(trajectory)
+    roles = [m["role"] for m in messages[:3]]
+    if roles != ["system", "user", "assistant"]:
+        raise ValueError(f"hintless_opening: expected system, user, assistant turns first, got {roles}")
+    if "python -m pytest" not in messages[2]["content"]:
+        raise ValueError("hintless_opening: the first reply does not run the tests (record with tests_first=True)")
+    bare = {**messages[1], "content": without_hint(messages[1]["content"])}
+    return {"messages": [messages[0], bare, messages[2]]}
 
 
 def training_tokens(

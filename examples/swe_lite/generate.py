@@ -26,6 +26,7 @@ import argparse
 import json
 import keyword
 import random
+import re
 import sys
 import zlib
 from collections.abc import Collection, Iterable, Sequence
@@ -54,7 +55,18 @@ BUCKETS["demo"] = BUCKETS["train"]  # demonstrations: training's half of the spa
 # A split's seeds never meet another's. `val` keeps the salt of what was one `heldout` split before the test split.
 SPLIT_SALT = {"train": 0, "val": 1_000_003, "test": 3_000_017, "demo": 2_000_029}
 HELD_OUT = ("val", "test")
+ASK = " Find the function, fix the bug, run the tests."  # every statement's last sentence
+HINT_SENTENCE = re.compile(r" The bug is in [^ ]+\.py\.(?=" + re.escape(ASK) + r"$)")
 RESERVED = frozenset(sys.stdlib_module_names) | frozenset(keyword.kwlist) | {"tests", "conftest"}
+
+
+def without_hint(statement: str) -> str:
+    """`statement` without the easier case's hint sentence: the statement a task of the same draw with hint
+    `none` has. Raises ValueError when it has none."""
+    bare, found = HINT_SENTENCE.subn("", statement)
+    if not found:
+        raise ValueError(f"without_hint: no hint sentence before the last sentence of {statement!r}")
+    return bare
 
 
 def name_bucket(name: str) -> int:
@@ -180,7 +192,7 @@ def make_task(rng: random.Random, split: str, index: int, hint: str) -> dict[str
     result = f"returns {got!r}" if kind == "value" else f"raises {got}"
     # The easier case adds one sentence to the same statement: a tiny model meets no other change of wording
     named = {"none": "", "path": f" The bug is in {package}/{module.name}.py.", "module": f" The bug is in {module.name}.py."}
-    where = f"{named[hint]} Find the function, fix the bug, run the tests."
+    where = f"{named[hint]}{ASK}"
     files = {f"{package}/__init__.py": "", "pytest.ini": "[pytest]\naddopts = -p no:asyncio\n",
              "conftest.py": "# Makes the package at the repository root importable from tests/.\n"}  # fmt: skip
     for m in modules:

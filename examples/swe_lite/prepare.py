@@ -9,7 +9,8 @@ of the scripted policy on the easier case: the statement names the bug's module 
 so the agent runs the tests, reads the file, fixes it, runs the tests and submits; it never searches), `model-init/` (a
 tiny Llama with a BPE vocabulary trained on the demonstrations and training repositories, 2048
 positions: a rollout's conversation is 400-1500 tokens) and `model-warm/` (model-init after a
-supervised warm start on the demonstrations' assistant turns): what `config.yaml` trains from.
+supervised warm start on the demonstrations' assistant turns, and on 256 of them their first reply again on the
+statement without the hint, as training and held-out tasks say it): what `config.yaml` trains from.
 
 The training and held-out statements do not name the file: the module is in the failing test's
 name (`FAILED tests/test_<module>.py::...`), which the demonstrations show but never need; reading
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from examples.demo.warmstart import SCHEDULES
 from examples.swe_lite.generate import DEMO_HINT, HELD_OUT, HINTS, generate, write_tasks
 
 TRAIN_TASKS = 2000
@@ -35,6 +37,9 @@ WARM_START_THREADS = 2  # torch threads: 1.7x one thread's speed for this model 
 RECORD_WORKERS = 2  # demonstrations recorded in parallel (each is mini-swe-agent running four commands)
 WARM_START_LR = 1e-3
 WARM_START_BATCH = 8
+WARM_START_SCHEDULE = "cosine"  # down to 0 at the last step (examples/demo/warmstart.py)
+WARM_START_WARMUP = 100
+OPENINGS = 256  # demonstrations whose first reply is also learned on the statement without the hint
 VOCAB_SIZE = 1024
 CORPUS_REPOS = 300  # training repositories the BPE vocabulary sees (never held-out ones)
 
@@ -49,7 +54,9 @@ class PreparedSweLite:
     final_loss: float
 
 
-LAYERS = 2
+# 3: the 2-layer warm start copied the task's names on one seed of three (val greedy 0.0, 0.0, 0.42); 3 layers with
+# the cosine rate and the openings: 0.08, 0.33, 0.45 (examples/swe_lite/README.md, "Warm starts that hold across seeds")
+LAYERS = 3
 HEADS = 2  # each head is tiny.HEAD_DIM (64) wide, so heads set the width
 
 
@@ -65,13 +72,16 @@ def model_spec(seed: int, *, layers: int = LAYERS, heads: int = HEADS):
 def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
     train: int = TRAIN_TASKS, held_out: int = HELD_OUT_TASKS, tests_first: bool = True, observations: bool = False,
-    layers: int = LAYERS, heads: int = HEADS, demo_hint: str = DEMO_HINT, progress: bool = False,
+    layers: int = LAYERS, heads: int = HEADS, demo_hint: str = DEMO_HINT, openings: int = OPENINGS,
+    schedule: str = WARM_START_SCHEDULE, progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
 
     from examples.demo.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
-    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, recorded, training_tokens
+    from examples.swe_lite.demonstrations import (
+        chat_messages, hintless_opening, load_trajectory, recorded, training_tokens,
+    )
 
     workdir = Path(workdir)
     train_rows = generate("train", train, seed)
@@ -88,10 +98,13 @@ def prepare_swe_lite(
     initial = save_model(workdir / "model-init", tokenizer, model_spec(seed, layers=layers, heads=heads), {"tokenizer": "byte-level-bpe"})
     tokenizer = AutoTokenizer.from_pretrained(initial)  # as the engine loads it
     examples = [Demonstration(*training_tokens(t, tokenizer, observations=observations)) for t in trajectories]
+    opened = trajectories[:openings] if tests_first else []  # an opening is the tests' run: tests-first demonstrations
+    examples += [Demonstration(*training_tokens(hintless_opening(t), tokenizer)) for t in opened]
     result = supervised_warm_start(
         initial, workdir / "model-warm", examples,
         WarmStartConfig(
-            steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS
+            steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS,
+            schedule=schedule, warmup_steps=min(WARM_START_WARMUP, steps - 1),
         ),
         progress=progress,
     )  # fmt: skip
@@ -121,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         help=f"what the demonstrations' statements name: path (the bug's file) or module (its module alone, the "
         f"package left to copy from the statement's first words); default {DEMO_HINT}",
     )  # fmt: skip
+    parser.add_argument(
+        "--openings", type=int, default=OPENINGS,
+        help=f"demonstrations whose first reply (running the tests) the warm start also learns on the statement "
+        f"without the hint, as training and held-out tasks say it (default {OPENINGS}; 0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--schedule", choices=SCHEDULES, default=WARM_START_SCHEDULE,
+        help=f"the warm start's learning rate: constant, or cosine down to 0 at the last step after "
+        f"{WARM_START_WARMUP} warmup steps (default {WARM_START_SCHEDULE})",
+    )  # fmt: skip
     parser.add_argument("--layers", type=int, default=LAYERS, help=f"the tiny model's layers (default {LAYERS})")
     parser.add_argument(
         "--heads", type=int, default=HEADS,
@@ -134,13 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.demos < 1:
         parser.error(f"--demos must be >= 1, got {args.demos}")
+    if not 0 <= args.openings <= args.demos:
+        parser.error(f"--openings must be between 0 and --demos ({args.demos}), got {args.openings}")
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     prepared = prepare_swe_lite(
         args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
         observations=args.observations, layers=args.layers, heads=args.heads, demo_hint=args.demo_hint,
-        progress=True,
+        openings=args.openings, schedule=args.schedule, progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "

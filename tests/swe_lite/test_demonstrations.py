@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.swe_lite.demonstrations import chat_messages, load_trajectory, record, replies, training_tokens
+from examples.swe_lite.demonstrations import (
+    chat_messages, hintless_opening, load_trajectory, record, replies, training_tokens,
+)
 from examples.swe_lite.functions import FUNCTIONS
 from examples.swe_lite.generate import Module, generate, render, write_tasks
 
@@ -78,6 +80,21 @@ def test_a_tests_first_demonstration_sees_the_failing_test_name_the_module(tmp_p
     module = row["placement"]["module"]
     assert before.startswith("rc=1") and f"FAILED tests/test_{module}.py::" in before  # what a task with no file named needs
     assert after.startswith("rc=0") and " passed" in after and "failed" not in after
+
+    from agl_trainer.models.tiny import build_bpe_tokenizer
+
+    # The opening on the bare statement: what a training task's first turn shows, and the same first reply
+    opening = hintless_opening(shown)
+    (bare,) = generate("demo", 1, seed=5, hint="none")
+    assert [m["content"] for m in opening["messages"]] == [messages[0]["content"], bare["problem_statement"], messages[2]["content"]]
+    tokenizer = build_bpe_tokenizer()
+    ids, mask = training_tokens(opening, tokenizer)
+    assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == messages[2]["content"] + "<|im_end|>"
+
+
+def test_an_opening_that_does_not_run_the_tests_is_refused(trajectory: dict) -> None:
+    with pytest.raises(ValueError, match="does not run the tests"):
+        hintless_opening(trajectory)  # recorded without tests_first: its first reply reads the file
 
 
 def test_the_warm_start_learns_the_assistant_turns_only(trajectory: dict) -> None:

@@ -18,7 +18,9 @@ import examples.swe_lite.generate as generate_module
 from examples.swe.grader import grade
 from examples.swe.swe_task import fresh_copy, parse_task
 from examples.swe_lite.functions import FAMILIES, FUNCTIONS
-from examples.swe_lite.generate import GenerationError, cases, generate, outcome, overlap, render, write_tasks
+from examples.swe_lite.generate import (
+    GenerationError, cases, generate, outcome, overlap, render, without_hint, write_tasks,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,3 +187,22 @@ def test_bad_generator_input_is_refused(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         generate_module.main(["--out", "x", "--count", "0"])
     assert "--count must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hint", ["module", "path"])
+def test_without_its_hint_a_statement_is_the_bare_one_of_the_same_draw(hint: str) -> None:
+    hinted, bare = generate("demo", 12, seed=4, hint=hint), generate("demo", 12, seed=4, hint="none")
+    assert all("The bug is in" in t["problem_statement"] for t in hinted)
+    assert [without_hint(t["problem_statement"]) for t in hinted] == [t["problem_statement"] for t in bare]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "In tota, f(1) returns 2 but it should return 3. Find the function, fix the bug, run the tests.",  # none
+        "In tota, f(1) returns 2. The bug is in nesodi.py. Run it.",  # not before the statement's last sentence
+    ],
+)
+def test_a_statement_without_a_hint_sentence_is_refused(statement: str) -> None:
+    with pytest.raises(ValueError, match="no hint sentence"):
+        without_hint(statement)

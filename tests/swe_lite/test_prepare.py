@@ -82,7 +82,7 @@ def test_a_demonstration_of_another_kind_or_task_is_recorded_again(tmp_path: Pat
 
 def test_the_model_is_as_deep_and_wide_as_asked() -> None:
     default = model_spec(0)
-    assert (default.layers, default.heads, default.hidden, default.intermediate) == (2, 2, 128, 512)
+    assert (default.layers, default.heads, default.hidden, default.intermediate) == (3, 2, 128, 512)
     deeper = model_spec(0, layers=4, heads=3)
     assert (deeper.layers, deeper.heads, deeper.kv_heads, deeper.hidden, deeper.intermediate) == (4, 3, 3, 192, 768)
 
@@ -107,3 +107,10 @@ def test_a_shape_out_of_range_is_named(flag: str, capsys: pytest.CaptureFixture[
         main([flag, "0"])
     assert exited.value.code == 2
     assert f"{flag} must be between 1 and 32, got 0" in capsys.readouterr().err
+
+
+def test_more_openings_than_demonstrations_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--demos", "8", "--openings", "9"])
+    assert exited.value.code == 2
+    assert "--openings must be between 0 and --demos (8), got 9" in capsys.readouterr().err
