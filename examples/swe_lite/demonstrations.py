@@ -31,6 +31,7 @@ from examples.swe.swe_task import SUBMITTED, fresh_copy, parse_task
 HERE = Path(__file__).resolve().parent
 AGENT_CONFIG = HERE / "agent.yaml"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+RUN_TESTS = "python -m pytest -q tests"
 SED_PATTERN_SPECIALS = "\\/.*[]^$"
 SED_REPLACEMENT_SPECIALS = "\\/&"
 
@@ -60,13 +61,13 @@ def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True, tes
     buggy, correct = task["fix"]["buggy"], task["fix"]["correct"]
     steps = []
     if tests_first:
-        steps.append(reply("Run the tests to see what fails.", "python -m pytest -q tests"))
+        steps.append(reply("Run the tests to see what fails.", RUN_TESTS))
     if search:
         steps.append(reply(f"Find where {function} is defined.", f'grep -rn "def {function}" .'))
     steps.append(reply(f"Read {path}.", f"cat {path}"))
     if fix:
         steps.append(reply(f"{buggy} should be {correct}.", f"sed -i '{fix_expression(task)}' {path}"))
-    steps.append(reply("Run the tests.", "python -m pytest -q tests"))
+    steps.append(reply("Run the tests.", RUN_TESTS))
     steps.append(reply("Submit.", SUBMIT))
     return steps
 
@@ -169,7 +170,7 @@ def hintless_opening(trajectory: dict[str, Any]) -> dict[str, Any]:
     roles = [m["role"] for m in messages[:3]]
     if roles != ["system", "user", "assistant"]:
         raise ValueError(f"hintless_opening: expected system, user, assistant turns first, got {roles}")
-    if "python -m pytest" not in messages[2]["content"]:
+    if RUN_TESTS not in messages[2]["content"]:
         raise ValueError("hintless_opening: the first reply does not run the tests (record with tests_first=True)")
     bare = {**messages[1], "content": without_hint(messages[1]["content"])}
     return {"messages": [messages[0], bare, messages[2]]}

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--openings", type=int, default=OPENINGS,
         help=f"demonstrations whose first reply (running the tests) the warm start also learns on the statement "
-        f"without the hint, as training and held-out tasks say it (default {OPENINGS}; 0: none)",
+        f"without the hint, as training and held-out tasks say it (default {OPENINGS}; 0: none; only with --tests-first, "
+        "whose first reply that is)",
     )  # fmt: skip
     parser.add_argument(
         "--schedule", choices=SCHEDULES, default=WARM_START_SCHEDULE,
