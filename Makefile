@@ -9,9 +9,9 @@ export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-fast test-vllm demo bench venv clean browser clis
+.PHONY: test test-fast test-vllm demo bench venv clean browser clis extension
 
-venv: $(STAMP)
+venv: $(STAMP) extension
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP) browser clis
+# The sidecar's C token encoder is compiled in the tree (next to its source) by the editable install,
+# so `git clean -x` removes it while .venv and its stamp survive: rebuild it (only the package, no
+# dependencies, offline) when it is missing or older than its source and a C compiler is here. Without
+# one the install skips it (an optional extension) and the sidecar runs its pure-Python path.
+EXTENSION_SOURCE := sidecar/agl_sidecar/_token_elements.c
+extension: $(STAMP)
+	@built=$$(ls sidecar/agl_sidecar/_token_elements*.so 2>/dev/null | head -n 1); \
+	if { [ -z "$$built" ] || [ $(EXTENSION_SOURCE) -nt "$$built" ]; } && command -v cc >/dev/null 2>&1; then \
+		echo "agl: building the sidecar's C token encoder ($(EXTENSION_SOURCE))"; \
+		$(BIN)/pip install -q --no-deps --no-build-isolation -e . ; \
+	fi
+
+test: $(STAMP) extension browser clis
 	$(BIN)/python -m pytest -q
 
 # Debian's headless Chromium for the trace viewer's browser tests (tests/viewer/test_browser.py):
@@ -47,16 +59,16 @@ $(CLIS_STAMP): testing/clis/package.json testing/clis/package-lock.json
 		echo "agl: could not install the coding-agent CLIs; the harness tests will skip"; \
 	else echo "agl: npm not found; the harness tests that run the coding-agent CLIs will skip"; fi
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) extension
 	$(BIN)/python -m pytest -q -m 'not slow and not vllm and not gpu'
 
-demo: $(STAMP)
+demo: $(STAMP) extension
 	$(BIN)/agl demo
 
 # Every benchmark in its quick form (each under a few minutes); run one without --quick for the
 # numbers quoted in docs/results.md. bench/_*.py are shared helpers; bench/gpu_step.py needs a GPU
 # (scripts/gpu_check.sh runs it).
-bench: $(STAMP)
+bench: $(STAMP) extension
 	@for script in bench/*.py; do \
 		case $$script in bench/_*|bench/gpu_step.py) continue;; esac; \
 		echo "== $$script --quick"; $(BIN)/python $$script --quick || exit 1; \
@@ -66,6 +78,6 @@ clean:
 	rm -rf $(VENV) .venv-vllm runs .pytest_cache testing/clis/node_modules
 
 # Real vLLM (the CPU build, in its own venv: it conflicts with verl's pins) under the `vllm` marker.
-test-vllm: $(STAMP)
+test-vllm: $(STAMP) extension
 	bash scripts/setup_vllm_venv.sh
 	$(BIN)/python -m pytest -q -m vllm tests/vllm tests/export
