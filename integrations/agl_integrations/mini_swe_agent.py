@@ -86,7 +86,8 @@ def context_overflow(error: BaseException) -> bool:
 
 
 class SidecarTextModelConfig(BaseModel):
-    """mini-swe-agent's LitellmTextbasedModelConfig, less what only litellm reads (registry, cache control, cost)."""
+    """mini-swe-agent's LitellmTextbasedModelConfig, less what only litellm reads (registry, cache control, cost).
+    Restated, not imported: its module imports litellm. A test holds the defaults to the installed version's."""
 
     model_name: str
     model_kwargs: dict[str, Any] = {}

@@ -242,3 +242,18 @@ def test_mini_swe_agent_over_the_openai_sdk_keeps_a_malformed_reply_and_refuses_
         swe_model("tiny", "http://127.0.0.1:9", client="httpx")
     with pytest.raises(ValueError, match="text-based model only"):
         swe_model("tiny", "http://127.0.0.1:9", client="openai", textbased=False)
+
+
+def test_the_sidecar_text_model_keeps_mini_swe_agents_own_defaults():
+    """SidecarTextModelConfig restates mini-swe-agent's text-based config (importing that would import
+    litellm, which the OpenAI-SDK client exists to avoid): the action regex, the format-error and
+    observation templates must stay the installed version's, or the same agent would parse and render
+    differently behind the sidecar's client. An upgrade that changes them fails here."""
+    from agl_integrations.mini_swe_agent import SidecarTextModelConfig
+    from minisweagent.models.litellm_textbased_model import LitellmTextbasedModelConfig
+
+    ours, theirs = SidecarTextModelConfig.model_fields, LitellmTextbasedModelConfig.model_fields
+    assert set(ours) <= set(theirs), f"fields mini-swe-agent does not have: {set(ours) - set(theirs)}"
+    for name, field in ours.items():
+        if not field.is_required():
+            assert field.get_default() == theirs[name].get_default(), name
