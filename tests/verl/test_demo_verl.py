@@ -91,6 +91,7 @@ def test_demo_trains_through_verl_and_resumes(tmp_path: Path, demo_model: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 79 s alone on 2 cores; past 600 s beside a warm start and an evaluation
 def test_demo_reward_rises_through_verl(tmp_path: Path) -> None:
     """`agl demo`'s RL phase with backend.name verl: warm start, then RL; the reward clearly rises."""
     from examples.demo.prepare import prepare_demo_model
