@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 # one the install skips it (an optional extension) and the sidecar runs its pure-Python path.
 EXTENSION_SOURCE := sidecar/agl_sidecar/_token_elements.c
 extension: $(STAMP)
-	@built=$$(ls sidecar/agl_sidecar/_token_elements*.so 2>/dev/null | head -n 1); \
+	@built=$$(ls $(EXTENSION_SOURCE:.c=)*.so 2>/dev/null | head -n 1); \
 	if { [ -z "$$built" ] || [ $(EXTENSION_SOURCE) -nt "$$built" ]; } && command -v cc >/dev/null 2>&1; then \
 		echo "agl: building the sidecar's C token encoder ($(EXTENSION_SOURCE))"; \
 		$(BIN)/pip install -q --no-deps --no-build-isolation -e . ; \
