@@ -11,6 +11,13 @@ tiny Llama with a BPE vocabulary trained on the demonstrations and training repo
 positions: a rollout's conversation is 400-1500 tokens) and `model-warm/` (model-init after a
 supervised warm start on the demonstrations' assistant turns, and on 256 of them their first reply again on the
 statement without the hint, as training and held-out tasks say it): what `config.yaml` trains from.
+The warm start is two cosine passes over the same examples: 2400 steps from 1e-3 (saved as
+`model-warm-first/`), then 1200 from 3e-4 (`--continue-steps`; the first pass alone left the 3-layer
+model undertrained: README, "The 3-layer warm starts trained longer").
+
+    python -m examples.swe_lite.prepare --out runs/swe_lite --seed 0 --continue-from runs/swe_lite/model-warm-first
+
+runs only the second pass, from an existing warm start, on the directory's recorded demonstrations.
 
 The training and held-out statements do not name the file: the module is in the failing test's
 name (`FAILED tests/test_<module>.py::...`), which the demonstrations show but never need; reading
@@ -39,6 +46,8 @@ WARM_START_LR = 1e-3
 WARM_START_BATCH = 8
 WARM_START_SCHEDULE = "cosine"  # down to 0 at the last step (examples/demo/warmstart.py)
 WARM_START_WARMUP = 100
+CONTINUE_STEPS = 1200  # the second pass (0: none)
+CONTINUE_LR = 3e-4  # from where the first pass's cosine ended (0), no warmup: a gentler second descent
 OPENINGS = 256  # demonstrations whose first reply is also learned on the statement without the hint
 VOCAB_SIZE = 1024
 CORPUS_REPOS = 300  # training repositories the BPE vocabulary sees (never held-out ones)
@@ -50,7 +59,7 @@ class PreparedSweLite:
     train_tasks: Path
     held_out_tasks: dict[str, Path]  # split (val, test) -> its tasks.jsonl
     demos: list[Path]
-    warm_start_seconds: float
+    warm_start_seconds: float  # both passes
     final_loss: float
 
 
@@ -73,15 +82,13 @@ def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
     train: int = TRAIN_TASKS, held_out: int = HELD_OUT_TASKS, tests_first: bool = True, observations: bool = False,
     layers: int = LAYERS, heads: int = HEADS, demo_hint: str = DEMO_HINT, openings: int = OPENINGS,
-    schedule: str = WARM_START_SCHEDULE, progress: bool = False,
+    schedule: str = WARM_START_SCHEDULE, continue_steps: int = CONTINUE_STEPS, progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
 
-    from examples.demo.warmstart import Demonstration, WarmStartConfig, supervised_warm_start
-    from examples.swe_lite.demonstrations import (
-        chat_messages, hintless_opening, load_trajectory, recorded, training_tokens,
-    )
+    from examples.demo.warmstart import WarmStartConfig, supervised_warm_start
+    from examples.swe_lite.demonstrations import chat_messages, load_trajectory, recorded
 
     workdir = Path(workdir)
     train_rows = generate("train", train, seed)
@@ -97,27 +104,77 @@ def prepare_swe_lite(
     tokenizer = build_bpe_tokenizer(corpus, VOCAB_SIZE)
     initial = save_model(workdir / "model-init", tokenizer, model_spec(seed, layers=layers, heads=heads), {"tokenizer": "byte-level-bpe"})
     tokenizer = AutoTokenizer.from_pretrained(initial)  # as the engine loads it
-    examples = [Demonstration(*training_tokens(t, tokenizer, observations=observations)) for t in trajectories]
-    opened = trajectories[:openings] if tests_first else []  # an opening is the tests' run: tests-first demonstrations
-    examples += [Demonstration(*training_tokens(hintless_opening(t), tokenizer)) for t in opened]
+    examples = warm_start_examples(trajectories, tokenizer, openings if tests_first else 0, observations=observations)
     result = supervised_warm_start(
-        initial, workdir / "model-warm", examples,
+        initial, workdir / ("model-warm-first" if continue_steps else "model-warm"), examples,
         WarmStartConfig(
             steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS,
             schedule=schedule, warmup_steps=min(WARM_START_WARMUP, steps - 1),
         ),
         progress=progress,
     )  # fmt: skip
-    return PreparedSweLite(result.path, train_tasks, held_out_tasks, shown, result.seconds, result.losses[-1])
+    seconds = result.seconds
+    if continue_steps:
+        result = supervised_warm_start(
+            result.path, workdir / "model-warm", examples, continuation(continue_steps, seed), progress=progress
+        )
+        seconds += result.seconds
+    return PreparedSweLite(result.path, train_tasks, held_out_tasks, shown, seconds, result.losses[-1])
+
+
+def warm_start_examples(trajectories: list[dict], tokenizer, openings: int, *, observations: bool = False) -> list:
+    """What the warm start learns: every demonstration's replies (and observations, when asked), and the
+    first `openings` demonstrations' first reply again on the statement without the hint (an opening is
+    the tests' run, so only tests-first demonstrations have one)."""
+    from examples.demo.warmstart import Demonstration
+    from examples.swe_lite.demonstrations import hintless_opening, training_tokens
+
+    examples = [Demonstration(*training_tokens(t, tokenizer, observations=observations)) for t in trajectories]
+    return examples + [Demonstration(*training_tokens(hintless_opening(t), tokenizer)) for t in trajectories[:openings]]
+
+
+def continuation(steps: int, seed: int, lr: float = CONTINUE_LR):
+    """The second pass's schedule: a cosine from `lr` down to 0, no warmup, prepare's batch and threads."""
+    from examples.demo.warmstart import WarmStartConfig
+
+    return WarmStartConfig(
+        steps=steps, lr=lr, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS,
+        schedule="cosine", warmup_steps=0,
+    )  # fmt: skip
+
+
+def continue_warm_start(
+    workdir: str | Path, start: str | Path, out: str | Path, *, seed: int = 0, steps: int = CONTINUE_STEPS,
+    lr: float = CONTINUE_LR, openings: int = OPENINGS, observations: bool = False, progress: bool = False,
+):  # fmt: skip
+    """The second pass alone: `start` (a warm start of `workdir`'s tokenizer) trained `steps` more on the
+    demonstrations `prepare` recorded in `workdir` (in their tasks' order, as prepare reads them), saved to `out`."""
+    from transformers import AutoTokenizer
+
+    from examples.demo.warmstart import supervised_warm_start
+    from examples.swe_lite.demonstrations import load_trajectory, trajectory_path
+
+    workdir, start, out = Path(workdir), Path(start), Path(out)
+    if start.resolve() == out.resolve():
+        raise ValueError(f"the continued warm start would overwrite its start {start}: name another --continue-to")
+    tasks = workdir / "demo" / "tasks.jsonl"
+    if not tasks.is_file():
+        raise FileNotFoundError(f"{tasks} is missing: run `python -m examples.swe_lite.prepare --out {workdir}` first")
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    trajectories = [load_trajectory(trajectory_path(row, workdir / "demos")) for row in rows]
+    if not 0 <= openings <= len(trajectories):
+        raise ValueError(f"openings must be between 0 and the {len(trajectories)} demonstrations, got {openings}")
+    examples = warm_start_examples(trajectories, AutoTokenizer.from_pretrained(start), openings, observations=observations)
+    return supervised_warm_start(start, out, examples, continuation(steps, seed, lr), progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m examples.swe_lite.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/swe_lite", help="directory for the tasks, demos/, model-init/, model-warm/")
+    parser.add_argument("--out", type=Path, default=Path("runs/swe_lite"), help="directory for the tasks, demos/, model-init/, model-warm/")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=WARM_START_STEPS, help="warm-start steps")
+    parser.add_argument("--steps", type=int, default=WARM_START_STEPS, help="the warm start's first pass's steps")
     parser.add_argument("--demos", type=int, default=DEMOS, help="demonstrations (the easier case) to record")
     parser.add_argument(
         "--tests-first", action=argparse.BooleanOptionalAction, default=True,
@@ -142,8 +199,22 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--schedule", choices=SCHEDULES, default=WARM_START_SCHEDULE,
-        help=f"the warm start's learning rate: constant, or cosine down to 0 at the last step after "
+        help=f"the warm start's first pass's learning rate: constant, or cosine down to 0 at the last step after "
         f"{WARM_START_WARMUP} warmup steps (default {WARM_START_SCHEDULE})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--continue-steps", type=int, default=CONTINUE_STEPS,
+        help=f"the warm start's second pass: steps of a cosine from {CONTINUE_LR:g} down to 0 on the same examples, "
+        f"after the first pass's --steps (default {CONTINUE_STEPS}; 0: one pass, saved as model-warm/)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--continue-from", type=Path, metavar="MODEL_DIR",
+        help="run only the second pass, from this warm start, on --out's recorded demonstrations (no tasks, "
+        "recording or tokenizer made again); writes --continue-to",
+    )  # fmt: skip
+    parser.add_argument(
+        "--continue-to", type=Path, metavar="MODEL_DIR",
+        help="where --continue-from's continued warm start goes (default: --out/model-warm)",
     )  # fmt: skip
     parser.add_argument("--layers", type=int, default=LAYERS, help=f"the tiny model's layers (default {LAYERS})")
     parser.add_argument(
@@ -160,19 +231,43 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--demos must be >= 1, got {args.demos}")
     if not 0 <= args.openings <= args.demos:
         parser.error(f"--openings must be between 0 and --demos ({args.demos}), got {args.openings}")
+    if args.continue_steps < (1 if args.continue_from else 0):
+        parser.error(f"--continue-steps must be >= {1 if args.continue_from else 0}, got {args.continue_steps}")
+    if args.continue_to and not args.continue_from:
+        parser.error("--continue-to names where --continue-from's result goes: give --continue-from too")
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
+    if args.continue_from:
+        return continue_from(parser, args)
     prepared = prepare_swe_lite(
         args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
         observations=args.observations, layers=args.layers, heads=args.heads, demo_hint=args.demo_hint,
-        openings=args.openings, schedule=args.schedule, progress=True,
+        openings=args.openings, schedule=args.schedule, continue_steps=args.continue_steps, progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "
         f"{prepared.final_loss:.3f}; wrote {prepared.model}, {prepared.train_tasks}, "
         + ", ".join(str(path) for path in prepared.held_out_tasks.values())
     )
+    return 0
+
+
+def continue_from(parser, args) -> int:
+    """`--continue-from`: the second pass alone, its inputs checked before minutes of training."""
+    if not (args.continue_from / "config.json").is_file():
+        parser.error(f"--continue-from {args.continue_from}: not a saved model (no config.json there)")
+    out = args.continue_to or args.out / "model-warm"
+    try:
+        result = continue_warm_start(
+            args.out, args.continue_from, out, seed=args.seed, steps=args.continue_steps,
+            openings=args.openings if args.tests_first else 0,
+            observations=args.observations, progress=True,
+        )  # fmt: skip
+    except (OSError, ValueError) as error:  # a missing or broken demonstration, the start overwritten
+        parser.error(f"--continue-from: {error}")
+    print(f"swe-lite: continued {args.continue_from} {args.continue_steps} steps in {result.seconds:.1f} s, final loss "
+          f"{result.losses[-1]:.3f}, mean of the last 100 {sum(result.losses[-100:]) / len(result.losses[-100:]):.3f}; wrote {result.path}")  # fmt: skip
     return 0
 
 

@@ -147,16 +147,35 @@ def test_a_file_that_is_not_a_trajectory_is_refused(tmp_path: Path) -> None:
 def test_prepare_writes_the_tasks_the_demonstrations_and_a_warm_started_model(tmp_path: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
-    from examples.swe_lite.prepare import prepare_swe_lite
+    import torch
 
-    prepared = prepare_swe_lite(tmp_path, seed=0, demos=2, steps=3, train=10, held_out=4)
+    from examples.swe_lite.prepare import main, prepare_swe_lite
+
+    prepared = prepare_swe_lite(tmp_path, seed=0, demos=2, steps=3, continue_steps=2, train=10, held_out=4, openings=1)
     assert len(prepared.train_tasks.read_text().splitlines()) == 10
     assert sorted(prepared.held_out_tasks) == ["test", "val"]
     assert [len(path.read_text().splitlines()) for path in prepared.held_out_tasks.values()] == [4, 4]
     assert [load_trajectory(p)["info"]["exit_status"] for p in prepared.demos] == ["Submitted"] * 2
+    assert prepared.model == tmp_path / "model-warm"
     assert AutoConfig.from_pretrained(prepared.model).max_position_embeddings == 2048
     tokenizer = AutoTokenizer.from_pretrained(prepared.model)
     assert len(training_tokens(load_trajectory(prepared.demos[0]), tokenizer)[0]) < 1024  # fits with room for searching
+
+    # The second pass moved the first pass's weights, and running it alone from the first pass
+    # (`--continue-from`) is the same computation: the same examples in the same order, the same schedule.
+    first, second = weights(tmp_path / "model-warm-first"), weights(prepared.model)
+    assert any(not torch.equal(first[name], second[name]) for name in first)
+    assert main(["--out", str(tmp_path), "--continue-from", str(tmp_path / "model-warm-first"),
+                 "--continue-to", str(tmp_path / "again"), "--continue-steps", "2", "--openings", "1"]) == 0  # fmt: skip
+    again = weights(tmp_path / "again")
+    assert sorted(again) == sorted(second) and all(torch.equal(again[name], second[name]) for name in second)
+    assert AutoTokenizer.from_pretrained(tmp_path / "again").get_vocab() == tokenizer.get_vocab()
+
+
+def weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(model_dir / "model.safetensors")
 
 
 def test_what_depends_on_the_machine_is_canonical_in_what_the_warm_start_reads() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import examples.swe_lite.demonstrations as demonstrations
-from examples.swe_lite.generate import generate
+from examples.swe_lite.generate import generate, write_tasks
 from examples.swe_lite.demonstrations import recorded
 from examples.swe_lite.prepare import main, model_spec
 
@@ -114,3 +114,58 @@ def test_more_openings_than_demonstrations_are_named(capsys: pytest.CaptureFixtu
         main(["--demos", "8", "--openings", "9"])
     assert exited.value.code == 2
     assert "--openings must be between 0 and --demos (8), got 9" in capsys.readouterr().err
+
+
+def test_continue_to_without_continue_from_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--continue-to", "elsewhere"])
+    assert exited.value.code == 2 and "give --continue-from too" in capsys.readouterr().err
+
+
+def test_continuing_no_steps_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--continue-from", str(tmp_path), "--continue-steps", "0"])
+    assert exited.value.code == 2 and "--continue-steps must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_continuing_from_what_is_not_a_model_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--continue-from", str(tmp_path / "nowhere")])
+    assert exited.value.code == 2 and "nowhere: not a saved model (no config.json there)" in capsys.readouterr().err
+
+
+@pytest.fixture
+def saved_start(tmp_path: Path) -> Path:
+    """A directory that passes the model check; the errors below come before anything loads it."""
+    start = tmp_path / "model-warm-first"
+    start.mkdir()
+    (start / "config.json").write_text("{}")
+    return start
+
+
+def test_continuing_without_recorded_demonstrations_says_to_prepare(
+    tmp_path: Path, saved_start: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--continue-from", str(saved_start)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "demo/tasks.jsonl is missing" in err
+    assert f"python -m examples.swe_lite.prepare --out {tmp_path}" in err
+
+
+def test_continuing_onto_its_own_start_is_refused(tmp_path: Path, saved_start: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--continue-from", str(saved_start), "--continue-to", str(saved_start / ".")])
+    assert exited.value.code == 2 and "would overwrite its start" in capsys.readouterr().err
+
+
+def test_continuing_with_a_demonstration_missing_names_it(
+    tmp_path: Path, saved_start: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks = generate("demo", 2, seed=0)
+    write_tasks(tasks, tmp_path / "demo")
+    (tmp_path / "demos").mkdir()
+    (tmp_path / "demos" / f"{tasks[0]['id']}.traj.json").write_text(trajectory(tasks[0]))
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--continue-from", str(saved_start)])
+    assert exited.value.code == 2 and f"{tasks[1]['id']}.traj.json" in capsys.readouterr().err
