@@ -1,6 +1,7 @@
 """prepare's pieces that need no warm start: a rerun reuses a demonstration only when it is a whole
 trajectory of the same task and kind (anything else is recorded again), the model's shape follows
-`--layers` / `--heads`, and the command line names a shape out of range."""
+`--layers` / `--heads`, and the command line names a shape out of range and what `--continue-from`
+cannot continue from, before any training."""
 
 from __future__ import annotations
 
