@@ -87,7 +87,7 @@ def prepare_swe_lite(
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
 
-    from examples.demo.warmstart import WarmStartConfig, supervised_warm_start
+    from examples.demo.warmstart import supervised_warm_start
     from examples.swe_lite.demonstrations import chat_messages, load_trajectory, recorded
 
     workdir = Path(workdir)
@@ -105,19 +105,14 @@ def prepare_swe_lite(
     initial = save_model(workdir / "model-init", tokenizer, model_spec(seed, layers=layers, heads=heads), {"tokenizer": "byte-level-bpe"})
     tokenizer = AutoTokenizer.from_pretrained(initial)  # as the engine loads it
     examples = warm_start_examples(trajectories, tokenizer, openings if tests_first else 0, observations=observations)
+    first = warm_start_pass(steps, seed, WARM_START_LR, schedule=schedule, warmup_steps=min(WARM_START_WARMUP, steps - 1))
     result = supervised_warm_start(
-        initial, workdir / ("model-warm-first" if continue_steps else "model-warm"), examples,
-        WarmStartConfig(
-            steps=steps, lr=WARM_START_LR, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS,
-            schedule=schedule, warmup_steps=min(WARM_START_WARMUP, steps - 1),
-        ),
-        progress=progress,
-    )  # fmt: skip
+        initial, workdir / ("model-warm-first" if continue_steps else "model-warm"), examples, first, progress=progress
+    )
     seconds = result.seconds
     if continue_steps:
-        result = supervised_warm_start(
-            result.path, workdir / "model-warm", examples, continuation(continue_steps, seed), progress=progress
-        )
+        second = warm_start_pass(continue_steps, seed, CONTINUE_LR)
+        result = supervised_warm_start(result.path, workdir / "model-warm", examples, second, progress=progress)
         seconds += result.seconds
     return PreparedSweLite(result.path, train_tasks, held_out_tasks, shown, seconds, result.losses[-1])
 
@@ -133,13 +128,14 @@ def warm_start_examples(trajectories: list[dict], tokenizer, openings: int, *, o
     return examples + [Demonstration(*training_tokens(hintless_opening(t), tokenizer)) for t in trajectories[:openings]]
 
 
-def continuation(steps: int, seed: int, lr: float = CONTINUE_LR):
-    """The second pass's schedule: a cosine from `lr` down to 0, no warmup, prepare's batch and threads."""
+def warm_start_pass(steps: int, seed: int, lr: float, *, schedule: str = "cosine", warmup_steps: int = 0):
+    """One pass's schedule with prepare's batch and threads: by default (the second pass's) a cosine from
+    `lr` down to 0, no warmup."""
     from examples.demo.warmstart import WarmStartConfig
 
     return WarmStartConfig(
         steps=steps, lr=lr, batch_size=WARM_START_BATCH, seed=seed, torch_threads=WARM_START_THREADS,
-        schedule="cosine", warmup_steps=0,
+        schedule=schedule, warmup_steps=warmup_steps,
     )  # fmt: skip
 
 
@@ -165,7 +161,7 @@ def continue_warm_start(
     if not 0 <= openings <= len(trajectories):
         raise ValueError(f"openings must be between 0 and the {len(trajectories)} demonstrations, got {openings}")
     examples = warm_start_examples(trajectories, AutoTokenizer.from_pretrained(start), openings, observations=observations)
-    return supervised_warm_start(start, out, examples, continuation(steps, seed, lr), progress=progress)
+    return supervised_warm_start(start, out, examples, warm_start_pass(steps, seed, lr), progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:
