@@ -142,10 +142,12 @@ def engine_overrides(engine: str, log_dir: Path) -> list[str]:
 
 # name -> (loop.mode, loop.switch, more overrides). partial: no step waits for a running group (its stale
 # tokens leave the loss), and rollouts go on generating while the trainer trains (#29's scheduling).
+# Every loop names both of partial's knobs, so a config that trains partial (examples/hops) is no loop's base.
+_WAITS = ("--loop.stale_policy=wait", "--loop.generate_during_training=false")
 LOOPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "sync": ("sync", "drain", ()),
-    "drain": ("collocated-async", "drain", ()),
-    "keep": ("collocated-async", "keep", ()),
+    "sync": ("sync", "drain", _WAITS),
+    "drain": ("collocated-async", "drain", _WAITS),
+    "keep": ("collocated-async", "keep", _WAITS),
     "partial": (
         "collocated-async", "keep", ("--loop.stale_policy=mask", "--loop.generate_during_training=true"),
     ),  # fmt: skip

@@ -68,3 +68,42 @@ def test_the_ablation_arms_differ_from_partial_only_in_their_knob(tmp_path, arm:
     assert (config.loop.mode, config.loop.switch, config.loop.stale_policy) == ("collocated-async", "keep", "mask")
     assert config.loop.generate_during_training and config.loop.staleness == staleness
     assert config.backend.algorithm.importance_scope == scope
+
+
+@pytest.mark.parametrize("base", ["drain", "partial"])
+@pytest.mark.parametrize(
+    ("loop", "mode", "switch", "policy", "during"),
+    [
+        ("sync", "sync", "drain", "wait", False),
+        ("drain", "collocated-async", "drain", "wait", False),
+        ("keep", "collocated-async", "keep", "wait", False),
+        ("partial", "collocated-async", "keep", "mask", True),
+    ],
+)
+def test_each_loop_is_itself_whatever_loop_the_config_trains(
+    tmp_path, base: str, loop: str, mode: str, switch: str, policy: str, during: bool
+) -> None:
+    """A loop's overrides name every knob that tells the loops apart, so the bench compares the same four
+    loops on a hops config that trains drain (before) or partial (now): no loop inherits the mask."""
+    import argparse
+    from types import SimpleNamespace
+
+    import yaml
+
+    from agl_trainer.config import load_config
+
+    for split in ("train", "val"):
+        (tmp_path / f"{split}.jsonl").write_text(f'{{"id": "{split}-0"}}\n')
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["loop"].update(
+        {"switch": "drain", "stale_policy": "wait", "generate_during_training": False}
+        if base == "drain"
+        else {"switch": "keep", "stale_policy": "mask", "generate_during_training": True}
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    prepared = SimpleNamespace(tasks=tmp_path / "train.jsonl", val_tasks=tmp_path / "val.jsonl", path=tmp_path)
+    args = argparse.Namespace(device_step_ms=60.0, budget_s=30.0, val_every=5)
+    config = load_config(config_path, overrides(loop, prepared, 0, tmp_path, args))
+    assert (config.loop.mode, config.loop.switch, config.loop.stale_policy) == (mode, switch, policy)
+    assert config.loop.generate_during_training is during

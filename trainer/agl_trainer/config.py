@@ -338,6 +338,11 @@ def check_loop(loop: LoopConfig) -> None:
             "config key loop.skip_flat_groups: a group of one rollout has no spread of rewards to judge "
             f"(loop.group_size={loop.group_size}; fix: loop.group_size 2 or more, or skip_flat_groups false)"
         )
+    if loop.revisit_mixed and loop.group_size < 2:
+        raise ConfigError(
+            "config key loop.revisit_mixed: a group of one rollout never has mixed rewards "
+            f"(loop.group_size={loop.group_size}; fix: loop.group_size 2 or more, or revisit_mixed 0)"
+        )
 
 
 def _check_program(key: str, program: str, cwd: str | None) -> None:

@@ -325,6 +325,15 @@ class LoopConfig(_Section):
             ge=0,
         ),
     ] = 4
+    revisit_mixed: Annotated[
+        int,
+        _doc(
+            "a task whose trained group got mixed rewards (some rollouts better than others: the groups that "
+            "carry a signal) is drawn again, ahead of fresh tasks, up to this many more times in the run (a "
+            "curriculum at the edge of what the policy can do; live runs; 0: every task once an epoch)",
+            ge=0,
+        ),
+    ] = 0
     val_every: Annotated[
         int,
         _doc("validate on val_tasks before the first step, every N steps and at the end (0: never)", ge=0),

@@ -4,13 +4,19 @@ A group is the unit of launching and training: its rollouts share a task (the ad
 and the policy version it was launched under, which bounds how stale its calls can be. Every launch
 is appended to a journal (groups.jsonl) before the rollouts start, so `--resume` knows every rollout
 the previous run started, even those launched after its last checkpoint.
+
+loop.revisit_mixed: a task whose trained group got mixed rewards (the groups that carry a signal) is
+drawn again ahead of the seeded order, up to that many more times, so a step holds more of the tasks
+at the edge of what the policy can do instead of tasks it always or never solves.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import random
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,12 @@ def is_flat(rewards: list[float]) -> bool:
     return len(rewards) >= 2 and all(r == rewards[0] for r in rewards)
 
 
+def is_mixed(rewards: list[float]) -> bool:
+    """Two or more finite rewards, not all equal: a group whose advantages carry a signal."""
+    finite = [r for r in rewards if math.isfinite(r)]
+    return len(finite) >= 2 and not is_flat(finite)
+
+
 @dataclass
 class Group:
     index: int
@@ -50,6 +62,7 @@ class Group:
     outcomes: dict[str, RolloutOutcome] = field(default_factory=dict)
     exited_at: dict[str, float] = field(default_factory=dict)
     mode: str = semconv.MODE_TRAIN
+    revisit: bool = False  # drawn again for its mixed rewards (loop.revisit_mixed), not from the seeded order
 
     @property
     def task_id(self) -> str:
@@ -84,24 +97,51 @@ class Group:
             self.states[rid] = Member.FAILED
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        entry = {
             "index": self.index,
             "task_id": self.task_id,
             "version": self.launched_version,
             "rollout_ids": self.rollout_ids,
             "mode": self.mode,
         }
+        if self.revisit:
+            entry["revisit"] = True
+        return entry
 
 
 class TaskSchedule:
-    """An endless, seeded stream of groups over the tasks: each epoch is a fresh shuffle."""
+    """An endless, seeded stream of groups over the tasks: each epoch is a fresh shuffle; with
+    `revisits`, tasks queued by `revisit` go first."""
 
-    def __init__(self, tasks: list[dict[str, Any]], group_size: int, seed: int, run_id: str) -> None:
+    def __init__(
+        self, tasks: list[dict[str, Any]], group_size: int, seed: int, run_id: str, revisits: int = 0
+    ) -> None:
         self.tasks = tasks
         self.group_size = group_size
         self.seed = seed
         self.run_id = run_id
-        self.next_index = 0
+        self.revisits = revisits
+        self.next_index = 0  # groups launched (the journal's index)
+        self.fresh_index = 0  # of those, drawn from the seeded order
+        self.queued: deque[dict[str, Any]] = deque()
+        self.revisited: Counter[str] = Counter()  # task id -> groups drawn again for it
+
+    def revisit(self, task: dict[str, Any]) -> bool:
+        """Queue `task` for one more group unless it has had `revisits` already; whether it was queued."""
+        task_id = str(task["id"])
+        if self.revisited[task_id] >= self.revisits:
+            return False
+        self.revisited[task_id] += 1
+        self.queued.append(task)
+        return True
+
+    def resume(self, entries: list[dict[str, Any]], next_index: int) -> None:
+        """Continue after the groups a journal records (one entry per index); the queue itself is not
+        recorded: tasks queued and not yet launched by the previous run are not revisited."""
+        self.next_index = max([e["index"] + 1 for e in entries], default=next_index)
+        again = [str(e["task_id"]) for e in entries if e.get("revisit")]
+        self.fresh_index = self.next_index - len(again)
+        self.revisited = Counter(again)
 
     def task_for(self, index: int) -> dict[str, Any]:
         epoch, position = divmod(index, len(self.tasks))
@@ -112,8 +152,14 @@ class TaskSchedule:
     def next_group(self, version: int, mode: str = semconv.MODE_TRAIN) -> Group:
         index = self.next_index
         self.next_index += 1
+        revisit = bool(self.queued)
+        if revisit:
+            task = self.queued.popleft()
+        else:
+            task = self.task_for(self.fresh_index)
+            self.fresh_index += 1
         ids = [f"{self.run_id}-g{index:06d}-{member}" for member in range(self.group_size)]
-        group = Group(index, self.task_for(index), version, ids, mode=mode)
+        group = Group(index, task, version, ids, mode=mode, revisit=revisit)
         group.states = {rid: Member.RUNNING for rid in ids}
         return group
 

@@ -33,7 +33,9 @@ from typing import Any
 
 from agl_trainer.algorithms.token_age import staleness_bound
 from agl_trainer.config import ConfigError, LoopConfig
-from agl_trainer.loop.groups import DONE, FLAT_GROUP, Group, GroupJournal, Member, TaskSchedule, is_flat
+from agl_trainer.loop.groups import (
+    DONE, FLAT_GROUP, Group, GroupJournal, Member, TaskSchedule, is_flat, is_mixed,
+)  # fmt: skip
 from agl_trainer.loop.ports import DataPlane
 from agl_trainer.loop.progress import LoopProgress
 from agl_trainer.runners.base import Cause, HarnessNotFound, RolloutOutcome, Runner
@@ -161,7 +163,20 @@ class InFlight:
         for group in batch:
             self.groups.pop(group.index, None)
             self._judged.discard(group.index)
+            if self.config.revisit_mixed:
+                self._revisit_if_mixed(group)
         self.flat_set_aside, self._said_flat_limit = 0, False
+
+    def _revisit_if_mixed(self, group: Group) -> None:
+        """loop.revisit_mixed: a trained group whose rewards differed draws its task again."""
+        found = self.data.group_rewards([group.key(rid) for rid in group.ids_in(Member.COMPLETE)])
+        if found is None:  # per-call rewards: no group reward to judge
+            return
+        rewards = found.rewards
+        if self.config.failed_rollouts == "zero":  # as they trained
+            rewards = rewards + [0.0] * len(group.ids_in(Member.FAILED))
+        if is_mixed(rewards):
+            self.schedule.revisit(group.task)
 
     # --- flat groups (loop.skip_flat_groups) ---------------------------------------------------
     def set_aside_flat(self, groups: list[Group]) -> tuple[list[Group], list[Group]]:

@@ -207,6 +207,8 @@ class LiveRollouts:
         step.metrics["staleness/masked_tokens"] = float(masked)
         if self.config.skip_flat_groups:
             step.metrics["rollouts/set_aside_flat"] = float(self.inflight.flat_set_aside)
+        if self.config.revisit_mixed:
+            step.metrics["groups/revisits"] = float(sum(group.revisit for group in self._batch))
         return kept
 
     async def while_training(self, train: Callable[[], Awaitable[None]], version: int, step: StepRecord) -> None:

@@ -120,6 +120,11 @@ class Session:
             raise ConfigError(
                 f"--from-store {self.from_store}: no such rollout store (fix: the file `agl receive --store` wrote)"
             )
+        if self.from_store is not None and config.loop.revisit_mixed:
+            raise ConfigError(
+                "config key loop.revisit_mixed: draws tasks again for new rollouts, which --from-store never "
+                "launches (fix: leave it 0 for a run from a store)"
+            )
         checkpoints, latest = open_run_dir(out, self.resume)
         run_id = self._run_id(out)
         # Addresses, secrets and tasks first: a wrong one fails before anything heavy starts.
@@ -215,7 +220,9 @@ class Session:
             config, out, self._stack, model_path, topology=topology, after_engine=load_checkpointed
         )
         journal_path = out / "groups.jsonl"
-        schedule = TaskSchedule(tasks, config.loop.group_size, config.seed, run_id)
+        schedule = TaskSchedule(
+            tasks, config.loop.group_size, config.seed, run_id, revisits=config.loop.revisit_mixed
+        )
         recovered = recover_groups(journal_path, schedule, tasks, serving.data, state) if self.resume else []
         journal = GroupJournal(journal_path)
         self._stack.callback(journal.close)
@@ -313,14 +320,15 @@ def recover_groups(
     by_id = {str(task["id"]): task for task in tasks}
     trained = {RolloutKey(r, a) for r, a in state.trained_since_previous}
     entries = {e["index"]: e for e in GroupJournal.read(journal_path)}  # a relaunch rewrites its group
-    schedule.next_index = max([index + 1 for index in entries], default=state.next_group_index)
+    schedule.resume(list(entries.values()), state.next_group_index)
     store = data.store
     recovered: list[Group] = []
     for entry in sorted(entries.values(), key=lambda e: e["index"]):
         task = by_id.get(entry["task_id"])
         if task is None or entry.get("mode", "train") != "train":
             continue
-        group = Group(entry["index"], task, int(entry["version"]), list(entry["rollout_ids"]))
+        index, version, ids = entry["index"], int(entry["version"]), list(entry["rollout_ids"])
+        group = Group(index, task, version, ids, revisit=bool(entry.get("revisit")))
         infos = {rid: [i for i in store.find(rid) if i.rollout_id == rid] for rid in group.rollout_ids}
         if any(i.trained_step is not None or i.key in trained for found in infos.values() for i in found):
             continue  # trained (groups train whole): history
