@@ -172,11 +172,15 @@ class InFlight:
         found = self.data.group_rewards([group.key(rid) for rid in group.ids_in(Member.COMPLETE)])
         if found is None:  # per-call rewards: no group reward to judge
             return
-        rewards = found.rewards
-        if self.config.failed_rollouts == "zero":  # as they trained
-            rewards = rewards + [0.0] * len(group.ids_in(Member.FAILED))
-        if is_mixed(rewards):
+        if is_mixed(self._as_trained(group, found.rewards)):
             self.schedule.revisit(group.task)
+
+    def _as_trained(self, group: Group, rewards: list[float]) -> list[float]:
+        """The complete members' `rewards`, and a 0.0 for each failed one under loop.failed_rollouts=zero
+        (it trains at 0): the rewards a group's advantages come from."""
+        if self.config.failed_rollouts == "zero":
+            return rewards + [0.0] * len(group.ids_in(Member.FAILED))
+        return rewards
 
     # --- flat groups (loop.skip_flat_groups) ---------------------------------------------------
     def set_aside_flat(self, groups: list[Group]) -> tuple[list[Group], list[Group]]:
@@ -199,9 +203,8 @@ class InFlight:
                 continue
             self._done_at.pop(group.index, None)
             self._judged.add(group.index)
-            rewards = [] if found is None else found.rewards  # None: per-call rewards, never flat
-            if self.config.failed_rollouts == "zero":
-                rewards = rewards + [0.0] * len(group.ids_in(Member.FAILED))
+            # None: per-call rewards, never flat
+            rewards = self._as_trained(group, [] if found is None else found.rewards)
             if not is_flat(rewards) or self._past_flat_limit():
                 kept.append(group)
                 continue
