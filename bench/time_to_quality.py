@@ -9,6 +9,7 @@ whole pipeline, with the same simulated device time per engine step (`engine.opt
     python bench/time_to_quality.py --quick               # 1 seed, 45 s of RL a loop (about 10 minutes)
     python bench/time_to_quality.py --seeds 0 1 2 --budget-s 900 --val-every 10   # the full comparison
     python bench/time_to_quality.py --loops partial mask-only tis-only   # masking vs correcting (ARMS)
+    python bench/time_to_quality.py --seeds 1 --loops partial --repeats 3   # each loop 3 times: medians
 
 Per seed and loop: the training wall time to the first round at or above `--target` (a bound from
 above: rounds come every --val-every steps), the held-out greedy reward of the last round (the
@@ -19,6 +20,12 @@ the wall: on the step's path (`canary`) and beside generation (`beside`, time
 no step waits for). Ratios against sync,
 measured in the same run; curves against wall time in OUT/time_to_quality.png, numbers in
 OUT/time_to_quality.json.
+
+Async runs are not reproducible step for step (which rollout lands in which step depends on timing),
+and sync's own time to the target moved 2.5x between two runs of one seed, so one run a loop cannot
+settle a ratio near the goal: `--repeats K` runs each loop K times on each seed and reports the
+median time to the target (a run that never reached it counts as slower than any that did) and the
+median final reward, with every run's time beside them.
 """
 
 from __future__ import annotations
@@ -52,19 +59,48 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_loop(name: str, prepared: Any, seed: int, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One loop on one seed's warm start: its curve against training wall time and its throughput."""
-    started = time.monotonic()
-    summary = run_config(CONFIG, overrides(name, prepared, seed, out, args))
-    return measure(summary.history, summary.validation, args.target) | {"seconds": time.monotonic() - started}
+    """One loop on one seed's warm start, `args.repeats` times: its curve against training wall time
+    and its throughput (the medians over repeats, each run's kept under "runs")."""
+    runs = []
+    for repeat in range(args.repeats):
+        started = time.monotonic()
+        summary = run_config(CONFIG, overrides(name, prepared, seed, out, args, repeat))
+        runs.append(measure(summary.history, summary.validation, args.target) | {"seconds": time.monotonic() - started})
+    return runs[0] if len(runs) == 1 else combine(runs)
 
 
-def overrides(name: str, prepared: Any, seed: int, out: Path, args: argparse.Namespace) -> list[str]:
-    """The hops config's overrides for one loop (or ablation arm) on one seed: the arm's own last."""
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Repeats of one loop as one row: the median time to the target (a run that never reached it
+    ranks after every run that did; the median is "not reached" when it falls on such a run), the
+    median final reward, the mean of the rates; each run's own numbers under "runs"."""
+    never = float("inf")
+    times = sorted(never if r["time_to_target_s"] is None else r["time_to_target_s"] for r in runs)
+    middle = statistics.median(times)  # inf when the middle (or one of the two middle) never reached it
+    finals = [r["final"] for r in runs if r["final"] is not None]
+    rates = ("rollouts_per_s", "loss_tokens_per_s", "masked_share", "staleness_mean", "capped_frac",
+             "canary_share", "canary_background_share")  # fmt: skip
+    return {
+        **runs[0],
+        **{key: statistics.fmean(r[key] for r in runs) for key in rates},
+        "steps": round(statistics.median(r["steps"] for r in runs)),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "time_to_target_s": None if middle == never else middle,
+        "final": statistics.median(finals) if finals else None,
+        "runs": runs,
+    }
+
+
+def overrides(
+    name: str, prepared: Any, seed: int, out: Path, args: argparse.Namespace, repeat: int = 0
+) -> list[str]:
+    """The hops config's overrides for one loop (or ablation arm) on one seed, in its own folder
+    (`name`, then `name-r1`, `name-r2` for repeats): the arm's own last."""
     mode, switch, extra = RUNS[name]
+    folder = out / f"seed-{seed}" / (name if repeat == 0 else f"{name}-r{repeat}")
     return [
         f"--engine.options.device_step_ms={args.device_step_ms}",
         f"--tasks={prepared.tasks}", f"--val_tasks={prepared.val_tasks}", f"--model.path={prepared.path}",
-        f"--seed={seed}", f"--output_dir={out / f'seed-{seed}' / name}",
+        f"--seed={seed}", f"--output_dir={folder}",
         f"--loop.mode={mode}", f"--loop.switch={switch}", f"--loop.staleness={STALENESS}",
         f"--loop.max_train_s={args.budget_s}", "--loop.max_steps=100000", "--loop.checkpoint_every=100000",
         f"--loop.val_every={args.val_every}", "--loop.val_sampled=0", *extra,
@@ -128,6 +164,14 @@ def table(seed: int, results: dict[str, dict[str, Any]], target: float) -> str:
             f"{r['masked_share']:6.1%} {r['staleness_mean']:5.2f} {r['capped_frac']:6.1%} {r['canary_share']:6.2%}"
             f" {r.get('canary_background_share', 0.0):6.2%}"
         )  # fmt: skip
+    for name, r in results.items():
+        if "runs" in r:  # repeats: the medians above, each run here
+            each = ", ".join(
+                f"{run['time_to_target_s']:.1f}" if run["time_to_target_s"] is not None else "not reached"
+                for run in r["runs"]
+            )
+            finals = ", ".join(f"{run['final']:.3f}" if run["final"] is not None else "-" for run in r["runs"])
+            lines.append(f"  {name} runs: to target s [{each}]; final [{finals}]")
     return "\n".join(lines)
 
 
@@ -140,9 +184,13 @@ def plot(all_results: dict[int, dict[str, dict[str, Any]]], target: float, path:
     seeds = sorted(all_results)
     figure, axes = plt.subplots(1, len(seeds), figsize=(6 * len(seeds), 4.2), dpi=100, squeeze=False)
     for axis, seed in zip(axes[0], seeds):
-        for name, r in all_results[seed].items():
-            if r["curve"]:
-                axis.plot(*zip(*r["curve"]), "o-", label=name, markersize=3)
+        for index, (name, r) in enumerate(all_results[seed].items()):
+            for repeat, run in enumerate(r.get("runs", [r])):
+                if run["curve"]:
+                    axis.plot(
+                        *zip(*run["curve"]), "o-", color=f"C{index}", markersize=3,
+                        label=name if repeat == 0 else None, alpha=1.0 if repeat == 0 else 0.5,
+                    )  # fmt: skip
         axis.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
         axis.set(title=f"hops seed {seed}: held-out greedy reward", xlabel="training wall time (s)", ylabel="reward")
         axis.grid(alpha=0.3)
@@ -164,6 +212,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="seconds of RL a loop (default 900; --quick 45)")
     parser.add_argument("--val-every", type=int, default=None, help="steps between rounds (default 10; --quick 5)")
     parser.add_argument("--target", type=float, default=None, help="held-out greedy target (default 0.5; --quick 0.25)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each loop on each seed (medians reported)")
     parser.add_argument("--device-step-ms", type=float, default=DEVICE_STEP_MS)
     parser.add_argument("--out", type=Path, default=None, help="where runs, JSON and PNG go (default: a temp folder)")
     args = parser.parse_args()
@@ -172,9 +221,9 @@ def main() -> int:
     args.budget_s = args.budget_s or (45.0 if quick else 900.0)
     args.val_every = args.val_every or (5 if quick else 10)
     args.target = args.target if args.target is not None else (0.25 if quick else 0.5)
-    bad = [value for value in (args.budget_s, args.val_every) if value <= 0]
+    bad = [value for value in (args.budget_s, args.val_every, args.repeats) if value <= 0]
     if bad or not 0 < args.target <= 1:
-        parser.error("--budget-s and --val-every must be positive and --target in (0, 1]")
+        parser.error("--budget-s, --val-every and --repeats must be positive and --target in (0, 1]")
     if "sync" not in args.loops:
         args.loops = ["sync", *args.loops]  # every ratio is against sync, measured in the same run
     out = args.out or Path(tempfile.mkdtemp(prefix="agl-bench-ttq-"))
@@ -186,7 +235,8 @@ def main() -> int:
     transformers.utils.logging.disable_progress_bar()
     print(
         f"hops, {args.device_step_ms:g} ms of device time a step, {args.budget_s:g} s of RL a loop, a greedy "
-        f"held-out round every {args.val_every} steps, target {args.target:g}; work in {out}",
+        f"held-out round every {args.val_every} steps, target {args.target:g}, {args.repeats} run(s) a loop;"
+        f" work in {out}",
         flush=True,
     )
     all_results: dict[int, dict[str, dict[str, Any]]] = {}

@@ -27,7 +27,7 @@ stream cut off mid-way as when the engine process dies:
     with FakeVLLM(script=lambda request: Reply(body=capture("chat_nonstream.json"))) as engine:
         engine.scripted_requests             # each request as Request(method, path, headers, body)
 Sampling: a choice's text is drawn from a word list by a RNG seeded from (seed, prompt, choice
-index); its length is 3-40 tokens. When it ends before max_tokens, EOS (id 2) is appended to
+index); it is 2-10 words, one token per byte. When it ends before max_tokens, EOS (id 2) is appended to
 token_ids (not to the text) and finish_reason is "stop", else "length", like vLLM. `reply` overrides
 the text: `FakeVLLM(reply=lambda body, choice: "call search")`.
 """
@@ -103,12 +103,15 @@ class _Sample:
     """One choice: its token IDs (EOS included when it stopped), text, logprobs and finish reason."""
 
     def __init__(self, body: dict[str, Any], prompt: list[int], index: int, reply: Callable | None) -> None:
-        seed = body.get("seed")
-        rng = random.Random(zlib.crc32(struct.pack(f"{len(prompt)}I", *prompt)) ^ hash((seed, index)))
+        # crc32, not hash(): hash(None) is an address in CPython < 3.12, so an unseeded request
+        # would get another text in every process.
+        key = struct.pack(f"{len(prompt)}I", *prompt) + repr((body.get("seed"), index)).encode()
+        rng = random.Random(zlib.crc32(key))
         if reply is not None:
             text = reply(body, index)
         else:
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10)))
+            # at least two words, so a stream always has more than one piece
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 10)))
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         ids = encode(text)
         self.stop_reason: Any = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.time_to_quality import CONFIG, measure, overrides, table
+from bench.time_to_quality import CONFIG, combine, measure, overrides, table
 
 
 def rows() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
@@ -48,6 +48,35 @@ def test_the_table_prints_ratios_against_sync() -> None:
     assert "0.50x" in partial and "2.00x" in partial  # half the wall to the target, twice the rates
     assert partial.split()[-2:] == ["0.40%", "10.00%"]  # the canary on the step's path and beside it, of 5 s
     assert "not reached" in table(0, {"sync": measure(history, validation, target=0.9)}, 0.9)
+
+
+def test_repeats_report_the_median_time_with_never_reached_ranked_last() -> None:
+    history, validation = rows()
+    fast = measure([{**row, "time/step_s": row["time/step_s"] / 2} for row in history], validation, target=0.3)
+    slow = measure(history, validation, target=0.3)  # reached at 5.0 s
+    never = measure(history, validation, target=0.9)
+    assert combine([never, fast, slow])["time_to_target_s"] == 5.0  # 2.5, 5.0, never: the middle is 5.0
+    assert combine([never, never, fast])["time_to_target_s"] is None  # two of three never reached it
+    assert combine([fast, slow])["time_to_target_s"] == pytest.approx(3.75)  # mean of the two middle
+    assert combine([fast, never])["time_to_target_s"] is None
+    both = combine([fast, slow])
+    assert both["rollouts_per_s"] == pytest.approx((4.0 + 2.0) / 2) and both["wall_s"] == pytest.approx(7.5)
+    assert both["runs"] == [fast, slow] and both["final"] == 0.6
+    text = table(0, {"sync": combine([slow, never, fast])}, 0.3)
+    assert "  sync runs: to target s [5.0, not reached, 2.5]; final [0.600, 0.600, 0.600]" in text.splitlines()
+
+
+def test_each_repeat_trains_in_its_own_folder(tmp_path) -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    prepared = SimpleNamespace(tasks="t.jsonl", val_tasks="v.jsonl", path="m")
+    args = argparse.Namespace(device_step_ms=60.0, budget_s=30.0, val_every=5)
+    folders = {
+        next(o for o in overrides("sync", prepared, 1, tmp_path, args, repeat) if o.startswith("--output_dir="))
+        for repeat in range(3)
+    }
+    assert folders == {f"--output_dir={tmp_path / 'seed-1' / name}" for name in ("sync", "sync-r1", "sync-r2")}
 
 
 @pytest.mark.parametrize(
