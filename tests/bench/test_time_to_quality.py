@@ -52,7 +52,8 @@ def test_the_table_prints_ratios_against_sync() -> None:
 
 def test_repeats_report_the_median_time_with_never_reached_ranked_last() -> None:
     history, validation = rows()
-    fast = measure([{**row, "time/step_s": row["time/step_s"] / 2} for row in history], validation, target=0.3)
+    halved = [{**row, "time/step_s": row["time/step_s"] / 2} for row in history]
+    fast = measure(halved, validation, target=0.3)
     slow = measure(history, validation, target=0.3)  # reached at 5.0 s
     never = measure(history, validation, target=0.9)
     assert combine([never, fast, slow])["time_to_target_s"] == 5.0  # 2.5, 5.0, never: the middle is 5.0
@@ -63,7 +64,8 @@ def test_repeats_report_the_median_time_with_never_reached_ranked_last() -> None
     assert both["rollouts_per_s"] == pytest.approx((4.0 + 2.0) / 2) and both["wall_s"] == pytest.approx(7.5)
     assert both["runs"] == [fast, slow] and both["final"] == 0.6
     text = table(0, {"sync": combine([slow, never, fast])}, 0.3)
-    assert "  sync runs: to target s [5.0, not reached, 2.5]; final [0.600, 0.600, 0.600]" in text.splitlines()
+    each_run = "  sync runs: to target s [5.0, not reached, 2.5]; final [0.600, 0.600, 0.600]"
+    assert each_run in text.splitlines()
 
 
 def test_each_repeat_trains_in_its_own_folder(tmp_path) -> None:
@@ -73,16 +75,27 @@ def test_each_repeat_trains_in_its_own_folder(tmp_path) -> None:
     prepared = SimpleNamespace(tasks="t.jsonl", val_tasks="v.jsonl", path="m")
     args = argparse.Namespace(device_step_ms=60.0, budget_s=30.0, val_every=5)
     folders = {
-        next(o for o in overrides("sync", prepared, 1, tmp_path, args, repeat) if o.startswith("--output_dir="))
+        option
         for repeat in range(3)
+        for option in overrides("sync", prepared, 1, tmp_path, args, repeat)
+        if option.startswith("--output_dir=")
     }
-    assert folders == {f"--output_dir={tmp_path / 'seed-1' / name}" for name in ("sync", "sync-r1", "sync-r2")}
+    names = ("sync", "sync-r1", "sync-r2")
+    assert folders == {f"--output_dir={tmp_path / 'seed-1' / name}" for name in names}
 
 
 @pytest.mark.parametrize(
-    ("arm", "staleness", "scope"), [("partial", 2, "stale"), ("mask-only", 2, "off"), ("tis-only", 8, "stale")]
+    ("arm", "staleness", "scope", "concurrency"),
+    [
+        ("partial", 2, "stale", 64),
+        ("mask-only", 2, "off", 64),
+        ("tis-only", 8, "stale", 64),
+        ("partial-wide", 2, "stale", 128),
+    ],
 )
-def test_the_ablation_arms_differ_from_partial_only_in_their_knob(tmp_path, arm: str, staleness: int, scope: str) -> None:
+def test_the_ablation_arms_differ_from_partial_only_in_their_knob(
+    tmp_path, arm: str, staleness: int, scope: str, concurrency: int
+) -> None:
     """Masking vs correcting: each arm's overrides, through the hops config as a run loads them."""
     import argparse
     from types import SimpleNamespace
@@ -96,7 +109,7 @@ def test_the_ablation_arms_differ_from_partial_only_in_their_knob(tmp_path, arm:
     config = load_config(CONFIG, overrides(arm, prepared, 0, tmp_path, args))
     assert (config.loop.mode, config.loop.switch, config.loop.stale_policy) == ("collocated-async", "keep", "mask")
     assert config.loop.generate_during_training and config.loop.staleness == staleness
-    assert config.backend.algorithm.importance_scope == scope
+    assert config.backend.algorithm.importance_scope == scope and config.loop.concurrency == concurrency
 
 
 @pytest.mark.parametrize("base", ["drain", "partial"])
