@@ -152,16 +152,17 @@ def ratio(value: float | None, reference: float | None) -> str:
 
 def table(seed: int, results: dict[str, dict[str, Any]], target: float) -> str:
     sync = results.get("sync", {})
+    width = max([8, *map(len, results)])  # the loop column fits partial-wide
     lines = [
         f"seed {seed} (held-out greedy target {target:g}):",
-        f"{'loop':8} {'steps':>5} {'wall s':>7} {'to target s':>11} {'vs sync':>7} {'start':>6} {'final':>6}"
+        f"{'loop':{width}} {'steps':>5} {'wall s':>7} {'to target s':>11} {'vs sync':>7} {'start':>6} {'final':>6}"
         f" {'rollouts/s':>10} {'vs sync':>7} {'loss tok/s':>10} {'vs sync':>7} {'masked':>6} {'lag':>5}"
         f" {'capped':>6} {'canary':>6} {'beside':>6}",
     ]
     for name, r in results.items():
         to_target = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "not reached"
         lines.append(
-            f"{name:8} {r['steps']:5d} {r['wall_s']:7.1f} {to_target:>11} "
+            f"{name:{width}} {r['steps']:5d} {r['wall_s']:7.1f} {to_target:>11} "
             f"{ratio(r['time_to_target_s'], sync.get('time_to_target_s')):>7} "
             f"{r['start'] if r['start'] is not None else float('nan'):6.3f} {r['final'] if r['final'] is not None else float('nan'):6.3f} "
             f"{r['rollouts_per_s']:10.2f} {ratio(r['rollouts_per_s'], sync.get('rollouts_per_s')):>7} "
