@@ -49,7 +49,8 @@ from async_vs_sync import DEVICE_STEP_MS, LOOPS, STALENESS  # noqa: E402  (the l
 # (`tis-only`: the bound raised to 8 versions, which also lets launches run further ahead).
 # `partial-wide`: partial with twice a batch of rollouts in flight (hops' batch is 64): an engine step's
 # device time does not grow with its batch, so a loop that need not wait for its batch's tail can keep
-# more rollouts decoding in each step (launches stay under loop.staleness; sync has only its batch to run).
+# more rollouts decoding in each step (launched-but-untrained ones stay under loop.max_span batches; sync has
+# only its batch to run).
 _MODE, _SWITCH, _PARTIAL = LOOPS["partial"]
 ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mask-only": (_MODE, _SWITCH, (*_PARTIAL, "--backend.algorithm.importance_scope=off")),
