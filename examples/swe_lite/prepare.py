@@ -19,6 +19,12 @@ model undertrained: README, "The 3-layer warm starts trained longer").
 
 runs only the second pass, from an existing warm start, on the directory's recorded demonstrations.
 
+    python -m examples.swe_lite.prepare --out runs/swe_lite --seed 0 --hintless-demos 256
+
+records the last 256 demonstrations on their statement without the hint, as training and held-out tasks
+say it: the module then comes only from the failing test's output, so that copy exists in the warm start
+for RL to reinforce (default 0: every demonstration is the easier case).
+
 The training and held-out statements do not name the file: the module is in the failing test's
 name (`FAILED tests/test_<module>.py::...`), which the demonstrations show but never need; reading
 it from there (or searching) is what RL has to add to what the warm start shows. Every repository's
@@ -34,7 +40,7 @@ from functools import partial
 from pathlib import Path
 
 from examples.demo.warmstart import SCHEDULES
-from examples.swe_lite.generate import DEMO_HINT, HELD_OUT, HINTS, generate, write_tasks
+from examples.swe_lite.generate import DEMO_HINT, HELD_OUT, HINTS, generate, without_hint, write_tasks
 
 TRAIN_TASKS = 2000
 HELD_OUT_TASKS = 64  # each of val and test
@@ -49,6 +55,7 @@ WARM_START_WARMUP = 100
 CONTINUE_STEPS = 1200  # the second pass (0: none)
 CONTINUE_LR = 3e-4  # from where the first pass's cosine ended (0), no warmup: a gentler second descent
 OPENINGS = 256  # demonstrations whose first reply is also learned on the statement without the hint
+HINTLESS_DEMOS = 0  # demonstrations (the last ones) recorded on the statement without the hint
 VOCAB_SIZE = 1024
 CORPUS_REPOS = 300  # training repositories the BPE vocabulary sees (never held-out ones)
 
@@ -82,7 +89,8 @@ def prepare_swe_lite(
     workdir: str | Path, *, seed: int = 0, demos: int = DEMOS, steps: int = WARM_START_STEPS,
     train: int = TRAIN_TASKS, held_out: int = HELD_OUT_TASKS, tests_first: bool = True, observations: bool = False,
     layers: int = LAYERS, heads: int = HEADS, demo_hint: str = DEMO_HINT, openings: int = OPENINGS,
-    schedule: str = WARM_START_SCHEDULE, continue_steps: int = CONTINUE_STEPS, progress: bool = False,
+    hintless: int = HINTLESS_DEMOS, schedule: str = WARM_START_SCHEDULE, continue_steps: int = CONTINUE_STEPS,
+    progress: bool = False,
 ) -> PreparedSweLite:  # fmt: skip
     from agl_trainer.models.tiny import build_bpe_tokenizer, save_model
     from transformers import AutoTokenizer
@@ -94,7 +102,7 @@ def prepare_swe_lite(
     train_rows = generate("train", train, seed)
     train_tasks = write_tasks(train_rows, workdir / "train")
     held_out_tasks = {split: write_tasks(generate(split, held_out, seed), workdir / split) for split in HELD_OUT}
-    demo_tasks = write_tasks(generate("demo", demos, seed, demo_hint), workdir / "demo")
+    demo_tasks = write_tasks(hintless_tail(generate("demo", demos, seed, demo_hint), hintless), workdir / "demo")
     demo_rows = [json.loads(line) for line in demo_tasks.read_text().splitlines()]
     with ProcessPoolExecutor(RECORD_WORKERS) as pool:
         shown = list(pool.map(partial(recorded, out_dir=workdir / "demos", tests_first=tests_first), demo_rows))
@@ -115,6 +123,16 @@ def prepare_swe_lite(
         result = supervised_warm_start(result.path, workdir / "model-warm", examples, second, progress=progress)
         seconds += result.seconds
     return PreparedSweLite(result.path, train_tasks, held_out_tasks, shown, seconds, result.losses[-1])
+
+
+def hintless_tail(rows: list[dict], count: int) -> list[dict]:
+    """`rows` with the last `count` statements said without the hint sentence, as training and held-out
+    tasks say them (the same repositories and bugs); the others keep theirs. The last ones, so the first
+    `openings` (whose hintless first reply is learned too) keep their hint."""
+    if not 0 <= count <= len(rows):
+        raise ValueError(f"hintless demonstrations: {count} of {len(rows)}")
+    kept = len(rows) - count
+    return rows[:kept] + [{**row, "problem_statement": without_hint(row["problem_statement"])} for row in rows[kept:]]
 
 
 def warm_start_examples(trajectories: list[dict], tokenizer, openings: int, *, observations: bool = False) -> list:
@@ -194,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         "whose first reply that is)",
     )  # fmt: skip
     parser.add_argument(
+        "--hintless-demos", type=int, default=HINTLESS_DEMOS,
+        help="demonstrations (the last ones) recorded on the statement without the hint, as training and "
+        "held-out tasks say it, so the module comes from the failing test's output alone (default "
+        f"{HINTLESS_DEMOS}; at most --demos less --openings)",
+    )  # fmt: skip
+    parser.add_argument(
         "--schedule", choices=SCHEDULES, default=WARM_START_SCHEDULE,
         help=f"the warm start's first pass's learning rate: constant, or cosine down to 0 at the last step after "
         f"{WARM_START_WARMUP} warmup steps (default {WARM_START_SCHEDULE})",
@@ -227,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--demos must be >= 1, got {args.demos}")
     if not 0 <= args.openings <= args.demos:
         parser.error(f"--openings must be between 0 and --demos ({args.demos}), got {args.openings}")
+    if not 0 <= args.hintless_demos <= args.demos - args.openings:
+        parser.error(
+            f"--hintless-demos must be between 0 and --demos less --openings ({args.demos - args.openings}), got "
+            f"{args.hintless_demos} (an opening is a hinted demonstration's first reply said again without the hint)"
+        )
     if args.continue_steps < (1 if args.continue_from else 0):
         parser.error(f"--continue-steps must be >= {1 if args.continue_from else 0}, got {args.continue_steps}")
     if args.continue_to and not args.continue_from:
@@ -239,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare_swe_lite(
         args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
         observations=args.observations, layers=args.layers, heads=args.heads, demo_hint=args.demo_hint,
-        openings=args.openings, schedule=args.schedule, continue_steps=args.continue_steps, progress=True,
+        openings=args.openings, hintless=args.hintless_demos, schedule=args.schedule, continue_steps=args.continue_steps, progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import examples.swe_lite.demonstrations as demonstrations
-from examples.swe_lite.generate import generate, write_tasks
+from examples.swe_lite.generate import HINT_SENTENCE, generate, without_hint, write_tasks
 from examples.swe_lite.demonstrations import recorded
-from examples.swe_lite.prepare import main, model_spec
+from examples.swe_lite.prepare import hintless_tail, main, model_spec
 
 
 def trajectory(task: dict, *, tests_first: bool = True, exit_status: str = "Submitted", search: bool = False) -> str:
@@ -94,6 +94,32 @@ def test_a_path_demonstration_is_not_reused_for_a_module_one(tmp_path: Path, rec
     (tmp_path / f"{module['id']}.traj.json").write_text(trajectory(generate("demo", 1, seed=0, hint="path")[0]))
     recorded(module, tmp_path, tests_first=True)
     assert recordings == [module["id"]]
+
+
+def test_the_hintless_demonstrations_are_the_last_ones_said_as_held_out_tasks_say_them() -> None:
+    rows = generate("demo", 6, seed=0)
+    mixed = hintless_tail(rows, 2)
+    assert [HINT_SENTENCE.search(r["problem_statement"]) is not None for r in mixed] == [True] * 4 + [False] * 2
+    assert [r["problem_statement"] for r in mixed[4:]] == [without_hint(r["problem_statement"]) for r in rows[4:]]
+    assert mixed[:4] == rows[:4] and [r["files"] for r in mixed] == [r["files"] for r in rows]  # the same bugs
+    assert hintless_tail(rows, 0) == rows and all(HINT_SENTENCE.search(r["problem_statement"]) for r in rows)
+    with pytest.raises(ValueError, match="hintless demonstrations: 7 of 6"):
+        hintless_tail(rows, 7)
+
+
+def test_a_hinted_demonstration_is_not_reused_for_a_hintless_one(tmp_path: Path, recordings: list[str]) -> None:
+    hinted = generate("demo", 1, seed=0)[0]
+    (tmp_path / f"{hinted['id']}.traj.json").write_text(trajectory(hinted))
+    (hintless,) = hintless_tail([hinted], 1)
+    recorded(hintless, tmp_path, tests_first=True)
+    assert recordings == [hinted["id"]]
+
+
+def test_hintless_demonstrations_that_would_take_an_opening_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--demos", "8", "--openings", "4", "--hintless-demos", "5"])
+    assert exited.value.code == 2
+    assert "--hintless-demos must be between 0 and --demos less --openings (4), got 5" in capsys.readouterr().err
 
 
 def test_an_unknown_demonstration_hint_is_named(capsys: pytest.CaptureFixture[str]) -> None:
