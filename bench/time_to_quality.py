@@ -80,7 +80,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ranks after every run that did; the median is "not reached" when it falls on such a run), the
     median final reward, the mean of the rates; each run's own numbers under "runs"."""
     never = float("inf")
-    times = sorted(never if r["time_to_target_s"] is None else r["time_to_target_s"] for r in runs)
+    times = [never if r["time_to_target_s"] is None else r["time_to_target_s"] for r in runs]
     middle = statistics.median(times)  # inf when the middle (or one of the two middle) never reached it
     finals = [r["final"] for r in runs if r["final"] is not None]
     rates = ("rollouts_per_s", "loss_tokens_per_s", "masked_share", "staleness_mean", "capped_frac",

@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare_swe_lite(
         args.out, seed=args.seed, steps=args.steps, demos=args.demos, tests_first=args.tests_first,
         observations=args.observations, layers=args.layers, heads=args.heads, demo_hint=args.demo_hint,
-        openings=args.openings, hintless=args.hintless_demos, schedule=args.schedule, continue_steps=args.continue_steps, progress=True,
+        openings=args.openings, hintless=args.hintless_demos, schedule=args.schedule,
+        continue_steps=args.continue_steps, progress=True,
     )
     print(
         f"swe-lite: {len(prepared.demos)} demonstrations; warm start {prepared.warm_start_seconds:.1f} s, final loss "
