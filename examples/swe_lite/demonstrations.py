@@ -5,6 +5,7 @@
     replies(task)                           # the scripted policy's replies: look, fix, test, submit
     replies(task, search=True)              # ... with `grep -rn "def f" .` first (never demonstrated)
     replies(task, tests_first=True)         # ... with the tests run first: their failure names the module
+    replies(task, locate=True)              # ... naming the file by a search for its function: $(grep -rl "def f(" ...)
     record(task, "runs/swe_lite/demos")     # mini-swe-agent runs them: <id>.traj.json in its own format
     recorded(task, "runs/swe_lite/demos", tests_first=True)  # ... unless a whole one of that kind is there
     training_tokens(trajectory, tokenizer)  # (token ids, loss mask): the assistant turns to learn
@@ -46,35 +47,49 @@ def fix_expression(task: dict[str, Any]) -> str:
     return f"s/{sed_escape(fix['buggy'], SED_PATTERN_SPECIALS)}/{sed_escape(fix['correct'], SED_REPLACEMENT_SPECIALS)}/"
 
 
+def found_by_search(function: str) -> str:
+    """The file that defines `function`, named by a search instead of its path: a shell substitution the
+    agent's `cat` and `sed` take as their file. It needs only the function's name (the statement's), not
+    the made-up package and module names the path is made of (generate.py), which a tiny model copies a
+    syllable at a time. (A repository's functions are distinct, and a test's `def test_f_0(` is no match.)"""
+    return f"$(grep -rl \"def {function}(\" --include='*.py' .)"
+
+
 def reply(thought: str, command: str) -> str:
     """A reply in mini-swe-agent's text-based format (mini_textbased.yaml's action block)."""
     return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
 
 
-def replies(task: dict[str, Any], *, search: bool = False, fix: bool = True, tests_first: bool = False) -> list[str]:
+def replies(
+    task: dict[str, Any], *, search: bool = False, fix: bool = True, tests_first: bool = False, locate: bool = False
+) -> list[str]:
     """The scripted policy for `task`: (search,) (test,) look, fix (unless `fix` is False), test, submit.
 
     `tests_first` runs the tests before looking: in the easier case the statement names the file (or its
     module) and the failing test (`tests/test_<module>.py`) names its module too, so a model that learns
-    to read the file may copy the module from either; a task whose statement names none leaves it the test's."""
+    to read the file may copy the module from either; a task whose statement names none leaves it the test's.
+    `locate` names the file in `cat` and `sed` by a search for the function (`found_by_search`) instead of its path:
+    on the easier case both work; on a task whose statement names no file only the search needs no name copied."""
     path, function = task["fix"]["path"], task["placement"]["function"]
     buggy, correct = task["fix"]["buggy"], task["fix"]["correct"]
+    target, looked = (found_by_search(function), f"the file that defines {function}") if locate else (path, path)
     steps = []
     if tests_first:
         steps.append(reply("Run the tests to see what fails.", RUN_TESTS))
     if search:
         steps.append(reply(f"Find where {function} is defined.", f'grep -rn "def {function}" .'))
-    steps.append(reply(f"Read {path}.", f"cat {path}"))
+    steps.append(reply(f"Read {looked}.", f"cat {target}"))
     if fix:
-        steps.append(reply(f"{buggy} should be {correct}.", f"sed -i '{fix_expression(task)}' {path}"))
+        steps.append(reply(f"{buggy} should be {correct}.", f"sed -i '{fix_expression(task)}' {target}"))
     steps.append(reply("Run the tests.", RUN_TESTS))
     steps.append(reply("Submit.", SUBMIT))
     return steps
 
 
 def record(
-    task: dict[str, Any], out_dir: str | Path, *, search: bool = False, tests_first: bool = False, network: str = "none"
-) -> Path:
+    task: dict[str, Any], out_dir: str | Path, *, search: bool = False, tests_first: bool = False, locate: bool = False,
+    network: str = "none",
+) -> Path:  # fmt: skip
     """Run mini-swe-agent with the scripted replies on a fresh copy of the task's repo; save its
     trajectory (mini-swe-agent's `.traj.json`) to `out_dir/<task id>.traj.json` and return the path."""
     from minisweagent.agents.default import DefaultAgent
@@ -83,7 +98,7 @@ def record(
     settings = load_agent_config(AGENT_CONFIG)
     model_settings = {k: v for k, v in (settings.get("model") or {}).items() if k == "observation_template"}
     outputs = [make_output(text, [{"command": text.split("```mswea_bash_command\n")[1][:-4]}], cost=0.0)
-               for text in replies(task, search=search, tests_first=tests_first)]  # fmt: skip
+               for text in replies(task, search=search, tests_first=tests_first, locate=locate)]  # fmt: skip
     parsed = parse_task(task)
     with tempfile.TemporaryDirectory(prefix="swe-lite-demo-") as scratch:
         workspace = fresh_copy(parsed, Path(scratch) / "repo")
@@ -94,7 +109,8 @@ def record(
         )
         agent.run(parsed.problem_statement)
         path = trajectory_path(task, out_dir)
-        agent.save(path, {"info": {"swe_lite": {"search": search, "tests_first": tests_first, "workspace": "<temporary>"}}})
+        shown = {"search": search, "tests_first": tests_first, "locate": locate, "workspace": "<temporary>"}
+        agent.save(path, {"info": {"swe_lite": shown}})
     return path
 
 
@@ -103,21 +119,22 @@ def trajectory_path(task: dict[str, Any], out_dir: str | Path) -> Path:
     return Path(out_dir) / f"{task['id']}.traj.json"
 
 
-def recorded(task: dict[str, Any], out_dir: str | Path, *, tests_first: bool) -> Path:
+def recorded(task: dict[str, Any], out_dir: str | Path, *, tests_first: bool, locate: bool = False) -> Path:
     """`task`'s demonstration: the trajectory already in `out_dir` when it is a whole one of the same
     kind (a rerun or a resumed `prepare` reuses it: recording is half of prepare's time), else recorded."""
     path = trajectory_path(task, out_dir)
     try:
         kept = load_trajectory(path)
     except (OSError, ValueError):  # absent, cut short by an interrupted run, or not a trajectory
-        return record(task, out_dir, tests_first=tests_first)
+        return record(task, out_dir, tests_first=tests_first, locate=locate)
     info = kept.get("info") or {}
     shown = info.get("swe_lite") or {}  # what `record` saved beside the run
     asked = next((m.get("content") for m in kept["messages"] if isinstance(m, dict) and m.get("role") == "user"), "")
     same_task = isinstance(asked, str) and task["problem_statement"] in asked  # not another seed's task of this id
-    if same_task and info.get("exit_status") == SUBMITTED and shown.get("tests_first") == tests_first and not shown.get("search"):
+    same_kind = shown.get("tests_first") == tests_first and bool(shown.get("locate")) == locate and not shown.get("search")
+    if same_task and same_kind and info.get("exit_status") == SUBMITTED:
         return path
-    return record(task, out_dir, tests_first=tests_first)
+    return record(task, out_dir, tests_first=tests_first, locate=locate)
 
 
 def load_trajectory(path: str | Path) -> dict[str, Any]:

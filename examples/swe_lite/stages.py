@@ -12,6 +12,9 @@ differs (prepare trains a vocabulary a seed: another seed's would decode other t
 run, each stage counted over its rollouts:
 
 - ran the tests: a command runs pytest
+- found it by a search: a command names the file by a search for the bug's function,
+  `$(grep ... "def f(" ...)` (demonstrations.found_by_search, any quoting); such a command counts as
+  naming the file with the bug in the stages below, a search for another function as another file
 - read the right file: `cat` of the file with the bug (`./` and spacing aside)
 - read only other files: `cat` of some .py file, never the right one (a path copied wrong, mostly)
 - read its package / read its module: `cat` of a .py file in the bug's package (the statement names
@@ -51,6 +54,7 @@ from examples.swe_lite.demonstrations import SUBMIT, fix_expression
 ACTION = re.compile(SidecarTextModelConfig.model_fields["action_regex"].default, re.DOTALL)
 STAGES = (
     ("tests", "ran the tests"),
+    ("searched", "found it by a search"),
     ("read_right", "read the right file"),
     ("read_other_only", "read only other files"),
     ("read_package", "read its package"),
@@ -62,6 +66,10 @@ STAGES = (
     ("submitted_passed", "submitted and passed"),
     ("submitted_unpassed", "submitted, not passed"),
 )
+
+
+# A shell substitution naming a file by a search for a function's definition: `$(grep -rl "def f(" ...)`
+SEARCH = re.compile(r"""\$\(\s*grep\s[^)]*?def(?:\\?\s)+(\w+)\\?\([^)]*\)""")
 
 
 def commands(replies: Iterable[str]) -> list[str]:
@@ -87,10 +95,15 @@ def _same_path(a: str, b: str) -> bool:
 
 def stages(task: dict[str, Any], run: Sequence[str], reward: float | None) -> set[str]:
     """The stages (STAGES' keys) one rollout reached: `run` its commands, `reward` its final reward."""
-    path = task["fix"]["path"]
+    path, function = task["fix"]["path"], task["placement"]["function"]
     reached: set[str] = set()
     read: list[str] = []
     for command in run:
+        searched = {match.group(1) for match in SEARCH.finditer(command)}
+        if function in searched:
+            reached.add("searched")
+        # a search names the file that defines its function: the bug's file, or another one
+        command = SEARCH.sub(lambda match: path if match.group(1) == function else "elsewhere/other.py", command)
         words = _words(command)
         if not words:
             continue
@@ -166,8 +179,9 @@ def read_run(run_dir: Path, tasks: dict[str, dict[str, Any]], decode: Callable[[
 def _is_task(task: Any) -> bool:
     """Whether `task` has what stages() reads (generate.py's fields the agent never sees)."""
     try:
-        fix, family = task["fix"], task["placement"]["family"]
-        return all(isinstance(v, str) for v in (task["id"], fix["path"], fix["buggy"], fix["correct"], family))
+        fix, placement = task["fix"], task["placement"]
+        named = (task["id"], fix["path"], fix["buggy"], fix["correct"], placement["family"], placement["function"])
+        return all(isinstance(v, str) for v in named)
     except (KeyError, TypeError):
         return False
 

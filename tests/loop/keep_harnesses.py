@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 
 def long_tail(task: dict[str, Any], base_url: str) -> float:
     """Two model calls of `task['tokens']` tokens each (EOS ignored, so lengths are what the task
-    says), streamed when `task['stream']`; any HTTP error or malformed answer propagates."""
+    says), streamed when `task['stream']`; any HTTP error or malformed answer propagates. With
+    `task['hold']` (a directory), the run's first rollout to reach its second call waits for
+    `<hold>/go` before making it: a call the test can count on being still to come."""
     total = 0
-    for _ in range(2):
+    for call in range(2):
+        if call == 1 and task.get("hold") and first_to_hold(Path(task["hold"])):
+            wait_for(Path(task["hold"]) / "go")
         body = {
             "model": "tiny", "messages": [{"role": "user", "content": task.get("key", "k1")}],
             "max_tokens": int(task["tokens"]), "ignore_eos": True, "stream": bool(task.get("stream")),
@@ -27,3 +34,20 @@ def long_tail(task: dict[str, Any], base_url: str) -> float:
                 text = json.loads(response.read())["choices"][0]["message"]["content"] or ""
         total += len(text)
     return float(total % 3) / 2.0
+
+
+def first_to_hold(hold: Path) -> bool:
+    """Whether this rollout is the first to claim `hold` (an exclusive create: one rollout across processes)."""
+    try:
+        os.close(os.open(hold / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def wait_for(path: Path, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)

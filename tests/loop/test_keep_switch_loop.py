@@ -18,30 +18,49 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     # Long-tailed lengths (most short, a few long), streamed and unary: at every update some calls
     # are mid-generation. What each freeze reported is recorded: the checks below compare the stored
     # boundaries with the engine's own counts, not with how long anything took.
+    import threading
+
+    from agl_trainer.engines.embedded.batching import BatchScheduler
     from agl_trainer.engines.embedded.engine import EmbeddedEngine
 
+    # The first update must freeze a call mid-generation, however loaded the machine. Where every call
+    # so far has finished when it freezes (generation outran training), one rollout is still to come:
+    # the first to reach its second call holds it (keep_harnesses.long_tail, `hold`) until the update
+    # says go, and the engine then stops with that call mid-generation until the update's freeze.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    holding, caught = threading.Event(), threading.Event()
     reports: list[dict[str, int]] = []
-    freeze = EmbeddedEngine.freeze
+    freeze, step = EmbeddedEngine.freeze, BatchScheduler._step
 
     def recorded(self):  # type: ignore[no-untyped-def]
-        # The first update freezes with a call mid-generation, however loaded the machine: it waits
-        # for an unfinished call, freezes, and where every one finished in the step under way, thaws
-        # and waits again (the loop froze on a worker thread: launches and generation go on; the
-        # rollouts steps 2 and 3 need are still to come). Later updates freeze what they find: at the
-        # last one every rollout the run needs may have finished.
-        deadline = time.monotonic() + 120
-        while True:
-            report = freeze(self)
-            if report or reports or time.monotonic() > deadline:  # past the deadline: the assertion says so
-                break
-            self.thaw()
-            time.sleep(0.002)
+        report = freeze(self)
+        if not reports:  # the first update
+            if not report:
+                holding.set()
+                self.thaw()
+                (hold / "go").touch()
+                caught.wait(timeout=120)  # past it, the assertion on reports[0] says so
+                report = freeze(self)
+            (hold / "go").touch()  # the held rollout goes on either way
         reports.append(dict(report))
         return report
 
+    def held_mid_generation(self, admitted):  # type: ignore[no-untyped-def]
+        step(self, admitted)
+        if holding.is_set() and not caught.is_set():
+            if any(not s.finished and 0 < len(s.token_ids) < s.params.max_tokens for s in self._live):
+                caught.set()
+                while not self._frozen:  # freeze() sets it, then waits for this step to end
+                    time.sleep(0.001)
+
     monkeypatch.setattr(EmbeddedEngine, "freeze", recorded)
+    monkeypatch.setattr(BatchScheduler, "_step", held_mid_generation)
     lengths = [4, 6, 8, 10, 12, 16, 24, 40, 64, 96]
-    tasks = [{"id": f"t{i}", "key": f"k{i % 8}", "tokens": lengths[i % 10], "stream": i % 2 == 1} for i in range(20)]
+    tasks = [
+        {"id": f"t{i}", "key": f"k{i % 8}", "tokens": lengths[i % 10], "stream": i % 2 == 1, "hold": str(hold)}
+        for i in range(20)
+    ]
     config = make_config(
         tmp_path, model_dir, tasks, "tests.loop.keep_harnesses:long_tail",
         mode="collocated-async", batch_rollouts=10, group_size=5, staleness=4, concurrency=50, max_steps=3,
@@ -53,7 +72,7 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     # every update froze the calls in flight (none was drained), and said how many it froze
     assert len(reports) == 3 and [m["switch/frozen_requests"] for m in steps] == [float(len(r)) for r in reports]
     frozen = sum(len(r) for r in reports)
-    assert reports[0]  # the first update froze calls mid-generation (recorded waits for one)
+    assert reports[0]  # the first update froze calls mid-generation (recorded holds one where none was)
     counts = Counter(n for report in reports for n in report.values())
     boundaries: Counter[int] = Counter()
     crossed_trained = 0  # calls across a switch in a rollout the run trained (the rest ended untrained)

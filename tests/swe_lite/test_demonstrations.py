@@ -1,7 +1,7 @@
 """swe-lite's demonstrations: the scripted policy's replies parse as mini-swe-agent actions, its sed
 fixes every bug the generator makes, a recorded trajectory is mini-swe-agent's own format with the
-agent's real observations (the tests pass after the fix), demonstrations never search for the file,
-and the warm start learns exactly the assistant turns."""
+agent's real observations (the tests pass after the fix), demonstrations search for the file only when
+asked to (and then never write its path), and the warm start learns exactly the assistant turns."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from examples.swe_lite.demonstrations import (
-    chat_messages, hintless_opening, load_trajectory, record, replies, training_tokens,
+    chat_messages, found_by_search, hintless_opening, load_trajectory, record, replies, training_tokens,
 )
 from examples.swe_lite.functions import FUNCTIONS
 from examples.swe_lite.generate import Module, generate, render, write_tasks
@@ -36,21 +36,34 @@ def test_demonstrations_look_fix_test_submit_and_never_search() -> None:
     assert [c.split()[0] for c in (command(r) for r in replies(task, fix=False))] == ["cat", "python", "echo"]
     tested_first = [command(r) for r in replies(task, tests_first=True)]
     assert tested_first[0] == "python -m pytest -q tests" and tested_first[1:] == shown
+    # naming the file by a search: the same commands, the path written as the search for the function
+    located = [command(r) for r in replies(task, tests_first=True, locate=True)]
+    search = found_by_search(task["placement"]["function"])
+    assert located == [c.replace(task["fix"]["path"], search) for c in tested_first] and located != tested_first
 
 
+@pytest.mark.parametrize("locate", [False, True], ids=["path", "search"])
 @pytest.mark.parametrize("function", FUNCTIONS, ids=[f.name for f in FUNCTIONS])
-def test_the_scripted_sed_fixes_every_bug(function, tmp_path: Path) -> None:
+def test_the_scripted_sed_fixes_every_bug(function, locate: bool, tmp_path: Path) -> None:
     values = {k: v[0] for k, v in function.constants.items()}
     module = Module("m", ((function, values),))
+    # What a search must not find: the tests that call the function, and a function whose name starts with its name
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_m.py").write_text(f"from pkg import m\n\n\ndef test_{function.name}_0():\n    m.{function.name}\n")
+    (tmp_path / "pkg").mkdir()
+    decoy = f"def {function.name}_twice(x):\n    return 2 * x\n"
+    (tmp_path / "pkg" / "other.py").write_text(decoy)
     for bug in function.bugs:
         target = tmp_path / "pkg" / "m.py"
-        target.parent.mkdir(exist_ok=True)
         target.write_text(module.source((function.name, bug)))
         task = {"fix": {"path": "pkg/m.py", "buggy": render(bug.buggy, values), "correct": render(bug.correct, values)},
                 "placement": {"function": function.name}}  # fmt: skip
-        sed = command(replies(task)[1])
+        looked, sed = (command(r) for r in replies(task, locate=locate)[:2])
+        shown = subprocess.run(["bash", "-c", looked], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+        assert shown == target.read_text(), looked  # the buggy module, and nothing else
         subprocess.run(["bash", "-c", sed], cwd=tmp_path, check=True)
         assert target.read_text() == module.source(), (bug, sed)
+    assert (tmp_path / "pkg" / "other.py").read_text() == decoy
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +103,21 @@ def test_a_tests_first_demonstration_sees_the_failing_test_name_the_module(tmp_p
     tokenizer = build_bpe_tokenizer()
     ids, mask = training_tokens(opening, tokenizer)
     assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == messages[2]["content"] + "<|im_end|>"
+
+
+def test_a_searching_demonstration_never_writes_the_path(tmp_path: Path) -> None:
+    """Recorded by mini-swe-agent in its sandbox: the search finds the module, the fix passes the tests, and
+    no reply writes the package or module name (the part of a path a tiny model copies wrong)."""
+    (row,) = (json.loads(line) for line in write_tasks(generate("demo", 1, seed=5), tmp_path / "tasks").read_text().splitlines())
+    shown = load_trajectory(record(row, tmp_path / "demos", tests_first=True, locate=True))
+    assert shown["info"]["exit_status"] == "Submitted" and shown["info"]["swe_lite"]["locate"] is True
+    messages = chat_messages(shown)
+    function, (package, module) = row["placement"]["function"], row["fix"]["path"][:-3].split("/")
+    assert messages[3]["content"].startswith("rc=1") and f"FAILED tests/test_{module}.py::" in messages[3]["content"]
+    assert messages[5]["content"].startswith("rc=0") and f"def {function}(" in messages[5]["content"]  # the module read
+    assert messages[9]["content"].startswith("rc=0") and " passed" in messages[9]["content"] and "failed" not in messages[9]["content"]
+    said = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert not any(package in reply or module in reply for reply in said), said
 
 
 def test_an_opening_that_does_not_run_the_tests_is_refused(trajectory: dict) -> None:
@@ -151,11 +179,15 @@ def test_prepare_writes_the_tasks_the_demonstrations_and_a_warm_started_model(tm
 
     from examples.swe_lite.prepare import main, prepare_swe_lite
 
-    prepared = prepare_swe_lite(tmp_path, seed=0, demos=2, steps=3, continue_steps=2, train=10, held_out=4, openings=1)
+    prepared = prepare_swe_lite(
+        tmp_path, seed=0, demos=2, steps=3, continue_steps=2, train=10, held_out=4, openings=1, located=1
+    )  # fmt: skip
     assert len(prepared.train_tasks.read_text().splitlines()) == 10
     assert sorted(prepared.held_out_tasks) == ["test", "val"]
     assert [len(path.read_text().splitlines()) for path in prepared.held_out_tasks.values()] == [4, 4]
-    assert [load_trajectory(p)["info"]["exit_status"] for p in prepared.demos] == ["Submitted"] * 2
+    shown = [load_trajectory(p)["info"] for p in prepared.demos]
+    assert [i["exit_status"] for i in shown] == ["Submitted"] * 2
+    assert [i["swe_lite"]["locate"] for i in shown] == [False, True]  # the last one names the file by a search
     assert prepared.model == tmp_path / "model-warm"
     assert AutoConfig.from_pretrained(prepared.model).max_position_embeddings == 2048
     tokenizer = AutoTokenizer.from_pretrained(prepared.model)

@@ -13,13 +13,16 @@ import pytest
 import examples.swe_lite.demonstrations as demonstrations
 from examples.swe_lite.generate import HINT_SENTENCE, generate, without_hint, write_tasks
 from examples.swe_lite.demonstrations import recorded
-from examples.swe_lite.prepare import hintless_tail, main, model_spec
+from examples.swe_lite.prepare import hintless_tail, main, model_spec, searching_tail
 
 
-def trajectory(task: dict, *, tests_first: bool = True, exit_status: str = "Submitted", search: bool = False) -> str:
+def trajectory(
+    task: dict, *, tests_first: bool = True, exit_status: str = "Submitted", search: bool = False, locate: bool = False
+) -> str:
+    shown = {"search": search, "tests_first": tests_first, "locate": locate}
     return json.dumps({
         "trajectory_format": "mini-swe-agent-1.1",
-        "info": {"exit_status": exit_status, "swe_lite": {"search": search, "tests_first": tests_first}},
+        "info": {"exit_status": exit_status, "swe_lite": shown},
         "messages": [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": task["problem_statement"]}],
     })  # fmt: skip
 
@@ -29,7 +32,7 @@ def recordings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The ids `recorded` sent to mini-swe-agent (recording itself is tested in test_demonstrations)."""
     calls: list[str] = []
 
-    def record(task: dict, out_dir: Path, *, tests_first: bool) -> Path:
+    def record(task: dict, out_dir: Path, *, tests_first: bool, locate: bool = False) -> Path:
         calls.append(task["id"])
         return Path(out_dir) / f"{task['id']}.traj.json"
 
@@ -115,11 +118,46 @@ def test_a_hinted_demonstration_is_not_reused_for_a_hintless_one(tmp_path: Path,
     assert recordings == [hinted["id"]]
 
 
+def test_a_demonstration_that_writes_the_path_is_not_reused_for_one_that_searches(
+    tmp_path: Path, recordings: list[str]
+) -> None:
+    task = generate("demo", 1, seed=0)[0]
+    path = tmp_path / f"{task['id']}.traj.json"
+    path.write_text(trajectory(task))  # recorded before --locate-demos: no `locate` key means the path
+    assert recorded(task, tmp_path, tests_first=True) == path and recordings == []
+    recorded(task, tmp_path, tests_first=True, locate=True)
+    path.write_text(trajectory(task, locate=True))
+    assert recorded(task, tmp_path, tests_first=True, locate=True) == path
+    recorded(task, tmp_path, tests_first=True)
+    assert recordings == [task["id"]] * 2
+
+
+def test_the_searching_demonstrations_are_the_last_ones() -> None:
+    assert searching_tail(5, 2) == [False, False, False, True, True]
+    assert searching_tail(3, 0) == [False] * 3 and searching_tail(3, 3) == [True] * 3
+    with pytest.raises(ValueError, match="by a search: 4 of 3"):
+        searching_tail(3, 4)
+
+
+@pytest.mark.parametrize("count", ["-1", "9"])
+def test_searching_demonstrations_out_of_range_are_named(count: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--demos", "8", "--openings", "0", "--locate-demos", count])
+    assert exited.value.code == 2
+    assert f"--locate-demos must be between 0 and --demos (8), got {count}" in capsys.readouterr().err
+
+
 def test_hintless_demonstrations_that_would_take_an_opening_are_named(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--demos", "8", "--openings", "4", "--hintless-demos", "5"])
     assert exited.value.code == 2
     assert "--hintless-demos must be between 0 and --demos less --openings (4), got 5" in capsys.readouterr().err
+
+
+def test_hintless_demonstrations_without_the_tests_first_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--demos", "8", "--openings", "0", "--hintless-demos", "2", "--no-tests-first"])
+    assert exited.value.code == 2 and "--hintless-demos needs --tests-first" in capsys.readouterr().err
 
 
 def test_an_unknown_demonstration_hint_is_named(capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,6 +32,19 @@ def test_paths_and_quoting_spelled_differently_count_the_same() -> None:
     assert stages(TASK, run, 0.0) == {"read_right", "read_package", "read_module", "edited_right", "fix"}
 
 
+def test_a_search_for_the_function_names_its_file_however_quoted() -> None:
+    solved = commands(replies(TASK, tests_first=True, locate=True))
+    assert stages(TASK, solved, 1.0) == {
+        "tests", "searched", "read_right", "read_package", "read_module", "edited_right", "fix", "passed", "submitted",
+        "submitted_passed",
+    }  # fmt: skip
+    function = TASK["placement"]["function"]
+    spelled = [f"cat $( grep -rl 'def {function}(' . )", f"sed -i \"{fix_expression(TASK)}\" $(grep -l -r def\\ {function}\\( .)"]
+    assert stages(TASK, spelled, 0.0) == {"searched", "read_right", "read_package", "read_module", "edited_right", "fix"}
+    other = [f'cat $(grep -rl "def {function}x(" .)', f"sed -i '{fix_expression(TASK)}' $(grep -rl \"def other(\" .)"]
+    assert stages(TASK, other, 0.0) == {"read_other_only"}  # another function's file: not the bug's
+
+
 def test_a_path_copied_wrong_reads_another_file_and_edits_nothing() -> None:
     wrong = PATH[:-4] + "x.py"
     run = [f"cat {wrong}", f"sed -i '{fix_expression(TASK)}' {wrong}", "sed -i 's/a/b/", "cat"]
