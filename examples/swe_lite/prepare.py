@@ -5,12 +5,13 @@
 writes `train/tasks.jsonl` (2000 tasks, their repos in `train/repos/`), `val/tasks.jsonl` and
 `test/tasks.jsonl` (64 tasks each of other repositories, names and bug placements: `val` to choose
 settings on, `test` to report, never used for choosing), `demos/*.traj.json` (mini-swe-agent trajectories
-of the scripted policy on the easier case: the statement names the bug's module (`--demo-hint`),
-so the agent runs the tests, reads the file, fixes it, runs the tests and submits; it searches only with
---locate-demos), `model-init/` (a tiny Llama with a BPE vocabulary trained on the demonstrations and
-training repositories, 2048 positions: a rollout's conversation is 400-1500 tokens) and `model-warm/` (model-init after a
-supervised warm start on the demonstrations' assistant turns, and on 256 of them their first reply again on the
-statement without the hint, as training and held-out tasks say it): what `config.yaml` trains from.
+of the scripted policy on the easier case: the statement names the bug's module (`--demo-hint`), so the
+agent runs the tests, reads the file, fixes it, runs the tests and submits; a quarter of them name the
+file by a search, `--locate-demos` below), `model-init/` (a tiny Llama with a BPE vocabulary trained on
+the demonstrations and training repositories, 2048 positions: a rollout's conversation is 400-1500
+tokens) and `model-warm/` (model-init after a supervised warm start on the demonstrations' assistant
+turns, and on 256 of them their first reply again on the statement without the hint, as training and
+held-out tasks say it): what `config.yaml` trains from.
 The warm start is two cosine passes over the same examples: 2400 steps from 1e-3 (saved as
 `model-warm-first/`), then 1200 from 3e-4 (`--continue-steps`; the first pass alone left the 3-layer
 model undertrained: README, "The 3-layer warm starts trained longer").
@@ -27,10 +28,11 @@ for RL to reinforce (default 0: every demonstration is the easier case).
 
     python -m examples.swe_lite.prepare --out runs/swe_lite --seed 0 --locate-demos 512
 
-(the default) has the last 512 demonstrations name the file in `cat` and `sed` by a search for the function the statement
-names (`$(grep -rl "def f(" --include='*.py' .)`) instead of its path: on the easier case both work, so
-the warm start knows both; on training and held-out tasks only the search needs no made-up name copied, and
-which of the two to prefer is left to RL (the default; 0: every demonstration writes the path).
+(the default) has the last 512 demonstrations name the file in `cat` and `sed` by a search for the
+function the statement names (`$(grep -rl "def f(" --include='*.py' .)`) instead of its path: on the
+easier case both work, so the warm start knows both; on training and held-out tasks only the search
+needs no made-up name copied, and which of the two to prefer is left to RL (0: every demonstration
+writes the path).
 
 The training and held-out statements do not name the file: the module is in the failing test's
 name (`FAILED tests/test_<module>.py::...`), which the demonstrations show but never need; reading
@@ -145,22 +147,28 @@ def record_demonstration(row: dict, locate: bool, *, out_dir: Path, tests_first:
     return recorded(row, out_dir, tests_first=tests_first, locate=locate)
 
 
-def searching_tail(total: int, count: int) -> list[bool]:
-    """Which of `total` demonstrations name the file by a search (`--locate-demos`): the last `count`, so the
-    first `openings` keep the path (an opening is only the tests' run, the same in both)."""
+def last_ones(total: int, count: int, what: str) -> list[bool]:
+    """Which of `total` demonstrations are the last `count` (`what` names them in the error when `count` is
+    out of range): demonstrations said or done another way are the last ones, so the first `openings` stay
+    the easier case's."""
     if not 0 <= count <= total:
-        raise ValueError(f"demonstrations that name the file by a search: {count} of {total}")
+        raise ValueError(f"{what}: {count} of {total}")
     return [index >= total - count for index in range(total)]
+
+
+def searching_tail(total: int, count: int) -> list[bool]:
+    """Which of `total` demonstrations name the file by a search (`--locate-demos`): the last `count` (an
+    opening is only the tests' run, the same either way)."""
+    return last_ones(total, count, "demonstrations that name the file by a search")
 
 
 def hintless_tail(rows: list[dict], count: int) -> list[dict]:
     """`rows` with the last `count` statements said without the hint sentence, as training and held-out
     tasks say them (the same repositories and bugs); the others keep theirs. The last ones, so the first
     `openings` (whose hintless first reply is learned too) keep their hint."""
-    if not 0 <= count <= len(rows):
-        raise ValueError(f"hintless demonstrations: {count} of {len(rows)}")
-    kept = len(rows) - count
-    return rows[:kept] + [{**row, "problem_statement": without_hint(row["problem_statement"])} for row in rows[kept:]]
+    hintless = last_ones(len(rows), count, "hintless demonstrations")
+    return [{**row, "problem_statement": without_hint(row["problem_statement"])} if bare else row
+            for row, bare in zip(rows, hintless)]  # fmt: skip
 
 
 def warm_start_examples(trajectories: list[dict], tokenizer, openings: int, *, observations: bool = False) -> list:

@@ -86,7 +86,7 @@ def spanning(task: dict[str, Any], base_url: str) -> float:
     if release:
         rollout_id = base_url.split("/rollouts/")[1].split("/")[0]
         open(os.path.join(task["firsts"], rollout_id), "w").close()
-        _wait_for([release])
+        wait_for([release])
     elif task.get("after_firsts"):
         deadline = time.monotonic() + 120
         while len(os.listdir(task["firsts"])) < task["after_firsts"] and time.monotonic() < deadline:
@@ -138,18 +138,18 @@ def across_steps(task: dict[str, Any], base_url: str) -> float:
     if group == 0:
         _chat(base_url)
         for name in ("r1", "r2"):
-            _wait_for([os.path.join(release, name)])
+            wait_for([os.path.join(release, name)])
             _chat(base_url)
         open(os.path.join(release, f"done-{base_url.split('-g000000-')[1].split('/')[0]}"), "w").close()
     else:
         if task.get("gate") and group >= 3:
-            _wait_for([os.path.join(release, f"done-{member}") for member in range(4)])
+            wait_for([os.path.join(release, f"done-{member}") for member in range(4)])
         _chat(base_url)
         _chat(base_url)
     return reward_of(base_url)
 
 
-def _wait_for(paths: list[str], timeout_s: float = 120.0) -> None:
+def wait_for(paths: list[str], timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.loop.harnesses import wait_for
+
+HOLD_S = 600.0  # at most this long held (the test's harness.timeout_s allows it): only a hang guard
 
 
 def long_tail(task: dict[str, Any], base_url: str) -> float:
@@ -18,7 +21,7 @@ def long_tail(task: dict[str, Any], base_url: str) -> float:
     total = 0
     for call in range(2):
         if call == 1 and task.get("hold") and first_to_hold(Path(task["hold"])):
-            wait_for(Path(task["hold"]) / "go")
+            wait_for([str(Path(task["hold"]) / "go")], timeout_s=HOLD_S)
         body = {
             "model": "tiny", "messages": [{"role": "user", "content": task.get("key", "k1")}],
             "max_tokens": int(task["tokens"]), "ignore_eos": True, "stream": bool(task.get("stream")),
@@ -43,11 +46,3 @@ def first_to_hold(hold: Path) -> bool:
     except FileExistsError:
         return False
     return True
-
-
-def wait_for(path: Path, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)

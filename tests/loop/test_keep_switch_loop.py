@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from agl_trainer.assembly.versions import token_versions
+from tests.loop.keep_harnesses import HOLD_S
 from tests.loop.test_loop import make_config, model_dir, run_session, store_of  # noqa: F401 (fixture)
 
 
@@ -64,7 +65,7 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
     config = make_config(
         tmp_path, model_dir, tasks, "tests.loop.keep_harnesses:long_tail",
         mode="collocated-async", batch_rollouts=10, group_size=5, staleness=4, concurrency=50, max_steps=3,
-        switch="keep",
+        switch="keep", harness_timeout_s=HOLD_S,  # the held rollout waits for the first update, however long it takes
     )  # fmt: skip
     steps: list[dict[str, float]] = []
     result = run_session(config, lambda step, m: steps.append(m))

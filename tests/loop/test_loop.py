@@ -28,14 +28,17 @@ def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
     return path
 
 
-def make_config(tmp_path: Path, model_dir: Path, tasks: list[dict[str, Any]], function: str, **loop: Any):
+def make_config(
+    tmp_path: Path, model_dir: Path, tasks: list[dict[str, Any]], function: str, *, harness_timeout_s: float = 60,
+    **loop: Any,
+):
     overrides = {
         "tasks": str(write_tasks(tmp_path / "tasks.jsonl", tasks)),
         "output_dir": str(tmp_path / "run"),
         "model.path": str(model_dir),
         "harness.function": function,
         "harness.workers": 1,
-        "harness.timeout_s": 60,
+        "harness.timeout_s": harness_timeout_s,
         "backend.lr": 1e-3,
         "loop.completion_grace_s": 0.2,
         "loop.checkpoint_every": 1,
