@@ -11,8 +11,9 @@ to turn the same rollouts into a loss, each trained from the same warm-started m
 torch backend (agl_trainer's real advantage and loss code):
 
   rollout  agl's default: GRPO advantages per rollout, `rollout-mean` (every rollout weighs the same)
-  sample   as Agent Lightning does: every sample (row) is its own unit, GRPO over the rows of a task,
-           `seq-mean-token-mean` (divide by rows): a rollout with 12 samples weighs 12 times one with 1
+  sample   as Agent Lightning does: every sample (row) is its own unit (`advantage_unit: sample`), GRPO
+           over the rows of a task, `seq-mean-token-mean` (divide by rows): a rollout with 12 samples
+           weighs 12 times one with 1
   token    GRPO per rollout, `token-mean` (divide by tokens): a rollout weighs by its tokens
 
 Rollouts are played in-process (examples/hops/play.py, the harness's own agent program) from the
@@ -43,10 +44,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODES: dict[str, tuple[str, bool]] = {  # name -> (loss_agg_mode, advantages and weights per rollout)
-    "rollout": ("rollout-mean", True),
-    "sample": ("seq-mean-token-mean", False),
-    "token": ("token-mean", True),
+MODES: dict[str, tuple[str, str]] = {  # name -> (backend.algorithm's loss_agg_mode, advantage_unit)
+    "rollout": ("rollout-mean", "rollout"),
+    "sample": ("seq-mean-token-mean", "sample"),
+    "token": ("token-mean", "rollout"),
 }
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -88,8 +89,9 @@ def warm_model(out: Path) -> Path:
     return warm
 
 
-def results_for(mode: str, rollouts: list[Any], version: int) -> list[Any]:
-    """The step's rollouts as training input: per rollout, or (mode sample) one unit per sample."""
+def results_for(rollouts: list[Any], version: int) -> list[Any]:
+    """The step's rollouts as training input, one result per rollout (the sample mode's units are the
+    backend's: `advantage_unit: sample`)."""
     from agl_trainer.batch import RolloutResult, Sample
 
     results = []
@@ -105,12 +107,7 @@ def results_for(mode: str, rollouts: list[Any], version: int) -> list[Any]:
             )
             for ids, mask in rollout.samples()
         ]
-        if MODES[mode][1]:
-            results.append(RolloutResult(f"r{index}", rollout.task["id"], rollout.reward, samples))
-        else:
-            results += [
-                RolloutResult(f"r{index}/{k}", s.task_id, rollout.reward, [s]) for k, s in enumerate(samples)
-            ]
+        results.append(RolloutResult(f"r{index}", rollout.task["id"], rollout.reward, samples))
     return results
 
 
@@ -134,7 +131,9 @@ def train_run(mode: str, seed: int, warm: Path, settings: Settings) -> Curves:
 
     torch.manual_seed(seed)
     tokens = HopsTokens(AutoTokenizer.from_pretrained(warm))
-    algorithm = AlgorithmConfig(loss_agg_mode=MODES[mode][0], importance_scope="off")  # on-policy
+    loss_agg_mode, unit = MODES[mode]
+    # importance_scope off: every step is on-policy
+    algorithm = AlgorithmConfig(loss_agg_mode=loss_agg_mode, advantage_unit=unit, importance_scope="off")
     backend = TorchBackend(
         TorchBackendConfig(
             model_path=warm,
@@ -167,7 +166,7 @@ def train_run(mode: str, seed: int, warm: Path, settings: Settings) -> Curves:
             temperature=1.0,
             generator=generator,
         )
-        batch = TrainingBatch.from_rollouts(results_for(mode, rollouts, step - 1), pad_token_id=tokens.end)
+        batch = TrainingBatch.from_rollouts(results_for(rollouts, step - 1), pad_token_id=tokens.end)
         metrics = backend.train_step(batch, step - 1)
         sampler.load_state_dict(backend.state_dict_for_engine(), strict=False)
         counts = [float(len(r.samples())) for r in rollouts]
@@ -271,6 +270,13 @@ def plot(runs: list[Curves], path: Path) -> Path:
     axes[0].set(title="held-out reward, greedy", xlabel="training step", ylabel="reward")
     axes[1].set(title="held-out reward, sampled (mean@4, T=1)", xlabel="training step", ylabel="reward")
     axes[2].set(title="policy entropy on trained tokens", xlabel="training step", ylabel="nats")
+    return save_figure(figure, axes, path)
+
+
+def save_figure(figure: Any, axes: Any, path: Path) -> Path:
+    """Gridded axes with their legends, written to `path` (PNG) and closed."""
+    import matplotlib.pyplot as plt
+
     for axis in axes:
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")

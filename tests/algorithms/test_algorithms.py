@@ -70,6 +70,8 @@ def test_bad_inputs_name_the_problem():
         compute_rollout_advantages(torch.tensor([1.0, math.nan]), torch.zeros(2, dtype=torch.long))
     with pytest.raises(AlgorithmConfigError, match="algorithm.loss_agg_mode: 'mean' is not one of"):
         AlgorithmConfig(loss_agg_mode="mean")
+    with pytest.raises(AlgorithmConfigError, match=r"advantage_unit: 'call' is not one of \['rollout', 'sample'\]"):
+        AlgorithmConfig(advantage_unit="call")
     with pytest.raises(AlgorithmConfigError, match="algorithm.loss_norm_constant"):
         AlgorithmConfig(loss_agg_mode="rollout-mean-token-sum-norm")
     with pytest.raises(AlgorithmConfigError, match="algorithm.dual_clip_c"):

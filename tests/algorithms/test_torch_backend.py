@@ -176,6 +176,38 @@ def test_merged_or_split_rollout_gives_the_same_gradient(model_dir):
     torch.testing.assert_close(outcomes[0][1], outcomes[1][1], atol=1e-6, rtol=1e-4)
 
 
+def test_sample_unit_trains_each_sample_as_its_own_rollout(model_dir):
+    """advantage_unit sample: the update of the batch whose samples were made rollouts by hand (Agent
+    Lightning's unit: a row of its task's group with its rollout's reward), not the per-rollout one."""
+    calls = {  # rollout -> (task, reward, its samples' (prompt, response))
+        "g": ("t", 1.0, [([3, 4, 5], [20, 21, 22]), ([3, 4], [23, 24])]),
+        "b": ("t", 0.0, [([3, 4, 5], [30, 31, 32, 33])]),
+        "h": ("u", 0.5, [([6, 7], [40, 41])]),
+        "i": ("u", 0.0, [([6, 7], [42]), ([6], [43, 44, 45])]),
+    }
+    rollouts = [
+        RolloutResult(rid, task, reward, [sample(rid, task, prompt, response) for prompt, response in rows])
+        for rid, (task, reward, rows) in calls.items()
+    ]
+    by_hand = [
+        RolloutResult(f"{r.rollout_id}/{k}", r.task_id, r.reward, [one])
+        for r in rollouts
+        for k, one in enumerate(r.samples)
+    ]
+    outcomes = {}
+    for name, unit, results in [("sample", "sample", rollouts), ("by hand", "rollout", by_hand),
+                                ("rollout", "rollout", rollouts)]:  # fmt: skip
+        algorithm = AlgorithmConfig(advantage_unit=unit, loss_agg_mode="seq-mean-token-mean")
+        backend = backend_for(model_dir, algorithm=algorithm)
+        metrics = backend.train_step(TrainingBatch.from_rollouts(results), 0)
+        gradient = torch.cat([p.grad.flatten() for p in backend.model.parameters()])
+        outcomes[name] = (metrics["loss/total"], gradient)
+    assert outcomes["sample"][0] == pytest.approx(outcomes["by hand"][0], abs=1e-6)
+    torch.testing.assert_close(outcomes["sample"][1], outcomes["by hand"][1], atol=1e-6, rtol=1e-4)
+    # per rollout, task t's advantages are +-0.707 over 2 rollouts; per sample, over 3 rows (1, 1, 0)
+    assert not torch.allclose(outcomes["sample"][1], outcomes["rollout"][1], atol=1e-5)
+
+
 def tied(batch: TrainingBatch) -> TrainingBatch:
     """The same batch with every rollout's reward 0: every group tied, every advantage 0."""
     return dataclasses.replace(batch, rollout_rewards=torch.zeros_like(batch.rollout_rewards))

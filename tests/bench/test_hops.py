@@ -31,7 +31,8 @@ def rows(n: int) -> list[tuple[list[int], list[int]]]:
 
 
 def test_sample_level_weighs_a_rollout_by_its_samples_rollout_level_does_not() -> None:
-    from agl_trainer.algorithms import token_weights
+    from agl_trainer.algorithms import AlgorithmConfig
+    from agl_trainer.backends.step_plan import algorithm_batch, mini_batches, plan_step
     from agl_trainer.batch import TrainingBatch
 
     task = {"id": "t"}
@@ -39,18 +40,23 @@ def test_sample_level_weighs_a_rollout_by_its_samples_rollout_level_does_not() -
         Played(task, 0.0, rows(12)),
         Played(task, 1.0, rows(1)),
     )  # a failing rollout retried and compacted
-    share = {}
-    for mode, (agg, per_rollout) in MODES.items():
-        results = results_for(mode, [many, one], 0)
-        assert len(results) == (2 if per_rollout else 13)
-        assert {r.reward for r in results if r.rollout_id.split("/")[0] == "r0"} == {0.0}
-        batch = TrainingBatch.from_rollouts(results, pad_token_id=2)
-        weights = token_weights(batch.loss_mask, batch.rollout_index, agg)
-        owner = torch.tensor([int(results[i].rollout_id.split("/")[0][1:]) for i in batch.rollout_index])
-        share[mode] = float(weights[owner == 0].sum() / weights.sum())
+    results = results_for([many, one], 0)
+    assert [(r.rollout_id, r.reward, len(r.samples)) for r in results] == [("r0", 0.0, 12), ("r1", 1.0, 1)]
+    share, advantage = {}, {}
+    for mode, (agg, unit) in MODES.items():
+        algo = AlgorithmConfig(loss_agg_mode=agg, advantage_unit=unit, importance_scope="off")
+        batch = algorithm_batch(TrainingBatch.from_rollouts(results, pad_token_id=2), algo)
+        plan = plan_step(batch, algo, vocab_size=64)
+        (mini,) = mini_batches(batch, plan, algo, 1)
+        share[mode] = float(mini.weights[:12].sum() / mini.weights.sum())  # rows 0-11: the failing rollout
+        advantage[mode] = (float(plan.token_advantages[0, 2]), float(plan.token_advantages[12, 2]))
     assert share["rollout"] == pytest.approx(0.5)  # every rollout weighs the same
     assert share["sample"] == pytest.approx(12 / 13)  # 12 of the 13 rows
     assert share["token"] == pytest.approx(12 / 13)  # 12 of the 13 rows' tokens (2 each)
+    # GRPO over 2 rollouts (rewards 0, 1): -+0.707; over 13 rows (12 zeros, a one): the baseline is 1/13
+    std = math.sqrt(1 / 13)  # unbiased std of twelve 0s and one 1: (12/169 + 144/169) / 12 = 1/13
+    assert advantage["rollout"] == pytest.approx((-1 / math.sqrt(2), 1 / math.sqrt(2)), abs=1e-5)
+    assert advantage["sample"] == pytest.approx(((0 - 1 / 13) / std, (1 - 1 / 13) / std), rel=1e-4)
 
 
 def test_paired_interval_is_a_t_interval_over_seeds() -> None:

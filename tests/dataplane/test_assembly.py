@@ -54,6 +54,40 @@ def test_exact_prefixes_merge_into_one_sample_with_a_mask_over_generated_tokens(
     TrainingBatch.from_rollouts(result.rollouts)  # the algorithms' input builds from it
 
 
+def test_merge_calls_off_makes_every_call_its_own_sample_with_its_whole_prompt(store):
+    """assembly.merge_calls false (Agent Lightning's rows): three calls that extend each other are three
+    samples; each trains only its own completion, and none is a merge failure."""
+    p0, c0 = [100, 101], [200, 201]
+    p1 = p0 + c0 + [103]
+    c1 = [202]
+    p2 = p1 + c1 + [104, 105]
+    c2 = [203, 204, 205]
+    ingest(
+        store,
+        [
+            call_span("r", 1, p1, c1, logprobs=[-0.5], version=3),
+            call_span("r", 0, p0, c0, logprobs=[-0.1, -0.2], version=3),
+            call_span("r", 2, p2, c2, logprobs=[-0.3, -0.4, -0.6], version=4),
+        ],
+    )
+    finish(store)
+    result = assemble(store, store.ready_rollouts(), AssemblyConfig(merge_calls=False))
+    [rollout] = result.rollouts
+    assert [s.token_ids.tolist() for s in rollout.samples] == [p0 + c0, p1 + c1, p2 + c2]
+    assert [s.loss_mask.tolist() for s in rollout.samples] == [
+        [0] * len(p) + [1] * len(c) for p, c in ((p0, c0), (p1, c1), (p2, c2))
+    ]
+    assert rollout.samples[2].engine_logprobs.tolist() == pytest.approx([0.0] * len(p2) + [-0.3, -0.4, -0.6])
+    assert rollout.samples[2].policy_versions.tolist() == [-1] * len(p2) + [4, 4, 4]
+    assert [s.call_seqs for s in rollout.samples] == [[0], [1], [2]]
+    assert [(p.start, p.parent, p.sample) for p in result.details[0].placements] == [
+        ("first", None, 0), ("per_call", 0, 1), ("per_call", 1, 2)
+    ]
+    assert result.report.merged_calls == 0 and result.report.merge_failures == {}
+    # the default merges the same spans into one sample
+    assert [len(r.samples) for r in assemble(store, store.ready_rollouts()).rollouts] == [1]
+
+
 def test_prompt_by_reference_is_rebuilt_exactly(store):
     p0, c0 = [1, 2, 3], [10, 11]
     full0 = p0 + c0

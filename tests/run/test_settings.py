@@ -88,6 +88,7 @@ def test_the_backends_take_the_config_sections_as_they_are(tmp_path: Path) -> No
         ({"algorithm": {"kl_coef": "high"}}, "config key backend.algorithm.kl_coef: expected float, got str"),
         ({"algorithm": {"kl_coef": -1}}, "config key backend.algorithm.kl_coef: -1.0 must be >= 0"),
         ({"algorithm": {"loss_agg_mode": "mean"}}, "config key backend.algorithm.loss_agg_mode: 'mean' is not one of"),
+        ({"algorithm": {"advantage_unit": "turn"}}, "config key backend.algorithm.advantage_unit: 'turn' is not one of ['rollout', 'sample']"),
     ],
 )
 def test_a_bad_section_value_is_named_where_the_config_is_read_or_built(

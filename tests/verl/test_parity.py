@@ -231,6 +231,26 @@ def test_kl_to_the_reference_model_equals_the_torch_backend(local_ray, tiny_mode
         assert got[key] == pytest.approx(want[key], abs=1e-5), key
 
 
+def test_sample_unit_trains_as_in_the_torch_backend(local_ray, tiny_model):
+    """advantage_unit sample (each sample its own rollout, the step plan's): the verl workers get the
+    same advantages and weights and make the same update as the torch backend."""
+    algorithm = AlgorithmConfig(
+        advantage_unit="sample", loss_agg_mode="seq-mean-token-mean", entropy_coef=0.01
+    )
+    config = training_config(tiny_model, algorithm=algorithm, lr=LR, **OPTIONS)
+    torch_backend = TorchBackend(config)
+    backend = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=1))
+    try:
+        batch = parity_batch()
+        assert batch.num_samples > batch.num_rollouts  # rollouts of several samples: the units differ
+        want = torch_backend.train_step(batch, policy_version=1)
+        got = backend.train_step(batch, policy_version=1)
+        assert abs(want["loss/total"]) > 1e-3
+        _assert_same_update(backend, got, torch_backend, want)
+    finally:
+        backend.close()
+
+
 def test_a_batch_with_no_signal_is_left_out_as_in_the_torch_backend(local_ray, tiny_model):
     """After a real step, a batch whose groups all tied (advantages 0, no entropy or KL term): the
     verl workers measure it and leave the weights and AdamW's state alone, as the torch backend

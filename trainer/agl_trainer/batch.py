@@ -23,7 +23,7 @@ Sample is made or a field assigned, so padding is array copies, never a Python l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -189,6 +189,22 @@ class TrainingBatch:
     @property
     def num_rollouts(self) -> int:
         return len(self.rollout_ids)
+
+    def samples_as_rollouts(self) -> TrainingBatch:
+        """The same rows with every sample its own rollout: its rollout's reward and task group, id
+        `<rollout id>#<row>` (`algorithm.advantage_unit: sample`: an advantage and a rollout-level
+        weight per sample). The per-token tensors are shared, not copied."""
+        import torch
+
+        owners = self.rollout_index.tolist()
+        return replace(
+            self,
+            rollout_index=torch.arange(self.num_samples, dtype=torch.long),
+            rollout_rewards=self.rollout_rewards[self.rollout_index],
+            rollout_group_index=self.rollout_group_index[self.rollout_index],
+            rollout_ids=[f"{self.rollout_ids[owner]}#{row}" for row, owner in enumerate(owners)],
+            task_ids=[self.task_ids[owner] for owner in owners],
+        )
 
     @classmethod
     def from_rollouts(cls, rollouts: list[RolloutResult], pad_token_id: int = 0) -> TrainingBatch:

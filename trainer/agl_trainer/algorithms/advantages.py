@@ -19,6 +19,10 @@ from agl_trainer.algorithms.registry import Registry
 
 SmallGroupPolicy = Literal["zero", "drop"]
 SMALL_GROUP_POLICIES: tuple[str, ...] = ("zero", "drop")
+# What one advantage belongs to: a rollout (agl's default), or each sample (model call) on its own, as
+# Agent Lightning does: a sample is a row of its task's group with its rollout's reward, so a rollout
+# that made ten calls counts ten times in the baseline (a study of the two: bench/normalization.py).
+ADVANTAGE_UNITS: tuple[str, ...] = ("rollout", "sample")
 
 # (rewards [R], group_index [R], epsilon) -> advantages [R]; groups of one may hold anything.
 AdvantageEstimator = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]

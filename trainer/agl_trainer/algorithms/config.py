@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, SMALL_GROUP_POLICIES
+from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_UNITS, SMALL_GROUP_POLICIES
 from agl_trainer.algorithms.aggregation import LOSS_AGGREGATIONS, NEEDS_CONSTANT
 from agl_trainer.algorithms.kl import KL_ESTIMATORS
 from agl_trainer.algorithms.policy_loss import POLICY_LOSSES, ClipConfig
@@ -30,6 +30,7 @@ class AlgorithmConfig(AlgorithmSettings, frozen=True, kw_only=True):
 
         choices = {
             "advantage_estimator": list(ADVANTAGE_ESTIMATORS),
+            "advantage_unit": list(ADVANTAGE_UNITS),
             "policy_loss": list(POLICY_LOSSES),
             "loss_agg_mode": list(LOSS_AGGREGATIONS),
             "kl_estimator": list(KL_ESTIMATORS),

@@ -19,6 +19,10 @@ class AlgorithmSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     # Advantages (per rollout, grouped by task)
     advantage_estimator: Annotated[str, _doc("advantages per rollout, grouped by task: grpo, dr_grpo or rloo")] = "grpo"
+    advantage_unit: Annotated[
+        str,
+        _doc("rollout: an advantage and weight per rollout; sample: per sample (call), as Agent Lightning"),
+    ] = "rollout"
     min_group_size: Annotated[int, _doc("a smaller group has no baseline (2 or more)")] = 2
     small_group_policy: Annotated[
         str, _doc("a group smaller than min_group_size: advantage 0 (zero) or out of the loss (drop)")

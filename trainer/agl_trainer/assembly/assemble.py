@@ -66,6 +66,7 @@ START_NO_PREFIX = "no_prefix"  # extends no earlier call (sub-agent, compaction,
 START_COMPACTION = "compaction"  # the harness declared a compaction (agl.call.compaction): not a merge failure
 START_CONTEXT_EDIT = "context_edit"  # extends no earlier call, its prompt edited by the sidecar: not a merge failure
 START_DECLARED = "declared_agent"  # extends another agent's call, which the declared tree says is not its thread
+START_PER_CALL = "per_call"  # extends a call, but assembly.merge_calls is off: every call its own sample
 # Each start said in words ({parent}: the call it branches from), for `agl traces inspect` and `agl harness check`.
 START_REASONS = {
     START_FIRST: "new sample: the first call",
@@ -73,6 +74,7 @@ START_REASONS = {
     START_NO_PREFIX: "new sample: extends no earlier call",
     START_COMPACTION: "new sample: the harness declared a compaction",
     START_CONTEXT_EDIT: "new sample: the sidecar edited its prompt (context_management)",
+    START_PER_CALL: "new sample: extends call {parent}, not merged (assembly.merge_calls is off)",
     START_DECLARED: "new sample: extends call {parent} of another agent (the declared tree wins)",
 }
 
@@ -327,6 +329,10 @@ def assemble_rollout(
             # the harness rewrote its context, or the prefix joins this call to an agent that is
             # neither its own nor the one that started it: the declared tree wins, a new sample
             placement.start = START_COMPACTION if compacted else START_DECLARED
+            sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
+            built.append(current)
+        elif parent is not None and not config.merge_calls:
+            placement.start = START_PER_CALL  # its own sample by choice, not a merge failure
             sample, current = len(built), _Building(prompt, completion, logprobs, versions, seq)
             built.append(current)
         elif parent is not None and parent not in continued:

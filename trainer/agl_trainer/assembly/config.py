@@ -38,6 +38,14 @@ class AssemblyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         dict[str, Policy],
         _doc("per end cause (ok, harness_error, timeout, infra_error, cancelled): 'keep', 'drop' or a reward"),
     ] = msgspec.field(default_factory=lambda: dict(DEFAULT_CAUSE_POLICY))
+    # Agent Lightning trains every model call as its own row (its whole prompt as context); agl merges a
+    # call onto the one its prompt extends, so a 20-turn conversation is one sample, its context
+    # forwarded once rather than once a turn. False makes the per-call rows (to compare the two:
+    # bench/swe_lite_normalization.py).
+    merge_calls: Annotated[
+        bool,
+        _doc("merge a call onto the call its prompt extends (a sample per thread); false: every call its own"),
+    ] = True
     max_prompt_length: Annotated[
         int | None, _doc("a sample whose prompt is longer is dropped (counted); unset: no limit")
     ] = None

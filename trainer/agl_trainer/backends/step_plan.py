@@ -40,6 +40,12 @@ class MiniBatch:
     update: bool  # False: no signal, measured but left out (AlgorithmConfig.skip_zero_signal_updates)
 
 
+def algorithm_batch(batch: TrainingBatch, algo: AlgorithmConfig) -> TrainingBatch:
+    """`batch` with the rollouts the algorithm works on: as assembled (`advantage_unit: rollout`), or
+    every sample its own (`sample`). Rows are unchanged, so per-row results (logprobs) keep their order."""
+    return batch.samples_as_rollouts() if algo.advantage_unit == "sample" else batch
+
+
 def plan_step(
     batch: TrainingBatch, algo: AlgorithmConfig, vocab_size: int, policy_version: int | None = None
 ) -> StepPlan:

@@ -46,7 +46,7 @@ from agl_trainer.backends.microbatch_loss import KeptTokens, micro_batch_loss
 from agl_trainer.backends.packing import ComputeModel, MicroBatch, plan_micro_batches
 from agl_trainer.backends.schedule import LRLambda, schedule_may_lead
 from agl_trainer.backends.step_metrics import step_metrics
-from agl_trainer.backends.step_plan import StepPlan, mini_batches, plan_step
+from agl_trainer.backends.step_plan import StepPlan, algorithm_batch, mini_batches, plan_step
 from agl_trainer.backends.targets import Targets, trained_targets
 from agl_trainer.backends.torch_config import DTYPES, BackendConfigError, TorchBackendConfig
 from agl_trainer.backends.weight_buckets import host_copy
@@ -144,6 +144,7 @@ class TorchBackend:
         stale. Returns metrics; their policy_version is the one this update produces."""
         started = time.perf_counter()
         algo = self.config.algorithm
+        batch = algorithm_batch(batch, algo)
         plan = plan_step(batch, algo, self.vocab_size, policy_version)
         lengths, token_advantages = plan.lengths, plan.token_advantages
         before = None  # the trainer's pre-update log-probs, where no forward of this step gives them
