@@ -27,8 +27,9 @@ over several sittings; a run cut short is started again. Printed: per mode, the 
 the warm start and after RL (mean over seeds), training steps, entropy drift (the mean token entropy
 of the last 5 steps minus the first 5), samples and calls a rollout; then each mode against rollout,
 paired by seed, with a 95% t-interval. A held-out attempt that failed (mini-swe-agent out of steps)
-scores 0 and is counted and warned about: alone, the warm start's and trained policies fail none;
-beside other heavy work their commands hit their time limit and 23 to 40 of 64 failed.
+scores 0 and is counted and warned about: the warm start's and trained policies fail none, but two
+`agl eval` runs at once once wiped each other's repository copies (23 and 40 of 64 failed; the
+copies are keyed by AGL_RUN_ID since).
 OUT/swe_lite_normalization.{json,png}.
 
     python bench/swe_lite_normalization.py --seeds 0 1 2 3 4                # 15 runs of 30 minutes
@@ -78,7 +79,7 @@ class Run:
     calls: list[float] = field(default_factory=list)  # model calls per rollout, per step
     val_greedy: float = math.nan
     val_sampled: float = math.nan
-    failed: int = 0  # held-out attempts that failed (scored 0): many on a loaded machine
+    failed: int = 0  # held-out attempts that failed (scored 0)
 
     @property
     def entropy_drift(self) -> float:

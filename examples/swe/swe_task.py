@@ -7,8 +7,10 @@ A task is one JSON line (SWE-bench's field names):
      "patch": "<the reference fix, a unified diff>"}
 
 `repo` is a directory (relative paths are resolved against this example's directory); each rollout
-works on its own copy, `workspace_root() / <rollout id>`, made fresh by the harness (a retried
-attempt starts over) and removed by the grader after it ran the tests.
+works on its own copy, `workspace_root() / <run id>-<rollout id>` (AGL_RUN_ID: `agl eval`'s rollout
+ids repeat from run to run, so two evaluations at once would share, and wipe, each other's copies),
+made fresh by the harness (a retried attempt starts over) and removed by the grader after it ran the
+tests.
 """
 
 from __future__ import annotations
@@ -88,9 +90,12 @@ def workspace_root() -> Path:
 
 
 def workspace_for(rollout_id: str) -> Path:
-    if not SAFE_ID.fullmatch(rollout_id):
-        raise TaskError(f"rollout id {rollout_id!r} is not a safe directory name")
-    return workspace_root() / rollout_id
+    """The rollout's copy: keyed by the agl run (AGL_RUN_ID, when the runner sets it) and the rollout."""
+    run_id = os.environ.get("AGL_RUN_ID", "")
+    for what, value in (("rollout id", rollout_id), ("run id (AGL_RUN_ID)", run_id or "-")):
+        if not SAFE_ID.fullmatch(value):
+            raise TaskError(f"{what} {value!r} is not a safe directory name")
+    return workspace_root() / (f"{run_id}-{rollout_id}" if run_id else rollout_id)
 
 
 def fresh_copy(task: SweTask, workspace: Path) -> Path:

@@ -221,6 +221,10 @@ ADMIN_FLUSH_PATH: Final = "/agl/v1/flush"  # deliver the spans of the calls fini
 
 # --- Environment (set by runners, read by the SDK and harnesses) ------------------------------
 ENV_ROLLOUT_ID: Final = "AGL_ROLLOUT_ID"
+# The agl run the rollout belongs to (`agl train`'s run id; each `agl eval` its own): with AGL_ROLLOUT_ID
+# unique on a machine, where agl eval's rollout ids repeat from run to run (eval-{task}-{attempt}, which
+# seeds its sampling). Key anything a rollout keeps on disk by both.
+ENV_RUN_ID: Final = "AGL_RUN_ID"
 ENV_TASK_ID: Final = "AGL_TASK_ID"
 ENV_ATTEMPT: Final = "AGL_ATTEMPT"
 ENV_MODE: Final = "AGL_ROLLOUT_MODE"

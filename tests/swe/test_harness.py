@@ -116,3 +116,21 @@ def test_unsafe_rollout_ids_do_not_become_paths(rollout_id: str) -> None:
 
     with pytest.raises(TaskError):
         workspace_for(rollout_id)
+
+
+def test_two_runs_with_the_same_rollout_id_work_in_copies_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """agl eval's rollout ids repeat from run to run: two evaluations at once on one machine wiped each
+    other's copies (their harnesses ran out of steps) until the workspace was keyed by AGL_RUN_ID too."""
+    from examples.swe.swe_task import TaskError, workspace_for, workspace_root
+
+    monkeypatch.setenv("AGL_RUN_ID", "eval-0a1b2c")
+    first = workspace_for("eval-00003-0")
+    monkeypatch.setenv("AGL_RUN_ID", "eval-3d4e5f")
+    second = workspace_for("eval-00003-0")
+    assert first != second and first.parent == second.parent == workspace_root()
+    assert second.name == "eval-3d4e5f-eval-00003-0"
+    monkeypatch.delenv("AGL_RUN_ID")  # by hand, without agl's runner
+    assert workspace_for("eval-00003-0") == workspace_root() / "eval-00003-0"
+    monkeypatch.setenv("AGL_RUN_ID", "../elsewhere")
+    with pytest.raises(TaskError, match="run id"):
+        workspace_for("eval-00003-0")

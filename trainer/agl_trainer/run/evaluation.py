@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agl import semconv
 
 from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
 from agl_trainer.eval.receipt import ENV_CONTEXT_TOKENS, ENV_MAX_TURNS, build_receipt, now_iso, write_result
@@ -24,6 +27,18 @@ from agl_trainer.models.hf_progress import quiet_progress
 from agl_trainer.runners.base import RolloutSpec
 
 EVAL_DROP_REASON = "evaluation"  # the store records that these rollouts are never to be trained
+
+
+def eval_harness_env(config: Config) -> dict[str, str]:
+    """What an evaluation adds to its harnesses' environment: its budgets, and a run id of its own
+    (its rollout ids are the same in every evaluation: two at once on a machine must not share what a
+    rollout keeps on disk)."""
+    env = {semconv.ENV_RUN_ID: f"eval-{secrets.token_hex(3)}"}
+    if config.eval.max_turns:
+        env[ENV_MAX_TURNS] = str(config.eval.max_turns)
+    if config.eval.context_tokens:
+        env[ENV_CONTEXT_TOKENS] = str(config.eval.context_tokens)
+    return env
 
 
 @dataclass
@@ -114,15 +129,10 @@ async def _evaluate(
     k, mode = config.eval.k, config.eval.mode
     topology = addresses.resolve(config)
     addresses.save_secrets(out, topology)
-    budget_env = {}
-    if config.eval.max_turns:
-        budget_env[ENV_MAX_TURNS] = str(config.eval.max_turns)
-    if config.eval.context_tokens:
-        budget_env[ENV_CONTEXT_TOKENS] = str(config.eval.context_tokens)
     async with contextlib.AsyncExitStack() as stack:
         serving = await start_serving(
             config, out, stack, model_path, topology=topology, served_url=served_upstream(served) if served else None,
-            sidecar_seed=config.seed, harness_env=budget_env,
+            sidecar_seed=config.seed, harness_env=eval_harness_env(config),
         )  # fmt: skip
         specs = [
             RolloutSpec(f"eval-{index:05d}-{attempt}", str(task["id"]), task, 0, mode)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl import semconv
+
 from agl_trainer.config import Config, ConfigError, dump_config, read_tasks
 from agl_trainer.loop.checkpoint import RUN_FILE, Checkpoints, LoopState, open_run_dir
 from agl_trainer.loop.core import LoopSummary, TrainingLoop
@@ -217,7 +219,8 @@ class Session:
                 await asyncio.to_thread(engine.update_weights, update)
 
         serving = await start_serving(
-            config, out, self._stack, model_path, topology=topology, after_engine=load_checkpointed
+            config, out, self._stack, model_path, topology=topology, after_engine=load_checkpointed,
+            harness_env={semconv.ENV_RUN_ID: run_id},
         )
         journal_path = out / "groups.jsonl"
         schedule = TaskSchedule(
