@@ -142,7 +142,10 @@ def read_run(mode: str, seed: int, folder: Path) -> Run:
 def execute(command: list[str], log: Path) -> None:
     print("$", " ".join(command), f"> {log}", flush=True)
     with log.open("a") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
+        try:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
+        except FileNotFoundError:
+            raise SystemExit(f"{command[0]}: not on PATH (fix: activate the venv, . .venv/bin/activate)") from None
     if done.returncode != 0:
         raise SystemExit(f"failed (exit {done.returncode}): {' '.join(command)}; its output: {log}")
 

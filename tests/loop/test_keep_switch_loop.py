@@ -41,7 +41,7 @@ def test_50_concurrent_rollouts_through_keep_switches(tmp_path: Path, model_dir:
                 holding.set()
                 self.thaw()
                 (hold / "go").touch()
-                caught.wait(timeout=120)  # past it, the assertion on reports[0] says so
+                caught.wait(timeout=HOLD_S)  # a hang guard (with 120 s this failed once, under heavy load)
                 report = freeze(self)
             (hold / "go").touch()  # the held rollout goes on either way
         reports.append(dict(report))
