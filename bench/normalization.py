@@ -186,9 +186,14 @@ def final(points: list[tuple[int, float]]) -> float:
     return sum(last) / len(last)
 
 
+def drift(values: list[float], window: int = 5) -> float:
+    """The mean of the last `window` values minus the mean of the first (each at most a third of them)."""
+    window = max(1, min(window, len(values) // 3))
+    return statistics.fmean(values[-window:]) - statistics.fmean(values[:window])
+
+
 def entropy_drift(curves: Curves, window: int = 5) -> float:
-    window = max(1, min(window, len(curves.entropy) // 3))
-    return statistics.fmean(curves.entropy[-window:]) - statistics.fmean(curves.entropy[:window])
+    return drift(curves.entropy, window)
 
 
 def paired_interval(differences: list[float]) -> tuple[float, float, float]:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its bench siblings, run as a script or imported
-from normalization import paired_interval, save_figure  # noqa: E402  (as the hops study does)
+from normalization import drift, paired_interval, save_figure  # noqa: E402  (as the hops study does)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/swe_lite/config.yaml"
@@ -83,10 +83,7 @@ class Run:
 
     @property
     def entropy_drift(self) -> float:
-        window = max(1, min(ENTROPY_WINDOW, len(self.entropy) // 3))
-        if not self.entropy:
-            return math.nan
-        return statistics.fmean(self.entropy[-window:]) - statistics.fmean(self.entropy[:window])
+        return drift(self.entropy, ENTROPY_WINDOW) if self.entropy else math.nan
 
 
 def budget_flags(train_s: float, steps: int | None) -> list[str]:
