@@ -22,9 +22,12 @@ from tests.algorithms.tiny import make_tiny_model, random_batch, training_config
 VOCAB, HIDDEN = 40_000, 8
 
 
-def head_outputs(positions: int, dtype: torch.dtype, chunk: int | None, entropy_grad: bool, seed: int = 0):
+def head_outputs(
+    positions: int, dtype: torch.dtype, chunk: int | None, entropy_grad: bool, seed: int = 0, temperature: float = 1.0
+):
     """log-probs, entropies and the gradients of a loss over both w.r.t. the hidden states and the
-    head's weight; chunk None is the unchunked reference (the functions applied to the whole logits)."""
+    head's weight; chunk None is the unchunked reference (the functions applied to the whole logits,
+    divided by the temperature in float32)."""
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(positions, HIDDEN, generator=generator).requires_grad_()
     weight = (0.3 * torch.randn(VOCAB, HIDDEN, generator=generator)).requires_grad_()
@@ -32,11 +35,14 @@ def head_outputs(positions: int, dtype: torch.dtype, chunk: int | None, entropy_
     a, b = torch.randn(positions, generator=generator), torch.randn(positions, generator=generator)
     logits = F.linear(hidden.to(dtype), weight.to(dtype))  # as under bfloat16 autocast
     if chunk is None:
-        log_prob = token_logprobs(logits, labels)
+        scaled = logits if temperature == 1.0 else logits.float() / temperature
+        log_prob = token_logprobs(scaled, labels)
         with torch.set_grad_enabled(entropy_grad):
-            entropy = token_entropy(logits)
+            entropy = token_entropy(scaled)
     else:
-        log_prob, entropy = token_outputs(logits, labels, entropy_grad=entropy_grad, chunk_tokens=chunk)
+        log_prob, entropy = token_outputs(
+            logits, labels, entropy_grad=entropy_grad, chunk_tokens=chunk, temperature=temperature
+        )
     assert entropy is not None
     loss = (a * log_prob).sum() + ((b * entropy).sum() if entropy_grad else 0.0)
     loss.backward()
@@ -52,6 +58,19 @@ def test_values_and_gradients_equal_the_unchunked_exactly(positions, chunk, dtyp
     for name, w, g in zip(("log_prob", "entropy", "hidden.grad", "weight.grad"), want, got, strict=True):
         assert torch.equal(g, w), name
     assert float(want[2].abs().max()) > 0 and float(want[3].abs().max()) > 0  # real gradients compared
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(("positions", "chunk"), [(9, 4), (13, 5), (9, 100)])
+def test_at_a_temperature_the_chunks_equal_the_scaled_softmax_exactly(positions, chunk, dtype):
+    """loss_temperature: softmax(logits / T) in float32, chunked or not, the same bits; and not the
+    model's own."""
+    want = head_outputs(positions, dtype, None, True, temperature=0.6)
+    got = head_outputs(positions, dtype, chunk, True, temperature=0.6)
+    for name, w, g in zip(("log_prob", "entropy", "hidden.grad", "weight.grad"), want, got, strict=True):
+        assert torch.equal(g, w), name
+    own = head_outputs(positions, dtype, chunk, True)
+    assert not torch.allclose(own[0], got[0]) and not torch.allclose(own[1], got[1])
 
 
 def test_without_grad_the_values_equal_too():

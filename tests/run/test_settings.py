@@ -71,7 +71,8 @@ def test_the_backends_take_the_config_sections_as_they_are(tmp_path: Path) -> No
         assert getattr(training, name) == getattr(config.backend.options, name), name
     assert (training.micro_batch_tokens, training.ppo_epochs, training.betas) == (1234, 3, (0.8, 0.9))
     assert (training.algorithm.advantage_estimator, training.algorithm.kl_coef) == ("rloo", 0.05)
-    assert msgspec.structs.asdict(training.algorithm) == msgspec.structs.asdict(config.backend.algorithm)
+    resolved = {**msgspec.structs.asdict(config.backend.algorithm), "loss_temperature": 1.0}  # sampling.train's
+    assert msgspec.structs.asdict(training.algorithm) == resolved
     assert isinstance(settings, VerlSettings) and settings.n_gpus_per_node == 2
     assert settings.override == {"engine.use_dynamic_bsz": True} and settings.rollouts_per_batch == 64
 
@@ -89,6 +90,10 @@ def test_the_backends_take_the_config_sections_as_they_are(tmp_path: Path) -> No
         ({"algorithm": {"kl_coef": -1}}, "config key backend.algorithm.kl_coef: -1.0 must be >= 0"),
         ({"algorithm": {"loss_agg_mode": "mean"}}, "config key backend.algorithm.loss_agg_mode: 'mean' is not one of"),
         ({"algorithm": {"advantage_unit": "turn"}}, "config key backend.algorithm.advantage_unit: 'turn' is not one of ['rollout', 'sample']"),
+        ({"algorithm": {"loss_temperature": 0}}, "config key backend.algorithm.loss_temperature: 0.0 must be in (0, 100]"),
+        ({"algorithm": {"loss_temperature": -0.5}}, "config key backend.algorithm.loss_temperature: -0.5 must be in (0, 100]"),
+        ({"algorithm": {"loss_temperature": "warm"}}, "config key backend.algorithm.loss_temperature: expected float | null, got str"),
+        ({"algorithm": {"loss_temperature": 0.7, "bypass_old_logprobs": True}}, "config key backend.algorithm.bypass_old_logprobs: takes the engine's log-probs (the model's own, temperature 1) as PPO's old log-probs, but the loss trains at temperature 0.7; set backend.algorithm.loss_temperature: 1.0"),
     ],
 )
 def test_a_bad_section_value_is_named_where_the_config_is_read_or_built(
@@ -97,6 +102,33 @@ def test_a_bad_section_value_is_named_where_the_config_is_read_or_built(
     with pytest.raises(ConfigError) as error:
         backend_settings(_config(tmp_path, backend=sections), str(tmp_path))
     assert str(error.value).startswith(message), str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("sampled", "set_to", "trained"),
+    [(0.6, None, 0.6), (1.3, None, 1.3), (0.0, None, 1.0), (0.6, 1.0, 1.0), (1.0, 0.5, 0.5)],
+)
+def test_the_loss_trains_at_the_sampling_temperature_unless_set(
+    tmp_path: Path, sampled: float, set_to: float | None, trained: float
+) -> None:
+    """backend.algorithm.loss_temperature null: the distribution the training rollouts were sampled
+    from (sampling.train.temperature; the model's own where that is greedy); a value: that one. Both
+    backends get the resolved value."""
+    algorithm = {} if set_to is None else {"loss_temperature": set_to}
+    for name in ("torch", "verl"):
+        config = _config(
+            tmp_path,
+            sampling={"train": {"temperature": sampled}},
+            backend={"name": name, "device": "cpu", "algorithm": algorithm},
+        )
+        settings = backend_settings(config, str(tmp_path), cuda_available=False)
+        training = settings if name == "torch" else settings.training
+        assert training.algorithm.temperature == trained, name
+    with pytest.raises(ConfigError, match="bypass_old_logprobs: .* the loss trains at temperature 0.6; set"):
+        backend_settings(
+            _config(tmp_path, sampling={"train": {"temperature": 0.6}}, backend={"algorithm": {"bypass_old_logprobs": True}}),
+            str(tmp_path),
+        )
 
 
 def test_train_help_lists_every_key_of_the_sections_from_their_structs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -251,6 +251,35 @@ def test_sample_unit_trains_as_in_the_torch_backend(local_ray, tiny_model):
         backend.close()
 
 
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_loss_temperature_trains_as_in_the_torch_backend(local_ray, tiny_model, mini_batches):
+    """loss_temperature 0.6, with the KL term and stale tokens: verl's workers score the policy, the
+    reference and (two mini-batches) PPO's old log-probs at T (verl's forward divides by the
+    micro-batch's temperature, agl's trained positions too) and keep the model's own for agreement and
+    importance weights (one update: from the same forward): every metric and weight as the torch
+    backend's, which differ from a step at T = 1."""
+    algorithm = AlgorithmConfig(loss_temperature=0.6, kl_coef=0.5, entropy_coef=0.01, importance_cap=1.5)
+    options = {**OPTIONS, "num_mini_batches": mini_batches}
+    config = training_config(tiny_model, algorithm=algorithm, lr=LR, **options)
+    torch_backend = TorchBackend(config)
+    backend = VerlBackend(VerlBackendConfig(training=config, n_gpus_per_node=1))
+    try:
+        batch = parity_batch()
+        torch.testing.assert_close(
+            backend.compute_logprobs(batch, temperature=0.6), torch_backend.compute_logprobs(batch, temperature=0.6),
+            atol=1e-5, rtol=0,
+        )  # fmt: skip
+        want = torch_backend.train_step(batch, policy_version=1)
+        got = backend.train_step(batch, policy_version=1)
+        _assert_same_update(backend, got, torch_backend, want)
+    finally:
+        backend.close()
+    own = training_config(tiny_model, algorithm=AlgorithmConfig(kl_coef=0.5, entropy_coef=0.01, importance_cap=1.5),
+                          lr=LR, **options)  # fmt: skip
+    at_one = TorchBackend(own).train_step(batch, policy_version=1)
+    assert abs(at_one["actor/entropy"] - want["actor/entropy"]) > 1e-3  # the step at T is another step
+
+
 def test_a_batch_with_no_signal_is_left_out_as_in_the_torch_backend(local_ray, tiny_model):
     """After a real step, a batch whose groups all tied (advantages 0, no entropy or KL term): the
     verl workers measure it and leave the weights and AdamW's state alone, as the torch backend

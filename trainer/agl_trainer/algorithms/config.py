@@ -7,6 +7,8 @@ against the registries of estimators, losses and aggregations.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from agl_trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_UNITS, SMALL_GROUP_POLICIES
@@ -73,11 +75,33 @@ class AlgorithmConfig(AlgorithmSettings, frozen=True, kw_only=True):
                 "importance_floor",
                 f"{self.importance_floor} must be in [0, importance_cap={self.importance_cap}) (0.5 is usual)",
             )
+        temperature = self.loss_temperature
+        if temperature is not None and not (
+            isinstance(temperature, (int, float)) and 0 < temperature <= 100 and math.isfinite(temperature)
+        ):
+            fail(
+                "loss_temperature",
+                f"{temperature!r} must be in (0, 100]: the sampling temperature of the training rollouts "
+                "(sampling.train.temperature), or null to follow it",
+            )
+        if self.bypass_old_logprobs and self.temperature != 1.0:
+            fail(
+                "bypass_old_logprobs",
+                f"takes the engine's log-probs (the model's own, temperature 1) as PPO's old log-probs, but the "
+                f"loss trains at temperature {self.temperature}; set backend.algorithm.loss_temperature: 1.0 "
+                "or bypass_old_logprobs: false",
+            )
         if not (isinstance(self.agreement_threshold, (int, float)) and 0 < self.agreement_threshold < float("inf")):
             fail(
                 "agreement_threshold",
                 f"{self.agreement_threshold!r} must be a positive number of nats (0.1 is usual: a 10% probability gap)",
             )
+
+    @property
+    def temperature(self) -> float:
+        """The loss's temperature (loss_temperature; 1.0 where unset: the run resolves null to
+        sampling.train.temperature before building the backend, run/settings.py)."""
+        return 1.0 if self.loss_temperature is None else float(self.loss_temperature)
 
     @property
     def clip(self) -> ClipConfig:

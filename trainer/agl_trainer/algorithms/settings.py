@@ -44,6 +44,16 @@ class AlgorithmSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     ] = 0.0
     kl_estimator: Annotated[str, _doc("k1, k2 or k3")] = "k3"
     entropy_coef: Annotated[float, _doc("> 0 adds a bonus -coef * entropy; entropy is always measured")] = 0.0
+    # The loss trains softmax(logits / T). Rollouts sampled at temperature T come from that distribution,
+    # not the model's own (T = 1): training the model's own on them is off-policy with no correction, and
+    # the tail the sampler rarely draws is never pushed down (swe-lite seed 2 sampled at 0.6: the entropy at
+    # T = 1 went 0.25 -> 2.40 in its last 3 steps). null: sampling.train.temperature, as verl's actor does
+    # (1.0 where training samples greedily). The engine's logprobs are the model's own, so agreement and
+    # importance weights compare at T = 1; the policy loss, the KL to the reference and the entropy at T.
+    loss_temperature: Annotated[
+        float | None,
+        _doc("the loss trains softmax(logits / T); null: sampling.train.temperature (1.0 where it is 0)"),
+    ] = None
     # A mini-batch whose every trained token has advantage 0 (every group tied) and no KL or entropy
     # term has a gradient of exactly 0; AdamW would still move the weights by its momentum and weight
     # decay, carrying the policy on with no signal. True: such an update leaves the weights and the

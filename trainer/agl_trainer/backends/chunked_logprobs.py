@@ -51,23 +51,24 @@ def token_outputs(
     with_entropy: bool = True,
     entropy_grad: bool = False,
     chunk_tokens: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(label) [K] (float32, with its graph when grad is enabled) and, `with_entropy`, the
-    entropy [K] (with a graph only when `entropy_grad`), from logits [K, V], `chunk_tokens` positions
-    at a time (default: chunk_positions)."""
+    entropy [K] (with a graph only when `entropy_grad`), of softmax(logits / temperature), from logits
+    [K, V], `chunk_tokens` positions at a time (default: chunk_positions)."""
     entropy_grad = entropy_grad and torch.is_grad_enabled()
     sizes = chunk_sizes(logits.shape[0], chunk_positions(logits.shape[-1], chunk_tokens))
     if len(sizes) == 1:
-        return _outputs(logits, labels, with_entropy, entropy_grad)
+        return _outputs(logits, labels, with_entropy, entropy_grad, temperature)
     recompute = torch.is_grad_enabled() and logits.requires_grad
     log_probs, entropies = [], []
     for chunk, chunk_labels in zip(torch.split(logits, sizes), torch.split(labels, sizes), strict=True):
         if recompute:
             log_prob, entropy = checkpoint(
-                _outputs, chunk, chunk_labels, with_entropy, entropy_grad, use_reentrant=False
+                _outputs, chunk, chunk_labels, with_entropy, entropy_grad, temperature, use_reentrant=False
             )
         else:
-            log_prob, entropy = _outputs(chunk, chunk_labels, with_entropy, entropy_grad)
+            log_prob, entropy = _outputs(chunk, chunk_labels, with_entropy, entropy_grad, temperature)
         log_probs.append(log_prob)
         entropies.append(entropy)
     entropy = torch.cat(entropies) if with_entropy else None
@@ -75,8 +76,10 @@ def token_outputs(
 
 
 def _outputs(
-    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if temperature != 1.0:  # in float32, as token_logprobs works: the scaled copy is one chunk's
+        logits = logits.float() / temperature
     log_prob = token_logprobs(logits, labels)
     if not with_entropy:
         return log_prob, None

@@ -48,17 +48,30 @@ def micro_batch_loss(
     entropy: torch.Tensor | None,
     tokens: KeptTokens,
     current_version: int,
+    own_log_prob: torch.Tensor | None = None,
 ) -> MicroBatchLoss:
-    """`log_prob` (with its graph) and `entropy` of the kept tokens from this forward; `current_version`
-    the policy version being trained (the loop's)."""
+    """`log_prob` (with its graph) and `entropy` of the kept tokens from this forward, at the loss's
+    temperature (algo.temperature); `current_version` the policy version being trained (the loop's).
+    At a temperature other than 1, `own_log_prob` is the same forward's log-prob at temperature 1 (the
+    model's own, as the engine reports it), and the tokens' `old_logprobs` (PPO's) are at the loss's
+    temperature, their `before_logprobs` at 1: agreement, re-scoring and importance weights compare
+    the model's own log-probs with the engine's; the policy ratio, the KL and the entropy are at T."""
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
     measuring = time.perf_counter()
+    if algo.temperature == 1.0:
+        own, old_own, ppo_old = log_prob.detach(), tokens.old_logprobs, None
+    else:
+        if own_log_prob is None:
+            raise ValueError(f"the loss trains at temperature {algo.temperature}: pass own_log_prob")
+        # PPO's old log-probs at T: the pre-update pass's, or (one update) this forward's
+        own, old_own = own_log_prob.detach(), tokens.before_logprobs
+        ppo_old = tokens.old_logprobs if tokens.old_logprobs is not None else log_prob.detach()
     old, engine, before = resolve_logprobs(
-        log_prob.detach(),
+        own,
         tokens.engine_logprobs,
         tokens.known.bool(),
-        old=tokens.old_logprobs,
+        old=old_own,
         before=tokens.before_logprobs,
         bypass=algo.bypass_old_logprobs,
     )
@@ -88,7 +101,7 @@ def micro_batch_loss(
     out = rl_objective(
         algo,
         log_prob=log_prob,
-        old_log_prob=old,
+        old_log_prob=old if ppo_old is None else ppo_old,
         advantages=tokens.advantages,
         weights=tokens.weights,
         importance_weights=importance,

@@ -153,7 +153,9 @@ class TorchBackend:
             if self.config.updates_per_step > 1:  # agreement and re-scoring need the sampling weights'
                 before = self.compute_logprobs(batch)
         elif self.config.updates_per_step > 1:
-            old_log_prob = self.compute_logprobs(batch)
+            old_log_prob = self.compute_logprobs(batch, temperature=algo.temperature)
+            if algo.temperature != 1.0:  # agreement and importance weights: the model's own, as the engine's
+                before = self.compute_logprobs(batch)
         else:
             old_log_prob = None  # one update: the old policy is the current one, read from the same forward
         tokens = _TokenInputs.of(batch, plan, old_log_prob, before, policy_version)
@@ -208,8 +210,17 @@ class TorchBackend:
         def select_some(per_token: torch.Tensor | None) -> torch.Tensor | None:
             return None if per_token is None else select(per_token)
 
+        temperature = algo.temperature
         with torch.set_grad_enabled(backward):
-            log_prob, entropy = self._token_outputs(self.model, micro, keep, entropy_grad=want_entropy_grad)
+            logits, labels = self._kept_logits(self.model, micro, keep)
+            log_prob, entropy = self._outputs(
+                logits, labels, entropy_grad=want_entropy_grad, temperature=temperature
+            )
+        own = None  # at another temperature, the model's own log-probs too (the engine's kind)
+        if temperature != 1.0:
+            with torch.no_grad():
+                own = self._outputs(logits.detach(), labels, with_entropy=False)[0]
+        del logits
         ref = self._reference_logprobs(micro, keep)
         kept = KeptTokens(
             weights=keep.select(w).to(self.device),
@@ -222,7 +233,7 @@ class TorchBackend:
             before_logprobs=select_some(tokens.before),
             ref_logprobs=ref,
         )
-        out = micro_batch_loss(algo, log_prob, entropy, kept, tokens.version)
+        out = micro_batch_loss(algo, log_prob, entropy, kept, tokens.version, own_log_prob=own)
         if backward:
             out.loss.backward()
         recording = time.perf_counter()
@@ -233,14 +244,18 @@ class TorchBackend:
 
     @torch.no_grad()
     def _reference_logprobs(self, micro: MicroBatch, keep: Targets) -> torch.Tensor | None:
-        """The KL reference's log-probs: the initial model, or with LoRA the base (adapters off)."""
-        if self.config.algorithm.kl_coef <= 0:
+        """The KL reference's log-probs at the loss's temperature: the initial model, or with LoRA the
+        base (adapters off)."""
+        algo = self.config.algorithm
+        if algo.kl_coef <= 0:
             return None
         if self.uses_lora:
             with self.model.disable_adapter():
-                return self._token_outputs(self.model, micro, keep, with_entropy=False)[0]
-        assert self.ref_model is not None
-        return self._token_outputs(self.ref_model, micro, keep, with_entropy=False)[0]
+                logits, labels = self._kept_logits(self.model, micro, keep)
+        else:
+            assert self.ref_model is not None
+            logits, labels = self._kept_logits(self.ref_model, micro, keep)
+        return self._outputs(logits, labels, with_entropy=False, temperature=algo.temperature)[0]
 
     def _optimizer_step(self, apply: bool = True) -> float:
         """Clip and step; returns the gradient norm. `apply` False (a zero-signal update: no backward
@@ -264,15 +279,17 @@ class TorchBackend:
 
     # ---------------------------------------------------------------------------------- inference
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        """The current policy's log-prob of every trained token (loss_mask 1), [N, L] on the CPU; 0 elsewhere."""
+    def compute_logprobs(self, batch: TrainingBatch, temperature: float = 1.0) -> torch.Tensor:
+        """The current policy's log-prob of every trained token (loss_mask 1), [N, L] on the CPU; 0 elsewhere;
+        of softmax(logits / temperature) (1: the model's own, as an engine reports them)."""
         lengths = validate_batch(batch, self.vocab_size)
         out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
         for micro in self._plan(batch, lengths, list(range(batch.num_samples))):
             keep = trained_targets(micro.gather(batch.loss_mask.float()) != 0)
             if keep is None:
                 continue
-            log_prob, _ = self._token_outputs(self.model, micro, keep, with_entropy=False)
+            logits, labels = self._kept_logits(self.model, micro, keep)
+            log_prob, _ = self._outputs(logits, labels, with_entropy=False, temperature=temperature)
             micro.scatter_into(out, keep.scatter(log_prob.float().cpu(), micro.source.shape))
         return out
 
@@ -288,16 +305,29 @@ class TorchBackend:
             compute=self.compute_model,
         )
 
-    def _token_outputs(
+    def _outputs(
         self,
-        model: torch.nn.Module,
-        micro: MicroBatch,
-        keep: Targets,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
         *,
         with_entropy: bool = True,
         entropy_grad: bool = False,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-prob (and entropy) of the kept target tokens; the output head runs only where needed."""
+        return token_outputs(
+            logits,
+            labels,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            chunk_tokens=self.config.logit_chunk_tokens,
+            temperature=temperature,
+        )
+
+    def _kept_logits(
+        self, model: torch.nn.Module, micro: MicroBatch, keep: Targets
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits [K, V] at the kept positions and the tokens they predict [K]; the output head runs
+        only where needed."""
         inputs: dict[str, Any] = {"input_ids": micro.input_ids.to(self.device), "use_cache": False}
         if self._takes_positions:
             inputs["position_ids"] = micro.position_ids.to(self.device)
@@ -312,13 +342,7 @@ class TorchBackend:
                     logits = model(**inputs).logits[0]  # [K, V]
             else:
                 logits = model(**inputs).logits[rows, positions]
-        return token_outputs(
-            logits,
-            micro.input_ids.to(self.device)[rows, positions + 1],
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-            chunk_tokens=self.config.logit_chunk_tokens,
-        )
+        return logits, micro.input_ids.to(self.device)[rows, positions + 1]
 
     # ------------------------------------------------------------------------------------ weights
     def state_dict_for_engine(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

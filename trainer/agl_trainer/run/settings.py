@@ -14,6 +14,7 @@ from agl_trainer.config import Config, ConfigError
 from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
 
 T = TypeVar("T")
+GREEDY_BELOW = 1e-5  # sampling temperatures below this are greedy (vLLM's and the embedded engine's rule)
 
 
 def backend_settings(config: Config, model_path: str, *, cuda_available: bool | None = None) -> Any:
@@ -30,7 +31,7 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
             lr=config.backend.lr,
             device=config.backend.device,
             seed=config.seed,
-            algorithm=AlgorithmConfig(**msgspec.structs.asdict(config.backend.algorithm)),  # the section, checked
+            algorithm=AlgorithmConfig(**algorithm_section(config)),  # the section, checked
             lora=config.backend.lora,
             **msgspec.structs.asdict(config.backend.options),  # the same keys: TorchBackendConfig is a TrainingOptions
         )
@@ -48,6 +49,16 @@ def backend_settings(config: Config, model_path: str, *, cuda_available: bool | 
         raise ConfigError(f"config key backend.{error}") from None
     except BackendConfigError as error:
         raise ConfigError(f"config key {error}") from None
+
+
+def algorithm_section(config: Config) -> dict[str, Any]:
+    """backend.algorithm with loss_temperature resolved: null trains the distribution the training
+    rollouts were sampled from (sampling.train.temperature), or the model's own where they are greedy."""
+    section = msgspec.structs.asdict(config.backend.algorithm)
+    if section["loss_temperature"] is None:
+        sampled = config.sampling.train.temperature
+        section["loss_temperature"] = sampled if sampled >= GREEDY_BELOW else 1.0
+    return section
 
 
 def vllm_engine_config(config: Config, model_path: str) -> VLLMConfig:

@@ -135,7 +135,9 @@ class VerlBackend:
             if t.updates_per_step > 1:  # agreement and re-scoring need the pre-update log-probs
                 per_token["before_logprobs"] = self.compute_logprobs(batch)
         elif t.updates_per_step > 1:
-            per_token["old_logprobs"] = self.compute_logprobs(batch)
+            per_token["old_logprobs"] = self.compute_logprobs(batch, temperature=algo.temperature)
+            if algo.temperature != 1.0:  # agreement and importance weights: the model's own, as the engine's
+                per_token["before_logprobs"] = self.compute_logprobs(batch)
 
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = defaultdict(float)
@@ -146,7 +148,7 @@ class VerlBackend:
                 sent = {**per_token, "weights": mini.weights}
                 sums["zero_signal_updates"] += not mini.update
                 results, _, wall = self._call(
-                    "agl_train", batch, lengths, mini.samples, sent, policy_version, mini.update
+                    "agl_train", batch, lengths, mini.samples, sent, policy_version, mini.update, algo.temperature
                 )
                 dispatch_s += wall - max(r["compute_s"] for r in results)
                 worker_cpu_s += results[0]["compute_cpu_s"]
@@ -179,15 +181,18 @@ class VerlBackend:
         per_token: dict[str, torch.Tensor] | None,
         current_version: int | None = None,
         apply: bool = True,
+        temperature: float = 1.0,
     ) -> tuple[list[Any], list[list[int]], float]:
         """Deal `samples` to the DP ranks and call `method` on every worker; returns the answer of each
         DP rank, the rows each DP rank got, and the call's wall seconds. `apply` False: a training call
-        measures and leaves the weights and the optimizer as they are (a zero-signal update)."""
+        measures and leaves the weights and the optimizer as they are (a zero-signal update). The workers'
+        log-probs are of softmax(logits / `temperature`)."""
         plans = self.plan(lengths, samples)
         by_dp = []
         for plan in plans:
             sent = payload(batch, lengths, plan, per_token=per_token, current_version=current_version)
             sent["apply"] = apply
+            sent["temperature"] = float(temperature)
             by_dp.append(sent)
         args = [by_dp[int(info["dp_rank"])] for info in self.ranks]
         started = time.perf_counter()
@@ -215,11 +220,13 @@ class VerlBackend:
 
     # ---------------------------------------------------------------------------------- inference
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        """The current policy's log-prob of every trained token (loss_mask 1), [N, L] on the CPU; 0 elsewhere."""
+    def compute_logprobs(self, batch: TrainingBatch, temperature: float = 1.0) -> torch.Tensor:
+        """The current policy's log-prob of every trained token (loss_mask 1), [N, L] on the CPU; 0 elsewhere;
+        of softmax(logits / temperature) (1: the model's own, as an engine reports them)."""
         lengths = validate_batch(batch, self.vocab_size)
         out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
-        answers, parts, _ = self._call("agl_logprobs", batch, lengths, list(range(batch.num_samples)), None)
+        samples = list(range(batch.num_samples))
+        answers, parts, _ = self._call("agl_logprobs", batch, lengths, samples, None, temperature=temperature)
         for rows, flat in zip(parts, answers, strict=True):
             scatter_logprobs(out, lengths, rows, flat)
         return out * (batch.loss_mask != 0)

@@ -296,7 +296,7 @@ class AglTrainingWorker(TrainingWorker):
         apply = bool(payload["apply"])  # False: a zero-signal update (MiniBatch.update): measure, no step
         with self.engine.train_mode():
             self.engine.optimizer_zero_grad()
-            for data in self._micro_batches(payload, train=True):  # gradients accumulate
+            for data in self._micro_batches(payload, train=True):  # gradients accumulate (at its temperature)
                 self.engine.forward_backward_batch(data, loss_function=self._agl_loss, forward_only=not apply)
             grad_norm = float(self.engine.optimizer_step()) if apply else 0.0  # clip, step unless non-finite
         lr = float(self.engine.lr_scheduler.get_last_lr()[0])  # the rate this step used
@@ -327,8 +327,7 @@ class AglTrainingWorker(TrainingWorker):
         from verl.workers.engine.utils import detach_tree
 
         micro_batch = micro_batch.to(get_device_id())
-        if float(micro_batch["temperature"]) != 1.0:
-            raise ValueError(f"agl trains at temperature 1.0, got {micro_batch['temperature']}")
+        temperature = float(micro_batch["temperature"])  # the loss's (algorithm.loss_temperature)
         model_inputs, _ = engine.prepare_model_inputs(micro_batch=micro_batch)
         input_ids = micro_batch["input_ids"]
         offsets = input_ids.offsets()
@@ -362,8 +361,18 @@ class AglTrainingWorker(TrainingWorker):
                 with_entropy=calculate_entropy,
                 entropy_grad=self.settings.training.algorithm.entropy_coef > 0,  # else _agl_loss detaches it
                 chunk_tokens=self.settings.training.logit_chunk_tokens,
+                temperature=temperature,
             )
             model_output = {"log_probs": every_position(log_prob)}
+            if temperature != 1.0:  # the model's own too, for agreement and importance (the engine's kind)
+                with torch.no_grad():
+                    own, _ = token_outputs(
+                        logits.detach(),
+                        labels,
+                        with_entropy=False,
+                        chunk_tokens=self.settings.training.logit_chunk_tokens,
+                    )
+                model_output["own_log_probs"] = every_position(own)
             if entropy is not None:
                 model_output["entropy"] = every_position(entropy)
             loss, metrics = loss_function(
@@ -400,7 +409,9 @@ class AglTrainingWorker(TrainingWorker):
             before_logprobs=kept("before_logprobs"),
             ref_logprobs=self._reference_logprobs(data)[keep].float() if algo.kl_coef > 0 else None,
         )
-        out = micro_batch_loss(algo, log_prob, entropy, tokens, self._current_version)
+        own = model_output.get("own_log_probs")
+        own = own.values()[keep] if own is not None else None
+        out = micro_batch_loss(algo, log_prob, entropy, tokens, self._current_version, own_log_prob=own)
         for key, value in out.sums.items():
             self._sums[key] += value
         for key, value in out.maxima.items():
@@ -459,9 +470,9 @@ class AglTrainingWorker(TrainingWorker):
                 if isinstance(value, torch.Tensor) and name != "lengths":
                     part[name] = value[start:end]
             row += count
-            yield self._tensordict(part, train=train)
+            yield self._tensordict(part, train=train, temperature=float(payload.get("temperature", 1.0)))
 
-    def _tensordict(self, payload: dict[str, Any], *, train: bool):
+    def _tensordict(self, payload: dict[str, Any], *, train: bool, temperature: float = 1.0):
         lengths = payload["lengths"].long()
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.long)
         offsets[1:] = lengths.cumsum(0)
@@ -479,7 +490,7 @@ class AglTrainingWorker(TrainingWorker):
                 if name in payload:
                     tensors[name] = nested(payload[name])
         non_tensors = {
-            "temperature": 1.0,
+            "temperature": temperature,  # verl's forward (and agl's, _forward_trained_positions) divide by it
             "use_remove_padding": self.settings.use_remove_padding,
             # the driver made the micro-batches (payload.plan_ranks): verl runs each as one
             "use_dynamic_bsz": False,
