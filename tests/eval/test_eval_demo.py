@@ -137,6 +137,39 @@ def test_eval_warm_and_trained_receipts_reproducible_and_compared(
 
 
 @pytest.mark.slow
+def test_train_and_eval_hand_their_harnesses_a_run_id(demo: dict[str, Path]) -> None:
+    """AGL_RUN_ID in every rollout's process: a training run's own (run.json's), each evaluation's
+    own (its rollout ids repeat across evaluations; examples/swe keys repository copies by both)."""
+    from agl_trainer.config import load_config
+    from agl_trainer.run.session import Session
+
+    def recorded(name: str) -> list[str]:
+        return (demo["root"] / f"{name}.ids").read_text().split()
+
+    def recording(name: str) -> list[str]:
+        log = demo["root"] / f"{name}.ids"
+        return ["--harness.function=tests.eval.run_id_harness:run_episode", f"--harness.env={{AGL_TEST_RUN_ID_LOG: {log}}}"]
+
+    for name in ("first", "second"):
+        evaluate(demo, name, demo["warm"], "--eval.k=1", *recording(name))
+    first, second = recorded("first"), recorded("second")
+    assert len(first) == len(second) == 6  # one line a rollout: 6 tasks x 1 attempt
+    assert len(set(first)) == len(set(second)) == 1 and first[0].startswith("eval-") and first[0] != second[0]
+
+    out = demo["root"] / "train-ids"
+    overrides = [
+        f"--tasks={demo['tasks']}", f"--val_tasks={demo['val']}", f"--output_dir={out}", f"--model.path={demo['warm']}",
+        "--loop.batch_rollouts=8", "--loop.concurrency=8", "--loop.max_steps=1", "--loop.max_train_s=0",
+        "--loop.val_every=0", *FAST, *recording("train"),
+    ]  # fmt: skip
+    result = asyncio.run(Session(load_config(DEMO_CONFIG, overrides), quiet=True).run())
+    assert result.summary.steps == 1
+    trained = recorded("train")
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    assert len(trained) >= 8 and set(trained) == {run_id}
+
+
+@pytest.mark.slow
 def test_eval_draws_no_loading_bars(demo: dict[str, Path], capfd: pytest.CaptureFixture[str]) -> None:
     from transformers.utils import logging as hf_logging
 
