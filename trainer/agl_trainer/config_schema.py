@@ -150,10 +150,17 @@ EngineSection = EmbeddedEngineSection | VLLMEngineSection
 ENGINES = ("embedded", "vllm")  # engine.name's choices, in the order --help lists their options
 
 
+GREEDY_BELOW = 1e-5  # sampling temperatures below this sample greedily, as vLLM does (the embedded engine too)
+
+
 class SamplingConfig(_Section):
     temperature: Annotated[float, _doc("sampling temperature", ge=0)] = 1.0
     top_p: Annotated[float, _doc("nucleus sampling", gt=0, le=1)] = 1.0
     max_tokens: Annotated[int, _doc("cap on generated tokens per call (0: the harness decides)", ge=0)] = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
 
 
 class SamplingModes(_Section):

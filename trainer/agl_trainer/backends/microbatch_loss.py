@@ -52,20 +52,22 @@ def micro_batch_loss(
 ) -> MicroBatchLoss:
     """`log_prob` (with its graph) and `entropy` of the kept tokens from this forward, at the loss's
     temperature (algo.temperature); `current_version` the policy version being trained (the loop's).
-    At a temperature other than 1, `own_log_prob` is the same forward's log-prob at temperature 1 (the
-    model's own, as the engine reports it), and the tokens' `old_logprobs` (PPO's) are at the loss's
-    temperature, their `before_logprobs` at 1: agreement, re-scoring and importance weights compare
-    the model's own log-probs with the engine's; the policy ratio, the KL and the entropy are at T."""
+    At a temperature other than 1, the tokens' `old_logprobs` (PPO's) are at the loss's temperature and
+    their `before_logprobs` at 1, and `own_log_prob` is this forward's log-prob at temperature 1 (the
+    model's own, as the engine reports it; needed only where no `before_logprobs` came): agreement,
+    re-scoring and importance weights compare the model's own log-probs with the engine's; the policy
+    ratio, the KL and the entropy are at T."""
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
     measuring = time.perf_counter()
     if algo.temperature == 1.0:
         own, old_own, ppo_old = log_prob.detach(), tokens.old_logprobs, None
     else:
-        if own_log_prob is None:
+        old_own = tokens.before_logprobs  # from a pre-update pass (several updates), else this forward's
+        if old_own is None and own_log_prob is None:
             raise ValueError(f"the loss trains at temperature {algo.temperature}: pass own_log_prob")
+        own = old_own if own_log_prob is None else own_log_prob.detach()
         # PPO's old log-probs at T: the pre-update pass's, or (one update) this forward's
-        own, old_own = own_log_prob.detach(), tokens.before_logprobs
         ppo_old = tokens.old_logprobs if tokens.old_logprobs is not None else log_prob.detach()
     old, engine, before = resolve_logprobs(
         own,

@@ -216,8 +216,8 @@ class TorchBackend:
             log_prob, entropy = self._outputs(
                 logits, labels, entropy_grad=want_entropy_grad, temperature=temperature
             )
-        own = None  # at another temperature, the model's own log-probs too (the engine's kind)
-        if temperature != 1.0:
+        own = None  # at another temperature, the model's own log-probs too (the engine's kind), unless
+        if temperature != 1.0 and tokens.before is None:  # a pre-update pass gave them
             with torch.no_grad():
                 own = self._outputs(logits.detach(), labels, with_entropy=False)[0]
         del logits

@@ -14,7 +14,6 @@ from agl_trainer.config import Config, ConfigError
 from agl_trainer.engines.vllm.config import VLLMConfig, VLLMOptions
 
 T = TypeVar("T")
-GREEDY_BELOW = 1e-5  # sampling temperatures below this are greedy (vLLM's and the embedded engine's rule)
 
 
 def backend_settings(config: Config, model_path: str, *, cuda_available: bool | None = None) -> Any:
@@ -56,8 +55,8 @@ def algorithm_section(config: Config) -> dict[str, Any]:
     rollouts were sampled from (sampling.train.temperature), or the model's own where they are greedy."""
     section = msgspec.structs.asdict(config.backend.algorithm)
     if section["loss_temperature"] is None:
-        sampled = config.sampling.train.temperature
-        section["loss_temperature"] = sampled if sampled >= GREEDY_BELOW else 1.0
+        sampled = config.sampling.train
+        section["loss_temperature"] = 1.0 if sampled.greedy else sampled.temperature
     return section
 
 

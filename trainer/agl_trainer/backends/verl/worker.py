@@ -364,7 +364,9 @@ class AglTrainingWorker(TrainingWorker):
                 temperature=temperature,
             )
             model_output = {"log_probs": every_position(log_prob)}
-            if temperature != 1.0:  # the model's own too, for agreement and importance (the engine's kind)
+            # the model's own too, for agreement and importance (the engine's kind), unless the driver's
+            # pre-update pass sent them
+            if temperature != 1.0 and "before_logprobs" not in micro_batch.keys():  # noqa: SIM118 - a TensorDict
                 with torch.no_grad():
                     own, _ = token_outputs(
                         logits.detach(),

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-GREEDY_BELOW = 1e-5  # temperatures below this sample greedily, as vLLM does
+from agl_trainer.config_schema import GREEDY_BELOW  # temperatures below it sample greedily, as vLLM does
 
 
 @dataclass(frozen=True)
